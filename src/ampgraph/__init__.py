@@ -1,0 +1,63 @@
+"""ampgraph: what torch.autocast really does inside a PyTorch model, node by node.
+
+>>> from ampgraph import analyze, load_model, Setting      # doctest: +SKIP
+>>> report = analyze(load_model("opt-125m"), Setting.parse("amp-fp32"))
+>>> for call in report.modules[:2]:
+...     print(call.hook_line())
+[model.decoder.embed_tokens] in=torch.int64 -> out=torch.float32
+[model.decoder.embed_positions] in=torch.int64 -> out=torch.float32
+
+Importing ampgraph is cheap: torch is imported by the stages that need it, on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+from ampgraph.errors import AmpgraphError, CaptureError, ModelSpecError, RenderError, SettingError
+from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.settings import Setting, seed_matrix
+
+if TYPE_CHECKING:
+    from ampgraph.analysis import analyze, analyze_capture
+    from ampgraph.capture import Capture, capture
+    from ampgraph.models import ModelInputs, load_model
+
+_LAZY = {
+    "analyze": "ampgraph.analysis",
+    "analyze_capture": "ampgraph.analysis",
+    "capture": "ampgraph.capture",
+    "Capture": "ampgraph.capture",
+    "load_model": "ampgraph.models",
+    "ModelInputs": "ampgraph.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ampgraph' has no attribute {name!r}")
+
+
+__all__ = [
+    "AmpgraphError",
+    "Capture",
+    "CaptureError",
+    "ModelInputs",
+    "ModelSpecError",
+    "ModuleCall",
+    "NodeRecord",
+    "RenderError",
+    "Report",
+    "Setting",
+    "SettingError",
+    "analyze",
+    "analyze_capture",
+    "capture",
+    "load_model",
+    "seed_matrix",
+]

@@ -1,0 +1,135 @@
+"""The pipeline in one call: capture -> annotate -> (check) -> :class:`~ampgraph.records.Report`.
+
+>>> from ampgraph import analyze, load_model, Setting
+>>> report = analyze(load_model("opt-125m"), Setting.parse("amp-fp32"))   # doctest: +SKIP
+>>> print(report.modules[3].hook_line())                                  # doctest: +SKIP
+[model.decoder.layers.0.self_attn.q_proj] in=torch.float32 -> out=torch.bfloat16
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from ampgraph import __version__
+from ampgraph.annotate import annotate
+from ampgraph.capture import Capture, ModuleInfo, capture
+from ampgraph.check import check as run_check
+from ampgraph.models import ModelInputs
+from ampgraph.policy import TABLE_TORCH_VERSION
+from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.settings import Setting
+
+SOURCE_KINDS = {"parameter", "buffer", "constant"}
+
+
+def versions() -> dict[str, str]:
+    """Versions that decide the analysis: ampgraph, torch, transformers, the policy tables."""
+    import torch
+
+    out = {"ampgraph": __version__, "torch": torch.__version__, "policy_tables": TABLE_TORCH_VERSION}
+    transformers = sys.modules.get("transformers")
+    if transformers is None:
+        try:
+            import transformers  # noqa: F811 - only its version is read
+        except ImportError:
+            transformers = None
+    out["transformers"] = getattr(transformers, "__version__", "not installed")
+    return out
+
+
+def module_calls(records: Sequence[NodeRecord], modules: dict[str, ModuleInfo]) -> list[ModuleCall]:
+    """Group node records into leaf-module calls, each with the dtypes a forward hook would see.
+
+    ``in`` is the first value the call consumes from outside that is not a parameter or buffer
+    (a Linear's activation, an Embedding's token ids); ``out`` is the last value it produces that
+    is used outside the call.
+    """
+    by_name = {r.name: r for r in records}
+    groups: dict[str, list[NodeRecord]] = {}
+    for rec in records:
+        if rec.module_call is None or rec.module is None or rec.kind != "op":
+            continue
+        info = modules.get(rec.module)
+        if info is None or not info.is_leaf:
+            continue
+        groups.setdefault(rec.module_call, []).append(rec)
+    used_by: dict[str, set[str]] = {}
+    for rec in records:
+        for inp in rec.inputs:
+            used_by.setdefault(inp["node"], set()).add(rec.name)
+    calls = []
+    for call, members in groups.items():
+        names = {m.name for m in members}
+        in_dtype = None
+        for m in members:
+            for inp in m.inputs:
+                producer = by_name.get(inp["node"])
+                if inp["node"] in names or (producer is not None and producer.kind in SOURCE_KINDS):
+                    continue
+                in_dtype = inp["dtype"]
+                break
+            if in_dtype is not None:
+                break
+        out_rec = next(
+            (m for m in reversed(members) if used_by.get(m.name, set()) - names and m.outputs),
+            next((m for m in reversed(members) if m.outputs), None),
+        )
+        info = modules[members[0].module or ""]
+        calls.append(
+            ModuleCall(
+                path=info.path,
+                type=info.type,
+                bases=list(info.bases),
+                call=call,
+                in_dtype=in_dtype,
+                out_dtype=out_rec.out_dtype if out_rec else None,
+                nodes=[m.name for m in members],
+            )
+        )
+    return calls
+
+
+def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
+    """Annotate (and by default check) an existing capture."""
+    records = annotate(cap)
+    summary = run_check(cap, records) if check else None
+    return Report(
+        model=cap.model_name,
+        setting=cap.setting.to_dict(),
+        versions=versions(),
+        capture={"method": cap.method, "trace_time_dtype_nodes": cap.trace_time_dtype_nodes},
+        nodes=records,
+        modules=module_calls(records, cap.modules),
+        check=summary,
+    )
+
+
+def analyze(
+    model: ModelInputs | nn.Module,
+    setting: Setting | str = "amp-fp32",
+    *,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    check: bool = True,
+) -> Report:
+    """Analyse one model in one setting.
+
+    ``model`` is what :func:`ampgraph.load_model` returns, or any ``nn.Module`` together with
+    ``args``/``kwargs`` for one forward call (real, meta or fake tensors: only shapes and dtypes
+    are used, and the module's own tensors are left untouched).
+
+    >>> import torch
+    >>> from ampgraph import analyze
+    >>> r = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),))
+    >>> [(c.node, c.from_dtype, c.to_dtype) for c in r.node("linear").casts]
+    [('x', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
+    """
+    if isinstance(setting, str):
+        setting = Setting.parse(setting)
+    if isinstance(model, nn.Module):
+        model = ModelInputs(type(model).__name__, model, tuple(args), dict(kwargs or {}))
+    return analyze_capture(capture(model, setting), check=check)

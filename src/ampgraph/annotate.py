@@ -1,0 +1,387 @@
+"""Annotate: what autocast does at every node, from ampgraph's own policy tables.
+
+:class:`AutocastAnnotator` is an ``fx.Interpreter`` pass in the spirit of ``ShapeProp``. It replays
+the captured graph on fake tensors with autocast *off*, and at each op applies what the tables in
+:mod:`ampgraph.policy` say autocast does there, exactly as ``autocast_mode.h`` does it:
+
+* ``lower_precision_fp`` / ``fp32``: cast every eligible tensor argument (floating point, not fp64,
+  on the autocast device) that is not already in the target dtype;
+* ``fp32_set_opt_dtype``: if the first argument is eligible and the call sets no ``dtype=``, call
+  with ``dtype=torch.float32``; otherwise run as called;
+* ``fp32_append_dtype``: redispatch to the overload that takes a dtype, with fp32 (or the first
+  argument's own dtype when it is not eligible);
+* ``promote``: cast every eligible argument to the widest floating dtype among them;
+* ops without a policy run as called, and mixed inputs follow ordinary type promotion.
+
+What dtype the op then returns comes from running it on fake tensors, not from rules written here.
+The annotator never reads what the dispatcher's autocast produced, so the check in
+:mod:`ampgraph.check` that compares the two proves something.
+
+>>> from ampgraph import analyze, load_model, Setting
+>>> report = analyze(load_model("opt-125m"), Setting.parse("amp-fp32"), check=False)  # doctest: +SKIP
+>>> report.node("linear").casts[0].to_dtype                                             # doctest: +SKIP
+'bfloat16'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from ampgraph import policy as P
+from ampgraph.capture import Capture, autocast_state, dtype_name, torch_dtype
+from ampgraph.records import Cast, NodeRecord
+from ampgraph.replay import (
+    Failed,
+    FakeReplay,
+    fake_session,
+    is_getitem,
+    op_name,
+    region_args,
+    tensor_leaves,
+)
+from ampgraph.settings import Setting, short_dtype
+
+
+class AutocastState:
+    """Autocast as the annotator models it: per device type, enabled or not and the 16-bit dtype."""
+
+    def __init__(self, states: dict[str, tuple[bool, torch.dtype]]) -> None:
+        self.states = states
+
+    @classmethod
+    def of(cls, setting: Setting) -> AutocastState:
+        states = {d: (False, torch.bfloat16) for d in ("cpu", "cuda")}
+        states[setting.device_type] = (setting.autocast, torch_dtype(setting.amp_dtype))
+        return cls(states)
+
+    def with_region(self, device_type: str, enabled: bool, dtype: torch.dtype) -> AutocastState:
+        states = dict(self.states)
+        states[device_type] = (enabled, dtype)
+        return AutocastState(states)
+
+
+def _eligible(t: Any, device_type: str) -> bool:
+    """autocast_mode.h ``is_eligible``: a defined floating tensor on the device, and not fp64."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.device.type == device_type
+        and t.is_floating_point()
+        and t.dtype != torch.float64
+    )
+
+
+class AutocastAnnotator(FakeReplay):
+    """Replay a captured graph and record, per node, the policy, casts and dtypes that result."""
+
+    def __init__(
+        self,
+        capture: Capture,
+        gm: fx.GraphModule | None = None,
+        state: AutocastState | None = None,
+        records: list[NodeRecord] | None = None,
+        prefix: str = "",
+        region: str | None = None,
+    ) -> None:
+        super().__init__(gm if gm is not None else capture.graph_module, capture.setting, prefix)
+        self.capture = capture
+        self.state = state if state is not None else AutocastState.of(capture.setting)
+        self.records: list[NodeRecord] = records if records is not None else []
+        self.region = region
+        self.trace_time = set(capture.trace_time_dtype_nodes)
+        self._pending: dict[str, Any] = {}
+
+    # -- records ----------------------------------------------------------------------------------
+    def _record(self, n: fx.Node, **fields: Any) -> NodeRecord:
+        stack_meta = n.meta.get("nn_module_stack") or {}
+        stack = [path for path, _type in stack_meta.values()]
+        call = next(reversed(stack_meta)) if stack_meta else None
+        inputs = []
+        for arg in n.all_input_nodes:
+            if arg.op == "get_attr":
+                continue
+            inputs.append({"node": self.qualified(arg), "dtype": self._dtype_of(arg)})
+        fields.setdefault("kind", "op")
+        rec = NodeRecord(
+            name=self.qualified(n),
+            op=op_name(n.target) if n.op == "call_function" else n.op,
+            module=stack[-1] if stack else None,
+            module_call=call,
+            stack=stack,
+            region=self.region,
+            autocast=self.state.states[self.setting.device_type][0],
+            inputs=inputs,
+            trace_time_dtype=n.name in self.trace_time,
+            **fields,
+        )
+        self.records.append(rec)
+        return rec
+
+    def _dtype_of(self, node: fx.Node) -> str | None:
+        value = self.env.get(node)
+        leaves = tensor_leaves(value)
+        return dtype_name(leaves[0].dtype) if leaves else None
+
+    def on_error(self, n: fx.Node, failure: Failed) -> None:
+        pending = self._pending.pop(n.name, {})
+        self._record(n, error=failure.message, **pending)
+
+    def on_skipped(self, n: fx.Node, failure: Failed) -> None:
+        self._record(n, skipped=failure.node, reason=f"not run: input from failed {failure.node}")
+
+    # -- fx.Interpreter ---------------------------------------------------------------------------
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if n.op == "placeholder":
+            self._record_placeholder(n, value)
+        elif n.op == "output" and not self.prefix:
+            self._record(n, kind="output", outputs=_dtypes(value), reason="graph output")
+        return value
+
+    def _record_placeholder(self, n: fx.Node, value: Any) -> None:
+        if n.name in self.outer_names:
+            return  # a region body's operand: recorded where it was produced
+        kind, target = self.capture.input_kinds.get(n.name, ("input", n.name))
+        what = {"parameter": "parameter", "buffer": "buffer", "constant": "constant"}.get(
+            kind, "model input"
+        )
+        self._record(
+            n,
+            kind=kind,
+            target=target,
+            outputs=_dtypes(value),
+            reason=f"{what} {target} in {short_dtype(_first(_dtypes(value)))}",
+        )
+
+    def execute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if n.op != "call_function":
+            return super().execute(n, args, kwargs)
+        target = n.target
+        if not isinstance(target, torch._ops.OpOverload):
+            value = super().execute(n, args, kwargs)
+            reason = "selects one output" if is_getitem(target) else "Python-level op"
+            self._record(n, outputs=_dtypes(value), reason=reason)
+            return value
+        category, device_type = self._policy(target, args, kwargs)
+        self._pending[n.name] = {"policy": category}
+        call_args, call_kwargs, casts, op, reason = self._apply(
+            target, category, device_type, args, kwargs, n
+        )
+        self._pending[n.name]["casts"] = casts
+        self._pending[n.name]["reason"] = reason
+        value = op(*call_args, **call_kwargs)
+        pending = self._pending.pop(n.name)
+        outputs = _dtypes(value)
+        promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
+        if promotion is not None:
+            pending["reason"] = (
+                f"no autocast policy; type promotion widens "
+                f"{' + '.join(short_dtype(d) for d in promotion['inputs'])} -> "
+                f"{short_dtype(promotion['to'])}"
+            )
+        self._record(n, outputs=outputs, promotion=promotion, **pending)
+        return value
+
+    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
+        device_type, dtype, enabled, body, operands = region_args(args)
+        state = self.state.with_region(device_type, enabled, dtype)
+        child = AutocastAnnotator(
+            self.capture,
+            gm=body,
+            state=state,
+            records=self.records,
+            prefix=f"{self.prefix}{n.name}.",
+            region=f"{self.prefix}{n.name}",
+        )
+        rec = self._record(
+            n,
+            kind="region",
+            reason=(
+                f"autocast {'enabled' if enabled else 'disabled'} on {device_type}"
+                + (f" in {short_dtype(dtype_name(dtype))}" if enabled else "")
+                + " inside this region"
+            ),
+        )
+        value = self.run_body(child, body, operands, n)
+        rec.outputs = _dtypes(value)
+        return value
+
+    # -- policy -------------------------------------------------------------------------------------
+    def _policy(
+        self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, str]:
+        """The category that applies: the op's entry for the device autocast is enabled on."""
+        tensors = tensor_leaves((args, kwargs))
+        devices = [t.device.type for t in tensors] or [self.setting.device_type]
+        for device_type in dict.fromkeys(devices):
+            enabled, _dtype = self.state.states.get(device_type, (False, torch.bfloat16))
+            if not enabled:
+                continue
+            category = P.lookup(device_type, op._schema.name, op._overloadname)
+            if category is not None:
+                return category, device_type
+        return None, self.setting.device_type
+
+    def _apply(
+        self,
+        op: torch._ops.OpOverload,
+        category: str | None,
+        device_type: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        n: fx.Node,
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast], Any, str]:
+        name = op._schema.name.removeprefix("aten::")
+        if category is None:
+            enabled = self.state.states[self.setting.device_type][0]
+            why = "no autocast policy: runs in its inputs' dtype" if enabled else (
+                "autocast off here: runs as called"
+            )
+            return args, kwargs, [], op, why
+        lower = self.state.states[device_type][1]
+        if category == P.BANNED:
+            raise RuntimeError(P.BANNED_MESSAGE)
+        if category in (P.LOWER_PRECISION_FP, P.FP32, P.PROMOTE):
+            if category == P.LOWER_PRECISION_FP:
+                to = lower
+            elif category == P.FP32:
+                to = torch.float32
+            else:
+                to = _promote_type(op, args, kwargs, lower, device_type)
+            new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n)
+            verb = {P.LOWER_PRECISION_FP: "runs", P.FP32: "runs", P.PROMOTE: "promotes to"}[
+                category
+            ]
+            detail = (
+                "casts " + ", ".join(f"{c.node} {short_dtype(c.from_dtype)}->"
+                                     f"{short_dtype(c.to_dtype)}" for c in casts)
+                if casts
+                else "no cast needed"
+            )
+            why = f"autocast {verb} {name} in {short_dtype(dtype_name(to))}: {detail}"
+            return new_args, new_kwargs, casts, op, why
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        if category == P.FP32_SET_OPT_DTYPE:
+            if not _eligible(first, device_type):
+                return args, kwargs, [], op, f"{name}: first input not eligible, runs as called"
+            dtype_index = _arg_index(op, "dtype")
+            current = (
+                args[dtype_index]
+                if dtype_index is not None and dtype_index < len(args)
+                else kwargs.get("dtype")
+            )
+            if current is not None:
+                why = f"{name} already sets dtype={current}: autocast leaves it"
+                return args, kwargs, [], op, why
+            new_kwargs = {**kwargs, "dtype": torch.float32}
+            return args, new_kwargs, [], op, f"autocast asks {name} for an fp32 result (dtype=fp32)"
+        # fp32_append_dtype: redispatch to the overload with an explicit dtype.
+        out = torch.float32 if _eligible(first, device_type) else first.dtype
+        entry = P.entry_name(op._schema.name, op._overloadname)
+        redispatch = P.APPEND_DTYPE_REDISPATCH[entry]
+        packet, overload = redispatch.split(".")
+        target = getattr(getattr(torch.ops.aten, packet), overload)
+        why = f"autocast calls {redispatch} with dtype={short_dtype(dtype_name(out))}"
+        return args, {**kwargs, "dtype": out}, [], target, why
+
+    def _cast_all(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        to: torch.dtype,
+        device_type: str,
+        n: fx.Node,
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
+        casts: list[Cast] = []
+        # Map each tensor value back to the node that produced it, for the cast records.
+        producers = {id(self.env[a]): a for a in n.all_input_nodes if a in self.env}
+        list_producers: dict[int, fx.Node] = {}
+        for a in n.all_input_nodes:
+            value = self.env.get(a)
+            if isinstance(value, (list, tuple)):
+                for v in value:
+                    list_producers.setdefault(id(v), a)
+
+        def cast(t: Any) -> Any:
+            if not _eligible(t, device_type) or t.dtype == to:
+                return t
+            producer = producers.get(id(t)) or list_producers.get(id(t))
+            label = self.qualified(producer) if producer is not None else "?"
+            casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
+            return torch.ops.aten._to_copy.default(t, dtype=to)
+
+        new_args, new_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
+        return tuple(new_args), dict(new_kwargs), casts
+
+
+def _arg_index(op: torch._ops.OpOverload, name: str) -> int | None:
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name == name:
+            return None if arg.kwarg_only else i
+    return None
+
+
+def _promote_type(
+    op: torch._ops.OpOverload,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    lower: torch.dtype,
+    device_type: str,
+) -> torch.dtype:
+    """autocast_mode.h ``promote_type``: the widest of the Tensor and Tensor[] arguments."""
+    current = lower
+    schema_args = op._schema.arguments
+    values = list(args) + [kwargs[a.name] for a in schema_args[len(args) :] if a.name in kwargs]
+    for arg, value in zip(schema_args, values):
+        if str(arg.type) not in ("Tensor", "List[Tensor]"):
+            continue  # optional tensors are cast but do not vote, as in the C++ overloads
+        for t in tensor_leaves(value):
+            if not (t.device.type == device_type and t.is_floating_point()):
+                continue
+            if t.dtype == torch.float64:
+                continue
+            if current == torch.float32 or t.dtype == torch.float32:
+                current = torch.float32
+            elif current == lower and t.dtype == lower:
+                current = lower
+            else:
+                raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
+    return current
+
+
+def _dtypes(value: Any) -> list[str | None]:
+    if isinstance(value, Failed) or value is None:
+        return []
+    leaves = pytree.tree_leaves(value)
+    return [dtype_name(v.dtype) if isinstance(v, torch.Tensor) else None for v in leaves]
+
+
+def _first(items: list[str | None]) -> str | None:
+    return items[0] if items else None
+
+
+def _promotion(
+    args: tuple[Any, ...], kwargs: dict[str, Any], outputs: list[str | None]
+) -> dict[str, Any] | None:
+    """Ordinary type promotion: floating inputs of different dtypes, result in the widest."""
+    floats = [t for t in tensor_leaves((args, kwargs)) if t.is_floating_point()]
+    kinds = list(dict.fromkeys(dtype_name(t.dtype) for t in floats))
+    out = outputs[0] if outputs else None
+    if len(kinds) < 2 or out is None or out not in kinds:
+        return None
+    return {"inputs": [dtype_name(t.dtype) for t in floats], "to": out}
+
+
+def annotate(capture: Capture) -> list[NodeRecord]:
+    """Annotate every node of a capture; returns the node records in execution order."""
+    annotator = AutocastAnnotator(capture)
+    with fake_session(capture.setting):
+        annotator.run_graph()
+    return annotator.records
+
+
+# Keep autocast_state importable from here for notebooks that model a region by hand.
+__all__ = ["AutocastAnnotator", "AutocastState", "annotate", "autocast_state"]

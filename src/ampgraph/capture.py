@@ -1,0 +1,231 @@
+"""Capture: trace a model into a torch.fx graph of ATen ops, once per setting.
+
+The graph is traced *in* the setting (parameters in its dtype, fake tensors on its device, autocast
+enabled when the setting says so), so that every dtype the model code reads at trace time
+(``x.to(q.dtype)``) is baked in as a real run would see it. ``torch.export`` records the ops as
+called, before autocast rewrites them, so the graph says ``aten.linear`` and leaves it to the
+annotator to say what autocast does there.
+
+Where fake CUDA tensors cannot be traced (a CPU-only build of torch) the model is traced on the
+meta device without autocast instead, and the nodes that carry trace-time dtype constants are
+listed in :attr:`Capture.trace_time_dtype_nodes`: their dtypes are those of the plain run.
+
+>>> from ampgraph.models import load_model
+>>> from ampgraph.settings import Setting
+>>> cap = capture(load_model("opt-125m"), Setting.parse("amp-fp32"))   # doctest: +SKIP
+>>> cap.method, len(cap.graph_module.graph.nodes)                        # doctest: +SKIP
+('export', 571)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from ampgraph.errors import CaptureError
+from ampgraph.models import ModelInputs
+from ampgraph.settings import Setting
+
+EXPORT = "export"
+EXPORT_META_REPLAY = "export-meta-replay"
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """What the capture knows of one submodule: its class and base classes, and if it is a leaf."""
+
+    path: str
+    type: str
+    bases: tuple[str, ...]
+    is_leaf: bool
+
+
+@dataclass
+class Capture:
+    """A traced graph plus what later stages need to replay it without the model object."""
+
+    model_name: str
+    setting: Setting
+    graph_module: fx.GraphModule
+    method: str
+    #: placeholder name -> ("parameter" | "buffer" | "constant" | "input", qualified target).
+    input_kinds: dict[str, tuple[str, str]]
+    modules: dict[str, ModuleInfo]
+    trace_time_dtype_nodes: list[str] = field(default_factory=list)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16``."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name}")
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the spelling reports and renderers use."""
+    return str(dtype).removeprefix("torch.")
+
+
+@contextlib.contextmanager
+def autocast_state(device_type: str, enabled: bool, dtype: torch.dtype) -> Iterator[None]:
+    """Enable or disable autocast for a device type, with no GPU needed.
+
+    ``torch.autocast("cuda")`` turns itself off when CUDA is unavailable; setting the thread-local
+    state directly keeps the real CUDA autocast kernels in the dispatch path for fake tensors.
+    """
+    was_enabled = torch.is_autocast_enabled(device_type)
+    was_dtype = torch.get_autocast_dtype(device_type)
+    torch.set_autocast_enabled(device_type, enabled)
+    torch.set_autocast_dtype(device_type, dtype)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled(device_type, was_enabled)
+        torch.set_autocast_dtype(device_type, was_dtype)
+        if not torch.is_autocast_enabled(device_type):
+            torch.clear_autocast_cache()
+
+
+@contextlib.contextmanager
+def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
+    """Temporarily replace every parameter and buffer of ``module`` by ``make(tensor)``.
+
+    Tied parameters (OPT's lm_head and embed_tokens) stay tied: each distinct tensor is made once.
+    The originals come back on exit, so a user's module is left as it was.
+    """
+    made: dict[int, torch.Tensor] = {}
+    saved: list[tuple[nn.Module, str, str, torch.Tensor]] = []
+    try:
+        for mod in module.modules():
+            for store in ("_parameters", "_buffers"):
+                table = getattr(mod, store)
+                for name, tensor in list(table.items()):
+                    if tensor is None:
+                        continue
+                    if id(tensor) not in made:
+                        new = make(tensor)
+                        if isinstance(tensor, nn.Parameter):
+                            new = nn.Parameter(new, requires_grad=tensor.requires_grad)
+                        made[id(tensor)] = new
+                    saved.append((mod, store, name, tensor))
+                    table[name] = made[id(tensor)]
+        yield
+    finally:
+        for mod, store, name, tensor in saved:
+            getattr(mod, store)[name] = tensor
+
+
+def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
+    """Every submodule's class, base classes (for ``--only Linear``-style filters) and leafness."""
+    out: dict[str, ModuleInfo] = {}
+    for path, mod in module.named_modules():
+        cls = type(mod)
+        bases = tuple(c.__name__ for c in cls.__mro__ if issubclass(c, nn.Module))
+        out[path] = ModuleInfo(
+            path=path,
+            type=f"{cls.__module__}.{cls.__qualname__}",
+            bases=bases,
+            is_leaf=next(iter(mod.children()), None) is None,
+        )
+    return out
+
+
+def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:
+    def make(t: torch.Tensor) -> torch.Tensor:
+        with fake_mode:
+            return torch.empty(t.shape, dtype=dtype_for(t), device=device)
+
+    return make
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _export(
+    model: ModelInputs, device: str, param_dtype: torch.dtype | None, setting: Setting | None
+) -> torch.export.ExportedProgram:
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def param_dtype_for(t: torch.Tensor) -> torch.dtype:
+        # Module.to(dtype) converts floating-point parameters and buffers only.
+        return param_dtype if (param_dtype is not None and t.is_floating_point()) else t.dtype
+
+    make_param = _fake_like(fake_mode, device, param_dtype_for)
+    make_input = _fake_like(fake_mode, device, lambda t: t.dtype)
+    args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
+    autocast = (
+        autocast_state(device, True, torch_dtype(setting.amp_dtype))
+        if setting is not None and setting.autocast
+        else contextlib.nullcontext()
+    )
+    with swapped_tensors(model.module, make_param), autocast, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.export.export(model.module, tuple(args), kwargs, strict=False)
+
+
+def _dtype_constant_nodes(gm: fx.GraphModule) -> list[str]:
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or "_assert_tensor_metadata" in str(node.target):
+            continue
+        leaves = pytree.tree_leaves((node.args, node.kwargs))
+        if any(isinstance(leaf, torch.dtype) and leaf.is_floating_point for leaf in leaves):
+            names.append(node.name)
+    return names
+
+
+def can_trace_fake(device_type: str) -> bool:
+    """Whether this torch build can trace with fake tensors on ``device_type``."""
+    return device_type == "cpu" or torch.backends.cuda.is_built()
+
+
+def capture(model: ModelInputs, setting: Setting) -> Capture:
+    """Trace ``model`` in ``setting`` and return the graph with what replaying it needs."""
+    param_dtype = torch_dtype(setting.param_dtype)
+    method = EXPORT
+    try:
+        if can_trace_fake(setting.device_type):
+            program = _export(model, setting.device_type, param_dtype, setting)
+        else:
+            method = EXPORT_META_REPLAY
+            program = _export(model, "meta", param_dtype, None)
+    except CaptureError:
+        raise
+    except Exception as exc:  # export raises many types; all mean "this model did not trace"
+        raise CaptureError(
+            f"torch.export could not trace {model.name!r}: {_first_line(exc)} "
+            "(make the forward traceable, or pass example inputs it accepts)"
+        ) from exc
+    kinds: dict[str, tuple[str, str]] = {}
+    for spec in program.graph_signature.input_specs:
+        arg_name = getattr(spec.arg, "name", None)
+        if arg_name is None:
+            continue
+        kind = {
+            "PARAMETER": "parameter",
+            "BUFFER": "buffer",
+            "CONSTANT_TENSOR": "constant",
+            "USER_INPUT": "input",
+        }.get(spec.kind.name, spec.kind.name.lower())
+        kinds[arg_name] = (kind, spec.target or arg_name)
+    gm = program.graph_module
+    return Capture(
+        model_name=model.name,
+        setting=setting,
+        graph_module=gm,
+        method=method,
+        input_kinds=kinds,
+        modules=module_table(model.module),
+        trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method != EXPORT else [],
+    )

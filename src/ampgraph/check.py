@@ -1,0 +1,139 @@
+"""Check: compare every annotated node with the dispatcher's own autocast kernels.
+
+The oracle replays the same graph on fake tensors with autocast really enabled (the thread-local
+state the C++ autocast keys read, so CUDA's kernels run without a GPU), and records the dtype each
+node returns. Nothing of the annotator is used: where the two disagree, ampgraph's tables or its
+reading of them are wrong, and the node is reported.
+
+Where the graph was captured in the setting itself (``Capture.method == "export"``), the dtypes
+``torch.export`` recorded at trace time (``node.meta["val"]``) are a second, independent oracle
+for the top-level nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ampgraph.capture import EXPORT, Capture, autocast_state, dtype_name, torch_dtype
+from ampgraph.records import NodeRecord
+from ampgraph.replay import Failed, FakeReplay, fake_session, region_args, tensor_leaves
+
+ORACLE = "dispatcher (real autocast kernels on fake tensors)"
+
+
+class DispatcherOracle(FakeReplay):
+    """Replay the graph under real autocast and remember what each node returned."""
+
+    def __init__(
+        self,
+        capture: Capture,
+        gm: fx.GraphModule | None = None,
+        results: dict[str, dict[str, Any]] | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(gm if gm is not None else capture.graph_module, capture.setting, prefix)
+        self.capture = capture
+        self.results: dict[str, dict[str, Any]] = results if results is not None else {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if n.op in ("call_function", "placeholder") and not isinstance(value, Failed):
+            if not (n.op == "placeholder" and n.name in self.outer_names):
+                self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
+        elif n.op == "output" and not self.prefix:
+            self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
+        return value
+
+    def on_error(self, n: fx.Node, failure: Failed) -> None:
+        self.results[self.qualified(n)] = {"error": failure.message}
+
+    def on_skipped(self, n: fx.Node, failure: Failed) -> None:
+        self.results[self.qualified(n)] = {"skipped": failure.node}
+
+    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
+        device_type, dtype, enabled, body, operands = region_args(args)
+        child = DispatcherOracle(self.capture, body, self.results, f"{self.prefix}{n.name}.")
+        with autocast_state(device_type, enabled, dtype):
+            value = self.run_body(child, body, operands, n)
+        self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
+        return value
+
+
+def _dtypes(value: Any) -> list[str | None]:
+    from torch.utils import _pytree as pytree
+
+    if value is None:
+        return []
+    return [
+        dtype_name(v.dtype) if isinstance(v, torch.Tensor) else None
+        for v in pytree.tree_leaves(value)
+    ]
+
+
+def dispatcher_results(capture: Capture) -> dict[str, dict[str, Any]]:
+    """What the real autocast kernels return at every node, by qualified node name."""
+    oracle = DispatcherOracle(capture)
+    setting = capture.setting
+    with fake_session(setting), autocast_state(
+        setting.device_type, setting.autocast, torch_dtype(setting.amp_dtype)
+    ):
+        oracle.run_graph()
+    return oracle.results
+
+
+def trace_results(capture: Capture) -> dict[str, list[str | None]]:
+    """The dtypes torch.export recorded while tracing in the setting (top-level nodes only)."""
+    if capture.method != EXPORT:
+        return {}
+    out: dict[str, list[str | None]] = {}
+    for node in capture.graph_module.graph.nodes:
+        if node.op != "call_function" or "val" not in node.meta:
+            continue
+        leaves = tensor_leaves(node.meta["val"]) if node.meta["val"] is not None else []
+        if isinstance(node.meta["val"], torch.Tensor) or leaves:
+            out[node.name] = [dtype_name(t.dtype) for t in leaves]
+    return out
+
+
+def check(capture: Capture, records: list[NodeRecord]) -> dict[str, Any]:
+    """Fill ``record.check`` for every node and return the summary for the report."""
+    oracle = dispatcher_results(capture)
+    traced = trace_results(capture)
+    compared = 0
+    disagreements = 0
+    for rec in records:
+        if rec.kind in ("parameter", "buffer", "constant", "input"):
+            continue
+        truth = oracle.get(rec.name)
+        if truth is None:
+            continue
+        compared += 1
+        predicted = _outcome(rec)
+        observed = _outcome_from(truth)
+        agree = predicted == observed
+        result: dict[str, Any] = {"dispatcher": observed, "agree": agree}
+        if rec.name in traced and "outputs" in truth:
+            tensor_outputs = [d for d in rec.outputs if d is not None]
+            result["export"] = traced[rec.name]
+            if traced[rec.name] != tensor_outputs:
+                result["agree"] = agree = False
+        if not agree:
+            disagreements += 1
+        rec.check = result
+    return {"oracle": ORACLE, "nodes": len(records), "compared": compared,
+            "disagreements": disagreements}  # fmt: skip
+
+
+def _outcome(rec: NodeRecord) -> dict[str, Any]:
+    if rec.error:
+        return {"error": rec.error}
+    if rec.skipped:
+        return {"skipped": rec.skipped}
+    return {"outputs": rec.outputs}
+
+
+def _outcome_from(truth: dict[str, Any]) -> dict[str, Any]:
+    return dict(truth)

@@ -1,0 +1,26 @@
+"""Domain errors. Every message is one line that says what to do next.
+
+The CLI turns these into ``Error: ...`` and exit status 1; anything else is a bug in ampgraph.
+"""
+
+from __future__ import annotations
+
+
+class AmpgraphError(Exception):
+    """Base class of the errors a user can cause and fix."""
+
+
+class SettingError(AmpgraphError, ValueError):
+    """A setting, dtype or device name that ampgraph does not understand."""
+
+
+class ModelSpecError(AmpgraphError):
+    """An unknown model name, an unreadable config, or a factory that raised."""
+
+
+class CaptureError(AmpgraphError):
+    """The model could not be traced into a torch.fx graph."""
+
+
+class RenderError(AmpgraphError):
+    """Graphviz is missing or failed to lay a diagram out."""

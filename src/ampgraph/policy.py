@@ -1,0 +1,187 @@
+"""Autocast policy tables, as data.
+
+Transcribed from PyTorch's ``aten/src/ATen/autocast_mode.h`` (the ``AT_FORALL_*`` op lists that the
+CUDA autocast key registers) and ``autocast_mode.cpp`` (the separate ``AutocastCPU`` lists), for the
+torch release named in :data:`TABLE_TORCH_VERSION`. An entry is ``op`` for the default overload or
+``op.overload`` for another one, exactly as the C++ ``KERNEL(op)`` / ``KERNEL(op, overload)``
+registrations spell them; overloads that are not listed have no autocast kernel and fall through.
+
+The tables are the annotator's only source of autocast knowledge. They are proven, not trusted:
+``tests/test_policy.py`` compares the set of ops here with the ops that carry an Autocast kernel in
+the installed dispatcher, and ``ampgraph check`` compares every annotated node with the dispatcher's
+own autocast kernels.
+
+>>> lookup("cuda", "aten::layer_norm", "")
+'fp32'
+>>> lookup("cpu", "aten::layer_norm", "") is None
+True
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The torch release these lists were read from (major.minor).
+TABLE_TORCH_VERSION: Final = "2.14"
+
+LOWER_PRECISION_FP: Final = "lower_precision_fp"
+FP32: Final = "fp32"
+FP32_SET_OPT_DTYPE: Final = "fp32_set_opt_dtype"
+FP32_APPEND_DTYPE: Final = "fp32_append_dtype"
+PROMOTE: Final = "promote"
+BANNED: Final = "banned"
+#: The five CastPolicy categories of autocast_mode.h, plus ops autocast refuses to run.
+CATEGORIES: Final = (LOWER_PRECISION_FP, FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE, PROMOTE, BANNED)
+
+#: How each category reads in tables, diagrams and legends.
+CATEGORY_LABEL: Final[dict[str, str]] = {
+    LOWER_PRECISION_FP: "lower precision",
+    FP32: "fp32",
+    FP32_SET_OPT_DTYPE: "fp32 (output dtype)",
+    FP32_APPEND_DTYPE: "fp32 (appended dtype)",
+    PROMOTE: "promote",
+    BANNED: "banned",
+}
+
+# AT_FORALL_LOWER_PRECISION_FP, plus the two cudnn convolutions and _cudnn_rnn that
+# autocast_mode.cpp registers for CUDA alone.
+_CUDA_LOWER_PRECISION_FP = (
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution",
+    "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot",
+    "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
+    "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+    "rnn_relu_cell", "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+    "cudnn_convolution", "cudnn_convolution_transpose", "_cudnn_rnn",
+)  # fmt: skip
+
+# AT_FORALL_FP32, plus linalg_matrix_sqrth (new in 2.14, registered for every backend).
+_CUDA_FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
+    "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim",
+    "nuclear_norm", "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss",
+    "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d",
+    "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+    "linalg_matrix_sqrth",
+)  # fmt: skip
+
+_CUDA_FP32_SET_OPT_DTYPE = (
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
+    "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
+    "sum.dim_IntList",
+)  # fmt: skip
+
+# AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE: these redispatch to the overload that takes a dtype.
+_CUDA_FP32_APPEND_DTYPE = ("norm.Scalar", "norm.ScalarOpt_dim")
+
+_CUDA_PROMOTE = (
+    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
+    "index_put", "tensordot", "scatter_add",
+)  # fmt: skip
+
+_CPU_LOWER_PRECISION_FP = (
+    "conv1d", "conv1d.padding", "conv2d", "conv2d.padding", "conv3d", "conv3d.padding", "bmm",
+    "mm", "linalg_vecdot", "baddbmm", "addmm", "_addmm_activation", "addbmm", "linear",
+    "_convolution.deprecated", "matmul", "conv_tbc", "mkldnn_rnn_layer", "conv_transpose1d",
+    "conv_transpose2d.input", "conv_transpose3d.input", "prelu", "scaled_dot_product_attention",
+    "_native_multi_head_attention",
+)  # fmt: skip
+
+_CPU_FP32 = (
+    "avg_pool3d", "binary_cross_entropy", "grid_sampler", "polar", "prod", "prod.dim_int",
+    "quantile", "quantile.scalar", "nanquantile", "nanquantile.scalar", "stft", "stft.center",
+    "cdist", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback", "grid_sampler_3d", "trace",
+    "view_as_complex", "cholesky_inverse", "cholesky_solve", "inverse", "lu_solve", "orgqr",
+    "ormqr", "pinverse", "max_pool3d", "max_unpool2d", "max_unpool3d", "adaptive_avg_pool3d",
+    "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d",
+    "replication_pad3d", "mse_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+    "hinge_embedding_loss", "poisson_nll_loss", "smooth_l1_loss", "cross_entropy_loss",
+    "l1_loss", "huber_loss", "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss",
+    "multi_margin_loss", "ctc_loss.IntList", "ctc_loss.Tensor", "kl_div",
+    "multilabel_margin_loss", "binary_cross_entropy_with_logits", "fft_fft", "fft_ifft",
+    "fft_fft2", "fft_ifft2", "fft_fftn", "fft_ifftn", "fft_rfft", "fft_irfft", "fft_rfft2",
+    "fft_irfft2", "fft_rfftn", "fft_irfftn", "fft_hfft", "fft_ihfft", "linalg_cond",
+    "linalg_cond.p_str", "linalg_matrix_rank", "linalg_matrix_rank.tol_tensor",
+    "linalg_matrix_rank.atol_rtol_tensor", "linalg_matrix_rank.atol_rtol_float", "linalg_solve",
+    "linalg_cholesky", "linalg_svdvals", "linalg_eigvals", "linalg_eigvalsh", "linalg_inv",
+    "linalg_householder_product", "linalg_tensorinv", "linalg_tensorsolve",
+    "fake_quantize_per_tensor_affine", "geqrf", "_lu_with_info", "qr", "svd",
+    "triangular_solve", "fractional_max_pool2d", "fractional_max_pool3d", "adaptive_max_pool3d",
+    "multilabel_margin_loss_forward", "linalg_qr", "linalg_cholesky_ex", "linalg_svd",
+    "linalg_eig", "linalg_eigh", "linalg_lstsq", "linalg_inv_ex", "linalg_matrix_sqrth",
+)  # fmt: skip
+
+_CPU_PROMOTE = ("stack", "cat", "index_copy")
+
+#: device type -> category -> ``op[.overload]`` names. The data everything else reads.
+TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
+    "cuda": {
+        LOWER_PRECISION_FP: _CUDA_LOWER_PRECISION_FP,
+        FP32: _CUDA_FP32,
+        FP32_SET_OPT_DTYPE: _CUDA_FP32_SET_OPT_DTYPE,
+        FP32_APPEND_DTYPE: _CUDA_FP32_APPEND_DTYPE,
+        PROMOTE: _CUDA_PROMOTE,
+        # autocast_mode.cpp registers binary_cross_entropy_banned, which raises, for CUDA.
+        BANNED: ("binary_cross_entropy",),
+    },
+    "cpu": {
+        LOWER_PRECISION_FP: _CPU_LOWER_PRECISION_FP,
+        FP32: _CPU_FP32,
+        FP32_SET_OPT_DTYPE: (),
+        FP32_APPEND_DTYPE: (),
+        PROMOTE: _CPU_PROMOTE,
+        BANNED: (),
+    },
+}
+
+#: For fp32_append_dtype: the overload each wrapped overload redispatches to, with a dtype added.
+APPEND_DTYPE_REDISPATCH: Final[dict[str, str]] = {
+    "norm.Scalar": "norm.ScalarOpt_dtype",
+    "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+}
+
+BANNED_MESSAGE: Final = (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+    "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+    "In this case, combine the two layers using "
+    "torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+    "safe to autocast."
+)
+
+
+def _index() -> dict[tuple[str, str], str]:
+    index: dict[tuple[str, str], str] = {}
+    for device_type, table in TABLES.items():
+        for category, entries in table.items():
+            for entry in entries:
+                index[(device_type, entry)] = category
+    return index
+
+
+_INDEX: Final = _index()
+
+
+def entry_name(schema_name: str, overload: str) -> str:
+    """``("aten::softmax", "int")`` -> ``"softmax.int"``; the default overload has no suffix."""
+    op = schema_name.removeprefix("aten::")
+    return f"{op}.{overload}" if overload and overload != "default" else op
+
+
+def lookup(device_type: str, schema_name: str, overload: str) -> str | None:
+    """The autocast category of one op overload on one device type, or None when it has none."""
+    if not schema_name.startswith("aten::"):
+        return None
+    return _INDEX.get((device_type, entry_name(schema_name, overload)))
+
+
+def registered_entries(device_type: str) -> set[str]:
+    """Every ``op[.overload]`` the table gives a policy for on ``device_type``."""
+    return {entry for entries in TABLES[device_type].values() for entry in entries}

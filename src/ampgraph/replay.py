@@ -1,0 +1,254 @@
+"""Replaying a captured graph on fake tensors: what the annotator and the dispatcher check share.
+
+:class:`FakeReplay` is an ``fx.Interpreter`` that
+
+* materialises every placeholder as a fake tensor on the setting's device, from the placeholder's
+  recorded shape and dtype (no model object and no memory needed),
+* skips ``aten._assert_tensor_metadata`` (a trace-time check, not a computation) and rewrites baked
+  ``device=`` arguments to the setting's device,
+* keeps going past a failing node: the node's error is recorded and everything downstream of it is
+  marked as skipped, so one bad op is reported where it happens,
+* runs ``wrap_with_autocast`` regions (autocast disabled or re-typed inside a forward) through a
+  hook that subclasses define.
+
+Fake kernels decide dtypes but do not always validate them: the matmul family's meta functions
+accept mixed dtypes that the real kernels reject. :class:`StrictDtypeMode` adds those checks with
+torch's own messages (see ``STRICT_CHECKS``), so a bf16 ``Linear`` fed fp32 fails here as it does
+on a device.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampgraph.capture import Capture, torch_dtype
+from ampgraph.settings import Setting
+
+WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+ASSERT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range"}
+
+# c10::ScalarType names (how TORCH_CHECK prints a dtype) and caffe2::TypeMeta names.
+_SCALAR_TYPE = {
+    torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half",
+    torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool",
+}  # fmt: skip
+_TYPE_META = {
+    torch.float32: "float", torch.bfloat16: "c10::BFloat16", torch.float16: "c10::Half",
+    torch.float64: "double", torch.int64: "long int", torch.int32: "int", torch.bool: "bool",
+}  # fmt: skip
+
+
+def _st(t: torch.Tensor) -> str:
+    return _SCALAR_TYPE.get(t.dtype, str(t.dtype))
+
+
+def _addmm_check(args: tuple[Any, ...]) -> str | None:
+    self, mat1, mat2 = args[:3]
+    if self.dtype != mat2.dtype:
+        return f"self and mat2 must have the same dtype, but got {_st(self)} and {_st(mat2)}"
+    if mat1.dtype != mat2.dtype:
+        return f"mat1 and mat2 must have the same dtype, but got {_st(mat1)} and {_st(mat2)}"
+    return None
+
+
+def _mm_check_cpu(args: tuple[Any, ...]) -> str | None:
+    a, b = args[:2]
+    if a.dtype != b.dtype:
+        got = f"{_TYPE_META.get(a.dtype)} != {_TYPE_META.get(b.dtype)}"
+        return f"expected m1 and m2 to have the same dtype, but got: {got}"
+    return None
+
+
+def _bmm_check_cpu(args: tuple[Any, ...]) -> str | None:
+    a, b = args[:2]
+    if a.dtype != b.dtype:
+        return f"expected scalar type {_st(a)} but found {_st(b)}"
+    return None
+
+
+#: (device type, op) -> a check that returns the real kernel's error message, or None if fine.
+#: Only checks whose wording was read off real kernels are here (tests compare them on CPU).
+STRICT_CHECKS: dict[tuple[str, Any], Callable[[tuple[Any, ...]], str | None]] = {
+    ("cuda", torch.ops.aten.addmm.default): _addmm_check,
+    ("cpu", torch.ops.aten.addmm.default): _addmm_check,
+    ("cpu", torch.ops.aten.mm.default): _mm_check_cpu,
+    ("cpu", torch.ops.aten.bmm.default): _bmm_check_cpu,
+}
+
+
+class StrictDtypeMode(TorchDispatchMode):
+    """Raise the real kernels' dtype errors that the fake (meta) kernels do not raise."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type = device_type
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        check = STRICT_CHECKS.get((self.device_type, func))
+        if check is not None:
+            message = check(tuple(args))
+            if message is not None:
+                raise RuntimeError(message)
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The value of a node that raised, or that depends on one that did."""
+
+    node: str
+    message: str
+
+
+def op_name(target: Any) -> str:
+    """A stable, readable name for a node's target: ``aten.linear.default``, ``getitem``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    return getattr(target, "__name__", str(target))
+
+
+def is_assert(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and (
+        target._schema.name.removeprefix("aten::") in ASSERT_OPS
+    )
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
+def placeholder_value(node: fx.Node, device: str) -> Any:
+    """A fresh fake tensor shaped like the placeholder's recorded value, on ``device``."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return torch.empty(val.shape, dtype=val.dtype, device=device)
+    return val
+
+
+@contextmanager
+def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
+    """Fake tensors, strict dtype checks, and autocast off on every device until told otherwise."""
+    from ampgraph.capture import autocast_state
+
+    with ExitStack() as stack:
+        mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(StrictDtypeMode(setting.device_type))
+        for device in ("cpu", "cuda"):
+            stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
+        yield mode
+
+
+class FakeReplay(fx.Interpreter):
+    """Base interpreter: fake placeholders, error propagation, autocast regions."""
+
+    def __init__(self, gm: fx.GraphModule, setting: Setting, prefix: str = "") -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.setting = setting
+        self.device = torch.device(setting.device_type)
+        self.prefix = prefix
+        #: outer node names for a region body's placeholders (empty at top level).
+        self.outer_names: dict[str, str] = {}
+
+    # -- naming -----------------------------------------------------------------------------
+    def qualified(self, node: fx.Node) -> str:
+        if node.op == "placeholder" and node.name in self.outer_names:
+            return self.outer_names[node.name]
+        return f"{self.prefix}{node.name}"
+
+    # -- fx.Interpreter hooks -----------------------------------------------------------------
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in ("placeholder", "output", "get_attr"):
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        failed = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, Failed)]
+        if failed:
+            value: Any = Failed(failed[0].node, failed[0].message)
+            self.on_skipped(n, value)
+            return value
+        if n.op == "call_function" and is_assert(n.target):
+            return None
+        args, kwargs = self._retarget_devices(args, kwargs)
+        if n.op == "call_function" and n.target is WRAP_WITH_AUTOCAST:
+            return self.run_region(n, args)
+        try:
+            return self.execute(n, args, kwargs)
+        except Exception as exc:  # the op's own error is the finding: record it, go on
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            value = Failed(self.qualified(n), message)
+            self.on_error(n, value)
+            return value
+
+    def run_graph(self) -> Any:
+        """Run the whole graph on fresh fake placeholders (call inside :func:`fake_session`)."""
+        placeholders = [p for p in self.graph.nodes if p.op == "placeholder"]
+        return self.run(*(placeholder_value(p, self.setting.device_type) for p in placeholders))
+
+    def _retarget_devices(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        def fix(v: Any) -> Any:
+            return self.device if isinstance(v, torch.device) else v
+
+        return pytree.tree_map_only(torch.device, fix, (args, kwargs))  # type: ignore[return-value]
+
+    # -- what subclasses define -------------------------------------------------------------------
+    def execute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return getattr(self, n.op)(n.target, args, kwargs)
+
+    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
+
+    def on_error(self, n: fx.Node, failure: Failed) -> None:
+        """Called when node ``n`` raised."""
+
+    def on_skipped(self, n: fx.Node, failure: Failed) -> None:
+        """Called when node ``n`` was not run because an input failed."""
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def run_body(
+        self, interp: FakeReplay, body: fx.GraphModule, operands: tuple[Any, ...], n: fx.Node
+    ) -> Any:
+        """Run a region body with a child interpreter whose placeholders are ``n``'s operands."""
+        placeholders = [p for p in body.graph.nodes if p.op == "placeholder"]
+        operand_nodes = [a for a in n.args[5:]]
+        interp.outer_names = {
+            p.name: self.qualified(a) if isinstance(a, fx.Node) else repr(a)
+            for p, a in zip(placeholders, operand_nodes)
+        }
+        return interp.run(*operands)
+
+
+def region_args(args: tuple[Any, ...]) -> tuple[str, torch.dtype, bool, fx.GraphModule, tuple]:
+    """Unpack ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)``."""
+    device_type, dtype, enabled, _cache, body, *operands = args
+    if dtype is None:
+        dtype = torch.get_autocast_dtype(device_type)
+    return str(device_type), dtype, bool(enabled), body, tuple(operands)
+
+
+def is_getitem(target: Any) -> bool:
+    return target is operator.getitem
+
+
+__all__ = [
+    "Failed",
+    "FakeReplay",
+    "StrictDtypeMode",
+    "fake_session",
+    "op_name",
+    "region_args",
+    "tensor_leaves",
+    "torch_dtype",
+]

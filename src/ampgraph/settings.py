@@ -1,0 +1,191 @@
+"""Settings: the (device type, autocast on/off, autocast dtype, parameter dtype) a model runs in.
+
+The seed notebook compares four settings, which are ampgraph's default matrix:
+
+========== ========= ==========================
+name       autocast  parameters
+========== ========= ==========================
+fp32       off       fp32
+half       off       the 16-bit dtype (bf16/fp16)
+amp-fp32   on        fp32
+amp-half   on        the 16-bit dtype
+========== ========= ==========================
+
+Any other combination is spelled ``autocast=on,params=fp16`` (keys: ``autocast``, ``params``,
+``dtype``, ``device``), so a setting always has a name that round-trips through the CLI.
+
+This module is torch-free: dtypes are names (``"float32"``, ``"bfloat16"``) and are turned into
+``torch.dtype`` by the stages that need torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ampgraph.errors import SettingError
+
+#: Canonical torch dtype names and the short names people type and diagrams print.
+DTYPE_ALIASES: dict[str, str] = {
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+}
+SHORT_DTYPE: dict[str, str] = {
+    "float64": "fp64",
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "int64": "int64",
+    "int32": "int32",
+    "bool": "bool",
+}
+DEVICE_TYPES = ("cuda", "cpu")
+AMP_DTYPES = ("bfloat16", "float16")
+PRESETS = ("fp32", "half", "amp-fp32", "amp-half")
+
+
+def canonical_dtype(name: str) -> str:
+    """Return torch's name for a dtype given as ``bf16``, ``bfloat16``, ``torch.bfloat16``...
+
+    >>> canonical_dtype("bf16")
+    'bfloat16'
+    """
+    key = name.strip().lower().removeprefix("torch.")
+    if key not in DTYPE_ALIASES:
+        raise SettingError(
+            f"unknown dtype {name!r}: use one of fp32, bf16, fp16 "
+            "(or float32, bfloat16, float16)"
+        )
+    return DTYPE_ALIASES[key]
+
+
+def short_dtype(name: str | None) -> str:
+    """The short name diagrams and tables print: ``float32`` -> ``fp32``.
+
+    >>> short_dtype("bfloat16")
+    'bf16'
+    """
+    if name is None:
+        return "-"
+    return SHORT_DTYPE.get(name, name)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way of running a model: what autocast does and what dtype the parameters have.
+
+    >>> s = Setting.parse("amp-fp32")
+    >>> (s.autocast, s.amp_dtype, s.param_dtype, s.device_type)
+    (True, 'bfloat16', 'float32', 'cuda')
+    >>> Setting.parse("autocast=on,params=fp16,dtype=fp16").name
+    'amp-half'
+    """
+
+    device_type: str = "cuda"
+    autocast: bool = False
+    amp_dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.device_type not in DEVICE_TYPES:
+            raise SettingError(
+                f"unknown device type {self.device_type!r}: use one of {', '.join(DEVICE_TYPES)}"
+            )
+        if self.amp_dtype not in AMP_DTYPES:
+            raise SettingError(
+                f"autocast dtype must be bf16 or fp16, not {short_dtype(self.amp_dtype)}"
+            )
+        if self.param_dtype not in ("float32", *AMP_DTYPES):
+            raise SettingError(
+                f"parameter dtype must be fp32, bf16 or fp16, not {self.param_dtype}"
+            )
+
+    @property
+    def name(self) -> str:
+        """Short name: one of the four presets when it is one, else a ``key=value`` spelling."""
+        prefix = "amp-" if self.autocast else ""
+        if self.param_dtype == "float32":
+            return f"{prefix}fp32"
+        if self.param_dtype == self.amp_dtype:
+            return f"{prefix}half"
+        return f"autocast={'on' if self.autocast else 'off'},params={short_dtype(self.param_dtype)}"
+
+    @property
+    def title(self) -> str:
+        """A human caption, e.g. ``autocast cuda bf16, parameters fp32``."""
+        amp = (
+            f"autocast {self.device_type} {short_dtype(self.amp_dtype)}"
+            if self.autocast
+            else "no autocast"
+        )
+        return f"{amp}, parameters {short_dtype(self.param_dtype)}"
+
+    @property
+    def slug(self) -> str:
+        """A file-name-safe identifier that includes device and autocast dtype."""
+        return f"{self.device_type}-{short_dtype(self.amp_dtype)}-{self.name}".replace(
+            "=", "-"
+        ).replace(",", "_")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, **asdict(self)}
+
+    @classmethod
+    def parse(
+        cls, text: str, *, device_type: str = "cuda", amp_dtype: str = "bfloat16"
+    ) -> Setting:
+        """Parse a preset name (``fp32``, ``half``, ``amp-fp32``, ``amp-half``) or ``k=v,...``.
+
+        ``device_type`` and ``amp_dtype`` fill in what the text leaves out.
+        """
+        amp_dtype = canonical_dtype(amp_dtype)
+        text = text.strip()
+        if text in PRESETS:
+            autocast = text.startswith("amp-")
+            params = "float32" if text.endswith("fp32") else amp_dtype
+            return cls(device_type, autocast, amp_dtype, params)
+        fields: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition("=")
+            if not sep or key.strip() not in ("autocast", "params", "dtype", "device"):
+                raise SettingError(
+                    f"malformed setting {text!r}: use a preset ({', '.join(PRESETS)}) "
+                    "or key=value pairs such as 'autocast=on,params=fp16'"
+                )
+            fields[key.strip()] = value.strip().lower()
+        if not fields:
+            raise SettingError(f"empty setting: use one of {', '.join(PRESETS)}")
+        flag = fields.get("autocast", "off")
+        if flag not in ("on", "off", "true", "false", "1", "0"):
+            raise SettingError(f"autocast must be on or off, not {flag!r}")
+        dtype = canonical_dtype(fields.get("dtype", amp_dtype))
+        return cls(
+            device_type=fields.get("device", device_type),
+            autocast=flag in ("on", "true", "1"),
+            amp_dtype=dtype,
+            param_dtype=canonical_dtype(fields.get("params", "fp32")),
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Setting:
+        return cls(
+            device_type=str(data["device_type"]),
+            autocast=bool(data["autocast"]),
+            amp_dtype=str(data["amp_dtype"]),
+            param_dtype=str(data["param_dtype"]),
+        )
+
+
+def seed_matrix(device_type: str = "cuda", amp_dtype: str = "bfloat16") -> list[Setting]:
+    """The seed notebook's four settings, in its order of presentation.
+
+    >>> [s.name for s in seed_matrix()]
+    ['fp32', 'half', 'amp-half', 'amp-fp32']
+    """
+    order = ("fp32", "half", "amp-half", "amp-fp32")
+    return [Setting.parse(n, device_type=device_type, amp_dtype=amp_dtype) for n in order]
