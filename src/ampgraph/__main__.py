@@ -1,0 +1,3 @@
+from ampgraph.cli import run
+
+run()

@@ -1,0 +1,124 @@
+"""Text renderings of reports: the seed's hook lines, a Markdown table, check summaries.
+
+Torch-free: everything here reads :class:`~ampgraph.records.Report` records.
+
+>>> from ampgraph.records import ModuleCall
+>>> call = ModuleCall("fc1", "torch.nn.Linear", ["Linear", "Module"], "fc1", "float32", "bfloat16", [])
+>>> print(call.hook_line())
+[fc1] in=torch.float32 -> out=torch.bfloat16
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ampgraph.policy import CATEGORY_LABEL
+from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.settings import short_dtype
+
+#: The seed notebook's WATCH tuple: what its hooks printed.
+SEED_WATCH = ("Linear", "LayerNorm", "Embedding")
+
+
+def select_calls(report: Report, only: Sequence[str] | None = None) -> list[ModuleCall]:
+    """Leaf-module calls, optionally only those that are instances of the named classes.
+
+    ``only`` matches class names anywhere in the module's class hierarchy, like ``isinstance``:
+    ``Embedding`` selects OPT's ``OPTLearnedPositionalEmbedding`` too.
+    """
+    if not only:
+        return list(report.modules)
+    wanted = set(only)
+    return [c for c in report.modules if wanted & set(c.bases)]
+
+
+def _call_error(report: Report, call: ModuleCall) -> str | None:
+    for name in call.nodes:
+        rec = report.node(name)
+        if rec.error:
+            return rec.error
+    return None
+
+
+def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
+    """One seed-notebook hook line per leaf-module call, in execution order."""
+    lines = []
+    for call in select_calls(report, only):
+        error = _call_error(report, call)
+        if error:
+            lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}")
+        else:
+            lines.append(call.hook_line())
+    return lines
+
+
+def _casts_text(recs: Iterable[NodeRecord]) -> str:
+    casts = [c for r in recs for c in r.casts]
+    return ", ".join(
+        f"{c.node} {short_dtype(c.from_dtype)}→{short_dtype(c.to_dtype)}" for c in casts
+    )
+
+
+def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
+    """A Markdown table of the leaf-module calls, for pasting into a pull request."""
+    setting = report.setting
+    head = (
+        f"**{report.model}**, setting `{setting['name']}` "
+        f"({'autocast ' + setting['device_type'] + ' ' + short_dtype(setting['amp_dtype']) if setting['autocast'] else 'no autocast'}, "  # noqa: E501
+        f"parameters {short_dtype(setting['param_dtype'])})"
+    )
+    rows = [
+        head,
+        "",
+        "| module | type | in | out | policy | autocast casts |",
+        "|---|---|---|---|---|---|",
+    ]
+    for call in select_calls(report, only):
+        recs = [report.node(n) for n in call.nodes]
+        policies = sorted({CATEGORY_LABEL[r.policy] for r in recs if r.policy})
+        error = _call_error(report, call)
+        out = f"error: {error}" if error else short_dtype(call.out_dtype)
+        rows.append(
+            f"| `{call.path}` | {call.type.rsplit('.', 1)[-1]} | {short_dtype(call.in_dtype)} "
+            f"| {out} | {', '.join(policies) or 'none'} | {_casts_text(recs) or '-'} |"
+        )
+    if report.check is not None:
+        rows += ["", check_summary(report)]
+    return "\n".join(rows)
+
+
+def check_summary(report: Report) -> str:
+    """One line: how many nodes were compared with the dispatcher and how many disagree."""
+    if report.check is None:
+        return f"{report.model} {report.setting['name']}: not checked"
+    c = report.check
+    errors = len(report.errors)
+    tail = f", {errors} node{'s' if errors != 1 else ''} raise" if errors else ""
+    return (
+        f"{report.model} {report.setting['name']} ({report.setting['device_type']} "
+        f"{short_dtype(report.setting['amp_dtype'])}): {c['compared']} nodes compared with the "
+        f"dispatcher, {c['disagreements']} disagreement{'s' if c['disagreements'] != 1 else ''}"
+        f"{tail}"
+    )
+
+
+def disagreement_lines(report: Report) -> list[str]:
+    """One line per node whose annotation the dispatcher contradicts."""
+    lines = []
+    for rec in report.disagreements:
+        check = rec.check or {}
+        predicted = (
+            f"error: {rec.error}" if rec.error else ", ".join(short_dtype(d) for d in rec.outputs)
+        )
+        observed_d = check.get("dispatcher", {})
+        observed = (
+            f"error: {observed_d['error']}"
+            if "error" in observed_d
+            else ", ".join(short_dtype(d) for d in observed_d.get("outputs", []))
+        )
+        extra = f"; export traced {check['export']}" if "export" in check else ""
+        lines.append(
+            f"  {rec.name} ({rec.op}, {rec.module or 'top level'}): predicted {predicted or '-'}, "
+            f"dispatcher {observed or '-'}{extra}"
+        )
+    return lines
