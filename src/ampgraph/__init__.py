@@ -22,13 +22,12 @@ from ampgraph.settings import Setting, seed_matrix
 
 if TYPE_CHECKING:
     from ampgraph.analysis import analyze, analyze_capture
-    from ampgraph.capture import Capture, capture
+    from ampgraph.capture import Capture
     from ampgraph.models import ModelInputs, load_model
 
 _LAZY = {
     "analyze": "ampgraph.analysis",
     "analyze_capture": "ampgraph.analysis",
-    "capture": "ampgraph.capture",
     "Capture": "ampgraph.capture",
     "load_model": "ampgraph.models",
     "ModelInputs": "ampgraph.models",
@@ -57,7 +56,6 @@ __all__ = [
     "SettingError",
     "analyze",
     "analyze_capture",
-    "capture",
     "load_model",
     "seed_matrix",
 ]

@@ -130,14 +130,21 @@ class AutocastAnnotator(FakeReplay):
         self._record(n, error=failure.message, **pending)
 
     def on_skipped(self, n: fx.Node, failure: Failed) -> None:
-        self._record(n, skipped=failure.node, reason=f"not run: input from failed {failure.node}")
+        if n.op == "output" and self.prefix:
+            return  # a region body's output: the region node itself is recorded as skipped
+        self._record(
+            n,
+            kind="output" if n.op == "output" else "op",
+            skipped=failure.node,
+            reason=f"not run: input from failed {failure.node}",
+        )
 
     # -- fx.Interpreter ---------------------------------------------------------------------------
     def run_node(self, n: fx.Node) -> Any:
         value = super().run_node(n)
         if n.op == "placeholder":
             self._record_placeholder(n, value)
-        elif n.op == "output" and not self.prefix:
+        elif n.op == "output" and not self.prefix and not isinstance(value, Failed):
             self._record(n, kind="output", outputs=_dtypes(value), reason="graph output")
         return value
 

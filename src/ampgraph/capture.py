@@ -20,6 +20,8 @@ listed in :attr:`Capture.trace_time_dtype_nodes`: their dtypes are those of the 
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -139,6 +141,39 @@ def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
     return out
 
 
+@contextlib.contextmanager
+def quiet_logging() -> Iterator[None]:
+    """Silence torch's own logging while tracing: a failed export logs the whole graph, and
+    ampgraph reports the failure in one line instead."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
+
+
+@contextlib.contextmanager
+def simulated_cuda_amp(device_type: str) -> Iterator[None]:
+    """Let ``torch.autocast("cuda", ...)`` in model code behave as on a bf16-capable GPU.
+
+    Without a GPU, ``torch.autocast("cuda")`` disables itself at construction, so a traced
+    ``with torch.autocast("cuda", dtype=torch.float16):`` region would be recorded as disabled.
+    The fake CUDA tensors being traced stand for such a GPU, so its availability checks answer yes.
+    """
+    if device_type != "cuda":
+        yield
+        return
+    from unittest import mock
+
+    import torch.cuda.amp.common as amp_common
+
+    with mock.patch.object(amp_common, "amp_definitely_not_available", return_value=False), \
+            mock.patch.object(torch.cuda, "is_bf16_supported", return_value=True):  # fmt: skip
+        yield
+
+
 def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:
     def make(t: torch.Tensor) -> torch.Tensor:
         with fake_mode:
@@ -169,7 +204,9 @@ def _export(
         if setting is not None and setting.autocast
         else contextlib.nullcontext()
     )
-    with swapped_tensors(model.module, make_param), autocast, warnings.catch_warnings():
+    with swapped_tensors(model.module, make_param), autocast, simulated_cuda_amp(
+        setting.device_type if setting is not None else device
+    ), warnings.catch_warnings(), quiet_logging():
         warnings.simplefilter("ignore")
         return torch.export.export(model.module, tuple(args), kwargs, strict=False)
 

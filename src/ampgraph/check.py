@@ -43,7 +43,7 @@ class DispatcherOracle(FakeReplay):
         if n.op in ("call_function", "placeholder") and not isinstance(value, Failed):
             if not (n.op == "placeholder" and n.name in self.outer_names):
                 self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
-        elif n.op == "output" and not self.prefix:
+        elif n.op == "output" and not self.prefix and not isinstance(value, Failed):
             self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
         return value
 

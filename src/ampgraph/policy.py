@@ -94,6 +94,7 @@ _CPU_LOWER_PRECISION_FP = (
     "_native_multi_head_attention",
 )  # fmt: skip
 
+# AutocastCPU fp32 list as registered in 2.14 (aten::qr and aten::cholesky are gone from it).
 _CPU_FP32 = (
     "avg_pool3d", "binary_cross_entropy", "grid_sampler", "polar", "prod", "prod.dim_int",
     "quantile", "quantile.scalar", "nanquantile", "nanquantile.scalar", "stft", "stft.center",
@@ -112,7 +113,7 @@ _CPU_FP32 = (
     "linalg_matrix_rank.atol_rtol_tensor", "linalg_matrix_rank.atol_rtol_float", "linalg_solve",
     "linalg_cholesky", "linalg_svdvals", "linalg_eigvals", "linalg_eigvalsh", "linalg_inv",
     "linalg_householder_product", "linalg_tensorinv", "linalg_tensorsolve",
-    "fake_quantize_per_tensor_affine", "geqrf", "_lu_with_info", "qr", "svd",
+    "fake_quantize_per_tensor_affine", "geqrf", "_lu_with_info", "svd",
     "triangular_solve", "fractional_max_pool2d", "fractional_max_pool3d", "adaptive_max_pool3d",
     "multilabel_margin_loss_forward", "linalg_qr", "linalg_cholesky_ex", "linalg_svd",
     "linalg_eig", "linalg_eigh", "linalg_lstsq", "linalg_inv_ex", "linalg_matrix_sqrth",

@@ -1,0 +1,39 @@
+# One command each: `make render` sets up and draws OPT-125M's dtype flow; `make test` sets up
+# and runs the tests. Both create .venv on first use and reuse it after.
+PYTHON ?= python3
+VENV ?= .venv
+# The CUDA build of torch lets fake CUDA tensors run the real CUDA autocast kernels without a GPU.
+TORCH_SPEC ?= torch==2.14.1
+BIN := $(VENV)/bin
+
+.PHONY: setup graphviz render test check clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+# Graphviz's dot lays the diagrams out. Installed from Debian's packages when we are root.
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; \
+	  else \
+	    echo "Graphviz's dot is missing: install it (apt-get install graphviz / brew install graphviz)" >&2; \
+	  fi; }
+
+render: setup graphviz
+	$(BIN)/ampgraph render
+
+check: setup
+	$(BIN)/ampgraph check
+
+test: setup graphviz
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) ampgraph-out .pytest_cache

@@ -1,0 +1,68 @@
+"""Every node of every bundled test model agrees with the dispatcher, in every setting.
+
+Issue 2's acceptance: the four settings x {bf16, fp16} x {cuda, cpu} for OPT-125M, and a second
+architecture (Llama-shaped; GPT-2 in the slow set) to show nothing in the core is OPT-specific.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ampgraph.formats import disagreement_lines
+
+from .conftest import report
+
+SETTINGS = ["fp32", "half", "amp-half", "amp-fp32"]
+GRID = [(s, d, a) for d in ("cuda", "cpu") for a in ("bf16", "fp16") for s in SETTINGS]
+
+
+def _assert_agrees(spec: str, setting: str, device: str, amp: str) -> None:
+    rep = report(spec, setting, device, amp)
+    assert rep.check is not None
+    assert rep.check["compared"] > 100
+    assert rep.check["disagreements"] == 0, "\n".join(disagreement_lines(rep))
+    assert rep.errors == []
+
+
+@pytest.mark.parametrize(("setting", "device", "amp"), GRID)
+def test_opt_125m_agrees_with_dispatcher(setting: str, device: str, amp: str) -> None:
+    _assert_agrees("opt-125m", setting, device, amp)
+
+
+@pytest.mark.parametrize(("setting", "device", "amp"), GRID)
+def test_llama_tiny_agrees_with_dispatcher(setting: str, device: str, amp: str) -> None:
+    _assert_agrees("llama-tiny", setting, device, amp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("setting", "device", "amp"), GRID)
+def test_gpt2_agrees_with_dispatcher(setting: str, device: str, amp: str) -> None:
+    _assert_agrees("gpt2", setting, device, amp)
+
+
+def test_autocast_changes_what_the_dispatcher_sees() -> None:
+    """The check is not vacuous: the same graph gives different dtypes with autocast on."""
+    off = report("opt-125m", "fp32")
+    on = report("opt-125m", "amp-fp32")
+    assert {n.out_dtype for n in off.nodes if n.op == "aten.linear.default"} == {"float32"}
+    assert {n.out_dtype for n in on.nodes if n.op == "aten.linear.default"} == {"bfloat16"}
+
+
+def test_meta_replay_fallback_for_cpu_only_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only torch cannot trace fake CUDA tensors: ampgraph traces on meta without
+    autocast, replays on fake CUDA, and names the nodes whose dtypes were baked at trace time."""
+    import ampgraph.capture as capture_module
+    from ampgraph import Setting, analyze
+    from ampgraph.formats import SEED_WATCH, hook_lines
+
+    from .conftest import model, seed_hook_blocks
+
+    monkeypatch.setattr(capture_module, "can_trace_fake", lambda device_type: device_type == "cpu")
+    rep = analyze(model("opt-125m"), Setting.parse("amp-fp32"))
+    assert rep.capture["method"] == "export-meta-replay"
+    # embed_positions' `.to(inputs_embeds.dtype)` is the one dtype constant OPT bakes in.
+    assert rep.capture["trace_time_dtype_nodes"] == ["to_4"]
+    assert rep.node("to_4").trace_time_dtype
+    assert rep.check["disagreements"] == 0
+    seed = seed_hook_blocks()["amp-fp32"]
+    assert hook_lines(rep, SEED_WATCH)[: len(seed) - 1] == seed[:-1]

@@ -1,0 +1,66 @@
+"""Autocast regions inside a forward (seed 002's fp32 wrapper) and a wrong table caught."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ampgraph import Setting, analyze
+from ampgraph import policy as P
+
+
+class Fp32Island(nn.Module):
+    """Seed 002: a module that must run in fp32 whatever autocast says around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)  # bf16 under autocast
+        with torch.autocast("cuda", enabled=False):
+            island = h.float().t() @ h.float()  # fp32 matmul, no cast to bf16
+        return self.head(island)
+
+
+class NestedDtype(nn.Module):
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.float16):
+            return x @ w
+
+
+def test_autocast_disabled_region_runs_in_fp32() -> None:
+    rep = analyze(Fp32Island(), Setting.parse("amp-fp32"), args=(torch.randn(4, 8),))
+    (region,) = [n for n in rep.nodes if n.kind == "region"]
+    assert "disabled" in region.reason
+    body = [n for n in rep.nodes if n.region == region.name]
+    (matmul,) = [n for n in body if n.op == "aten.matmul.default"]
+    assert matmul.policy is None and matmul.casts == [] and matmul.outputs == ["float32"]
+    assert not matmul.autocast
+    # Outside the island autocast applies again: head casts the fp32 result to bf16.
+    head = next(n for n in rep.nodes if n.op == "aten.linear.default" and n.module == "head")
+    assert head.outputs == ["bfloat16"] and head.casts[0].from_dtype == "float32"
+    assert rep.check["disagreements"] == 0
+
+
+def test_nested_region_with_another_dtype() -> None:
+    args = (torch.randn(4, 4), torch.randn(4, 4))
+    rep = analyze(NestedDtype(), Setting.parse("amp-fp32"), args=args)
+    (matmul,) = [n for n in rep.nodes if n.op == "aten.matmul.default"]
+    assert matmul.outputs == ["float16"] and matmul.policy == P.LOWER_PRECISION_FP
+    assert rep.check["disagreements"] == 0
+
+
+def test_a_wrong_table_is_caught_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If layer_norm's entry were missing, the dispatcher check must say so, node by node."""
+    index = dict(P._INDEX)
+    del index[("cuda", "layer_norm")]
+    monkeypatch.setattr(P, "_INDEX", index)
+    model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8))
+    rep = analyze(model, Setting.parse("amp-half"), args=(torch.randn(2, 8, dtype=torch.bfloat16),))
+    (ln,) = [n for n in rep.nodes if n.op == "aten.layer_norm.default"]
+    assert ln.outputs == ["bfloat16"]
+    assert ln.check == {"dispatcher": {"outputs": ["float32"]}, "agree": False, "export": ["float32"]}
+    assert rep.check["disagreements"] >= 1
