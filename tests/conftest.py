@@ -4,6 +4,8 @@ OPT-125M analysis costs a couple of seconds and many tests read the same one."""
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,9 @@ from ampgraph.analysis import analyze
 from ampgraph.models import ModelInputs, load_model
 
 DATA = Path(__file__).parent / "data"
+
+# Tests never read or fill the user's cache of analyses.
+os.environ["AMPGRAPH_CACHE_DIR"] = tempfile.mkdtemp(prefix="ampgraph-test-cache-")
 
 
 @functools.cache

@@ -133,3 +133,69 @@ def analyze(
     if isinstance(model, nn.Module):
         model = ModelInputs(type(model).__name__, model, tuple(args), dict(kwargs or {}))
     return analyze_capture(capture(model, setting), check=check)
+
+
+# The model the forked workers analyse: set before the pool forks, inherited by the children,
+# so nothing large is pickled.
+_WORKER_MODEL: ModelInputs | None = None
+
+
+def _analyze_in_worker(job: tuple[int, Setting, bool]) -> tuple[int, dict[str, Any]]:
+    import torch
+
+    torch.set_num_threads(1)  # the workers already use every core between them
+    index, setting, check = job
+    assert _WORKER_MODEL is not None
+    return index, analyze(_WORKER_MODEL, setting, check=check).to_dict()
+
+
+def default_workers() -> int:
+    """One worker per core the process may use."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def analyze_many(
+    model: ModelInputs,
+    settings: Sequence[Setting],
+    *,
+    check: bool = True,
+    workers: int | None = None,
+    on_done: Any = None,
+) -> list[Report]:
+    """Analyse one model in several settings, in parallel worker processes where that helps.
+
+    Workers are forked after torch and the model are loaded, so each setting costs only its own
+    trace and replay. ``on_done(index, report)`` is called as each setting finishes.
+
+    >>> from ampgraph import load_model, seed_matrix
+    >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix())   # doctest: +SKIP
+    """
+    import multiprocessing as mp
+
+    workers = min(len(settings), workers or default_workers())
+    results: list[Report | None] = [None] * len(settings)
+
+    def done(index: int, report: Report) -> None:
+        results[index] = report
+        if on_done is not None:
+            on_done(index, report)
+
+    if workers <= 1 or "fork" not in mp.get_all_start_methods():
+        for i, setting in enumerate(settings):
+            done(i, analyze(model, setting, check=check))
+        return [r for r in results if r is not None]
+    global _WORKER_MODEL
+    _WORKER_MODEL = model
+    try:
+        with mp.get_context("fork").Pool(workers) as pool:
+            jobs = [(i, s, check) for i, s in enumerate(settings)]
+            for index, data in pool.imap_unordered(_analyze_in_worker, jobs):
+                done(index, Report.from_dict(data))
+    finally:
+        _WORKER_MODEL = None
+    return [r for r in results if r is not None]

@@ -17,6 +17,7 @@ import click
 
 from ampgraph import __version__
 from ampgraph.errors import AmpgraphError, SettingError
+from ampgraph.records import Report
 from ampgraph.settings import PRESETS, Setting, seed_matrix
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,29 +97,89 @@ def progress(message: str) -> None:
         click.echo(message, err=True)
 
 
+def root_options() -> dict[str, Any]:
+    """The group-level options (``ampgraph --no-cache --jobs 2 COMMAND``)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    return obj if isinstance(obj, dict) else {"no_cache": False, "jobs": None}
+
+
 def iter_reports(
     model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
     *, check: bool = True,
-) -> Iterator[Any]:  # fmt: skip
-    """Load the model once, then capture, annotate and check it in each setting."""
-    from ampgraph.analysis import analyze
-    from ampgraph.models import load_model
+) -> Iterator[Report]:  # fmt: skip
+    """The analysis of ``model_spec`` in each setting, in order.
+
+    Cached reports are read before torch is imported; the rest are computed after loading the
+    model once, in parallel worker processes, and cached.
+    """
+    from ampgraph import cache
 
     resolved = resolve_settings(settings, device, amp_dtype)
-    start = time.perf_counter()
-    progress(f"building {model_spec} on the meta device...")
-    model = load_model(model_spec, seq_len=seq_len)
-    progress(f"  built in {time.perf_counter() - start:.1f}s")
-    for i, setting in enumerate(resolved, 1):
-        t0 = time.perf_counter()
-        report = analyze(model, setting, check=check)
-        progress(f"[{i}/{len(resolved)}] {setting.name}: {time.perf_counter() - t0:.1f}s")
+    options = root_options()
+    identity = None if options["no_cache"] else cache.model_identity(model_spec)
+    keys: list[str | None] = [
+        cache.cache_key(identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check})
+        if identity is not None
+        else None
+        for s in resolved
+    ]
+    reports: list[Report | None] = [_cached(k) for k in keys]
+    missing = [i for i, r in enumerate(reports) if r is None]
+    if missing:
+        from ampgraph.analysis import analyze_many
+        from ampgraph.models import load_model
+
+        start = time.perf_counter()
+        progress(f"building {model_spec} on the meta device...")
+        model = load_model(model_spec, seq_len=seq_len)
+        progress(f"  built in {time.perf_counter() - start:.1f}s; analysing "
+                 f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
+
+        def done(j: int, report: Report) -> None:
+            index = missing[j]
+            reports[index] = report
+            key = keys[index]
+            if key is not None:
+                cache.store(key, report.to_dict())
+            progress(f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
+
+        analyze_many(model, [resolved[i] for i in missing], check=check,
+                     workers=options["jobs"], on_done=done)  # fmt: skip
+    for report in reports:
+        assert report is not None
         yield report
+
+
+def _cached(key: str | None) -> Report | None:
+    from ampgraph import cache
+
+    data = cache.load(key) if key is not None else None
+    if data is None:
+        return None
+    try:
+        return Report.from_dict(data)
+    except (ValueError, KeyError, TypeError):
+        return None  # an entry of another schema version: recompute it
 
 
 @click.group(cls=AmpgraphGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ampgraph")
-def main() -> None:
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    envvar="AMPGRAPH_NO_CACHE",
+    help="Recompute every analysis instead of reading the cache (see 'ampgraph cache').",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes for analysing several settings. Default: one per CPU core.",
+)
+@click.pass_context
+def main(ctx: click.Context, no_cache: bool, jobs: int | None) -> None:
     """What torch.autocast really does inside a PyTorch model, node by node.
 
     ampgraph traces MODEL (OPT-125M by default, built from a bundled config on the meta device:
@@ -133,6 +194,7 @@ def main() -> None:
       ampgraph render --out docs/figures   # SVG diagrams of the dtype flow
       ampgraph table --format json > report.json
     """
+    ctx.obj = {"no_cache": no_cache, "jobs": jobs}
 
 
 @main.command()
@@ -222,6 +284,35 @@ def check_command(
         )
 
 
+@main.group(name="cache")
+def cache_group() -> None:
+    """Inspect or clear the cache of finished analyses.
+
+    Analyses are cached by model config, sequence length, setting and the versions of ampgraph,
+    torch and transformers, so a second run reads them without importing torch. The cache lives in
+    $AMPGRAPH_CACHE_DIR, else $XDG_CACHE_HOME/ampgraph, else ~/.cache/ampgraph.
+    """
+
+
+@cache_group.command(name="info")
+def cache_info() -> None:
+    """Show where the cache is and how big it is."""
+    from ampgraph import cache
+
+    root, entries, size = cache.info()
+    click.echo(f"{root}: {entries} entr{'y' if entries == 1 else 'ies'}, {size / 1e6:.1f} MB")
+
+
+@cache_group.command(name="clear")
+def cache_clear() -> None:
+    """Remove every cached analysis."""
+    from ampgraph import cache
+
+    removed, freed = cache.clear()
+    click.echo(f"removed {removed} file{'s' if removed != 1 else ''} ({freed / 1e6:.1f} MB) "
+               f"from {cache.cache_dir()}")  # fmt: skip
+
+
 @main.command()
 def models() -> None:
     """List the bundled model configs (build any of them by name, no download needed)."""
@@ -230,6 +321,121 @@ def models() -> None:
     for name, origin in bundled_models().items():
         mark = " (default)" if name == DEFAULT_MODEL else ""
         click.echo(f"{name:<14} {origin}{mark}")
+
+
+def load_reports(paths: Sequence[Path]) -> list[Any]:
+    """Reports saved by ``ampgraph table --format json`` (one report, or a list of them)."""
+    import json
+
+    from ampgraph.records import Report
+
+    reports = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            items = data if isinstance(data, list) else [data]
+            reports.extend(Report.from_dict(item) for item in items)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise click.BadParameter(f"{path}: {exc}", param_hint="'--report'") from None
+    return reports
+
+
+@main.command()
+@model_argument
+@setting_options
+@click.option(
+    "--out",
+    "-o",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="ampgraph-out",
+    show_default=True,
+    help="Folder for the diagrams (created if missing; files in it are replaced atomically).",
+)
+@click.option(
+    "--format",
+    "-f",
+    "formats",
+    type=click.Choice(["svg", "png", "pdf", "dot"]),
+    multiple=True,
+    help="File format; repeat for several. Default: svg. 'dot' (Graphviz source) needs no "
+    "Graphviz installed; the others need its 'dot' program.",
+)
+@click.option(
+    "--view",
+    type=click.Choice(["modules", "ops"]),
+    default="modules",
+    show_default=True,
+    help="modules: one box per leaf-module call and per free op that matters (adds, attention, "
+    "casts, regions); ops: every ATen node.",
+)
+@click.option(
+    "--unfold",
+    is_flag=True,
+    help="Draw every repeated layer. By default identical layers (OPT's 12 decoder layers) are "
+    "drawn once and marked x12; layers that differ are always drawn.",
+)
+@click.option(
+    "--theme",
+    type=click.Choice(["light", "dark"]),
+    default="light",
+    show_default=True,
+    help="Colours for light or dark documentation pages.",
+)
+@click.option(
+    "--report",
+    "report_paths",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True,
+    metavar="JSON",
+    help="Draw a saved report (ampgraph table --format json) instead of analysing MODEL; "
+    "repeat for several. Needs no torch.",
+)
+@click.option("--no-check", is_flag=True, help="Skip the dispatcher check (faster).")
+def render(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
+    out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool, theme: str,
+    report_paths: tuple[Path, ...], no_check: bool,
+) -> None:  # fmt: skip
+    """Draw the dtype flow as Graphviz diagrams, one file per setting plus an overview.
+
+    With no arguments: OPT-125M in the seed notebook's four settings, as SVG files in
+    ./ampgraph-out, plus an overview figure with the four side by side (the 2x2 matrix of
+    autocast off/on x parameters fp32/16-bit). Prints the path of each file written.
+
+    Edges are coloured and labelled by dtype (fp32 blue, bf16 orange, fp16 purple, integer/bool
+    grey dashed); boxes are filled by autocast policy (lower precision, fp32, promote, none); each
+    box lists the casts autocast inserts (e.g. 'casts x, weight, bias: fp32->bf16'); promotions
+    (bf16 + fp32 -> fp32) have a thick vermillion border; autocast-disabled regions are framed.
+    Files are deterministic: the same report gives byte-identical files.
+
+    \b
+    Examples:
+      ampgraph render                              # four SVGs + overview in ampgraph-out/
+      ampgraph render -s amp-fp32 --out docs/figures --format svg --format png
+      ampgraph render llama-tiny --view ops --unfold
+      ampgraph render --theme dark --amp-dtype fp16
+      ampgraph render --format dot                 # Graphviz source, no Graphviz needed
+      ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
+    """
+    from ampgraph.render import render_files
+    from ampgraph.render.files import check_formats
+
+    formats = formats or ("svg",)
+    check_formats(formats)  # a missing dot fails now, not after the analysis
+    if report_paths:
+        if settings:
+            raise click.UsageError("--setting and --report exclude each other: a report has one")
+        reports = load_reports(report_paths)
+    else:
+        reports = list(
+            iter_reports(model, settings, device, amp_dtype, seq_len, check=not no_check)
+        )
+    paths = render_files(
+        reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme
+    )
+    for path in paths:
+        click.echo(str(path))
 
 
 def run() -> None:  # pragma: no cover - console entry point for `python -m ampgraph`

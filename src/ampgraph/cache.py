@@ -1,0 +1,140 @@
+"""A disk cache of finished analyses, consulted before torch is imported.
+
+Most of a cold run is importing torch and transformers and tracing the model. A report depends only
+on the model's config, the example input length, the setting, whether it was checked, and the
+versions of ampgraph, torch and transformers; all of those are known without importing torch
+(versions come from the installed packages' metadata). So a warm run reads JSON and never imports
+torch at all.
+
+The cache lives in ``$AMPGRAPH_CACHE_DIR``, else ``$XDG_CACHE_HOME/ampgraph``, else
+``~/.cache/ampgraph``. ``ampgraph cache clear`` empties it; ``--no-cache`` bypasses it.
+
+>>> key = cache_key({"model": "abc"}, {"name": "fp32"})
+>>> len(key)
+64
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ampgraph import __version__
+
+#: Bump when the analysis changes in a way the versions above do not capture.
+CACHE_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """Where cached reports live (created on first write)."""
+    explicit = os.environ.get("AMPGRAPH_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ampgraph"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment() -> dict[str, str]:
+    """The versions that decide an analysis, read without importing the packages."""
+    return {
+        "ampgraph": __version__,
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "format": str(CACHE_FORMAT),
+    }
+
+
+def cache_key(model_identity: dict[str, Any], request: dict[str, Any]) -> str:
+    """A stable hash of what a report depends on."""
+    payload = {"model": model_identity, "request": request, "env": environment()}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / "reports" / f"{key}.json"
+
+
+def load(key: str) -> dict[str, Any] | None:
+    """The cached report dict for ``key``, or None (also for an unreadable entry)."""
+    try:
+        return json.loads(_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def store(key: str, report: dict[str, Any]) -> None:
+    """Cache a report dict; a cache that cannot be written is skipped, not an error."""
+    try:
+        atomic_write(_path(key), json.dumps(report, separators=(",", ":")).encode())
+    except OSError:
+        pass
+
+
+def clear() -> tuple[int, int]:
+    """Remove every cached entry; returns (files removed, bytes freed)."""
+    removed = freed = 0
+    root = cache_dir()
+    if not root.exists():
+        return 0, 0
+    for path in sorted(root.rglob("*"), reverse=True):
+        if path.is_file():
+            freed += path.stat().st_size
+            path.unlink()
+            removed += 1
+        elif path.is_dir():
+            path.rmdir()
+    return removed, freed
+
+
+def info() -> tuple[Path, int, int]:
+    """(cache directory, number of entries, total bytes)."""
+    root = cache_dir()
+    files = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+    return root, len(files), sum(p.stat().st_size for p in files)
+
+
+def model_identity(spec: str) -> dict[str, Any] | None:
+    """What a model spec's analysis depends on, without importing torch, or None if unknown.
+
+    Bundled names and config files are identified by the config's bytes; a
+    ``package.module:factory`` spec runs arbitrary code, so it is never cached.
+    """
+    from importlib import resources
+
+    bundled = resources.files("ampgraph.configs") / f"{spec.lower()}.json"
+    if bundled.is_file():
+        data = bundled.read_bytes()
+    else:
+        path = Path(spec)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            return None
+        data = path.read_bytes()
+    return {"config_sha256": hashlib.sha256(data).hexdigest()}
