@@ -1,0 +1,39 @@
+"""Graphviz diagrams of a report's dtype flow: what documentation embeds.
+
+Torch-free: the renderer reads :class:`~ampgraph.records.Report` records (or their JSON) and
+never imports torch, so diagrams can be redrawn from a saved report anywhere Graphviz runs.
+
+* :func:`to_dot` -- Graphviz source (needs no Graphviz installation).
+* :func:`render_svg` -- the laid-out SVG text (needs Graphviz's ``dot``); Jupyter shows a
+  :class:`~ampgraph.records.Report` through it.
+* :func:`render_files` -- one file per report and format, plus a 2x2 overview, written atomically.
+
+>>> from ampgraph.records import Report
+>>> from ampgraph.render import render_files
+>>> reports = [Report.from_json(open(p).read()) for p in ("a.json", "b.json")]  # doctest: +SKIP
+>>> render_files(reports, "docs/figures")                                      # doctest: +SKIP
+[PosixPath('docs/figures/opt-125m-cuda-bf16-fp32.svg'), ...]
+
+One job per module: :mod:`~ampgraph.render.graph` builds the graph (views, collapsing, folding),
+:mod:`~ampgraph.render.style` holds colours and shapes as data, :mod:`~ampgraph.render.dot` writes
+Graphviz source, :mod:`~ampgraph.render.files` runs ``dot`` and writes files.
+"""
+
+from __future__ import annotations
+
+from ampgraph.errors import RenderError
+from ampgraph.render.dot import to_dot
+from ampgraph.render.files import FORMATS, render_files, render_svg
+from ampgraph.render.graph import VIEWS, build_graph
+from ampgraph.render.style import THEMES
+
+__all__ = [
+    "FORMATS",
+    "THEMES",
+    "VIEWS",
+    "RenderError",
+    "build_graph",
+    "render_files",
+    "render_svg",
+    "to_dot",
+]

@@ -1,0 +1,649 @@
+"""From the diagram graph (:mod:`ampgraph.render.graph`) to Graphviz source text.
+
+Labels are Graphviz HTML-like labels; colours and shapes come from :mod:`ampgraph.render.style`.
+Output is deterministic: nodes are written in execution order inside their clusters, edges in the
+order of their endpoints, and nothing depends on dict or set iteration order of the input.
+
+This module is torch-free.
+
+>>> import networkx as nx
+>>> g = nx.MultiDiGraph(model="m", setting={"name": "fp32", "device_type": "cuda",
+...     "autocast": False, "amp_dtype": "bfloat16", "param_dtype": "float32"},
+...     view="modules", fold=True, check=None, clusters={})
+>>> "digraph" in graph_to_dot(g)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any, Final
+
+import graphviz
+import networkx as nx
+
+from ampgraph.errors import RenderError
+from ampgraph.policy import CATEGORY_LABEL
+from ampgraph.records import Report
+from ampgraph.render.graph import build_graph
+from ampgraph.render.style import (
+    DISAGREEMENT_MARK,
+    FAMILY_LABEL,
+    FAMILY_ORDER,
+    FOLD_MARK,
+    FONT,
+    FONT_SIZE,
+    GRAPH_ATTRS,
+    POLICY_ORDER,
+    POLICY_STYLE_KEY,
+    PROMOTION_MARK,
+    SMALL_FONT_SIZE,
+    THEMES,
+    TITLE_FONT_SIZE,
+    NodeStyle,
+    Theme,
+    dtype_family,
+    is_floating,
+)
+from ampgraph.settings import Setting, short_dtype
+
+ARROW = "→"
+#: Room between a cluster's frame and its boxes; thick promotion borders need more than the default 8.
+CLUSTER_MARGIN: Final = "14"
+
+
+def _h(text: str) -> str:
+    """Escape text for an HTML-like label."""
+    return escape(text, quote=True)
+
+
+def _font(text: str, *, colour: str | None = None, size: int | None = None) -> str:
+    attrs = ""
+    if colour:
+        attrs += f' COLOR="{colour}"'
+    if size:
+        attrs += f' POINT-SIZE="{size}"'
+    return f"<FONT{attrs}>{text}</FONT>" if attrs else text
+
+
+def _table(rows: Iterable[str], *, align: str = "CENTER") -> str:
+    body = "".join(f'<TR><TD ALIGN="{align}">{row}</TD></TR>' for row in rows)
+    return f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">{body}</TABLE>>'
+
+
+def _dtype_list(dtypes: Sequence[str | None]) -> str:
+    return ", ".join(dict.fromkeys(short_dtype(d) for d in dtypes)) or "-"
+
+
+def flow_text(data: dict[str, Any]) -> str:
+    """The dtype line of a box: ``fp32 → bf16``, or ``fp32 + bf16 → fp32`` for a binary op.
+
+    >>> flow_text({"kind": "op", "op": "add", "in_dtypes": ("float32", "bfloat16"),
+    ...            "out_dtype": "float32", "promotion": None})
+    'fp32 + bf16 → fp32'
+    """
+    out = short_dtype(data["out_dtype"])
+    kind = data["kind"]
+    if kind in ("input", "region") or not data["in_dtypes"] and kind == "op":
+        return out
+    if kind == "output":
+        return _dtype_list(data["in_dtypes"])
+    ins: Sequence[str | None] = data["in_dtypes"]
+    if data.get("promotion"):
+        ins = data["promotion"][0]
+    if kind == "op" and data.get("op") in _OP_SIGN and len(ins) == 2:
+        sign = _OP_SIGN[data["op"]]
+        return f"{short_dtype(ins[0])} {sign} {short_dtype(ins[1])} {ARROW} {out}"
+    if kind == "op":
+        # Masks and indices ride along with the activations: name only the floating inputs.
+        floating = [d for d in ins if is_floating(d)] or list(ins)
+        return f"{_dtype_list(floating)} {ARROW} {out}"
+    return f"{_dtype_list(ins)} {ARROW} {out}"
+
+
+_OP_SIGN = {"add": "+", "add_": "+", "sub": "−", "mul": "×", "mul_": "×", "div": "/"}
+
+
+def casts_text(casts: Sequence[tuple[str, str, str]]) -> str:
+    """``casts x, weight, bias: fp32→bf16``, grouping tensors cast the same way.
+
+    >>> casts_text([("x", "float32", "bfloat16"), ("weight", "float32", "bfloat16")])
+    'casts x, weight: fp32→bf16'
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, src, dst in casts:
+        groups.setdefault((src, dst), []).append(name)
+    parts = [
+        f"{', '.join(names)}: {short_dtype(src)}{ARROW}{short_dtype(dst)}"
+        for (src, dst), names in groups.items()
+    ]
+    return "casts " + "; ".join(parts) if parts else ""
+
+
+def _node_style(data: dict[str, Any], theme: Theme) -> NodeStyle:
+    if data["disagree"] or data["error"]:
+        return theme.disagreement
+    if data["promotion"]:
+        return theme.promotion
+    if data["kind"] in ("input", "output"):
+        return theme.io
+    if data["kind"] == "region":
+        return NodeStyle(theme.region_fill, theme.region_border, 1.4, "filled,rounded")
+    return theme.policies[POLICY_STYLE_KEY.get(data["policy"], "none")]
+
+
+def node_label(data: dict[str, Any], theme: Theme, *, compact: bool = False) -> str:
+    """The HTML-like label of one box; ``compact`` keeps the name and the dtype line only."""
+    if compact:
+        return _compact_label(data, theme)
+    title = f"<B>{_h(data['title'])}</B>" if data["title"] else ""
+    sub = data.get("subtitle") or ""
+    if sub:
+        title += ("  " if title else "") + _font(_h(sub), colour=theme.muted, size=SMALL_FONT_SIZE)
+    rows = [title]
+    flow = _h(flow_text(data))
+    policy = data["policy"]
+    if data["kind"] in ("module", "op") and policy:
+        flow += "  " + _font(
+            f"<I>policy: {_h(CATEGORY_LABEL.get(policy, policy))}</I>",
+            colour=theme.muted,
+            size=SMALL_FONT_SIZE,
+        )
+    rows.append(flow)
+    if data["casts"]:
+        rows.append(_font(_h(casts_text(data["casts"])), colour=theme.muted, size=SMALL_FONT_SIZE))
+    if data["promotion"]:
+        to = short_dtype(data["promotion"][1])
+        rows.append(
+            _font(f"<B>{PROMOTION_MARK} promotion to {_h(to)}</B>", colour=theme.promotion.border)
+        )
+    if data["disagree"]:
+        rows.append(
+            _font(
+                f"<B>{DISAGREEMENT_MARK} dispatcher disagrees</B>", colour=theme.disagreement.border
+            )
+        )
+    if data["error"]:
+        rows.append(
+            _font(
+                _h(f"error: {data['error']}"[:80]),
+                colour=theme.disagreement.border,
+                size=SMALL_FONT_SIZE,
+            )
+        )
+    return _table(rows)
+
+
+def _compact_label(data: dict[str, Any], theme: Theme) -> str:
+    # The overview's cells: the last path component (q_proj, fc1) and the dtype line.
+    title = data["title"]
+    if data["kind"] == "module":
+        title = title.rsplit(".", 1)[-1]
+    rows = [f"<B>{_h(title)}</B>", _h(flow_text(data))]
+    if data["promotion"]:
+        rows[0] = _font(f"<B>{PROMOTION_MARK} {_h(title)}</B>", colour=theme.promotion.border)
+    if data["disagree"] or data["error"]:
+        rows[0] = _font(f"<B>{DISAGREEMENT_MARK} {_h(title)}</B>", colour=theme.disagreement.border)
+    return _table(rows)
+
+
+def _node_attrs(data: dict[str, Any], theme: Theme, *, compact: bool = False) -> dict[str, str]:
+    style = _node_style(data, theme)
+    node_style = style.style
+    if data["kind"] == "input":
+        node_style = "filled,rounded,dashed"
+    return {
+        "label": node_label(data, theme, compact=compact),
+        "shape": "box",
+        "style": node_style,
+        "fillcolor": style.fill,
+        "color": style.border,
+        "penwidth": f"{style.penwidth:g}",
+        "fontcolor": theme.text,
+        "margin": "0.1,0.04",
+    }
+
+
+def _edge_attrs(dtype: str | None, theme: Theme, *, compact: bool = False) -> dict[str, str]:
+    style = theme.edges[dtype_family(dtype)]
+    attrs = {
+        "color": style.colour,
+        "penwidth": f"{style.penwidth:g}",
+        "style": style.style,
+        "arrowsize": "0.7",
+    }
+    if not compact:
+        # The overview's compact boxes spell each dtype out (fp32 → bf16); its edges go unlabelled
+        # so that four diagrams fit one page.
+        attrs.update(
+            label=f" {short_dtype(dtype)} ", fontcolor=theme.muted, fontsize=str(SMALL_FONT_SIZE)
+        )
+    return attrs
+
+
+def title_text(graph: nx.MultiDiGraph) -> str:
+    """``MODEL — setting name: setting title``."""
+    setting = graph.graph["setting"]
+    try:
+        caption = Setting.from_dict(setting).title
+    except Exception:  # noqa: BLE001 - a hand-made report may carry an odd setting: show its name
+        caption = ""
+    name = setting.get("name", "")
+    return (
+        f"{graph.graph['model']} — {name}: {caption}"
+        if caption
+        else f"{graph.graph['model']} — {name}"
+    )
+
+
+def subtitle_text(graph: nx.MultiDiGraph) -> str:
+    """What the view shows, and what proved it."""
+    parts = ["module view" if graph.graph["view"] == "modules" else "op view (every ATen node)"]
+    folded = [c for c in graph.graph["clusters"].values() if c["kind"] == "fold" and c["count"] > 1]
+    if folded:
+        parts.append("identical layers drawn once")
+    check = graph.graph.get("check")
+    if check:
+        bad = check.get("disagreements", 0)
+        compared = check.get("compared", 0)
+        parts.append(
+            f"checked against the dispatcher: {compared} ops, "
+            + ("all agree" if not bad else f"{bad} disagree")
+        )
+    return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class LegendFacts:
+    """What the legend has to explain: the dtype families drawn and the highlights present."""
+
+    families: frozenset[str]
+    region: bool
+    folded: bool
+    disagreement: bool
+
+    @classmethod
+    def of(cls, graphs: Iterable[nx.MultiDiGraph]) -> LegendFacts:
+        families = {"fp32"}
+        region = folded = disagreement = False
+        for graph in graphs:
+            families |= {dtype_family(key) for _, _, key in graph.edges(keys=True)}
+            amp = graph.graph["setting"].get("amp_dtype")
+            if amp:
+                families.add(dtype_family(amp))  # the 16-bit colour, even where none flows
+            clusters = graph.graph["clusters"].values()
+            region |= any(c["kind"] == "region" for c in clusters)
+            folded |= any(c["count"] > 1 for c in clusters)
+            disagreement |= any(d["disagree"] or d["error"] for _, d in graph.nodes(data=True))
+        return cls(frozenset(families), region, folded, disagreement)
+
+
+def legend_label(facts: LegendFacts, theme: Theme) -> str:
+    """The legend as one HTML table: dtype colours, policy fills, highlights."""
+    families = facts.families
+    edge_rows = ['<TR><TD COLSPAN="2" ALIGN="LEFT"><B>edges: dtype</B></TD></TR>']
+    for family in FAMILY_ORDER:
+        if family not in families:
+            continue
+        edge = theme.edges[family]
+        dash = (
+            " (dashed)" if edge.style == "dashed" else " (dotted)" if edge.style == "dotted" else ""
+        )
+        edge_rows.append(
+            f"<TR><TD>{_line_sample(edge.colour, edge.style)}</TD>"
+            f'<TD ALIGN="LEFT">{_h(FAMILY_LABEL[family] + dash)}</TD></TR>'
+        )
+    box_rows = ['<TR><TD COLSPAN="2" ALIGN="LEFT"><B>boxes: autocast policy</B></TD></TR>']
+    for key in POLICY_ORDER:
+        label = CATEGORY_LABEL.get(key, key)
+        if key == "none":
+            label = "none (runs in its inputs' dtype)"
+        box_rows.append(_swatch_row(theme.policies[key], _h(label)))
+    mark_rows = ['<TR><TD COLSPAN="2" ALIGN="LEFT"><B>highlights</B></TD></TR>']
+    mark_rows.append(
+        _swatch_row(theme.promotion, f"<B>{PROMOTION_MARK} promotion</B>: mixed inputs widen")
+    )
+    if facts.region:
+        mark_rows.append(
+            _swatch_row(NodeStyle(theme.region_fill, theme.region_border), "autocast region")
+        )
+    if facts.folded:
+        mark_rows.append(
+            _swatch_row(
+                NodeStyle(theme.fold_fill, theme.fold_border), f"{FOLD_MARK}N: N identical layers"
+            )
+        )
+    if facts.disagreement:
+        mark_rows.append(
+            _swatch_row(theme.disagreement, f"{DISAGREEMENT_MARK} dispatcher disagrees / error")
+        )
+    # Two columns (dtypes and highlights | policies): a short, wide legend fits beside the
+    # model's narrow tail without stretching its last edge.
+    left = _inner_table(edge_rows + mark_rows)
+    right = _inner_table(box_rows)
+    return (
+        f'<<TABLE BORDER="1" COLOR="{theme.muted}" CELLBORDER="0" CELLSPACING="0" '
+        f'CELLPADDING="4" BGCOLOR="{theme.background}"><TR>'
+        f'<TD VALIGN="TOP">{left}</TD><TD VALIGN="TOP">{right}</TD></TR></TABLE>>'
+    )
+
+
+def _inner_table(rows: list[str]) -> str:
+    return (
+        '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="1">'
+        + "".join(rows)
+        + "</TABLE>"
+    )
+
+
+def _line_sample(colour: str, style: str) -> str:
+    """A short horizontal line in an edge's colour (dashed lines as separate segments)."""
+    segments = {"solid": 1, "dashed": 3, "dotted": 5}.get(style, 1)
+    width = 30 if segments == 1 else (30 - 2 * (segments - 1)) // segments
+    cells = '<TD WIDTH="2" HEIGHT="3" FIXEDSIZE="TRUE"></TD>'.join(
+        f'<TD BGCOLOR="{colour}" WIDTH="{width}" HEIGHT="3" FIXEDSIZE="TRUE"></TD>'
+        for _ in range(segments)
+    )
+    return (
+        f'<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="0"><TR>{cells}</TR></TABLE>'
+    )
+
+
+def _swatch_row(style: NodeStyle, text: str) -> str:
+    swatch = (
+        f'<TABLE BORDER="1" CELLBORDER="0" CELLSPACING="0" CELLPADDING="0" COLOR="{style.border}">'
+        f'<TR><TD BGCOLOR="{style.fill}" WIDTH="26" HEIGHT="11" FIXEDSIZE="TRUE"></TD></TR></TABLE>'
+    )
+    return f'<TR><TD>{swatch}</TD><TD ALIGN="LEFT">{text}</TD></TR>'
+
+
+def _cluster_attrs(cluster: dict[str, Any], theme: Theme) -> dict[str, str]:
+    common = {"labeljust": "l", "fontcolor": theme.text, "margin": CLUSTER_MARGIN}
+    if cluster["kind"] == "region":
+        label = _font(f"<B>{_h(cluster['label'])}</B>", colour=theme.region_border)
+        return {
+            **common,
+            "label": f"<{label}>",
+            "fontsize": "13",
+            "style": "filled,rounded,dashed",
+            "fillcolor": theme.region_fill,
+            "color": theme.region_border,
+            "penwidth": "1.6",
+        }
+    count = cluster["count"]
+    text = f"<B>{_h(cluster['label'])}</B>"
+    if count > 1:
+        text += f"   <B>{FOLD_MARK}{count}</B>" + _font(
+            "   (identical, drawn once)", colour=theme.muted, size=SMALL_FONT_SIZE
+        )
+    return {
+        **common,
+        "label": f"<{text}>",
+        "fontsize": "14",
+        "style": "filled,rounded",
+        "fillcolor": theme.fold_fill,
+        "color": theme.fold_border,
+        "penwidth": "2.4" if count > 1 else "1",
+    }
+
+
+def _cluster_tree(graph: nx.MultiDiGraph) -> dict[tuple[str, ...], list[str]]:
+    """Cluster chain -> the nodes drawn directly in it, in execution order."""
+    tree: dict[tuple[str, ...], list[str]] = {}
+    for node in sorted(graph.nodes, key=lambda n: graph.nodes[n]["order"]):
+        tree.setdefault(graph.nodes[node]["chain"], []).append(node)
+    return tree
+
+
+@dataclass
+class _Emitter:
+    """Writes one diagram graph into a Graphviz (sub)graph, ids prefixed for the overview."""
+
+    graph: nx.MultiDiGraph
+    theme: Theme
+    prefix: str = ""
+    compact: bool = False
+
+    def node_id(self, node: str) -> str:
+        return f"{self.prefix}{node}"
+
+    def emit(self, target: graphviz.Digraph) -> None:
+        tree = _cluster_tree(self.graph)
+        self._emit_chain(target, (), tree)
+        order = {n: self.graph.nodes[n]["order"] for n in self.graph.nodes}
+        edges = sorted(self.graph.edges(keys=True), key=lambda e: (order[e[1]], order[e[0]], e[2]))
+        for u, v, key in edges:
+            target.edge(
+                self.node_id(u),
+                self.node_id(v),
+                **_edge_attrs(
+                    self.graph.edges[u, v, key]["dtype"], self.theme, compact=self.compact
+                ),
+            )
+
+    def _emit_chain(
+        self,
+        target: graphviz.Digraph,
+        chain: tuple[str, ...],
+        tree: dict[tuple[str, ...], list[str]],
+    ) -> None:
+        for node in tree.get(chain, []):
+            target.node(
+                self.node_id(node),
+                **_node_attrs(self.graph.nodes[node], self.theme, compact=self.compact),
+            )
+        depth = len(chain)
+        first_order: dict[tuple[str, ...], int] = {}
+        for key, nodes in tree.items():
+            if len(key) > depth and key[:depth] == chain:
+                child = key[: depth + 1]
+                low = min(self.graph.nodes[n]["order"] for n in nodes)
+                first_order[child] = min(first_order.get(child, low), low)
+        for child in sorted(first_order, key=lambda c: (first_order[c], c)):
+            cid = child[-1]
+            with target.subgraph(name=f"cluster_{self.prefix}{cid}") as sub:
+                sub.attr(**_cluster_attrs(self.graph.graph["clusters"][cid], self.theme))
+                self._emit_chain(sub, child, tree)
+
+    def first(self) -> str | None:
+        nodes = sorted(self.graph.nodes, key=lambda n: self.graph.nodes[n]["order"])
+        return self.node_id(nodes[0]) if nodes else None
+
+    def last(self) -> str | None:
+        nodes = sorted(self.graph.nodes, key=lambda n: self.graph.nodes[n]["order"])
+        return self.node_id(nodes[-1]) if nodes else None
+
+
+def _new_digraph(name: str, title: str, subtitle: str, theme: Theme) -> graphviz.Digraph:
+    dot = graphviz.Digraph(name)
+    label = (
+        f"<<B>{_h(title)}</B><BR/>"
+        + _font(_h(subtitle), colour=theme.muted, size=FONT_SIZE)
+        + '<BR/><FONT POINT-SIZE="6"> </FONT>>'  # a little air between the title and the boxes
+    )
+    dot.attr(
+        "graph",
+        **GRAPH_ATTRS,
+        label=label,
+        fontname=FONT,
+        fontsize=str(TITLE_FONT_SIZE),
+        fontcolor=theme.text,
+        bgcolor=theme.background,
+    )
+    dot.attr("node", fontname=FONT, fontsize=str(FONT_SIZE))
+    dot.attr("edge", fontname=FONT)
+    return dot
+
+
+def _add_legend(
+    dot: graphviz.Digraph,
+    facts: LegendFacts,
+    theme: Theme,
+    beside: Sequence[str],
+    *,
+    same_rank: bool = True,
+) -> None:
+    """The legend beside the model's last box (its narrow tail, where it widens the figure
+    least), or below the given boxes with ``same_rank=False``.
+
+    ``rank=same`` needs the legend in the same component as the node it sits beside, hence the
+    invisible edges.
+    """
+    with dot.subgraph(name="legend_rank") as legend:
+        if beside and same_rank:
+            legend.attr(rank="same")
+        legend.node(
+            "legend",
+            label=legend_label(facts, theme),
+            shape="plain",
+            fontcolor=theme.text,
+            fontsize=str(SMALL_FONT_SIZE + 1),
+        )
+        if beside and same_rank:
+            legend.node(beside[0])
+    for node in beside:
+        dot.edge(node, "legend", style="invis")
+
+
+def graph_to_dot(graph: nx.MultiDiGraph, *, theme: str = "light", name: str = "ampgraph") -> str:
+    """Graphviz source for a diagram graph built by :func:`~ampgraph.render.graph.build_graph`."""
+    th = THEMES[theme]
+    dot = _new_digraph(name, title_text(graph), subtitle_text(graph), th)
+    emitter = _Emitter(graph, th)
+    emitter.emit(dot)
+    last = emitter.last()
+    _add_legend(dot, LegendFacts.of([graph]), th, [last] if last else [])
+    return dot.source
+
+
+def to_dot(
+    report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
+) -> str:
+    """Graphviz source of a report's dtype-flow diagram; needs no Graphviz installation.
+
+    ``view`` is ``"modules"`` (one box per leaf-module call and per free op that matters) or
+    ``"ops"`` (every ATen node); ``fold`` draws identical repeated layers once, marked ``×N``;
+    ``theme`` is ``"light"`` or ``"dark"``.
+
+    >>> from ampgraph.records import Report
+    >>> report = Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read())  # doctest: +SKIP
+    >>> print(to_dot(report).splitlines()[0])                                          # doctest: +SKIP
+    digraph "opt-125m" {
+    """
+    _check_theme(theme)
+    graph = build_graph(report, view=view, fold=fold)
+    return graph_to_dot(graph, theme=theme, name=report.model)
+
+
+def _check_theme(theme: str) -> None:
+    if theme not in THEMES:
+        raise RenderError(f"unknown theme {theme!r}: use one of {', '.join(THEMES)}")
+
+
+# -- the overview ----------------------------------------------------------------------------------
+
+#: The seed's 2x2 matrix: rows are the parameter dtype, columns autocast off/on.
+SEED_GRID: Final = (("fp32", "amp-fp32"), ("half", "amp-half"))
+
+
+def overview_grid(reports: Sequence[Report]) -> list[list[Report]]:
+    """Reports arranged in rows of two: the seed's matrix when they are its four settings.
+
+    >>> from ampgraph.records import Report
+    >>> def rep(name): return Report("m", {"name": name}, {}, {}, [], [])
+    >>> [[r.setting["name"] for r in row] for row in overview_grid(
+    ...     [rep("fp32"), rep("half"), rep("amp-half"), rep("amp-fp32")])]
+    [['fp32', 'amp-fp32'], ['half', 'amp-half']]
+    """
+    by_name = {r.setting.get("name"): r for r in reports}
+    seed = [name for row in SEED_GRID for name in row]
+    if (
+        len(reports) == 4
+        and sorted(by_name) == sorted(seed)
+        and len({r.model for r in reports}) == 1
+    ):
+        return [[by_name[n] for n in row] for row in SEED_GRID]
+    return [list(reports[i : i + 2]) for i in range(0, len(reports), 2)]
+
+
+def _cell_label(graph: nx.MultiDiGraph, theme: Theme) -> str:
+    counts = graph.graph["counts"]
+    promotions = counts["promotions"]
+    facts = f"autocast casts: {counts['casts']} · promotions: {promotions}"
+    facts_html = _font(_h(facts), colour=theme.muted, size=FONT_SIZE)
+    if promotions:
+        facts_html = _font(
+            _h(f"autocast casts: {counts['casts']} · ")
+            + f"<B>{PROMOTION_MARK} promotions: {promotions}</B>",
+            colour=theme.promotion.border,
+            size=FONT_SIZE,
+        )
+    caption = title_text(graph).split(" — ", 1)[-1]
+    return f"<<B>{_h(caption)}</B><BR/>{facts_html}>"
+
+
+def overview_dot(
+    reports: Sequence[Report], *, view: str = "modules", fold: bool = True, theme: str = "light"
+) -> str:
+    """One figure with every report's diagram in a compact form: the seed's 2x2 matrix.
+
+    Rows are the parameter dtype (fp32, then 16-bit), columns autocast off and on. Each cell is
+    a framed, compact module view (names and dtype lines; the per-setting files have the casts)
+    headed by the setting and its count of autocast casts and promotions.
+    """
+    _check_theme(theme)
+    th = THEMES[theme]
+    grid = overview_grid(reports)
+    models = list(dict.fromkeys(r.model for r in reports))
+    seed = len(reports) == 4 and grid[0][0].setting.get("name") == "fp32"
+    title = f"{', '.join(models)} — " + (
+        "autocast off / on × parameters fp32 / 16-bit" if seed else f"{len(reports)} settings"
+    )
+    subtitle = (
+        "each cell: "
+        + ("module view" if view == "modules" else "op view")
+        + (", identical layers drawn once" if fold else "")
+        + " · edges coloured and labelled by dtype"
+    )
+    dot = _new_digraph("overview", title, subtitle, th)
+    emitters: list[list[_Emitter]] = []
+    graphs = []
+    for r_i, row in enumerate(grid):
+        emitters.append([])
+        for c_i, report in enumerate(row):
+            graph = build_graph(report, view=view, fold=fold)
+            graphs.append(graph)
+            emitter = _Emitter(graph, th, prefix=f"c{r_i}{c_i}/", compact=True)
+            emitters[-1].append(emitter)
+            with dot.subgraph(name=f"cluster_cell_{r_i}{c_i}") as cell:
+                cell.attr(
+                    label=_cell_label(graph, th),
+                    labeljust="c",
+                    fontsize="14",
+                    fontcolor=th.text,
+                    style="rounded",
+                    color=th.muted,
+                    penwidth="1.2",
+                    margin="16",
+                )
+                emitter.emit(cell)
+    # Align the rows: each row's cells start on the same rank.
+    for r_i, row_emitters in enumerate(emitters):
+        firsts = [e.first() for e in row_emitters if e.first()]
+        if len(firsts) > 1:
+            with dot.subgraph(name=f"row_{r_i}") as same:
+                same.attr(rank="same")
+                for node in firsts:
+                    same.node(str(node))
+    # Stack the rows: an invisible edge from each cell's last box to the first box of the cell
+    # below puts the two in one column (dot lays unconnected columns side by side, in order).
+    for r_i in range(1, len(emitters)):
+        for c_i, below in enumerate(emitters[r_i]):
+            above = emitters[r_i - 1][c_i] if c_i < len(emitters[r_i - 1]) else None
+            if above is not None and above.last() and below.first():
+                dot.edge(str(above.last()), str(below.first()), style="invis", weight="0")
+    bottom = [e.last() for e in emitters[-1] if e.last()]
+    _add_legend(dot, LegendFacts.of(graphs), th, [str(b) for b in bottom], same_rank=False)
+    return dot.source

@@ -1,0 +1,228 @@
+"""Running Graphviz's ``dot`` and writing diagram files.
+
+Files are written atomically (a temporary file in the target folder, then :func:`os.replace`), so
+a documentation build never picks up half a diagram, and an interrupted run leaves the previous
+file in place. ``dot`` itself is only needed for SVG, PNG and PDF; DOT source is written as is.
+
+This module is torch-free.
+
+>>> import pathlib, tempfile
+>>> folder = pathlib.Path(tempfile.mkdtemp())
+>>> atomic_write(folder / "a.txt", b"hello")
+>>> (folder / "a.txt").read_bytes()
+b'hello'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from ampgraph.errors import RenderError
+from ampgraph.records import Report
+from ampgraph.render.dot import overview_dot, to_dot
+from ampgraph.settings import Setting
+
+#: Formats ``dot`` renders, and the one ampgraph writes itself.
+FORMATS: Final = ("svg", "png", "pdf", "dot")
+#: Formats that need the ``dot`` program.
+LAYOUT_FORMATS: Final = frozenset({"svg", "png", "pdf"})
+#: ``dot`` flags per format: PNG and PDF go through cairo for anti-aliased text.
+DOT_FLAGS: Final[dict[str, tuple[str, ...]]] = {
+    "svg": ("-Tsvg",),
+    "png": ("-Tpng:cairo",),
+    "pdf": ("-Tpdf",),
+}
+#: A diagram that takes longer than this to lay out is unreadable anyway.
+DOT_TIMEOUT_S: Final = 120
+
+MISSING_DOT: Final = (
+    "Graphviz's dot was not found on PATH: install Graphviz (apt-get install graphviz, "
+    "brew install graphviz, conda install graphviz) or use --format dot"
+)
+
+
+def find_dot() -> str:
+    """The path of Graphviz's ``dot``, or :class:`RenderError` saying how to install it."""
+    path = shutil.which("dot")
+    if path is None:
+        raise RenderError(MISSING_DOT)
+    return path
+
+
+def check_formats(formats: tuple[str, ...] | list[str]) -> None:
+    """Fail early, before any analysis, on an unknown format or a missing ``dot``."""
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise RenderError(f"unknown format {unknown[0]!r}: use one of {', '.join(FORMATS)}")
+    if LAYOUT_FORMATS & set(formats):
+        find_dot()
+
+
+def run_dot(source: str, fmt: str = "svg") -> bytes:
+    """Lay ``source`` out with ``dot`` and return the rendered file's bytes.
+
+    >>> run_dot("digraph { a -> b }", "svg")[:5]   # doctest: +SKIP
+    b'<?xml'
+    """
+    if fmt not in DOT_FLAGS:
+        raise RenderError(f"dot cannot render {fmt!r}: use one of {', '.join(DOT_FLAGS)}")
+    dot = find_dot()
+    try:
+        proc = subprocess.run(
+            [dot, *DOT_FLAGS[fmt]],
+            input=source.encode("utf-8"),
+            capture_output=True,
+            timeout=DOT_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RenderError(
+            f"Graphviz's dot took over {DOT_TIMEOUT_S}s to lay the diagram out: "
+            "use the module view or leave layers folded"
+        ) from None
+    except OSError as exc:
+        raise RenderError(f"could not run Graphviz's dot ({dot}): {exc.strerror}") from None
+    if proc.returncode != 0:
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        detail = next(
+            (ln for ln in lines if ln.lower().startswith("error")), lines[0] if lines else ""
+        )
+        raise RenderError(
+            f"Graphviz's dot failed to render {fmt} (exit {proc.returncode}): {detail or 'no message'}"
+        )
+    return proc.stdout
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        # mkstemp makes the file private; a diagram is a document like any other.
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe version of a model spec: ``"facebook/opt-125m"`` -> ``"facebook-opt-125m"``.
+
+    >>> safe_name("configs/My Model.json")
+    'configs-My-Model.json'
+    """
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "model"
+
+
+def render_svg(
+    report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
+) -> str:
+    """The report's diagram as SVG text (needs Graphviz's ``dot``).
+
+    >>> from ampgraph.records import Report
+    >>> report = Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read())  # doctest: +SKIP
+    >>> render_svg(report).startswith("<?xml")                                         # doctest: +SKIP
+    True
+    """
+    return run_dot(to_dot(report, view=view, fold=fold, theme=theme), "svg").decode("utf-8")
+
+
+def diagram_stem(report: Report, *, view: str, fold: bool, theme: str) -> str:
+    """File name (without extension): model, setting slug, and what differs from the default.
+
+    >>> from ampgraph.records import Report
+    >>> r = Report("opt-125m", {"name": "amp-fp32", "device_type": "cuda", "autocast": True,
+    ...     "amp_dtype": "bfloat16", "param_dtype": "float32"}, {}, {}, [], [])
+    >>> diagram_stem(r, view="modules", fold=True, theme="light")
+    'opt-125m-cuda-bf16-amp-fp32'
+    >>> diagram_stem(r, view="ops", fold=False, theme="dark")
+    'opt-125m-cuda-bf16-amp-fp32-ops-unfolded-dark'
+    """
+    slug = Setting.from_dict(report.setting).slug
+    return safe_name(f"{report.model}-{slug}") + _variant(view, fold, theme)
+
+
+def _variant(view: str, fold: bool, theme: str) -> str:
+    return (
+        ("-ops" if view == "ops" else "")
+        + ("" if fold else "-unfolded")
+        + ("-dark" if theme == "dark" else "")
+    )
+
+
+def render_files(
+    reports: Sequence[Report],
+    out_dir: str | os.PathLike[str],
+    *,
+    formats: Sequence[str] = ("svg",),
+    view: str = "modules",
+    fold: bool = True,
+    theme: str = "light",
+) -> list[Path]:
+    """Write each report's diagram in each format, plus an overview of several; return the paths.
+
+    Files are named ``MODEL-SLUG[-ops][-unfolded][-dark].FORMAT`` from the model and
+    :attr:`Setting.slug <ampgraph.settings.Setting.slug>`; with more than one report an overview
+    (``MODEL-DEVICE-DTYPE-overview...``) shows them side by side, as a 2x2 matrix for the seed's
+    four settings. Formats are ``svg``, ``png``, ``pdf`` (need Graphviz's ``dot``) and ``dot``.
+
+    >>> from ampgraph.records import Report
+    >>> report = Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read())  # doctest: +SKIP
+    >>> render_files([report], "out", formats=("dot",))                                # doctest: +SKIP
+    [PosixPath('out/opt-125m-cuda-bf16-amp-fp32.dot')]
+    """
+    formats = tuple(dict.fromkeys(formats))
+    check_formats(formats)
+    if not reports:
+        raise RenderError("nothing to render: no reports were given")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RenderError(f"cannot create the output folder {out}: {exc.strerror}") from None
+    jobs: list[tuple[str, str]] = [
+        (
+            diagram_stem(r, view=view, fold=fold, theme=theme),
+            to_dot(r, view=view, fold=fold, theme=theme),
+        )
+        for r in reports
+    ]
+    if len(reports) > 1:
+        jobs.append(
+            (overview_stem(reports, view=view, fold=fold, theme=theme),
+             overview_dot(reports, view=view, fold=fold, theme=theme))
+        )  # fmt: skip
+    written: list[Path] = []
+    for stem, source in jobs:
+        for fmt in formats:
+            data = source.encode("utf-8") if fmt == "dot" else run_dot(source, fmt)
+            path = out / f"{stem}.{fmt}"
+            try:
+                atomic_write(path, data)
+            except OSError as exc:
+                raise RenderError(f"cannot write {path}: {exc.strerror}") from None
+            written.append(path)
+    return written
+
+
+def overview_stem(reports: Sequence[Report], *, view: str, fold: bool, theme: str) -> str:
+    """File name of the overview: model, device and 16-bit dtype, ``overview``."""
+    first = Setting.from_dict(reports[0].setting)
+    models = list(dict.fromkeys(r.model for r in reports))
+    model = models[0] if len(models) == 1 else "models"
+    from ampgraph.settings import short_dtype
+
+    return safe_name(
+        f"{model}-{first.device_type}-{short_dtype(first.amp_dtype)}-overview"
+    ) + _variant(view, fold, theme)

@@ -1,0 +1,649 @@
+"""From a :class:`~ampgraph.records.Report` to the graph a diagram draws (a networkx graph).
+
+Two views:
+
+* ``modules``: one box per leaf-module call, plus the free ops that matter to a reader of the
+  dtype flow (adds and multiplies of two activations, attention and softmax, matmuls, explicit
+  casts that change the dtype, ops with an autocast policy, promotions, autocast regions). Every
+  other op (views, reshapes, transposes, dropout, mask arithmetic) is collapsed: edges pass
+  through it, carrying the dtype its consumer receives.
+* ``ops``: every ATen node.
+
+Parameters and buffers are never drawn as nodes; the casts autocast applies to them are written in
+the box of the op that casts them (``casts weight, bias: fp32→bf16``).
+
+Folding: sibling modules ``prefix.0``, ``prefix.1``... (OPT's decoder layers) whose drawn
+contents are identical -- same relative paths, classes, ops, policies, dtypes, casts,
+promotions, and the same edges -- are drawn once in a cluster marked ``×N``. Runs of identical
+layers fold separately, so a layer that differs stays visible between them.
+
+The result is a :class:`networkx.MultiDiGraph` (edges keyed by dtype) whose node attributes are
+plain data (see :func:`build_graph`); :mod:`ampgraph.render.dot` turns it into Graphviz source.
+
+This module is torch-free.
+
+>>> from ampgraph.records import Report
+>>> g = build_graph(Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read()))  # doctest: +SKIP
+>>> g.graph["clusters"]["fold/model.decoder.layers.0"]["count"]                              # doctest: +SKIP
+12
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import networkx as nx
+
+from ampgraph.errors import RenderError
+from ampgraph.policy import lookup
+from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.render.style import is_floating
+
+VIEWS: Final = ("modules", "ops")
+
+#: Node kinds whose values are the module's own tensors, not activations flowing through it.
+SOURCE_KINDS: Final = frozenset({"parameter", "buffer", "constant"})
+
+#: Free ops drawn in the module view whenever a floating value goes in.
+ATTENTION_OPS: Final = frozenset({
+    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "softmax", "_softmax", "log_softmax", "_log_softmax",
+})  # fmt: skip
+MATMUL_OPS: Final = frozenset({
+    "matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "einsum", "linear", "conv1d", "conv2d",
+    "conv3d", "convolution", "_convolution",
+})  # fmt: skip
+#: Explicit casts: drawn when they change the dtype (a no-op ``.float()`` on fp32 is collapsed).
+CAST_OPS: Final = frozenset({"to", "_to_copy", "type_as", "convert_element_type", "_to_dtype"})
+#: Binary arithmetic: drawn when two activations meet (residual adds, gates), where mixed dtypes
+#: promote; a multiply by a constant or a parameter is collapsed.
+BINARY_OPS: Final = frozenset({"add", "sub", "mul", "div", "add_", "mul_"})
+
+#: How the free ops read in a box title.
+OP_TITLE: Final[dict[str, str]] = {
+    "scaled_dot_product_attention": "attention (SDPA)",
+    "_scaled_dot_product_flash_attention": "attention (flash)",
+    "_scaled_dot_product_efficient_attention": "attention (efficient)",
+    "_scaled_dot_product_cudnn_attention": "attention (cuDNN)",
+    "_softmax": "softmax",
+    "_log_softmax": "log_softmax",
+    "_to_copy": "cast",
+    "to": "cast",
+    "type_as": "cast",
+    "convert_element_type": "cast",
+}
+
+#: Argument names for the activations an op's casts mention (``casts q, k: fp32→bf16``).
+ARG_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    "scaled_dot_product_attention": ("q", "k", "v", "mask"),
+    "_scaled_dot_product_flash_attention": ("q", "k", "v"),
+    "_scaled_dot_product_efficient_attention": ("q", "k", "v", "bias"),
+    "matmul": ("a", "b"),
+    "mm": ("a", "b"),
+    "bmm": ("a", "b"),
+    "baddbmm": ("input", "a", "b"),
+    "addmm": ("bias", "a", "b"),
+    "einsum": ("a", "b", "c"),
+}
+
+#: Policy precedence for a box holding several ops (a leaf module that runs more than one).
+POLICY_PRECEDENCE: Final = (
+    "lower_precision_fp", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned",
+)  # fmt: skip
+
+_INSTANCE_RE: Final = re.compile(r"^(?:(?P<prefix>.+)\.)?(?P<index>\d+)$")
+
+
+def op_parts(op: str) -> tuple[str, str]:
+    """Short op name and overload: ``"aten.add.Tensor"`` -> ``("add", "Tensor")``.
+
+    >>> op_parts("aten.scaled_dot_product_attention.default")
+    ('scaled_dot_product_attention', 'default')
+    >>> op_parts("getitem")
+    ('getitem', '')
+    """
+    parts = op.split(".")
+    if len(parts) >= 2 and parts[0] in ("aten", "prims", "higher_order", "quantized", "_ops"):
+        return parts[1], ".".join(parts[2:])
+    return parts[-1], ""
+
+
+def short_class(type_name: str) -> str:
+    """``"torch.nn.modules.linear.Linear"`` -> ``"Linear"``."""
+    return type_name.rsplit(".", 1)[-1]
+
+
+def relative_path(path: str | None, base: str | None) -> str:
+    """``path`` relative to ``base`` (a folded layer), or ``path`` when it is not below ``base``.
+
+    >>> relative_path("model.decoder.layers.0.self_attn.q_proj", "model.decoder.layers.0")
+    'self_attn.q_proj'
+    >>> relative_path("model.decoder.layers.0", "model.decoder.layers.0")
+    ''
+    """
+    if not path:
+        return ""
+    if base:
+        if path == base:
+            return ""
+        if path.startswith(base + "."):
+            return path[len(base) + 1 :]
+    return path
+
+
+def short_param_name(target: str | None, module: str | None, fallback: str) -> str:
+    """A parameter's name relative to the module that uses it: ``...fc1.weight`` -> ``weight``."""
+    if not target:
+        return fallback
+    if module and target.startswith(module + "."):
+        return target[len(module) + 1 :]
+    return target.rsplit(".", 1)[-1]
+
+
+def dominant_policy(policies: Iterable[str | None]) -> str | None:
+    """The policy a box shows when its ops have several (lower precision wins over fp32...)."""
+    present = {p for p in policies if p}
+    return next((p for p in POLICY_PRECEDENCE if p in present), None)
+
+
+@dataclass
+class _Context:
+    """Lookups shared by the builders."""
+
+    report: Report
+    records: dict[str, NodeRecord]
+    device_type: str
+
+    @classmethod
+    def of(cls, report: Report) -> _Context:
+        return cls(
+            report=report,
+            records={r.name: r for r in report.nodes},
+            device_type=str(report.setting.get("device_type", "cuda")),
+        )
+
+    def is_source(self, name: str) -> bool:
+        rec = self.records.get(name)
+        return rec is None or rec.kind in SOURCE_KINDS
+
+    def disagrees(self, rec: NodeRecord) -> bool:
+        return rec.check is not None and not rec.check.get("agree", True)
+
+
+# -- node attributes ---------------------------------------------------------------------------
+
+
+def _cast_names(ctx: _Context, rec: NodeRecord, module: str | None) -> list[tuple[str, str, str]]:
+    """Each cast of ``rec`` as (short name, from, to): parameters by name, activations by role."""
+    if not rec.casts:
+        return []
+    short, _ = op_parts(rec.op)
+    roles = ARG_NAMES.get(short, ())
+    activations = [i["node"] for i in rec.inputs if not ctx.is_source(i["node"])]
+    positions = {i["node"]: k for k, i in enumerate(rec.inputs)}
+    out = []
+    for cast in rec.casts:
+        producer = ctx.records.get(cast.node)
+        if producer is not None and producer.kind in SOURCE_KINDS:
+            name = short_param_name(producer.target, module, cast.node)
+        elif positions.get(cast.node, -1) < len(roles):
+            name = roles[positions[cast.node]]
+        elif len(activations) <= 1:
+            name = "x"
+        else:
+            name = f"x{activations.index(cast.node) + 1}" if cast.node in activations else "x"
+        out.append((name, cast.from_dtype, cast.to_dtype))
+    return out
+
+
+def _dedupe(items: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _base_attrs(rec: NodeRecord, order: float) -> dict[str, Any]:
+    return {
+        "order": order,
+        "stack": tuple(rec.stack),
+        "path": rec.module,
+        "region": rec.region,
+        "members": (rec.name,),
+        "policy": None,
+        "in_dtypes": (),
+        "out_dtype": rec.out_dtype,
+        "casts": (),
+        "promotion": None,
+        "disagree": False,
+        "error": rec.error,
+        "residual": False,
+        "op": None,
+        "cls": "",
+        "region_enabled": None,
+        "layers": (),
+    }
+
+
+def _module_attrs(ctx: _Context, call: ModuleCall, order: int) -> dict[str, Any]:
+    members = [ctx.records[n] for n in call.nodes if n in ctx.records]
+    first = members[0]
+    attrs = _base_attrs(first, order)
+    casts = [c for m in members for c in _cast_names(ctx, m, call.path)]
+    promotions = [m.promotion for m in members if m.promotion]
+    attrs.update(
+        kind="module",
+        path=call.path,
+        cls=short_class(call.type),
+        members=tuple(call.nodes),
+        policy=dominant_policy(m.policy for m in members),
+        in_dtypes=(call.in_dtype,),
+        out_dtype=call.out_dtype,
+        casts=_dedupe(casts),
+        promotion=_promotion_attr(promotions[0]) if promotions else None,
+        disagree=any(ctx.disagrees(m) for m in members),
+        error=next((m.error for m in members if m.error), None),
+        region=first.region,
+    )
+    return attrs
+
+
+def _promotion_attr(promotion: dict[str, Any]) -> tuple[tuple[str, ...], str]:
+    return (tuple(promotion.get("inputs", ())), str(promotion.get("to")))
+
+
+def _op_attrs(ctx: _Context, rec: NodeRecord, order: int) -> dict[str, Any]:
+    attrs = _base_attrs(rec, order)
+    short, _ = op_parts(rec.op)
+    ins = tuple(i["dtype"] for i in rec.inputs if not ctx.is_source(i["node"]))
+    changes = short in CAST_OPS and rec.out_dtype not in [i["dtype"] for i in rec.inputs[:1]]
+    attrs.update(
+        kind="op",
+        op=short,
+        # A .to() that keeps the dtype is no cast; only the op view draws it, under its own name.
+        cls=OP_TITLE.get(short, short) if short not in CAST_OPS or changes else short,
+        policy=rec.policy,
+        in_dtypes=ins,
+        casts=_dedupe(_cast_names(ctx, rec, rec.module)),
+        promotion=_promotion_attr(rec.promotion) if rec.promotion else None,
+        disagree=ctx.disagrees(rec),
+    )
+    return attrs
+
+
+def _region_attrs(
+    ctx: _Context, rec: NodeRecord, body: Sequence[NodeRecord], order: float
+) -> dict[str, Any]:
+    attrs = _base_attrs(rec, order)
+    if body:
+        enabled: bool | None = body[0].autocast
+    else:  # an empty body: only the annotator's reason says what the region does
+        enabled = "enabled" in rec.reason
+    attrs.update(kind="region", op="region", cls="region output", region_enabled=enabled)
+    return attrs
+
+
+def _io_attrs(rec: NodeRecord, order: int) -> dict[str, Any]:
+    attrs = _base_attrs(rec, order)
+    attrs.update(kind=rec.kind, cls=rec.target or rec.name)
+    if rec.kind == "output":
+        attrs["in_dtypes"] = tuple(i["dtype"] for i in rec.inputs)
+    return attrs
+
+
+# -- which free ops a module view draws ----------------------------------------------------------
+
+
+def matters(ctx: _Context, rec: NodeRecord) -> bool:
+    """Whether the module view draws a free op (one outside every leaf-module call).
+
+    The test reads only op names, dtypes and the policy tables -- not whether autocast is on --
+    so the four settings of a model draw the same boxes and compare side by side.
+    """
+    if rec.kind == "region":
+        return True
+    if rec.error or ctx.disagrees(rec) or rec.promotion:
+        return True
+    short, overload = op_parts(rec.op)
+    in_dtypes = [i["dtype"] for i in rec.inputs]
+    floating_in = any(is_floating(d) for d in in_dtypes)
+    if short in ATTENTION_OPS or short in MATMUL_OPS:
+        return floating_in
+    if short in CAST_OPS:
+        src = in_dtypes[0] if in_dtypes else None
+        dst = rec.out_dtype
+        return src != dst and (is_floating(src) or is_floating(dst))
+    if short in BINARY_OPS:
+        activations = [
+            i for i in rec.inputs if not ctx.is_source(i["node"]) and is_floating(i["dtype"])
+        ]
+        return len(activations) >= 2
+    category = lookup(ctx.device_type, f"aten::{short}", "" if overload == "default" else overload)
+    return category is not None and floating_in
+
+
+# -- building ------------------------------------------------------------------------------------
+
+
+def _node_id(kind: str, name: str) -> str:
+    # No ':' in ids: Graphviz reads "a:b" in an edge as node a, port b.
+    return f"{kind}/{name}"
+
+
+def _region_body(report: Report) -> dict[str, list[NodeRecord]]:
+    body: dict[str, list[NodeRecord]] = {}
+    for rec in report.nodes:
+        if rec.region is not None:
+            body.setdefault(rec.region, []).append(rec)
+    return body
+
+
+def _region_sinks(body: Sequence[NodeRecord]) -> list[NodeRecord]:
+    """Body records whose value leaves the region: those no other record of the body consumes."""
+    names = {r.name for r in body}
+    consumed = {i["node"] for r in body for i in r.inputs if i["node"] in names}
+    # A nested region's body has its own sinks; the nested region node stands for them.
+    return [r for r in body if r.name not in consumed and r.region == body[0].region]
+
+
+def build_graph(report: Report, *, view: str = "modules", fold: bool = True) -> nx.MultiDiGraph:
+    """The diagram's graph: nodes with plain-data attributes, edges keyed by the dtype they carry.
+
+    Node attributes: ``kind`` (input, output, module, op, region), ``title`` and ``subtitle``
+    (names relative to the folded layer), ``cls``, ``policy``, ``in_dtypes``, ``out_dtype``,
+    ``casts`` ((name, from, to) triples), ``promotion`` ((input dtypes, result) or None),
+    ``residual``, ``disagree``, ``error``, ``chain`` (cluster ids, outermost first) and ``order``.
+    Graph attributes: ``model``, ``setting``, ``view``, ``fold``, ``check`` and ``clusters``
+    (id -> ``{kind, label, count, path}``).
+
+    >>> from ampgraph.records import Report
+    >>> r = Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read())  # doctest: +SKIP
+    >>> g = build_graph(r)                                                       # doctest: +SKIP
+    >>> g.number_of_nodes() <= 60                                                # doctest: +SKIP
+    True
+    """
+    if view not in VIEWS:
+        raise RenderError(f"unknown view {view!r}: use one of {', '.join(VIEWS)}")
+    ctx = _Context.of(report)
+    graph = nx.MultiDiGraph(
+        model=report.model,
+        setting=dict(report.setting),
+        view=view,
+        fold=fold,
+        check=report.check,
+        clusters={},
+        counts={
+            "ops": sum(1 for r in report.nodes if r.kind == "op"),
+            "casts": sum(len(r.casts) for r in report.nodes),
+            "promotions": sum(1 for r in report.nodes if r.promotion),
+        },
+    )
+    owner = _place_nodes(ctx, graph, view)
+    _connect(ctx, graph, owner)
+    _drop_unused_inputs(graph)
+    _mark_residuals(graph)
+    _fold_layers(graph, fold)
+    _add_region_clusters(ctx, graph)
+    _finish_titles(graph)
+    return graph
+
+
+def _place_nodes(ctx: _Context, graph: nx.MultiDiGraph, view: str) -> dict[str, str]:
+    """Add the drawn nodes; return record name -> the graph node that stands for it."""
+    report = ctx.report
+    owner: dict[str, str] = {}
+    order = {rec.name: k for k, rec in enumerate(report.nodes)}
+    if view == "modules":
+        for call in report.modules:
+            members = [n for n in call.nodes if n in ctx.records]
+            if not members:
+                continue
+            # torch.export names a call "L__self__<path>[@n]"; the prefix says nothing to a reader.
+            node = _node_id("module", call.call.removeprefix("L__self__") or call.path)
+            graph.add_node(node, **_module_attrs(ctx, call, min(order[n] for n in members)))
+            for name in members:
+                owner[name] = node
+    body = _region_body(report)
+    for rec in report.nodes:
+        if rec.name in owner or rec.kind in SOURCE_KINDS:
+            continue
+        k = order[rec.name]
+        if rec.kind in ("input", "output"):
+            node = _node_id(rec.kind, rec.name)
+            graph.add_node(node, **_io_attrs(rec, k))
+        elif rec.kind == "region":
+            node = _node_id("region", rec.name)
+            inside = body.get(rec.name, [])
+            # The region node stands for the value leaving the region: order it after its body.
+            last = max((order[r.name] for r in inside), default=k)
+            graph.add_node(node, **_region_attrs(ctx, rec, inside, last + 0.5 if inside else k))
+        elif view == "ops" or matters(ctx, rec):
+            node = _node_id("op", rec.name)
+            graph.add_node(node, **_op_attrs(ctx, rec, k))
+        else:
+            continue
+        owner[rec.name] = node
+    return owner
+
+
+def _connect(ctx: _Context, graph: nx.MultiDiGraph, owner: dict[str, str]) -> None:
+    """Edges between drawn nodes; collapsed records pass their upstream drawn nodes through."""
+    body = _region_body(ctx.report)
+    # Records are in execution order, so one pass computes, for every collapsed record, the drawn
+    # nodes its value comes from (producers always precede consumers).
+    upstream: dict[str, frozenset[str]] = {}
+
+    def sources(name: str) -> frozenset[str]:
+        if name in owner:
+            return frozenset({owner[name]})
+        return upstream.get(name, frozenset())
+
+    def inputs_of(rec: NodeRecord) -> list[tuple[str, str | None]]:
+        if rec.kind == "region" and body.get(rec.name):
+            # The region's value is what its body's last ops produce, not its operands.
+            return [(s.name, s.out_dtype) for s in _region_sinks(body[rec.name])]
+        return [(i["node"], i["dtype"]) for i in rec.inputs]
+
+    for rec in ctx.report.nodes:
+        if rec.kind in SOURCE_KINDS:
+            continue
+        node = owner.get(rec.name)
+        if node is None:
+            upstream[rec.name] = frozenset().union(*(sources(n) for n, _ in inputs_of(rec)))
+            continue
+        members = set(graph.nodes[node]["members"])
+        for name, dtype in inputs_of(rec):
+            if name in members or ctx.is_source(name):
+                continue
+            for src in sorted(sources(name), key=lambda n: graph.nodes[n]["order"]):
+                if src != node:
+                    graph.add_edge(src, node, key=dtype or "", dtype=dtype)
+
+
+def _drop_unused_inputs(graph: nx.MultiDiGraph) -> None:
+    # Inputs nothing reads (OPT's use_cache flag) would float loose in the diagram.
+    unused = [
+        n for n, d in graph.nodes(data=True) if d["kind"] == "input" and not graph.out_degree(n)
+    ]
+    graph.remove_nodes_from(unused)
+
+
+def _mark_residuals(graph: nx.MultiDiGraph) -> None:
+    """An add whose one operand also feeds the path to its other operand is a residual add."""
+    for node, data in graph.nodes(data=True):
+        if data["kind"] != "op" or data["op"] not in ("add", "add_"):
+            continue
+        preds = sorted({u for u, _ in graph.in_edges(node)})
+        if len(preds) != 2:
+            continue
+        for skip, main in (preds, preds[::-1]):
+            others = [s for s in graph.successors(skip) if s != node]
+            if any(o == main or nx.has_path(graph, o, main) for o in others):
+                data["residual"] = True
+                break
+
+
+# -- folding -------------------------------------------------------------------------------------
+
+
+def _instance_groups(graph: nx.MultiDiGraph) -> list[tuple[str, list[int]]]:
+    """Module paths ``prefix.N`` that repeat, shallowest first, then in order of appearance."""
+    groups: dict[str, set[int]] = {}
+    first_seen: dict[str, int] = {}
+    for _, data in sorted(graph.nodes(data=True), key=lambda nd: nd[1]["order"]):
+        for path in data["stack"]:
+            match = _INSTANCE_RE.match(path or "")
+            if match is None:
+                continue
+            prefix = match.group("prefix") or ""
+            groups.setdefault(prefix, set()).add(int(match.group("index")))
+            first_seen.setdefault(prefix, data["order"])
+    repeated = [(p, sorted(ix)) for p, ix in groups.items() if len(ix) >= 2]
+    repeated.sort(key=lambda pi: (pi[0].count(".") + bool(pi[0]), first_seen[pi[0]]))
+    return repeated
+
+
+def _instance_path(prefix: str, index: int) -> str:
+    return f"{prefix}.{index}" if prefix else str(index)
+
+
+def _members(graph: nx.MultiDiGraph, path: str) -> list[str]:
+    found = [n for n, d in graph.nodes(data=True) if path in d["stack"]]
+    return sorted(found, key=lambda n: graph.nodes[n]["order"])
+
+
+def _signature(graph: nx.MultiDiGraph, path: str, members: list[str]) -> tuple[Any, ...]:
+    """Everything a reader would see of one layer, with names relative to the layer."""
+    index = {n: k for k, n in enumerate(members)}
+    region_index = {
+        n: index.get(_node_id("region", graph.nodes[n]["region"] or "")) for n in members
+    }
+    nodes = []
+    for n in members:
+        d = graph.nodes[n]
+        nodes.append((
+            d["kind"], relative_path(d["path"], path), d["cls"], d["op"], d["policy"],
+            d["in_dtypes"], d["out_dtype"], d["casts"], d["promotion"], d["residual"],
+            d["disagree"], d["error"], d["region_enabled"], region_index[n],
+        ))  # fmt: skip
+    edges = []
+    for n in members:
+        for u, _, key in graph.in_edges(n, keys=True):
+            edges.append(("in", index.get(u, -1), index[n], key))
+        for _, v, key in graph.out_edges(n, keys=True):
+            if v not in index:
+                edges.append(("out", index[n], -1, key))
+    return (tuple(nodes), tuple(sorted(set(edges), key=repr)))
+
+
+def _fold_layers(graph: nx.MultiDiGraph, fold: bool) -> None:
+    clusters: dict[str, dict[str, Any]] = graph.graph["clusters"]
+    for prefix, indices in _instance_groups(graph):
+        instances = []
+        for i in indices:
+            path = _instance_path(prefix, i)
+            members = _members(graph, path)
+            if members:
+                instances.append((i, path, members))
+        runs: list[list[tuple[int, str, list[str]]]] = []
+        last_sig: tuple[Any, ...] | None = None
+        for inst in instances:
+            sig = _signature(graph, inst[1], inst[2]) if fold else None
+            consecutive = bool(runs) and runs[-1][-1][0] + 1 == inst[0]
+            if fold and consecutive and sig == last_sig:
+                runs[-1].append(inst)
+            else:
+                runs.append([inst])
+            last_sig = sig
+        for run in runs:
+            first_index, first_path, first_members = run[0]
+            if len(run) > 1:
+                _merge_run(graph, run)
+            elif len(first_members) < 2:
+                continue  # a lone box needs no frame
+            cid = f"fold/{first_path}"
+            last_index = run[-1][0]
+            clusters[cid] = {
+                "kind": "fold",
+                "path": first_path,
+                "count": len(run),
+                "label": (
+                    f"{_instance_path(prefix, first_index)}–{last_index}"
+                    if len(run) > 1
+                    else first_path
+                ),
+            }
+            for n in first_members:
+                d = graph.nodes[n]
+                depth = float(d["stack"].index(first_path))
+                d["layers"] = (*d["layers"], (depth, cid))
+
+
+def _merge_run(graph: nx.MultiDiGraph, run: list[tuple[int, str, list[str]]]) -> None:
+    """Redirect the edges of every instance but the first onto the first; drop the rest."""
+    keep = run[0][2]
+    instance_of = {n: k for k, (_, _, members) in enumerate(run) for n in members}
+    mapping = {n: keep[j] for _, _, members in run[1:] for j, n in enumerate(members)}
+    for n in mapping:
+        for u, v, key, data in list(graph.in_edges(n, keys=True, data=True)) + list(
+            graph.out_edges(n, keys=True, data=True)
+        ):
+            if u in instance_of and v in instance_of and instance_of[u] != instance_of[v]:
+                continue  # layer k -> layer k+1: the repetition the ×N mark stands for
+            a, b = mapping.get(u, u), mapping.get(v, v)
+            if a != b and not graph.has_edge(a, b, key):
+                graph.add_edge(a, b, key=key, **data)
+    graph.remove_nodes_from(list(mapping))
+
+
+def _add_region_clusters(ctx: _Context, graph: nx.MultiDiGraph) -> None:
+    clusters: dict[str, dict[str, Any]] = graph.graph["clusters"]
+    for node, data in graph.nodes(data=True):
+        if data["kind"] != "region":
+            continue
+        name = node.split("/", 1)[1]
+        enabled = data["region_enabled"]
+        rec = ctx.records[name]
+        clusters[f"region/{name}"] = {
+            "kind": "region",
+            "path": rec.module,
+            "count": 1,
+            "label": "autocast enabled" if enabled else "autocast disabled",
+            "enabled": enabled,
+            "depth": len(rec.stack) - 0.5,
+        }
+    for _, data in graph.nodes(data=True):
+        chain = list(data["layers"])
+        region = data["region"]
+        if data["kind"] == "region":
+            region = data["members"][0]  # the region node is drawn inside its own frame
+        cid = f"region/{region}" if region else None
+        while cid is not None and cid in clusters:
+            chain.append((clusters[cid]["depth"], cid))
+            outer = ctx.records[cid.split("/", 1)[1]].region
+            cid = f"region/{outer}" if outer else None
+        data["chain"] = tuple(c for _, c in sorted(chain))
+
+
+def _finish_titles(graph: nx.MultiDiGraph) -> None:
+    """Names as a reader sees them: relative to the innermost folded layer around the node."""
+    clusters = graph.graph["clusters"]
+    for _, data in graph.nodes(data=True):
+        base = None
+        for cid in data["chain"]:
+            if clusters[cid]["kind"] == "fold":
+                base = clusters[cid]["path"]
+        rel = relative_path(data["path"], base)
+        if data["kind"] == "module":
+            data["title"] = rel or data["path"] or ""
+            data["subtitle"] = data["cls"]
+        elif data["kind"] in ("op", "region"):
+            title = data["cls"]
+            if data["kind"] == "op" and data["op"] in ("add", "add_") and data["residual"]:
+                title = "residual add"
+            data["title"] = title
+            data["subtitle"] = rel
+        else:
+            data["title"] = data["cls"]
+            data["subtitle"] = "model input" if data["kind"] == "input" else "model output"
