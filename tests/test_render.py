@@ -133,9 +133,19 @@ def test_a_layer_that_differs_stays_visible() -> None:
         ("model.decoder.layers.5", 1),
         ("model.decoder.layers.6–11", 6),
     ]
-    fc1_casts = sorted(d["casts"] for _, d in graph.nodes(data=True) if d["title"] == "fc1")
-    assert len(fc1_casts) == 3
-    assert (("weight", "float32", "bfloat16"), ("bias", "float32", "bfloat16")) in fc1_casts
+    fc1 = {
+        graph.nodes[n]["chain"][-1]: graph.nodes[n]
+        for n in graph
+        if graph.nodes[n]["title"] == "fc1"
+    }
+    odd = fc1["fold/model.decoder.layers.5"]
+    assert odd["casts"] == (("weight", "float32", "bfloat16"), ("bias", "float32", "bfloat16"))
+    # The boxes that differ point at each other; the rest of the layer is unmarked.
+    assert odd["differs"] == ("layers.0–4", "layers.6–11")
+    assert fc1["fold/model.decoder.layers.0"]["differs"] == ("layers.5",)
+    assert [d["title"] for _, d in graph.nodes(data=True) if d["differs"]].count("fc1") == 3
+    assert sum(bool(d["differs"]) for _, d in graph.nodes(data=True)) == 3
+    assert "≠ unlike layers.0–4, layers.6–11" in to_dot(report)
 
 
 def test_casts_are_written_in_each_box() -> None:
@@ -246,6 +256,11 @@ def test_atomic_write_leaves_no_temporary_files(
         atomic_write(target, b"new")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["figure.svg"]
+
+
+def test_two_reports_of_one_setting_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(RenderError, match="would both be written to opt-125m-cuda-bf16-amp-fp32"):
+        render_files([opt_report(), opt_report()], tmp_path, formats=("dot",))
 
 
 @needs_dot

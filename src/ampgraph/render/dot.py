@@ -29,6 +29,7 @@ from ampgraph.policy import CATEGORY_LABEL
 from ampgraph.records import Report
 from ampgraph.render.graph import build_graph
 from ampgraph.render.style import (
+    DIFFERS_MARK,
     DISAGREEMENT_MARK,
     FAMILY_LABEL,
     FAMILY_ORDER,
@@ -50,6 +51,8 @@ from ampgraph.render.style import (
 from ampgraph.settings import Setting, short_dtype
 
 ARROW = "→"
+#: SVG collapses runs of spaces; labels that need room between words use no-break spaces.
+NBSP = "&#160;"
 #: Room between a cluster's frame and its boxes; thick promotion borders need more than the default 8.
 CLUSTER_MARGIN: Final = "14"
 
@@ -141,12 +144,14 @@ def node_label(data: dict[str, Any], theme: Theme, *, compact: bool = False) -> 
     title = f"<B>{_h(data['title'])}</B>" if data["title"] else ""
     sub = data.get("subtitle") or ""
     if sub:
-        title += ("  " if title else "") + _font(_h(sub), colour=theme.muted, size=SMALL_FONT_SIZE)
+        title += (NBSP * 2 if title else "") + _font(
+            _h(sub), colour=theme.muted, size=SMALL_FONT_SIZE
+        )
     rows = [title]
     flow = _h(flow_text(data))
     policy = data["policy"]
     if data["kind"] in ("module", "op") and policy:
-        flow += "  " + _font(
+        flow += NBSP * 2 + _font(
             f"<I>policy: {_h(CATEGORY_LABEL.get(policy, policy))}</I>",
             colour=theme.muted,
             size=SMALL_FONT_SIZE,
@@ -158,6 +163,16 @@ def node_label(data: dict[str, Any], theme: Theme, *, compact: bool = False) -> 
         to = short_dtype(data["promotion"][1])
         rows.append(
             _font(f"<B>{PROMOTION_MARK} promotion to {_h(to)}</B>", colour=theme.promotion.border)
+        )
+    if data.get("differs"):
+        # Layers that differ are drawn apart; this line points at the box that makes them differ.
+        others = ", ".join(data["differs"])
+        rows.append(
+            _font(
+                f"<B>{DIFFERS_MARK} unlike {_h(others)}</B>",
+                colour=theme.text,
+                size=SMALL_FONT_SIZE,
+            )
         )
     if data["disagree"]:
         rows.append(
@@ -360,33 +375,37 @@ def _swatch_row(style: NodeStyle, text: str) -> str:
 
 
 def _cluster_attrs(cluster: dict[str, Any], theme: Theme) -> dict[str, str]:
-    common = {"labeljust": "l", "fontcolor": theme.text, "margin": CLUSTER_MARGIN}
+    # No cluster label: dot routes edges through a cluster's label, so the frame's caption is a
+    # node instead (see _Emitter._caption), which edges go around.
+    common = {"label": "", "margin": CLUSTER_MARGIN, "style": "filled,rounded"}
     if cluster["kind"] == "region":
-        label = _font(f"<B>{_h(cluster['label'])}</B>", colour=theme.region_border)
         return {
             **common,
-            "label": f"<{label}>",
-            "fontsize": "13",
             "style": "filled,rounded,dashed",
             "fillcolor": theme.region_fill,
             "color": theme.region_border,
             "penwidth": "1.6",
         }
-    count = cluster["count"]
-    text = f"<B>{_h(cluster['label'])}</B>"
-    if count > 1:
-        text += f"   <B>{FOLD_MARK}{count}</B>" + _font(
-            "   (identical, drawn once)", colour=theme.muted, size=SMALL_FONT_SIZE
-        )
     return {
         **common,
-        "label": f"<{text}>",
-        "fontsize": "14",
-        "style": "filled,rounded",
         "fillcolor": theme.fold_fill,
         "color": theme.fold_border,
-        "penwidth": "2.4" if count > 1 else "1",
+        "penwidth": "2.4" if cluster["count"] > 1 else "1",
     }
+
+
+def cluster_caption(cluster: dict[str, Any], theme: Theme) -> str:
+    """The caption of a frame: ``model.decoder.layers.0–11 ×12`` or ``autocast disabled``."""
+    if cluster["kind"] == "region":
+        return "<" + _font(f"<B>{_h(cluster['label'])}</B>", colour=theme.region_border) + ">"
+    text = f"<B>{_h(cluster['label'])}</B>"
+    count = cluster["count"]
+    if count > 1:
+        text += NBSP * 2 + _font(f"<B>{FOLD_MARK}{count}</B>", size=17)
+        text += "<BR/>" + _font(
+            "identical layers, drawn once", colour=theme.muted, size=SMALL_FONT_SIZE
+        )
+    return f"<{text}>"
 
 
 def _cluster_tree(graph: nx.MultiDiGraph) -> dict[tuple[str, ...], list[str]]:
@@ -445,7 +464,35 @@ class _Emitter:
             cid = child[-1]
             with target.subgraph(name=f"cluster_{self.prefix}{cid}") as sub:
                 sub.attr(**_cluster_attrs(self.graph.graph["clusters"][cid], self.theme))
+                self._caption(sub, cid, child, tree)
                 self._emit_chain(sub, child, tree)
+
+    def _caption(
+        self,
+        target: graphviz.Digraph,
+        cid: str,
+        chain: tuple[str, ...],
+        tree: dict[tuple[str, ...], list[str]],
+    ) -> None:
+        """A frame's caption as a plain node on the rank of the frame's first box.
+
+        Being a node, the caption takes room in its rank and edges are routed around it; a
+        Graphviz cluster label is not, and edges entering the frame cross it.
+        """
+        inside = [n for key, ns in tree.items() if key[: len(chain)] == chain for n in ns]
+        first = min(inside, key=lambda n: self.graph.nodes[n]["order"])
+        caption = f"{self.prefix}{cid}#caption"
+        target.node(
+            caption,
+            label=cluster_caption(self.graph.graph["clusters"][cid], self.theme),
+            shape="plain",
+            fontcolor=self.theme.text,
+            fontsize="13",
+        )
+        with target.subgraph() as same:
+            same.attr(rank="same")
+            same.node(caption)
+            same.node(self.node_id(first))
 
     def first(self) -> str | None:
         nodes = sorted(self.graph.nodes, key=lambda n: self.graph.nodes[n]["order"])

@@ -191,6 +191,12 @@ def render_files(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RenderError(f"cannot create the output folder {out}: {exc.strerror}") from None
+    stems = [diagram_stem(r, view=view, fold=fold, theme=theme) for r in reports]
+    duplicates = sorted({s for s in stems if stems.count(s) > 1})
+    if duplicates:
+        raise RenderError(
+            f"two reports would both be written to {duplicates[0]}: give each model and setting once"
+        )
     jobs: list[tuple[str, str]] = [
         (
             diagram_stem(r, view=view, fold=fold, theme=theme),

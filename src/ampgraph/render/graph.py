@@ -223,6 +223,7 @@ def _base_attrs(rec: NodeRecord, order: float) -> dict[str, Any]:
         "cls": "",
         "region_enabled": None,
         "layers": (),
+        "differs": (),  # labels of neighbouring layers in which this box differs (folding)
     }
 
 
@@ -546,38 +547,57 @@ def _fold_layers(graph: nx.MultiDiGraph, fold: bool) -> None:
             members = _members(graph, path)
             if members:
                 instances.append((i, path, members))
+        sigs = {inst[1]: _signature(graph, inst[1], inst[2]) for inst in instances}
         runs: list[list[tuple[int, str, list[str]]]] = []
-        last_sig: tuple[Any, ...] | None = None
         for inst in instances:
-            sig = _signature(graph, inst[1], inst[2]) if fold else None
             consecutive = bool(runs) and runs[-1][-1][0] + 1 == inst[0]
-            if fold and consecutive and sig == last_sig:
+            if fold and consecutive and sigs[inst[1]] == sigs[runs[-1][-1][1]]:
                 runs[-1].append(inst)
             else:
                 runs.append([inst])
-            last_sig = sig
-        for run in runs:
-            first_index, first_path, first_members = run[0]
+        labels = [
+            f"{_instance_path(prefix, run[0][0])}–{run[-1][0]}" if len(run) > 1 else run[0][1]
+            for run in runs
+        ]
+        if fold:
+            # Boxes name the other layers briefly: "layers.0–4", not the full module path.
+            tail = prefix.rsplit(".", 1)[-1]
+            short = [label[len(prefix) - len(tail) :] if tail else label for label in labels]
+            _mark_differences(graph, runs, short, sigs)
+        for run, label in zip(runs, labels):
+            _, first_path, first_members = run[0]
             if len(run) > 1:
                 _merge_run(graph, run)
             elif len(first_members) < 2:
                 continue  # a lone box needs no frame
             cid = f"fold/{first_path}"
-            last_index = run[-1][0]
-            clusters[cid] = {
-                "kind": "fold",
-                "path": first_path,
-                "count": len(run),
-                "label": (
-                    f"{_instance_path(prefix, first_index)}–{last_index}"
-                    if len(run) > 1
-                    else first_path
-                ),
-            }
+            clusters[cid] = {"kind": "fold", "path": first_path, "count": len(run), "label": label}
             for n in first_members:
                 d = graph.nodes[n]
                 depth = float(d["stack"].index(first_path))
                 d["layers"] = (*d["layers"], (depth, cid))
+
+
+def _mark_differences(
+    graph: nx.MultiDiGraph,
+    runs: list[list[tuple[int, str, list[str]]]],
+    labels: list[str],
+    sigs: dict[str, tuple[Any, ...]],
+) -> None:
+    """Where neighbouring runs of layers differ box by box, say so on the boxes that differ.
+
+    Folding keeps a differing layer visible; this points the reader at what differs in it.
+    """
+    for k in range(1, len(runs)):
+        (_, path_a, members_a), (_, path_b, members_b) = runs[k - 1][0], runs[k][0]
+        nodes_a, nodes_b = sigs[path_a][0], sigs[path_b][0]
+        if len(nodes_a) != len(nodes_b):
+            continue  # different structure: the boxes themselves show it
+        for j, (sig_a, sig_b) in enumerate(zip(nodes_a, nodes_b)):
+            if sig_a != sig_b:
+                a, b = graph.nodes[members_a[j]], graph.nodes[members_b[j]]
+                a["differs"] = (*a["differs"], labels[k])
+                b["differs"] = (*b["differs"], labels[k - 1])
 
 
 def _merge_run(graph: nx.MultiDiGraph, run: list[tuple[int, str, list[str]]]) -> None:

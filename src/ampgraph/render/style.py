@@ -202,6 +202,7 @@ GRAPH_ATTRS: Final[dict[str, str]] = {
 PROMOTION_MARK: Final = "⚠"
 DISAGREEMENT_MARK: Final = "✗"
 FOLD_MARK: Final = "×"
+DIFFERS_MARK: Final = "≠"
 
 
 def dtype_family(dtype: str | None) -> str:
