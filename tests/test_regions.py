@@ -64,3 +64,16 @@ def test_a_wrong_table_is_caught_by_the_check(monkeypatch: pytest.MonkeyPatch) -
     assert ln.outputs == ["bfloat16"]
     assert ln.check == {"dispatcher": {"outputs": ["float32"]}, "agree": False, "export": ["float32"]}
     assert rep.check["disagreements"] >= 1
+
+
+def test_grad_mode_regions_are_walked_node_by_node() -> None:
+    """Llama's rotary embedding runs under @torch.no_grad(): export wraps it in
+    wrap_with_set_grad_enabled, whose body must be annotated op by op, not as one opaque call."""
+    from .conftest import report
+
+    rep = report("llama-tiny", "amp-fp32")
+    (grad_region,) = [n for n in rep.nodes if n.op == "higher_order.wrap_with_set_grad_enabled"]
+    body = [n for n in rep.nodes if n.name.startswith(f"{grad_region.name}.")]
+    assert {"aten.cos.default", "aten.sin.default"} <= {n.op for n in body}
+    assert all(n.check is None or n.check["agree"] for n in body)
+    assert not [n for n in rep.nodes if n.op.startswith("higher_order") and n.reason == "Python-level op"]

@@ -93,10 +93,61 @@ def module_calls(records: Sequence[NodeRecord], modules: dict[str, ModuleInfo]) 
     return calls
 
 
+#: Graphs at least this big run the dispatcher check in a forked process beside the annotation.
+PARALLEL_CHECK_NODES = 1500
+
+
+def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """Run ``work()`` here and the dispatcher oracle in a forked child at the same time."""
+    import multiprocessing as mp
+
+    from ampgraph.check import dispatcher_results
+
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            send.send(("ok", dispatcher_results(cap)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the parent
+            send.send(("error", exc))
+        finally:
+            send.close()
+
+    process = ctx.Process(target=child, daemon=True)
+    process.start()
+    send.close()
+    try:
+        result = work()
+        status, payload = receive.recv()
+    finally:
+        process.join()
+    if status == "error":
+        raise payload
+    return result, payload
+
+
 def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
-    """Annotate (and by default check) an existing capture."""
-    records = annotate(cap)
-    summary = run_check(cap, records) if check else None
+    """Annotate (and by default check) an existing capture.
+
+    For large graphs on a machine with more than one core, the dispatcher check runs in a forked
+    process while the annotation runs here: the two are independent replays of the same graph.
+    """
+    import multiprocessing as mp
+
+    parallel = (
+        check
+        and len(cap.graph_module.graph.nodes) >= PARALLEL_CHECK_NODES
+        and default_workers() > 1
+        and "fork" in mp.get_all_start_methods()
+        and not mp.current_process().daemon  # pool workers may not have children
+    )
+    if parallel:
+        records, oracle = _oracle_beside(cap, lambda: annotate(cap))
+        summary = run_check(cap, records, oracle)
+    else:
+        records = annotate(cap)
+        summary = run_check(cap, records) if check else None
     return Report(
         model=cap.model_name,
         setting=cap.setting.to_dict(),

@@ -193,26 +193,28 @@ class AutocastAnnotator(FakeReplay):
         return value
 
     def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
-        device_type, dtype, enabled, body, operands = region_args(args)
-        state = self.state.with_region(device_type, enabled, dtype)
+        region = region_args(n, args)
+        state = self.state
+        if region.is_autocast:
+            assert region.device_type is not None and region.dtype is not None
+            state = self.state.with_region(region.device_type, region.enabled, region.dtype)
+            reason = (
+                f"autocast {'enabled' if region.enabled else 'disabled'} on {region.device_type}"
+                + (f" in {short_dtype(dtype_name(region.dtype))}" if region.enabled else "")
+                + " inside this region"
+            )
+        else:
+            reason = "grad mode changes inside this region; autocast as around it"
         child = AutocastAnnotator(
             self.capture,
-            gm=body,
+            gm=region.body,
             state=state,
             records=self.records,
             prefix=f"{self.prefix}{n.name}.",
-            region=f"{self.prefix}{n.name}",
+            region=f"{self.prefix}{n.name}" if region.is_autocast else self.region,
         )
-        rec = self._record(
-            n,
-            kind="region",
-            reason=(
-                f"autocast {'enabled' if enabled else 'disabled'} on {device_type}"
-                + (f" in {short_dtype(dtype_name(dtype))}" if enabled else "")
-                + " inside this region"
-            ),
-        )
-        value = self.run_body(child, body, operands, n)
+        rec = self._record(n, kind="region" if region.is_autocast else "op", reason=reason)
+        value = self.run_body(child, region.body, region.operands, n)
         rec.outputs = _dtypes(value)
         return value
 

@@ -12,6 +12,7 @@ for the top-level nodes.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -54,10 +55,15 @@ class DispatcherOracle(FakeReplay):
         self.results[self.qualified(n)] = {"skipped": failure.node}
 
     def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
-        device_type, dtype, enabled, body, operands = region_args(args)
-        child = DispatcherOracle(self.capture, body, self.results, f"{self.prefix}{n.name}.")
-        with autocast_state(device_type, enabled, dtype):
-            value = self.run_body(child, body, operands, n)
+        region = region_args(n, args)
+        child = DispatcherOracle(self.capture, region.body, self.results, f"{self.prefix}{n.name}.")
+        scope = (
+            autocast_state(region.device_type, region.enabled, region.dtype)
+            if region.device_type is not None and region.dtype is not None
+            else contextlib.nullcontext()
+        )
+        with scope:
+            value = self.run_body(child, region.body, region.operands, n)
         self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
         return value
 
@@ -98,9 +104,18 @@ def trace_results(capture: Capture) -> dict[str, list[str | None]]:
     return out
 
 
-def check(capture: Capture, records: list[NodeRecord]) -> dict[str, Any]:
-    """Fill ``record.check`` for every node and return the summary for the report."""
-    oracle = dispatcher_results(capture)
+def check(
+    capture: Capture,
+    records: list[NodeRecord],
+    oracle: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Fill ``record.check`` for every node and return the summary for the report.
+
+    ``oracle`` is :func:`dispatcher_results` of the capture, when it was computed elsewhere (in
+    parallel with the annotation, say).
+    """
+    if oracle is None:
+        oracle = dispatcher_results(capture)
     traced = trace_results(capture)
     compared = 0
     disagreements = 0

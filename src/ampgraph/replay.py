@@ -35,6 +35,9 @@ from ampgraph.capture import Capture, torch_dtype
 from ampgraph.settings import Setting
 
 WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+WRAP_WITH_SET_GRAD_ENABLED = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+#: Higher-order ops whose body is a submodule that ampgraph walks node by node. Index of the body.
+REGION_OPS = {op: i for op, i in ((WRAP_WITH_AUTOCAST, 4), (WRAP_WITH_SET_GRAD_ENABLED, 1)) if op}
 ASSERT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range"}
 
 # c10::ScalarType names (how TORCH_CHECK prints a dtype) and caffe2::TypeMeta names.
@@ -182,7 +185,7 @@ class FakeReplay(fx.Interpreter):
         if n.op == "call_function" and is_assert(n.target):
             return None
         args, kwargs = self._retarget_devices(args, kwargs)
-        if n.op == "call_function" and n.target is WRAP_WITH_AUTOCAST:
+        if n.op == "call_function" and n.target in REGION_OPS:
             return self.run_region(n, args)
         try:
             return self.execute(n, args, kwargs)
@@ -224,7 +227,7 @@ class FakeReplay(fx.Interpreter):
     ) -> Any:
         """Run a region body with a child interpreter whose placeholders are ``n``'s operands."""
         placeholders = [p for p in body.graph.nodes if p.op == "placeholder"]
-        operand_nodes = [a for a in n.args[5:]]
+        operand_nodes = list(n.args[REGION_OPS[n.target] + 1 :])
         interp.outer_names = {
             p.name: self.qualified(a) if isinstance(a, fx.Node) else repr(a)
             for p, a in zip(placeholders, operand_nodes)
@@ -232,12 +235,32 @@ class FakeReplay(fx.Interpreter):
         return interp.run(*operands)
 
 
-def region_args(args: tuple[Any, ...]) -> tuple[str, torch.dtype, bool, fx.GraphModule, tuple]:
-    """Unpack ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)``."""
-    device_type, dtype, enabled, _cache, body, *operands = args
-    if dtype is None:
-        dtype = torch.get_autocast_dtype(device_type)
-    return str(device_type), dtype, bool(enabled), body, tuple(operands)
+@dataclass(frozen=True)
+class Region:
+    """A region body and what it changes: autocast for one device type, or nothing ampgraph
+    tracks (``wrap_with_set_grad_enabled``: grad mode does not change dtypes)."""
+
+    body: fx.GraphModule
+    operands: tuple[Any, ...]
+    device_type: str | None = None
+    dtype: torch.dtype | None = None
+    enabled: bool = True
+
+    @property
+    def is_autocast(self) -> bool:
+        return self.device_type is not None
+
+
+def region_args(n: fx.Node, args: tuple[Any, ...]) -> Region:
+    """Unpack ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)``
+    or ``wrap_with_set_grad_enabled(enabled, body, *operands)``."""
+    if n.target is WRAP_WITH_AUTOCAST:
+        device_type, dtype, enabled, _cache, body, *operands = args
+        if dtype is None:
+            dtype = torch.get_autocast_dtype(device_type)
+        return Region(body, tuple(operands), str(device_type), dtype, bool(enabled))
+    _grad, body, *operands = args
+    return Region(body, tuple(operands))
 
 
 def is_getitem(target: Any) -> bool:
