@@ -82,18 +82,44 @@ class Case:
         return max(self.rss_mb)
 
 
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of a process and all its descendants, summed, from /proc."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            parents[int(entry.name)] = int(fields[1])
+            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    return sum(rss.get(pid, 0) for pid in tree) / 2**20
+
+
 def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Run a cold process; return (wall seconds, peak RSS in MB) of it and its children."""
+    """Run a cold process; return its wall seconds and the peak summed RSS (MB) of it and the
+    worker processes it forks, sampled every 20 ms."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    # wait4 gives this child's own rusage; forked workers are its children, so take the
-    # maximum over RUSAGE_CHILDREN deltas too.
-    _, status, usage = os.wait4(proc.pid, 0)
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss_mb(proc.pid))
+        time.sleep(0.02)
     wall = time.perf_counter() - start
     stderr = proc.stderr.read().decode() if proc.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
+    if proc.returncode != 0:
         raise SystemExit(f"benchmark step failed: {' '.join(cmd)}\n{stderr}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, peak
 
 
 def ensure_torchview() -> dict[str, str]:

@@ -34,7 +34,7 @@ def versions() -> dict[str, str]:
     transformers = sys.modules.get("transformers")
     if transformers is None:
         try:
-            import transformers  # noqa: F811 - only its version is read
+            import transformers
         except ImportError:
             transformers = None
     out["transformers"] = getattr(transformers, "__version__", "not installed")

@@ -68,7 +68,7 @@ def torch_dtype(name: str) -> torch.dtype:
     """``"bfloat16"`` -> ``torch.bfloat16``."""
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"not a torch dtype: {name}")
+        raise TypeError(f"not a torch dtype: {name}")
     return dtype
 
 

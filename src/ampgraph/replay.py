@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.capture import Capture, torch_dtype
+from ampgraph.capture import torch_dtype
 from ampgraph.settings import Setting
 
 WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
@@ -189,7 +189,7 @@ class FakeReplay(fx.Interpreter):
             return self.run_region(n, args)
         try:
             return self.execute(n, args, kwargs)
-        except Exception as exc:  # the op's own error is the finding: record it, go on
+        except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             value = Failed(self.qualified(n), message)
             self.on_error(n, value)
