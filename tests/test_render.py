@@ -371,3 +371,42 @@ def test_four_settings_fold_small_and_lay_out_fast() -> None:
         start = time.perf_counter()
         run_dot(source, "svg")
         assert time.perf_counter() - start < 5.0, setting
+
+
+def test_casts_name_activations_by_role_where_several_meet() -> None:
+    """Llama's attention gets q and k in fp32 (after RoPE promoted them) and v in bf16."""
+    from ampgraph.records import Cast, NodeRecord
+
+    def inp(name: str, dtype: str) -> NodeRecord:
+        return NodeRecord(name, "placeholder", "input", target=name, outputs=[dtype])
+
+    sdpa = NodeRecord(
+        "sdpa",
+        "aten.scaled_dot_product_attention.default",
+        "op",
+        inputs=[
+            {"node": "q", "dtype": "float32"},
+            {"node": "k", "dtype": "float32"},
+            {"node": "v", "dtype": "bfloat16"},
+        ],
+        policy="lower_precision_fp",
+        casts=[Cast("q", "float32", "bfloat16"), Cast("k", "float32", "bfloat16")],
+        outputs=["bfloat16"],
+    )
+    out = NodeRecord("output", "output", "output", inputs=[{"node": "sdpa", "dtype": "bfloat16"}])
+    setting = {"name": "amp-fp32", "device_type": "cuda", "autocast": True,
+               "amp_dtype": "bfloat16", "param_dtype": "float32"}  # fmt: skip
+    report = Report("hand-made", setting, {}, {}, [inp("q", "float32"), inp("k", "float32"),
+                    inp("v", "bfloat16"), sdpa, out], [])  # fmt: skip
+    graph = build_graph(report)
+    assert graph.nodes["op/sdpa"]["casts"] == (
+        ("q", "float32", "bfloat16"),
+        ("k", "float32", "bfloat16"),
+    )
+    assert "casts q, k: fp32→bf16" in to_dot(report)
+    assert sorted((u, v, k) for u, v, k in graph.edges(keys=True)) == [
+        ("input/k", "op/sdpa", "float32"),
+        ("input/q", "op/sdpa", "float32"),
+        ("input/v", "op/sdpa", "bfloat16"),
+        ("op/sdpa", "output/output", "bfloat16"),
+    ]

@@ -94,7 +94,7 @@ def flow_text(data: dict[str, Any]) -> str:
     if kind == "output":
         return _dtype_list(data["in_dtypes"])
     ins: Sequence[str | None] = data["in_dtypes"]
-    if data.get("promotion"):
+    if data.get("promotion") and kind == "op":
         ins = data["promotion"][0]
     if kind == "op" and data.get("op") in _OP_SIGN and len(ins) == 2:
         sign = _OP_SIGN[data["op"]]
@@ -160,10 +160,12 @@ def node_label(data: dict[str, Any], theme: Theme, *, compact: bool = False) -> 
     if data["casts"]:
         rows.append(_font(_h(casts_text(data["casts"])), colour=theme.muted, size=SMALL_FONT_SIZE))
     if data["promotion"]:
-        to = short_dtype(data["promotion"][1])
-        rows.append(
-            _font(f"<B>{PROMOTION_MARK} promotion to {_h(to)}</B>", colour=theme.promotion.border)
-        )
+        widened, to = data["promotion"]
+        text = f"promotion to {short_dtype(to)}"
+        if data["kind"] == "module":
+            # The promoting op is inside the module: say what it mixed.
+            text = f"promotion inside: {_dtype_list(widened)} {ARROW} {short_dtype(to)}"
+        rows.append(_font(f"<B>{PROMOTION_MARK} {_h(text)}</B>", colour=theme.promotion.border))
     if data.get("differs"):
         # Layers that differ are drawn apart; this line points at the box that makes them differ.
         others = ", ".join(data["differs"])
@@ -494,6 +496,19 @@ class _Emitter:
             same.node(caption)
             same.node(self.node_id(first))
 
+    def inputs_on_top(self, target: graphviz.Digraph) -> None:
+        """Model inputs on the first rank, as in the seed's drawings, however deep they are read
+        (otherwise dot may place an attention mask inside a layer's frame)."""
+        inputs = [
+            n for n in sorted(self.graph.nodes, key=lambda n: self.graph.nodes[n]["order"])
+            if self.graph.nodes[n]["kind"] == "input" and not self.graph.nodes[n]["chain"]
+        ]  # fmt: skip
+        if inputs:
+            with target.subgraph(name=f"{self.prefix}inputs") as top:
+                top.attr(rank="min")
+                for node in inputs:
+                    top.node(self.node_id(node))
+
     def first(self) -> str | None:
         nodes = sorted(self.graph.nodes, key=lambda n: self.graph.nodes[n]["order"])
         return self.node_id(nodes[0]) if nodes else None
@@ -560,6 +575,7 @@ def graph_to_dot(graph: nx.MultiDiGraph, *, theme: str = "light", name: str = "a
     dot = _new_digraph(name, title_text(graph), subtitle_text(graph), th)
     emitter = _Emitter(graph, th)
     emitter.emit(dot)
+    emitter.inputs_on_top(dot)
     last = emitter.last()
     _add_legend(dot, LegendFacts.of([graph]), th, [last] if last else [])
     return dot.source

@@ -178,26 +178,32 @@ class _Context:
 
 
 def _cast_names(ctx: _Context, rec: NodeRecord, module: str | None) -> list[tuple[str, str, str]]:
-    """Each cast of ``rec`` as (short name, from, to): parameters by name, activations by role."""
+    """Each cast of ``rec`` as (short name, from, to): activations first, then parameters.
+
+    Parameters go by their name in the module (``weight``); an activation is ``x``, or, where
+    several activations meet, by its role in the op (``q``, ``k``) or position (``x1``, ``x2``).
+    """
     if not rec.casts:
         return []
     short, _ = op_parts(rec.op)
     roles = ARG_NAMES.get(short, ())
     activations = [i["node"] for i in rec.inputs if not ctx.is_source(i["node"])]
     positions = {i["node"]: k for k, i in enumerate(rec.inputs)}
-    out = []
+    acts, params = [], []
     for cast in rec.casts:
         producer = ctx.records.get(cast.node)
         if producer is not None and producer.kind in SOURCE_KINDS:
             name = short_param_name(producer.target, module, cast.node)
-        elif positions.get(cast.node, -1) < len(roles):
-            name = roles[positions[cast.node]]
-        elif len(activations) <= 1:
+            params.append((name, cast.from_dtype, cast.to_dtype))
+            continue
+        if len(activations) <= 1 or cast.node not in activations:
             name = "x"
+        elif positions[cast.node] < len(roles):
+            name = roles[positions[cast.node]]
         else:
-            name = f"x{activations.index(cast.node) + 1}" if cast.node in activations else "x"
-        out.append((name, cast.from_dtype, cast.to_dtype))
-    return out
+            name = f"x{activations.index(cast.node) + 1}"
+        acts.append((name, cast.from_dtype, cast.to_dtype))
+    return acts + params
 
 
 def _dedupe(items: Iterable[Any]) -> tuple[Any, ...]:
@@ -549,12 +555,19 @@ def _fold_layers(graph: nx.MultiDiGraph, fold: bool) -> None:
                 instances.append((i, path, members))
         sigs = {inst[1]: _signature(graph, inst[1], inst[2]) for inst in instances}
         runs: list[list[tuple[int, str, list[str]]]] = []
+        repeats = False  # whether any two neighbours are identical: then these are "layers"
         for inst in instances:
             consecutive = bool(runs) and runs[-1][-1][0] + 1 == inst[0]
-            if fold and consecutive and sigs[inst[1]] == sigs[runs[-1][-1][1]]:
+            same = consecutive and sigs[inst[1]] == sigs[runs[-1][-1][1]]
+            repeats |= same
+            if fold and same:
                 runs[-1].append(inst)
             else:
                 runs.append([inst])
+        if not repeats:
+            # Numbered siblings that never repeat (T5's layer.0 attention, layer.1 MLP) are
+            # not layers of a stack: frames around them would only add noise.
+            continue
         labels = [
             f"{_instance_path(prefix, run[0][0])}–{run[-1][0]}" if len(run) > 1 else run[0][1]
             for run in runs
