@@ -265,10 +265,12 @@ def test_two_reports_of_one_setting_are_refused(tmp_path: Path) -> None:
 
 @needs_dot
 def test_files_are_deterministic_and_complete(tmp_path: Path) -> None:
-    first = render_files(two_settings(), tmp_path / "a", formats=("svg", "dot", "png"))
-    second = render_files(two_settings(), tmp_path / "b", formats=("svg", "dot", "png"))
+    formats = ("svg", "dot", "png", "pdf")
+    first = render_files(two_settings(), tmp_path / "a", formats=formats)
+    time.sleep(1.1)  # PDFs carry a creation time: make sure a second has passed
+    second = render_files(two_settings(), tmp_path / "b", formats=formats)
     assert [p.name for p in first] == [p.name for p in second]
-    assert len(first) == 9  # two settings and the overview, three formats each
+    assert len(first) == 12  # two settings and the overview, four formats each
     for a, b in zip(first, second):
         assert a.read_bytes() == b.read_bytes(), a.name
     # Nothing but the diagrams: no temporary files left behind.

@@ -98,7 +98,25 @@ def run_dot(source: str, fmt: str = "svg") -> bytes:
         raise RenderError(
             f"Graphviz's dot failed to render {fmt} (exit {proc.returncode}): {detail or 'no message'}"
         )
+    if fmt == "pdf":
+        return _fixed_pdf_dates(proc.stdout)
     return proc.stdout
+
+
+_PDF_DATE = re.compile(rb"(/(?:CreationDate|ModDate) \(D:)(\d+)")
+
+
+def _fixed_pdf_dates(pdf: bytes) -> bytes:
+    """Cairo stamps PDFs with the time of rendering; pin it so the same input gives the same bytes.
+
+    The replacement has the same length, so the PDF's cross-reference offsets stay valid.
+    """
+
+    def pin(match: re.Match[bytes]) -> bytes:
+        digits = match.group(2)
+        return match.group(1) + b"19700101000000"[: len(digits)].ljust(len(digits), b"0")
+
+    return _PDF_DATE.sub(pin, pdf)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
