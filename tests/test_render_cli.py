@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,17 @@ def test_render_a_saved_report_as_dot(tmp_path: Path, monkeypatch: pytest.Monkey
     assert code == 0, out
     assert out.splitlines() == [str(tmp_path / "opt-125m-cuda-bf16-amp-fp32.dot")]
     assert (tmp_path / "opt-125m-cuda-bf16-amp-fp32.dot").read_text().startswith("digraph")
+
+
+def test_a_saved_report_is_drawn_without_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys; from click.testing import CliRunner; from ampgraph.cli import main; "
+        f"r = CliRunner().invoke(main, ['render', '--report', {str(FIXTURE)!r}, '-f', 'dot', "
+        f"'--out', {str(tmp_path)!r}]); "
+        "print(r.exit_code, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False"]
 
 
 def test_missing_dot_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

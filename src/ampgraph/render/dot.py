@@ -50,9 +50,9 @@ from ampgraph.render.style import (
 )
 from ampgraph.settings import Setting, short_dtype
 
-ARROW = "→"
+ARROW: Final = "→"
 #: SVG collapses runs of spaces; labels that need room between words use no-break spaces.
-NBSP = "&#160;"
+NBSP: Final = "&#160;"
 #: Room between a cluster's frame and its boxes; thick promotion borders need more than the default 8.
 CLUSTER_MARGIN: Final = "14"
 
@@ -89,7 +89,7 @@ def flow_text(data: dict[str, Any]) -> str:
     """
     out = short_dtype(data["out_dtype"])
     kind = data["kind"]
-    if kind in ("input", "region") or not data["in_dtypes"] and kind == "op":
+    if kind in ("input", "region") or (kind == "op" and not data["in_dtypes"]):
         return out
     if kind == "output":
         return _dtype_list(data["in_dtypes"])
@@ -106,7 +106,7 @@ def flow_text(data: dict[str, Any]) -> str:
     return f"{_dtype_list(ins)} {ARROW} {out}"
 
 
-_OP_SIGN = {"add": "+", "add_": "+", "sub": "−", "mul": "×", "mul_": "×", "div": "/"}
+_OP_SIGN: Final = {"add": "+", "add_": "+", "sub": "−", "mul": "×", "mul_": "×", "div": "/"}
 
 
 def casts_text(casts: Sequence[tuple[str, str, str]]) -> str:
