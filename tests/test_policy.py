@@ -63,7 +63,7 @@ def unary_ops(device_type: str, category: str) -> list[str]:
 def test_unary_fp32_ops_return_fp32(device_type: str) -> None:
     category, input_dtype, expected = P.FP32, torch.bfloat16, torch.float32
     ops = unary_ops(device_type, category)
-    assert len(ops) >= 10
+    assert len(ops) >= 5  # CPU has six (trace, inverse, linalg_inv, ...), CUDA dozens
     with FakeTensorMode(), autocast_state(device_type, True, torch.bfloat16):
         for entry in ops:
             packet, _, overload = entry.partition(".")

@@ -64,7 +64,7 @@ def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
     setting = report.setting
     head = (
         f"**{report.model}**, setting `{setting['name']}` "
-        f"({'autocast ' + setting['device_type'] + ' ' + short_dtype(setting['amp_dtype']) if setting['autocast'] else 'no autocast'}, "  # noqa: E501
+        f"({'autocast ' + setting['device_type'] + ' ' + short_dtype(setting['amp_dtype']) if setting['autocast'] else 'no autocast'}, "
         f"parameters {short_dtype(setting['param_dtype'])})"
     )
     rows = [
