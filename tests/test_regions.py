@@ -54,9 +54,9 @@ def test_nested_region_with_another_dtype() -> None:
 
 
 def test_a_wrong_table_is_caught_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    """If layer_norm's entry were missing, the dispatcher check must say so, node by node."""
+    """If layer_norm's entries were missing, the dispatcher check must say so, node by node."""
     index = dict(P._INDEX)
-    del index[("cuda", "layer_norm")]
+    del index[("cuda", "layer_norm")], index[("cuda", "native_layer_norm")]
     monkeypatch.setattr(P, "_INDEX", index)
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8))
     rep = analyze(model, Setting.parse("amp-half"), args=(torch.randn(2, 8, dtype=torch.bfloat16),))
@@ -77,3 +77,41 @@ def test_grad_mode_regions_are_walked_node_by_node() -> None:
     assert {"aten.cos.default", "aten.sin.default"} <= {n.op for n in body}
     assert all(n.check is None or n.check["agree"] for n in body)
     assert not [n for n in rep.nodes if n.op.startswith("higher_order") and n.reason == "Python-level op"]
+
+
+class FailingIsland(nn.Module):
+    """A bf16 Linear inside an autocast-disabled region, fed fp32: the body raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            return self.lin(x.float())
+
+
+def test_error_inside_a_region_is_reported_once_and_agrees() -> None:
+    setting = Setting.parse("autocast=on,params=bf16,device=cpu")
+    rep = analyze(FailingIsland(), setting, args=(torch.randn(2, 4),))
+    (region,) = [n for n in rep.nodes if n.kind == "region"]
+    (linear,) = [n for n in rep.nodes if n.op == "aten.linear.default"]
+    assert linear.error and "same dtype" in linear.error
+    assert region.skipped == linear.name and region.outputs == []
+    assert rep.check["disagreements"] == 0
+
+
+class Composite(nn.Module):
+    """einsum has no CPU autocast kernel, but the bmm it decomposes into does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("ij,jk->ik", x, x.t())
+
+
+def test_policies_inside_composite_ops_without_their_own() -> None:
+    rep = analyze(Composite(), Setting.parse("amp-fp32", device_type="cpu"), args=(torch.randn(4, 4),))
+    (einsum,) = [n for n in rep.nodes if n.op == "aten.einsum.default"]
+    assert einsum.outputs == ["bfloat16"] and einsum.policy == P.LOWER_PRECISION_FP
+    assert "inside it autocast applies to bmm" in einsum.reason
+    assert [(c.from_dtype, c.to_dtype) for c in einsum.casts] == [("float32", "bfloat16")] * 2
+    assert rep.check["disagreements"] == 0

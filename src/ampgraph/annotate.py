@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import policy as P
 from ampgraph.capture import Capture, autocast_state, dtype_name, torch_dtype
@@ -179,7 +180,21 @@ class AutocastAnnotator(FakeReplay):
         )
         self._pending[n.name]["casts"] = casts
         self._pending[n.name]["reason"] = reason
-        value = op(*call_args, **call_kwargs)
+        inner = InnerAutocast(self) if category is None and self._autocast_on(args, kwargs) else None
+        if inner is None:
+            value = op(*call_args, **call_kwargs)
+        else:
+            with inner:
+                value = op(*call_args, **call_kwargs)
+            if inner.applied:
+                category = inner.applied[0][1]
+                self._pending[n.name].update(
+                    policy=category,
+                    casts=inner.casts,
+                    reason=f"no autocast policy for {target._schema.name.removeprefix('aten::')}"
+                    f"; inside it autocast applies to "
+                    + ", ".join(f"{op_name} ({P.CATEGORY_LABEL[cat]})" for op_name, cat in inner.applied),
+                )
         pending = self._pending.pop(n.name)
         outputs = _dtypes(value)
         promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
@@ -191,6 +206,10 @@ class AutocastAnnotator(FakeReplay):
             )
         self._record(n, outputs=outputs, promotion=promotion, **pending)
         return value
+
+    def _autocast_on(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        devices = {t.device.type for t in tensor_leaves((args, kwargs))}
+        return any(self.state.states.get(d, (False, None))[0] for d in devices)
 
     def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
         region = region_args(n, args)
@@ -215,6 +234,8 @@ class AutocastAnnotator(FakeReplay):
         )
         rec = self._record(n, kind="region" if region.is_autocast else "op", reason=reason)
         value = self.run_body(child, region.body, region.operands, n)
+        if isinstance(value, Failed):
+            rec.skipped = value.node  # the body's failing node carries the error
         rec.outputs = _dtypes(value)
         return value
 
@@ -241,7 +262,7 @@ class AutocastAnnotator(FakeReplay):
         device_type: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        n: fx.Node,
+        n: fx.Node | None,
     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast], Any, str]:
         name = op._schema.name.removeprefix("aten::")
         if category is None:
@@ -260,7 +281,10 @@ class AutocastAnnotator(FakeReplay):
                 to = torch.float32
             else:
                 to = _promote_type(op, args, kwargs, lower, device_type)
-            new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n)
+            unknown = f"({name} input)"
+            new_args, new_kwargs, casts = self._cast_all(
+                args, kwargs, to, device_type, n, unknown
+            )
             verb = {P.LOWER_PRECISION_FP: "runs", P.FP32: "runs", P.PROMOTE: "promotes to"}[
                 category
             ]
@@ -302,13 +326,15 @@ class AutocastAnnotator(FakeReplay):
         kwargs: dict[str, Any],
         to: torch.dtype,
         device_type: str,
-        n: fx.Node,
+        n: fx.Node | None,
+        unknown: str = "?",
     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
         casts: list[Cast] = []
         # Map each tensor value back to the node that produced it, for the cast records.
-        producers = {id(self.env[a]): a for a in n.all_input_nodes if a in self.env}
+        inputs = n.all_input_nodes if n is not None else []
+        producers = {id(self.env[a]): a for a in inputs if a in self.env}
         list_producers: dict[int, fx.Node] = {}
-        for a in n.all_input_nodes:
+        for a in inputs:
             value = self.env.get(a)
             if isinstance(value, (list, tuple)):
                 for v in value:
@@ -318,12 +344,43 @@ class AutocastAnnotator(FakeReplay):
             if not _eligible(t, device_type) or t.dtype == to:
                 return t
             producer = producers.get(id(t)) or list_producers.get(id(t))
-            label = self.qualified(producer) if producer is not None else "?"
+            label = self.qualified(producer) if producer is not None else unknown
             casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
             return torch.ops.aten._to_copy.default(t, dtype=to)
 
         new_args, new_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
         return tuple(new_args), dict(new_kwargs), casts
+
+
+class InnerAutocast(TorchDispatchMode):
+    """Autocast inside a composite op that has no policy of its own.
+
+    Autocast only skips its own key while it runs a policy's wrapper. An op without a policy
+    falls through to its CompositeImplicitAutograd decomposition with autocast still on, so the
+    ops it decomposes into get their policies (CPU ``einsum`` -> ``bmm`` in 16 bits;
+    ``cross_entropy_loss`` -> ``log_softmax`` in fp32 on CUDA). A dispatch mode sees exactly those
+    decomposed ops, after the composite has been expanded; ops handled here are not expanded
+    further, as autocast's wrappers exclude autocast for what they call.
+    """
+
+    def __init__(self, annotator: AutocastAnnotator) -> None:
+        super().__init__()
+        self.annotator = annotator
+        self.casts: list[Cast] = []
+        self.applied: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.OpOverload):
+            category, device_type = self.annotator._policy(func, tuple(args), kwargs)
+            if category is not None:
+                args, kwargs, casts, op, _why = self.annotator._apply(
+                    func, category, device_type, tuple(args), kwargs, None
+                )
+                self.casts += casts
+                self.applied.append((func._schema.name.removeprefix("aten::"), category))
+                return op(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 def _arg_index(op: torch._ops.OpOverload, name: str) -> int | None:

@@ -64,7 +64,9 @@ class DispatcherOracle(FakeReplay):
         )
         with scope:
             value = self.run_body(child, region.body, region.operands, n)
-        self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
+        self.results[self.qualified(n)] = (
+            {"skipped": value.node} if isinstance(value, Failed) else {"outputs": _dtypes(value)}
+        )
         return value
 
 
