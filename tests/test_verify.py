@@ -191,11 +191,20 @@ def test_a_capture_that_drifted_from_the_eager_model_is_caught() -> None:
     ]  # fmt: skip
 
 
-def test_a_wrong_table_is_caught_by_real_execution(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without CPU linear's entry the annotation is wrong: nodes, casts and modules all say so."""
+def drop_cpu_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong CPU table: without ``linear`` *and* the ``addmm`` it decomposes into.
+
+    Dropping ``linear`` alone is not enough: a composite op without a policy is annotated through
+    its decomposition, where autocast applies ``addmm``'s entry, just as the dispatcher does.
+    """
     index = dict(P._INDEX)
-    del index[("cpu", "linear")]
+    del index[("cpu", "linear")], index[("cpu", "addmm")]
     monkeypatch.setattr(P, "_INDEX", index)
+
+
+def test_a_wrong_table_is_caught_by_real_execution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without CPU linear's entries the annotation is wrong: nodes, casts and modules all say so."""
+    drop_cpu_linear(monkeypatch)
     result = verify(ModelInputs("lin", nn.Linear(4, 4), (torch.randn(2, 4),)), cpu("amp-fp32"))
     kinds = {(d.kind, d.node) for d in result.disagreements}
     assert {("node", "linear"), ("cast", "linear"), ("module", "")} <= kinds
@@ -239,9 +248,7 @@ def test_cli_verify_on_cpu_writes_a_record(tmp_path: Path) -> None:
 
 
 def test_cli_verify_lists_disagreements_and_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    index = dict(P._INDEX)
-    del index[("cpu", "linear")]
-    monkeypatch.setattr(P, "_INDEX", index)
+    drop_cpu_linear(monkeypatch)
     result = CliRunner().invoke(
         main, ["verify", "tests.test_verify:linear_factory", "--device", "cpu", "-s", "amp-fp32"]
     )

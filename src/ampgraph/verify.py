@@ -521,9 +521,12 @@ class RealExecution(FakeReplay):
         if n.op == "call_function":
             obs = self.observed.setdefault(name, Observed())
             if obs.error is None and obs.skipped is None:
-                # A region whose body failed returns a failure without failing itself: the error
-                # is recorded at the body's node, and the region has no outputs.
-                obs.outputs = _dtypes(value)
+                if isinstance(value, Failed):
+                    # A region whose body failed returns the failure without failing itself:
+                    # the error is recorded at the body's node, and the region counts as not run.
+                    obs.skipped = value.node
+                else:
+                    obs.outputs = _dtypes(value)
         elif n.op == "output" and not self.prefix:
             failed = [v for v in pytree.tree_leaves(value) if isinstance(v, Failed)]
             self.observed[name] = (
