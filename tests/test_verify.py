@@ -155,6 +155,18 @@ def test_bf16_linear_fed_fp32_raises_as_predicted() -> None:
     assert_agrees(verify(lin, cpu("amp-half")))
 
 
+@pytest.mark.parametrize("name", ["amp-half", "amp-fp32"])
+def test_llama_rotary_embedding_hook_sees_the_hidden_states(name: str) -> None:
+    """Llama's rotary embedding reads only ``x.dtype``: no graph op consumes ``x``, yet its hook's
+    ``inp[0]`` is ``x``. The module view follows the hook (what the capture saw the module get),
+    not the first value an op of the call consumed (the int64 position ids)."""
+    result = verify(model("llama-tiny"), cpu(name))
+    assert_agrees(result)
+    (line,) = [h for h in result.eager_hooks if h.startswith("[model.rotary_emb]")]
+    dtype = "bfloat16" if name == "amp-half" else "float32"  # cos/sin come back as x.dtype
+    assert line == f"[model.rotary_emb] in=torch.{dtype} -> out=torch.{dtype}"
+
+
 # -- autocast regions -----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fp32", "half", "amp-half", "amp-fp32"])
 def test_autocast_disabled_region_on_cpu(name: str) -> None:

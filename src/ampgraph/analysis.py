@@ -41,13 +41,21 @@ def versions() -> dict[str, str]:
     return out
 
 
-def module_calls(records: Sequence[NodeRecord], modules: dict[str, ModuleInfo]) -> list[ModuleCall]:
+def module_calls(
+    records: Sequence[NodeRecord],
+    modules: dict[str, ModuleInfo],
+    module_io: dict[str, list[tuple[str | None, str | None]]] | None = None,
+) -> list[ModuleCall]:
     """Group node records into leaf-module calls, each with the dtypes a forward hook would see.
 
+    ``in`` and ``out`` are the annotated dtypes of the graph nodes the capture saw the module
+    receive as ``inp[0]`` and return as ``out[0]`` (``module_io``). Where those are unknown,
     ``in`` is the first value the call consumes from outside that is not a parameter or buffer
-    (a Linear's activation, an Embedding's token ids); ``out`` is the last value it produces that
+    (a Linear's activation, an Embedding's token ids) and ``out`` the last value it produces that
     is used outside the call.
     """
+    module_io = module_io or {}
+    call_index: dict[str, int] = {}
     by_name = {r.name: r for r in records}
     groups: dict[str, list[NodeRecord]] = {}
     for rec in records:
@@ -79,6 +87,14 @@ def module_calls(records: Sequence[NodeRecord], modules: dict[str, ModuleInfo]) 
             next((m for m in reversed(members) if m.outputs), None),
         )
         info = modules[members[0].module or ""]
+        index = call_index.get(info.path, 0)
+        call_index[info.path] = index + 1
+        io = module_io.get(info.path, [])
+        hook_in, hook_out = io[index] if index < len(io) else (None, None)
+        if hook_in is not None and hook_in in by_name:
+            in_dtype = by_name[hook_in].out_dtype
+        if hook_out is not None and hook_out in by_name:
+            out_rec = by_name[hook_out]
         calls.append(
             ModuleCall(
                 path=info.path,
@@ -154,7 +170,7 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
         versions=versions(),
         capture={"method": cap.method, "trace_time_dtype_nodes": cap.trace_time_dtype_nodes},
         nodes=records,
-        modules=module_calls(records, cap.modules),
+        modules=module_calls(records, cap.modules, cap.module_io),
         check=summary,
     )
 

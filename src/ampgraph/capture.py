@@ -62,6 +62,9 @@ class Capture:
     input_kinds: dict[str, tuple[str, str]]
     modules: dict[str, ModuleInfo]
     trace_time_dtype_nodes: list[str] = field(default_factory=list)
+    #: leaf-module path -> per call, the graph nodes of its first input and first output (as a
+    #: forward hook's ``inp[0]`` and ``out[0]``), or None where a value is not a graph node.
+    module_io: dict[str, list[tuple[str | None, str | None]]] = field(default_factory=dict)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -129,7 +132,9 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
     """Every submodule's class, base classes (for ``--only Linear``-style filters) and leafness."""
     out: dict[str, ModuleInfo] = {}
-    for path, mod in module.named_modules():
+    # Every path of a shared module (T5's ``shared`` is also ``encoder.embed_tokens``): calls are
+    # recorded under the path they were made through.
+    for path, mod in module.named_modules(remove_duplicate=False):
         cls = type(mod)
         bases = tuple(c.__name__ for c in cls.__mro__ if issubclass(c, nn.Module))
         out[path] = ModuleInfo(
@@ -153,6 +158,25 @@ def _no_stack_traces() -> Iterator[None]:
         yield
     finally:
         fx_config.do_not_emit_stack_traces = previous
+
+
+@contextlib.contextmanager
+def _lift_scalar_constants() -> Iterator[None]:
+    """Trace ``torch.tensor(scalar, device=x.device)`` as a lifted constant plus a copy op.
+
+    By default export computes ops on one-element constants for real, on their device: with fake
+    CUDA tensors and no GPU that needs a CUDA driver (transformers 4.x's eager attention does
+    ``torch.tensor(torch.finfo(dtype).min, device=...)``). Lifting them leaves the graphs of models
+    without such constants unchanged.
+    """
+    from torch.fx.experimental import proxy_tensor
+
+    previous = proxy_tensor.CONSTANT_NUMEL_LIMIT
+    proxy_tensor.CONSTANT_NUMEL_LIMIT = 0
+    try:
+        yield
+    finally:
+        proxy_tensor.CONSTANT_NUMEL_LIMIT = previous
 
 
 @contextlib.contextmanager
@@ -220,9 +244,76 @@ def _export(
     )
     with swapped_tensors(model.module, make_param), autocast, simulated_cuda_amp(
         setting.device_type if setting is not None else device
-    ), warnings.catch_warnings(), quiet_logging(), _no_stack_traces():
+    ), warnings.catch_warnings(), quiet_logging(), _no_stack_traces(), _lift_scalar_constants():
         warnings.simplefilter("ignore")
         return torch.export.export(model.module, tuple(args), kwargs, strict=False)
+
+
+class ModuleIORecorder:
+    """Remember which graph node each leaf module call received first and returned first.
+
+    A forward hook sees ``inp[0]`` even when the module only reads its dtype or device (Llama's
+    rotary embedding takes ``x`` for ``x.dtype``), so the graph alone cannot say what the hook
+    would print. Hooks during the trace look up the node that produced each tensor; they record
+    graph identities only, never dtypes, so the annotation stays independent of the dispatcher.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.calls: dict[str, list[list[fx.Node | None]]] = {}
+        self._handles: list[Any] = []
+
+    @staticmethod
+    def _node_of(value: Any) -> fx.Node | None:
+        from torch.fx.experimental import proxy_tensor
+
+        if isinstance(value, (tuple, list)) and value:
+            value = value[0]
+        mode = proxy_tensor.get_proxy_mode()
+        if mode is None or not isinstance(value, torch.Tensor):
+            return None
+        try:
+            return proxy_tensor.get_proxy_slot(value, mode.tracer).proxy.node
+        except Exception:  # noqa: BLE001 - not a traced tensor: the hook view has no node
+            return None
+
+    def __enter__(self) -> ModuleIORecorder:  # noqa: PYI034 - Self needs Python 3.11
+        for path, mod in self.module.named_modules():
+            if next(iter(mod.children()), None) is not None:
+                continue
+
+            def pre(_mod: nn.Module, args: tuple[Any, ...], path: str = path) -> None:
+                first = self._node_of(args[0]) if args else None
+                self.calls.setdefault(path, []).append([first, None])
+
+            def post(_mod: nn.Module, _args: Any, out: Any, path: str = path) -> None:
+                self.calls[path][-1][1] = self._node_of(out)
+
+            self._handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def resolve(self, gm: fx.GraphModule) -> dict[str, list[tuple[str | None, str | None]]]:
+        """Trace-time nodes -> names in the exported graph (export renames placeholders only)."""
+        final = {n.name: n for n in gm.graph.nodes}
+        final_placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+        def name(node: fx.Node | None) -> str | None:
+            if node is None:
+                return None
+            if node.op == "placeholder":
+                traced = [n for n in node.graph.nodes if n.op == "placeholder"]
+                index = traced.index(node)
+                return final_placeholders[index].name if index < len(final_placeholders) else None
+            match = final.get(node.name)
+            return node.name if match is not None and match.target == node.target else None
+
+        return {
+            path: [(name(i), name(o)) for i, o in calls] for path, calls in self.calls.items()
+        }
 
 
 def _dtype_constant_nodes(gm: fx.GraphModule) -> list[str]:
@@ -245,12 +336,17 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
     """Trace ``model`` in ``setting`` and return the graph with what replaying it needs."""
     param_dtype = torch_dtype(setting.param_dtype)
     method = EXPORT
+    recorder = ModuleIORecorder(model.module)
     try:
-        if can_trace_fake(setting.device_type):
-            program = _export(model, setting.device_type, param_dtype, setting)
-        else:
-            method = EXPORT_META_REPLAY
-            program = _export(model, "meta", param_dtype, None)
+        with recorder:
+            if can_trace_fake(setting.device_type):
+                program = _export(model, setting.device_type, param_dtype, setting)
+            else:
+                method = EXPORT_META_REPLAY
+                # Traced on meta, but a torch.autocast("cuda") region in the model still means
+                # what it does on a GPU: do not let it disable itself for want of one.
+                with simulated_cuda_amp(setting.device_type):
+                    program = _export(model, "meta", param_dtype, None)
     except CaptureError:
         raise
     except Exception as exc:  # export raises many types; all mean "this model did not trace"
@@ -275,8 +371,10 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         model_name=model.name,
         setting=setting,
         graph_module=gm,
-        method=method,
+        # A frontend other than export traced the graph that export lowered: "hf-fx+export".
+        method=method if model.frontend == EXPORT else f"{model.frontend}+{method}",
         input_kinds=kinds,
         modules=module_table(model.module),
         trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method != EXPORT else [],
+        module_io=recorder.resolve(gm),
     )

@@ -39,8 +39,66 @@ class AmpgraphGroup(click.Group):
             raise click.ClickException(str(exc)) from None
 
 
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"ampgraph.{param.name}"] = value
+    return value
+
+
+def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """One :class:`~ampgraph.specs.ModelSpec` (a str) from MODEL or the option that names it."""
+    from ampgraph.specs import ModelSpec
+
+    given = {
+        label: (kind, ctx.meta.get(f"ampgraph.{key}"))
+        for label, key, kind in (
+            ("--config", "config_path", "config"),
+            ("--model-dir", "model_dir", "dir"),
+            ("--module", "module_factory", "module"),
+        )
+    }
+    given = {label: kv for label, kv in given.items() if kv[1]}
+    if value is not None:
+        given = {"MODEL": ("auto", value), **given}
+    if len(given) > 1:
+        raise click.UsageError(f"give one model, not {' and '.join(given)}", ctx)
+    kind, spec = next(iter(given.values()), ("auto", "opt-125m"))
+    return ModelSpec(spec, kind, tracer=ctx.meta.get("ampgraph.tracer") or "export")
+
+
 def model_argument(f: F) -> F:
-    return click.argument("model", default="opt-125m", metavar="[MODEL]")(f)
+    """MODEL, or one of --config/--model-dir/--module, and --tracer: the command receives them as
+    one ``model`` value, a :class:`~ampgraph.specs.ModelSpec` (a str)."""
+    from ampgraph.specs import TRACERS
+
+    # Eager, so that they are known when MODEL's callback combines them whatever their order.
+    params = [
+        click.argument("model", required=False, metavar="[MODEL]", callback=_resolve_model),
+        click.option(
+            "--config", "config_path", metavar="PATH", is_eager=True, expose_value=False,
+            callback=_remember, help="A Hugging Face config.json to build, instead of MODEL.",
+        ),
+        click.option(
+            "--model-dir", metavar="DIR", is_eager=True, expose_value=False, callback=_remember,
+            help="A local Hugging Face model folder: its config.json is read, weights never.",
+        ),
+        click.option(
+            "--module", "module_factory", metavar="PKG.MOD:FACTORY", is_eager=True,
+            expose_value=False, callback=_remember,
+            help="Any nn.Module: a factory (no arguments; also path/to/file.py:factory) returning "
+            "(module, example_inputs) -- a tensor, a tuple of positional inputs or a dict of "
+            "keyword inputs; shapes and dtypes are what matter -- or (module, args, kwargs).",
+        ),
+        click.option(
+            "--tracer", type=click.Choice(TRACERS), default="export", show_default=True,
+            is_eager=True, expose_value=False, callback=_remember,
+            help="Frontend: torch.export; hf-fx, Hugging Face's FX tracer (transformers < 4.50); "
+            "fx, torch.fx.symbolic_trace for simple modules. Both FX graphs are lowered by "
+            "torch.export.",
+        ),
+    ]  # fmt: skip
+    for param in reversed(params):
+        f = param(f)
+    return f
 
 
 def setting_options(f: F) -> F:
@@ -119,7 +177,10 @@ def iter_reports(
     options = root_options()
     identity = None if options["no_cache"] else cache.model_identity(model_spec)
     keys: list[str | None] = [
-        cache.cache_key(identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check})
+        cache.cache_key(
+            identity,
+            {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **_tracer_key(model_spec)},
+        )
         if identity is not None
         else None
         for s in resolved
@@ -149,6 +210,12 @@ def iter_reports(
     for report in reports:
         assert report is not None
         yield report
+
+
+def _tracer_key(model_spec: str) -> dict[str, str]:
+    # Only a non-default tracer is part of the cache key, so export's entries stay valid.
+    tracer = getattr(model_spec, "tracer", "export")
+    return {} if tracer == "export" else {"tracer": tracer}
 
 
 def _cached(key: str | None) -> Report | None:
@@ -315,12 +382,19 @@ def cache_clear() -> None:
 
 @main.command()
 def models() -> None:
-    """List the bundled model configs (build any of them by name, no download needed)."""
-    from ampgraph.models import DEFAULT_MODEL, bundled_models
+    """List the bundled models: name, class, layers, parameters, and the model each is shaped
+    like. Build any of them by name: no download, no weights (parameters are counted on meta).
 
-    for name, origin in bundled_models().items():
-        mark = " (default)" if name == DEFAULT_MODEL else ""
-        click.echo(f"{name:<14} {origin}{mark}")
+    Any other model: --config PATH/config.json, --model-dir DIR (a local Hugging Face folder) or
+    --module pkg.mod:factory (any nn.Module).
+    """
+    from ampgraph.models import DEFAULT_MODEL, catalogue
+
+    click.echo(f"{'name':<18} {'architecture':<28} {'layers':>6} {'params':>7}  origin")
+    for entry in catalogue():
+        mark = " (default)" if entry.name == DEFAULT_MODEL else ""
+        click.echo(f"{entry.name:<18} {entry.architecture:<28} {entry.layers:>6} "
+                   f"{entry.params_text:>7}  {entry.origin}{mark}")  # fmt: skip
 
 
 def load_reports(paths: Sequence[Path]) -> list[Any]:

@@ -1,10 +1,24 @@
 """Model specs: what to analyse, built on the meta device so that no weights are ever needed.
 
-A spec is a bundled config name (``opt-125m``, the default), a path to a Hugging Face
-``config.json``, or ``package.module:factory`` for any ``nn.Module``. Building one returns a
-:class:`ModelInputs`: the module plus the example inputs to trace it with. Hugging Face models get
-synthesised token ids (no tokenizer) shaped like a tokenizer's output: ``input_ids`` and an
-``attention_mask`` of ones, both int64, as in the seed notebook.
+A spec is one of
+
+* a bundled name (``opt-125m``, the default; ``ampgraph models`` lists them all, see
+  :func:`catalogue`): a Hugging Face ``config.json`` shipped in ``ampgraph/configs``, or a
+  Python-built model such as torchvision's ResNet-18 where torchvision is installed;
+* a path to any Hugging Face ``config.json``, or a local Hugging Face model folder holding one
+  (offline: only the config is read, weights are never opened);
+* ``package.module:factory`` (or ``path/to/file.py:factory``) for any ``nn.Module``. The factory
+  takes no arguments and returns ``(module, example_inputs)``, ``(module, args, kwargs)`` or a
+  :class:`ModelInputs`. ``example_inputs`` is a tensor, a tuple/list of positional arguments or a
+  dict of keyword arguments; only their shapes and dtypes matter (meta tensors are fine).
+
+The CLI's ``--config``, ``--model-dir`` and ``--module`` say which kind a spec is; the positional
+``MODEL`` is recognised by its form (:class:`~ampgraph.specs.ModelSpec`).
+
+Hugging Face models get synthesised token ids (no tokenizer) shaped like a tokenizer's output, as
+in the seed notebook: ``input_ids`` and an ``attention_mask`` of ones, both int64, plus what the
+architecture needs (BERT's ``token_type_ids``, T5's ``decoder_input_ids``; see
+:data:`ARCHITECTURES`).
 
 >>> m = load_model("opt-125m", seq_len=8)          # doctest: +SKIP
 >>> type(m.module).__name__, m.kwargs["input_ids"].shape
@@ -14,7 +28,11 @@ synthesised token ids (no tokenizer) shaped like a tokenizer's output: ``input_i
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,8 +42,22 @@ import torch
 from torch import nn
 
 from ampgraph.errors import ModelSpecError
+from ampgraph.specs import ModelSpec, spec_kind, spec_tracer
 
 DEFAULT_MODEL = "opt-125m"
+
+#: Short family names for bundled configs: what the issue and people call them.
+ALIASES: dict[str, str] = {
+    "opt": "opt-125m",
+    "llama-3": "llama-3-8b",
+    "mistral": "mistral-7b",
+    "qwen2": "qwen2-0.5b",
+    "phi": "phi-2",
+    "gpt-neox": "pythia-160m",
+    "bert": "bert-base-uncased",
+    "t5": "t5-small",
+    "resnet": "resnet18",
+}
 
 
 @dataclass
@@ -36,110 +68,451 @@ class ModelInputs:
     module: nn.Module
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The tracer that made ``module`` (``export``: the model itself; see ampgraph.frontends).
+    frontend: str = "export"
 
 
-def bundled_models() -> dict[str, str]:
-    """Bundled config names and the Hugging Face model each is shaped like."""
-    out: dict[str, str] = {}
-    for entry in sorted(resources.files("ampgraph.configs").iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".json"):
-            data = json.loads(entry.read_text())
-            out[entry.name.removesuffix(".json")] = str(data.get("_name_or_path", ""))
-    return out
+# -- Hugging Face architectures: how to build and feed each model type (data, not branches) ------
 
 
-def _read_config(spec: str) -> tuple[str, dict[str, Any]]:
-    bundled = resources.files("ampgraph.configs") / f"{spec.lower()}.json"
-    if bundled.is_file():
-        return spec.lower(), json.loads(bundled.read_text())
+@dataclass(frozen=True)
+class Architecture:
+    """How to build one Hugging Face ``model_type`` and which synthesised inputs it takes.
+
+    ``auto_class`` is the ``transformers`` Auto class used when the config's ``architectures``
+    does not name a class that transformers exports; ``inputs`` are keys of :data:`TOKEN_INPUTS`.
+    """
+
+    auto_class: str = "AutoModelForCausalLM"
+    inputs: tuple[str, ...] = ("input_ids", "attention_mask")
+
+
+#: Model types that are not causal LMs, or that need more than token ids and a mask.
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture("AutoModelForMaskedLM", ("input_ids", "attention_mask", "token_type_ids")),
+    "roberta": Architecture("AutoModelForMaskedLM"),
+    "distilbert": Architecture("AutoModelForMaskedLM"),
+    "t5": Architecture(
+        "AutoModelForSeq2SeqLM", ("input_ids", "attention_mask", "decoder_input_ids")
+    ),
+    "bart": Architecture(
+        "AutoModelForSeq2SeqLM", ("input_ids", "attention_mask", "decoder_input_ids")
+    ),
+}
+CAUSAL_LM = Architecture()
+
+
+def _token_ids(vocab: int, batch: int, seq_len: int) -> torch.Tensor:
+    # Ids 1..vocab-1: never 0, which is the pad token of several vocabularies.
+    ids = (torch.arange(batch * seq_len, dtype=torch.int64) % max(vocab - 1, 1)) + 1
+    return ids.reshape(batch, seq_len)
+
+
+def _decoder_ids(vocab: int, batch: int, seq_len: int) -> torch.Tensor:
+    # A decoder fed its start token (0 for T5 and BART-likes) followed by ordinary ids.
+    ids = _token_ids(vocab, batch, seq_len)
+    ids[:, 0] = 0
+    return ids
+
+
+#: Synthesised tokenizer outputs, by input name: (vocab, batch, seq_len) -> int64 tensor.
+TOKEN_INPUTS: dict[str, Callable[[int, int, int], torch.Tensor]] = {
+    "input_ids": _token_ids,
+    "attention_mask": lambda v, b, n: torch.ones(b, n, dtype=torch.int64),
+    "token_type_ids": lambda v, b, n: torch.zeros(b, n, dtype=torch.int64),
+    "decoder_input_ids": _decoder_ids,
+}
+
+
+def token_inputs(
+    vocab_size: int,
+    seq_len: int,
+    batch: int = 1,
+    names: tuple[str, ...] = CAUSAL_LM.inputs,
+) -> dict[str, torch.Tensor]:
+    """Synthesised tokenizer output: ``input_ids``, an all-ones ``attention_mask``, ... (int64).
+
+    >>> {k: tuple(v.shape) for k, v in token_inputs(100, 4).items()}
+    {'input_ids': (1, 4), 'attention_mask': (1, 4)}
+    """
+    if seq_len < 1:
+        raise ModelSpecError(f"--seq-len must be at least 1, not {seq_len}")
+    return {name: TOKEN_INPUTS[name](vocab_size, batch, seq_len) for name in names}
+
+
+# -- reading configs -------------------------------------------------------------------------------
+
+
+def _configs() -> Any:
+    return resources.files("ampgraph.configs")
+
+
+def _bundled_config(name: str) -> dict[str, Any] | None:
+    entry = _configs() / f"{name}.json"
+    return json.loads(entry.read_text()) if entry.is_file() else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelSpecError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except OSError as exc:
+        raise ModelSpecError(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise ModelSpecError(f"{path} is not a Hugging Face config (a JSON object is expected)")
+    return data
+
+
+def _read_config_file(spec: str) -> tuple[str, dict[str, Any]]:
     path = Path(spec)
     if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" or path.name == "config.json":
-        if not path.is_file():
-            raise ModelSpecError(f"config file {str(path)!r} does not exist")
-        try:
-            return path.parent.name or path.stem, json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ModelSpecError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    names = ", ".join(bundled_models())
-    raise ModelSpecError(
-        f"unknown model {spec!r}: use a bundled name ({names}), a path to a config.json, "
-        "or package.module:factory"
-    )
+        raise ModelSpecError(f"{spec!r} is a folder: use --model-dir {spec} (or its config.json)")
+    if not path.is_file():
+        raise ModelSpecError(f"config file {spec!r} does not exist")
+    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return name, _read_json(path)
+
+
+def _read_model_dir(spec: str) -> tuple[str, dict[str, Any]]:
+    folder = Path(spec)
+    if not folder.is_dir():
+        raise ModelSpecError(f"model folder {spec!r} does not exist")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ModelSpecError(
+            f"{spec!r} has no config.json: point --model-dir at a Hugging Face model folder"
+        )
+    return folder.resolve().name, _read_json(config)
+
+
+# -- building --------------------------------------------------------------------------------------
+
+
+def architecture_for(model_type: str) -> Architecture:
+    """How a Hugging Face ``model_type`` is built and fed (causal LM unless listed).
+
+    >>> architecture_for("t5").auto_class, architecture_for("llama").auto_class
+    ('AutoModelForSeq2SeqLM', 'AutoModelForCausalLM')
+    """
+    return ARCHITECTURES.get(model_type, CAUSAL_LM)
 
 
 def build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
-    """Instantiate a Hugging Face causal LM from a config dict on the meta device (no weights).
+    """Instantiate a Hugging Face model from a config dict on the meta device (no weights).
 
-    The module is put in eval mode, as the seed notebook does before its forward passes.
+    The class is the config's ``architectures[0]`` where transformers exports it, else the
+    :class:`Architecture`'s Auto class. The module is put in eval mode, as the seed notebook does
+    before its forward passes.
+
+    >>> m = build_hf_model({"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 2})
+    >>> type(m).__name__, m.lm_head.weight.device.type
+    ('GPT2LMHeadModel', 'meta')
     """
-    try:
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError as exc:  # pragma: no cover - transformers is a core dependency
-        raise ModelSpecError(f"transformers is needed for this model: {exc}") from None
+    import transformers
+    from transformers import AutoConfig
+
     data = {k: v for k, v in config_dict.items() if not k.startswith("_")}
     model_type = data.pop("model_type", None)
     if model_type is None:
         raise ModelSpecError("the config has no 'model_type': is it a Hugging Face config.json?")
+    if "auto_map" in data:
+        # Remote code: ampgraph never runs code that comes with a model folder.
+        data.pop("auto_map")
     try:
         config = AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelSpecError(
-            f"transformers does not know model_type {model_type!r} ({exc}); "
-            "upgrade transformers or use --module package.module:factory"
+            f"transformers {transformers.__version__} does not know model_type {model_type!r} "
+            f"({reason[:120]}); upgrade transformers or use --module package.module:factory"
         ) from None
+    named = (getattr(config, "architectures", None) or [None])[0]
+    model_class = getattr(transformers, named, None) if isinstance(named, str) else None
+    auto = getattr(transformers, architecture_for(model_type).auto_class)
     with torch.device("meta"):
         try:
-            model = AutoModelForCausalLM.from_config(config)
-        except ValueError as exc:
-            raise ModelSpecError(f"cannot build a causal LM from this config: {exc}") from None
+            model = model_class(config) if model_class is not None else auto.from_config(config)
+        except Exception as exc:  # noqa: BLE001 - a config transformers accepts but cannot build
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ModelSpecError(
+                f"cannot build a {model_type!r} model from this config "
+                f"({type(exc).__name__}: {reason[:120]}); fix the config or use --module"
+            ) from None
     return model.eval()
 
 
-def token_inputs(vocab_size: int, seq_len: int, batch: int = 1) -> dict[str, torch.Tensor]:
-    """Synthesised tokenizer output: ``input_ids`` and an all-ones ``attention_mask``, int64."""
-    if seq_len < 1:
-        raise ModelSpecError(f"--seq-len must be at least 1, not {seq_len}")
-    ids = (torch.arange(batch * seq_len, dtype=torch.int64) % max(vocab_size - 1, 1)) + 1
-    return {
-        "input_ids": ids.reshape(batch, seq_len),
-        "attention_mask": torch.ones(batch, seq_len, dtype=torch.int64),
-    }
+def hf_model_inputs(name: str, model: nn.Module, seq_len: int) -> ModelInputs:
+    """Pair a built Hugging Face model with synthesised inputs for one forward call."""
+    config = model.config
+    arch = architecture_for(str(getattr(config, "model_type", "")))
+    vocab = int(getattr(config, "vocab_size", 2) or 2)
+    kwargs: dict[str, Any] = dict(token_inputs(vocab, seq_len, names=arch.inputs))
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        # Without it the output holds a DynamicCache, which torch.export cannot return.
+        kwargs["use_cache"] = False
+    return ModelInputs(name, model, (), kwargs)
 
 
-def _load_factory(spec: str) -> ModelInputs:
-    module_name, _, attr = spec.partition(":")
+def _split_example(spec: str, made: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    example = made[1] if len(made) > 1 else ()
+    if len(made) == 3:
+        if not isinstance(made[2], dict):
+            raise ModelSpecError(f"factory {spec!r}: the third item (kwargs) must be a dict")
+        args = tuple(example) if isinstance(example, (tuple, list)) else (example,)
+        return args, dict(made[2])
+    if isinstance(example, dict):
+        return (), dict(example)
+    return (tuple(example) if isinstance(example, (tuple, list)) else (example,)), {}
+
+
+def _import_factory(spec: str) -> Callable[[], Any]:
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise ModelSpecError(f"malformed factory {spec!r}: use package.module:factory")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ModelSpecError(f"cannot import {spec!r}: {exc}") from None
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise ModelSpecError(f"factory file {module_name!r} does not exist")
+            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert loader_spec is not None and loader_spec.loader is not None
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules.setdefault(path.stem, module)
+            loader_spec.loader.exec_module(module)
+        else:
+            # The console script's sys.path lacks the working folder; `python -m` has it.
+            if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                sys.path.append(str(Path.cwd()))
+            module = importlib.import_module(module_name)
+        return getattr(module, attr)  # type: ignore[no-any-return]
+    except ModelSpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, the module's own error
+        raise ModelSpecError(
+            f"cannot import {spec!r}: {type(exc).__name__}: {exc} "
+            "(is it installed, or on PYTHONPATH?)"
+        ) from None
+
+
+def _load_factory(spec: str, seq_len: int = 8) -> ModelInputs:
+    factory = _import_factory(spec)
     try:
         made = factory()
-    except Exception as exc:  # a user factory may raise anything; report it in one line
+    except Exception as exc:  # noqa: BLE001 - a user factory may raise anything: one line
         raise ModelSpecError(f"factory {spec!r} raised {type(exc).__name__}: {exc}") from None
     if isinstance(made, ModelInputs):
         return made
-    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
-        module, example = made
-        args = tuple(example) if isinstance(example, (tuple, list)) else (example,)
-        return ModelInputs(spec, module.eval(), args)
+    if isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module):
+        args, kwargs = _split_example(spec, made)
+        return ModelInputs(spec, made[0].eval(), args, kwargs)
     raise ModelSpecError(
-        f"factory {spec!r} must return (module, example_inputs) or ampgraph.ModelInputs, "
-        f"not {type(made).__name__}"
+        f"factory {spec!r} must return (module, example_inputs), (module, args, kwargs) or "
+        f"ampgraph.ModelInputs, not {type(made).__name__}"
     )
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, seq_len: int = 8) -> ModelInputs:
+# -- bundled Python-built models (need an optional package) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class BundledFactory:
+    """A bundled model built by Python code rather than a config, and what it needs installed."""
+
+    factory: str
+    requires: str
+    origin: str
+
+
+def torchvision_resnet18() -> tuple[nn.Module, torch.Tensor]:
+    """torchvision's ResNet-18 on meta, fed one 224x224 RGB image (needs torchvision)."""
+    import torchvision
+
+    with torch.device("meta"):
+        model = torchvision.models.resnet18(weights=None)
+    return model, torch.empty(1, 3, 224, 224)
+
+
+BUNDLED_FACTORIES: dict[str, BundledFactory] = {
+    "resnet18": BundledFactory(
+        "ampgraph.models:torchvision_resnet18", "torchvision", "torchvision.models.resnet18"
+    ),
+}
+
+
+def _available(entry: BundledFactory) -> bool:
+    return importlib.util.find_spec(entry.requires) is not None
+
+
+# -- the catalogue -----------------------------------------------------------------------------------
+
+
+def bundled_models() -> dict[str, str]:
+    """Bundled model names and the model each is shaped like (its origin), by name.
+
+    Python-built entries are listed only where the package they need is installed.
+
+    >>> bundled_models()["opt-125m"]
+    'facebook/opt-125m'
+    """
+    out: dict[str, str] = {}
+    for entry in _configs().iterdir():
+        if entry.name.endswith(".json"):
+            data = json.loads(entry.read_text())
+            out[entry.name.removesuffix(".json")] = str(data.get("_name_or_path", ""))
+    for name, made in BUNDLED_FACTORIES.items():
+        if _available(made):
+            out[name] = made.origin
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One bundled model as ``ampgraph models`` lists it."""
+
+    name: str
+    architecture: str
+    layers: str
+    params: int
+    origin: str
+
+    @property
+    def params_text(self) -> str:
+        """``124.4M``, ``70.6B``: parameter count as people quote it."""
+        for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+            if self.params >= scale:
+                return f"{self.params / scale:.1f}{unit}"
+        return str(self.params)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Parameters of a module, each tied tensor once (works on meta: only shapes are read).
+
+    >>> count_parameters(nn.Linear(4, 2))
+    10
+    """
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def _layers(module: nn.Module) -> str:
+    config = getattr(module, "config", None)
+    if config is None:
+        return "-"
+    layers = getattr(config, "num_hidden_layers", None)
+    decoder = getattr(config, "num_decoder_layers", None)
+    if getattr(config, "is_encoder_decoder", False) and decoder is not None:
+        return f"{layers}+{decoder}"
+    return str(layers) if layers is not None else "-"
+
+
+def catalogue() -> list[CatalogueEntry]:
+    """Every bundled model, built on meta to count its parameters (a few seconds in all).
+
+    >>> [e for e in catalogue() if e.name == "gpt2"][0].params_text   # doctest: +SKIP
+    '124.4M'
+    """
+    out = []
+    for name, origin in bundled_models().items():
+        model = load_model(name).module
+        out.append(
+            CatalogueEntry(
+                name, type(model).__name__, _layers(model), count_parameters(model), origin
+            )
+        )
+    return out
+
+
+# -- load_model --------------------------------------------------------------------------------------
+
+
+def _load_bundled(name: str, seq_len: int) -> ModelInputs:
+    key = ALIASES.get(name.lower(), name.lower())
+    config = _bundled_config(key)
+    if config is not None:
+        return hf_model_inputs(key, build_hf_model(config), seq_len)
+    if key in BUNDLED_FACTORIES:
+        made = BUNDLED_FACTORIES[key]
+        if not _available(made):
+            raise ModelSpecError(
+                f"bundled model {key!r} needs {made.requires}: pip install {made.requires}"
+            )
+        loaded = _load_factory(made.factory, seq_len)
+        return ModelInputs(key, loaded.module, loaded.args, loaded.kwargs)
+    names = ", ".join(bundled_models())
+    raise ModelSpecError(
+        f"unknown model {name!r}: use a bundled name ({names}), a path to a config.json, "
+        "a model folder, or package.module:factory"
+    )
+
+
+def _load_config(spec: str, seq_len: int) -> ModelInputs:
+    name, config = _read_config_file(spec)
+    return hf_model_inputs(name, build_hf_model(config), seq_len)
+
+
+def _load_dir(spec: str, seq_len: int) -> ModelInputs:
+    name, config = _read_model_dir(spec)
+    return hf_model_inputs(name, build_hf_model(config), seq_len)
+
+
+def _load_auto(spec: str, seq_len: int) -> ModelInputs:
+    path = Path(spec)
+    key = ALIASES.get(spec.lower(), spec.lower())
+    if _bundled_config(key) is not None or key in BUNDLED_FACTORIES:
+        return _load_bundled(spec, seq_len)
+    if path.is_dir():
+        return _load_dir(spec, seq_len)
+    if path.suffix == ".json" or path.name == "config.json":
+        return _load_config(spec, seq_len)
+    if ":" in spec:
+        return _load_factory(spec, seq_len)
+    return _load_bundled(spec, seq_len)
+
+
+_LOADERS: dict[str, Callable[[str, int], ModelInputs]] = {
+    "auto": _load_auto,
+    "bundled": _load_bundled,
+    "config": _load_config,
+    "dir": _load_dir,
+    "module": _load_factory,
+}
+
+
+def load_model(
+    spec: str = DEFAULT_MODEL, *, seq_len: int = 8, tracer: str | None = None
+) -> ModelInputs:
     """Build the model a spec names, with example inputs, on the meta device.
 
     ``spec`` is a bundled name (see :func:`bundled_models`), a ``config.json`` path or a model
-    folder holding one, or ``package.module:factory``.
+    folder holding one, or ``package.module:factory``; a :class:`~ampgraph.specs.ModelSpec` says
+    which. ``tracer``
+    (default: the spec's, else ``export``) picks the frontend (:mod:`ampgraph.frontends`): other
+    than ``export``, the model is traced once here and captured from that graph in every setting.
+
+    >>> m = load_model("llama-tiny", seq_len=4)
+    >>> type(m.module).__name__, sorted(m.kwargs)
+    ('LlamaForCausalLM', ['attention_mask', 'input_ids', 'use_cache'])
     """
-    if ":" in spec and not Path(spec).exists():
-        return _load_factory(spec)
-    name, config = _read_config(spec)
-    model = build_hf_model(config)
-    vocab = int(getattr(model.config, "vocab_size", 2))
-    kwargs: dict[str, Any] = {**token_inputs(vocab, seq_len), "use_cache": False}
-    return ModelInputs(name, model, (), kwargs)
+    model = _LOADERS[spec_kind(spec)](str(spec), seq_len)
+    tracer = tracer or spec_tracer(spec)
+    if tracer == "export":
+        return model
+    from ampgraph.frontends import apply_frontend  # frontends builds on this module
+
+    return apply_frontend(model, tracer)
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "BUNDLED_FACTORIES",
+    "Architecture",
+    "CatalogueEntry",
+    "ModelInputs",
+    "ModelSpec",
+    "build_hf_model",
+    "bundled_models",
+    "catalogue",
+    "count_parameters",
+    "load_model",
+    "token_inputs",
+]
