@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.14.1
 BIN := $(VENV)/bin
 
-.PHONY: setup graphviz render test check clean
+.PHONY: setup graphviz render test test-hffx check clean
 
 setup: $(VENV)/.installed
 
@@ -32,8 +32,14 @@ render: setup graphviz
 check: setup
 	$(BIN)/ampgraph check
 
+# The main suite, then the hf-fx frontend's tests in a side environment with transformers 4.45.2
+# (the last line that has transformers.utils.fx), laid over .venv's torch.
 test: setup graphviz
 	$(BIN)/python -m pytest -q
+	VENV=$(VENV) scripts/hf_fx_env.sh
+
+test-hffx: setup
+	VENV=$(VENV) scripts/hf_fx_env.sh
 
 clean:
-	rm -rf $(VENV) ampgraph-out .pytest_cache
+	rm -rf $(VENV) .venv-hf45 ampgraph-out .pytest_cache
