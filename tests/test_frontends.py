@@ -212,7 +212,7 @@ def test_hf_fx_keeps_modules_it_traces_through(hf_fx: None) -> None:
 def test_hf_fx_records_llamas_rotary_region(hf_fx: None) -> None:
     """The rotary embedding's ``torch.autocast(enabled=False)`` region is in the graph. Its device
     type is decided by Python at trace time: transformers 4.45 reads ``x.device.type``, which the
-    FX tracer cannot see, so the region is a *cpu* one (documented in docs/catalogue.md)."""
+    FX tracer cannot see, so the region is a *cpu* one (README, Known limitations)."""
     setting = Setting.parse("amp-fp32")
     report = analyze(load_model("llama-tiny", tracer="hf-fx"), setting)
     (region,) = [n for n in report.nodes if n.kind == "region"]
@@ -223,11 +223,32 @@ def test_hf_fx_records_llamas_rotary_region(hf_fx: None) -> None:
 
 
 @pytest.mark.hffx
+def test_hf_fx_names_the_branches_it_took_on_dtypes(hf_fx: None) -> None:
+    """T5LayerNorm casts to its weight's dtype when that is 16-bit: a branch the HF tracer takes
+    once, in fp32. The report lists where, and the command line warns; export lists none."""
+    model = load_model("t5-small", tracer="hf-fx")
+    assert "encoder.block.0.layer.0.layer_norm" in model.dtype_branches
+    report = analyze(model, Setting.parse("half"), check=False)
+    assert report.capture["dtype_branches"] == list(model.dtype_branches)
+    assert analyze(load_model("t5-small"), Setting.parse("half"), check=False).capture[
+        "dtype_branches"
+    ] == []
+    result = CliRunner().invoke(
+        main, ["--no-cache", "table", "t5-small", "--tracer", "hf-fx", "-s", "half", "--no-check"]
+    )
+    assert result.exit_code == 0
+    (warning,) = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: hf-fx+export took branches on dtypes once, in fp32")
+    assert "encoder.block.0.layer.0.layer_norm" in warning and "--tracer export" in warning
+
+
+@pytest.mark.hffx
 def test_hf_fx_unsupported_architecture_is_one_line(hf_fx: None) -> None:
     with pytest.raises(CaptureError) as err:
         load_model("pythia-160m", tracer="hf-fx")
     message = str(err.value)
     assert "could not trace 'pythia-160m' (GPTNeoXForCausalLM)" in message
+    assert "is not supported yet;" in message  # not the tracer's list of every supported class
     assert message.endswith("use --tracer export") and "\n" not in message
 
 

@@ -168,7 +168,11 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
         model=cap.model_name,
         setting=cap.setting.to_dict(),
         versions=versions(),
-        capture={"method": cap.method, "trace_time_dtype_nodes": cap.trace_time_dtype_nodes},
+        capture={
+            "method": cap.method,
+            "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
+            "dtype_branches": cap.dtype_branches,
+        },
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io),
         check=summary,

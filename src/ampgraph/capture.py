@@ -65,6 +65,8 @@ class Capture:
     #: leaf-module path -> per call, the graph nodes of its first input and first output (as a
     #: forward hook's ``inp[0]`` and ``out[0]``), or None where a value is not a graph node.
     module_io: dict[str, list[tuple[str | None, str | None]]] = field(default_factory=dict)
+    #: Where the frontend decided a branch on a dtype at its own trace time (see ModelInputs).
+    dtype_branches: list[str] = field(default_factory=list)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -132,13 +134,16 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
     """Every submodule's class, base classes (for ``--only Linear``-style filters) and leafness."""
     out: dict[str, ModuleInfo] = {}
-    # Every path of a shared module (T5's ``shared`` is also ``encoder.embed_tokens``): calls are
-    # recorded under the path they were made through.
+    # A shared module has several paths (transformers 4.x T5's ``shared`` is also
+    # ``encoder.embed_tokens``). Traces record a call under the path it was made through, but a
+    # hook registered by iterating named_modules(), as the seed notebook does, prints the first
+    # path for every call: each alias maps to that one name.
+    canonical = {id(mod): path for path, mod in module.named_modules()}
     for path, mod in module.named_modules(remove_duplicate=False):
         cls = type(mod)
         bases = tuple(c.__name__ for c in cls.__mro__ if issubclass(c, nn.Module))
         out[path] = ModuleInfo(
-            path=path,
+            path=canonical.get(id(mod), path),
             type=f"{cls.__module__}.{cls.__qualname__}",
             bases=bases,
             is_leaf=next(iter(mod.children()), None) is None,
@@ -377,4 +382,5 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         modules=module_table(model.module),
         trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method != EXPORT else [],
         module_io=recorder.resolve(gm),
+        dtype_branches=list(model.dtype_branches),
     )

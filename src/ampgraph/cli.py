@@ -207,9 +207,24 @@ def iter_reports(
 
         analyze_many(model, [resolved[i] for i in missing], check=check,
                      workers=options["jobs"], on_done=done)  # fmt: skip
+    warn_dtype_branches(reports[0])
     for report in reports:
         assert report is not None
         yield report
+
+
+def warn_dtype_branches(report: Report | None) -> None:
+    """Say on stderr where the frontend fixed a dtype-dependent branch (hf-fx), once per model."""
+    branches = list((report.capture or {}).get("dtype_branches") or []) if report else []
+    if not branches:
+        return
+    where = ", ".join(branches[:3]) + (f" and {len(branches) - 3} more" if len(branches) > 3 else "")
+    click.echo(
+        f"warning: {report.capture.get('method')} took branches on dtypes once, in fp32 without "
+        f"autocast, in {len(branches)} module{'s' if len(branches) != 1 else ''} ({where}); in "
+        "other settings a real run may take the other branch: --tracer export traces each setting",
+        err=True,
+    )
 
 
 def _tracer_key(model_spec: str) -> dict[str, str]:
@@ -255,11 +270,17 @@ def main(ctx: click.Context, no_cache: bool, jobs: int | None) -> None:
     PyTorch's own dispatcher.
 
     \b
+    MODEL is a bundled name ('ampgraph models'), a Hugging Face config.json or
+    model folder (offline, no weights), or pkg.module:factory for any nn.Module.
+
+    \b
     Examples:
       ampgraph table -s amp-fp32 --only Linear,LayerNorm,Embedding
       ampgraph check                       # all four settings, exit 1 on any disagreement
       ampgraph render --out docs/figures   # SVG diagrams of the dtype flow
       ampgraph table --format json > report.json
+      ampgraph check llama-3-8b --device cpu
+      ampgraph table --config path/to/config.json -s amp-fp32
     """
     ctx.obj = {"no_cache": no_cache, "jobs": jobs}
 

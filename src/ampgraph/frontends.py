@@ -72,6 +72,9 @@ class Frontend:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     message = text[0] if text else ""
+    # The HF tracer appends every class it supports: "Model X is not supported yet, supported
+    # models: AlbertForMaskedLM, ...". The first clause is the news.
+    message = message.split(", supported models:")[0]
     return f"{type(exc).__name__}: {message[:160]}".rstrip(": ")
 
 
@@ -147,6 +150,45 @@ def _no_meta(*args: Any) -> None:
     return None
 
 
+#: GraphModule.meta key: module paths where the HF tracer decided a branch on a dtype.
+DTYPE_BRANCHES = "ampgraph_dtype_branches"
+
+
+def _reads_dtype(node: fx.Node) -> bool:
+    """Whether a node compares dtypes: ``x.dtype`` among its inputs, or a dtype constant."""
+    if any(isinstance(a, torch.dtype) for a in torch.utils._pytree.tree_leaves((node.args,))):
+        return True
+    return any(
+        a.op == "call_function" and a.target is getattr and a.args[1:2] == ("dtype",)
+        for a in node.all_input_nodes
+    )
+
+
+@contextlib.contextmanager
+def recording_dtype_branches(proxy_class: type[fx.Proxy], found: list[str]) -> Iterator[None]:
+    """Note where a tracer that resolves control flow from metadata branches on a dtype.
+
+    The HF tracer answers ``if x.dtype == torch.float16:`` from its meta values, computed once
+    in fp32 without autocast, and records only the branch it took. Each such decision is noted
+    by module path, so that a report can say which parts of the graph may differ in a setting
+    whose dtypes would take the other branch (T5's ``T5LayerNorm`` casts to a 16-bit weight's
+    dtype; ``--tracer export`` traces every setting and takes the right one).
+    """
+    original = proxy_class.__bool__
+
+    def bool_(self: Any) -> bool:
+        value = original(self)
+        if _reads_dtype(self.node):
+            stack = list(getattr(self.tracer, "module_stack", {}).values())
+            path = stack[-1][0] if stack else ""
+            if path not in found:
+                found.append(path)
+        return value
+
+    with mock.patch.object(proxy_class, "__bool__", bool_):
+        yield
+
+
 #: Node metadata keys: module calls the FX tracer traced through, whose hooks the lowering runs.
 CALL_STARTS = "ampgraph_call_starts"
 CALL_ENDS = "ampgraph_call_ends"
@@ -193,8 +235,9 @@ def trace_hf_fx(model: ModelInputs) -> fx.GraphModule:
     if not hf_fx_available():
         raise CaptureError(
             f"--tracer hf-fx needs transformers < {HF_FX_MAX_TRANSFORMERS} (installed: "
-            f"{_transformers_version()}, which has no transformers.utils.fx): run it in a side "
-            "environment (scripts/hf_fx_env.sh) or use --tracer export"
+            f"{_transformers_version()}, which has no transformers.utils.fx): run it where "
+            "transformers==4.45.2 is installed (scripts/hf_fx_env.sh makes such an overlay, "
+            ".venv-hf45: PYTHONPATH=.venv-hf45) or use --tracer export"
         )
     from transformers import PreTrainedModel
     from transformers.utils import fx as hf_fx
@@ -211,12 +254,16 @@ def trace_hf_fx(model: ModelInputs) -> fx.GraphModule:
         # HFTracer computes each node's metadata by calling its target on meta values: the
         # region markers must not enter a real autocast region while tracing.
         no_meta = {enter_autocast: _no_meta, exit_autocast: _no_meta}
+        branches: list[str] = []
         with warnings.catch_warnings(), quiet_logging(), \
-                mock.patch.dict(hf_fx._MANUAL_META_OVERRIDES, no_meta):  # fmt: skip
+                mock.patch.dict(hf_fx._MANUAL_META_OVERRIDES, no_meta), \
+                recording_dtype_branches(hf_fx.HFProxy, branches):  # fmt: skip
             warnings.simplefilter("ignore")
-            return hf_fx.symbolic_trace(
+            traced = hf_fx.symbolic_trace(
                 model.module, input_names=names, tracer_cls=_region_tracer(hf_fx.HFTracer)
             )
+        traced.meta[DTYPE_BRANCHES] = tuple(branches)
+        return traced
     except Exception as exc:  # noqa: BLE001 - the tracer raises many types; all mean "not traced"
         raise CaptureError(
             f"Hugging Face's FX tracer could not trace {model.name!r} "
@@ -417,7 +464,7 @@ def apply_frontend(model: ModelInputs, tracer: str = EXPORT) -> ModelInputs:
     number_module_calls(traced.graph)
     inputs = _bound_inputs(model, traced)
     return replace(model, module=GraphForward(model.module, traced), args=(), kwargs=inputs,
-                   frontend=tracer)  # fmt: skip
+                   frontend=tracer, dtype_branches=traced.meta.get(DTYPE_BRANCHES, ()))  # fmt: skip
 
 
 __all__ = [

@@ -70,6 +70,9 @@ class ModelInputs:
     kwargs: dict[str, Any] = field(default_factory=dict)
     #: The tracer that made ``module`` (``export``: the model itself; see ampgraph.frontends).
     frontend: str = "export"
+    #: Module paths where that tracer decided a Python branch on a dtype once, at trace time
+    #: (hf-fx traces in fp32 without autocast): other settings may take the other branch.
+    dtype_branches: tuple[str, ...] = ()
 
 
 # -- Hugging Face architectures: how to build and feed each model type (data, not branches) ------
@@ -223,9 +226,11 @@ def build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
         config = AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # "Unrecognized model identifier: x. Should contain one of <200 names>": first sentence.
+        reason = reason.split(". ")[0][:120]
         raise ModelSpecError(
             f"transformers {transformers.__version__} does not know model_type {model_type!r} "
-            f"({reason[:120]}); upgrade transformers or use --module package.module:factory"
+            f"({reason}); upgrade transformers or use --module package.module:factory"
         ) from None
     named = (getattr(config, "architectures", None) or [None])[0]
     model_class = getattr(transformers, named, None) if isinstance(named, str) else None
