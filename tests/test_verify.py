@@ -167,6 +167,28 @@ def test_llama_rotary_embedding_hook_sees_the_hidden_states(name: str) -> None:
     assert line == f"[model.rotary_emb] in=torch.{dtype} -> out=torch.{dtype}"
 
 
+class SharedEmbedding(nn.Module):
+    """transformers 4.x T5: one embedding reached as ``shared`` and as ``encoder.embed``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Embedding(10, 8)
+        self.encoder = nn.Module()
+        self.encoder.embed = self.shared
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder.embed(ids) + self.shared(ids))
+
+
+def test_a_shared_module_is_named_as_its_hook_prints_it() -> None:
+    """A hook registered over named_modules() prints the first path, whichever path called it."""
+    ids = torch.arange(4).reshape(1, 4)
+    result = verify(ModelInputs("shared", SharedEmbedding(), (ids,)), cpu("amp-fp32"))
+    assert_agrees(result)
+    assert result.eager_hooks[:2] == ["[shared] in=torch.int64 -> out=torch.float32"] * 2
+
+
 # -- autocast regions -----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fp32", "half", "amp-half", "amp-fp32"])
 def test_autocast_disabled_region_on_cpu(name: str) -> None:
