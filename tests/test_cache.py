@@ -47,6 +47,16 @@ def test_key_depends_on_config_setting_and_versions(tmp_path: Path) -> None:
     assert cache.model_identity("package.module:factory") is None
 
 
+def test_key_depends_on_the_analysis_code(monkeypatch) -> None:
+    """Between releases (a source tree, an editable install) a code change must not be served a
+    report the old code made."""
+    ident = {"model": "opt-125m"}
+    base = cache.cache_key(ident, {"setting": "fp32"})
+    monkeypatch.setattr(cache, "source_digest", lambda: "another")
+    assert cache.cache_key(ident, {"setting": "fp32"}) != base
+    assert len(cache.environment()["source"]) == len("another")
+
+
 def test_clear_and_info(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
     cache.store("k1", {"a": 1})

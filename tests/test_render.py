@@ -347,6 +347,39 @@ def test_golden_small_model_with_region_and_promotion() -> None:
     assert promoted["title"] == "residual add"
 
 
+def test_a_region_inside_one_module_call_frames_that_box() -> None:
+    """Seed 002's wrapper is a module whose forward is the region: its box is drawn inside the
+    frame, with no separate region box (which would feed back into the call: a loop)."""
+    import networkx as nx
+
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from ampgraph import analyze
+
+    class Fp32Linear(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cuda", enabled=False):
+                return super().forward(x.float())
+
+    net = nn.Sequential(nn.Linear(4, 4), Fp32Linear(4, 4), nn.Linear(4, 4))
+    graph = build_graph(analyze(net, "amp-fp32", args=(torch.randn(2, 4),)))
+    assert nx.is_directed_acyclic_graph(graph)
+    assert not [n for n, d in graph.nodes(data=True) if d["kind"] == "region"]
+    (region,) = [c for c in graph.graph["clusters"].values() if c["kind"] == "region"]
+    assert region["label"] == "autocast disabled"
+    framed = [d["title"] for _, d in graph.nodes(data=True) if any(
+        c.startswith("region/") for c in d["chain"]
+    )]  # fmt: skip
+    assert framed == ["1"]
+    assert [(d["title"], d["in_dtypes"], d["out_dtype"]) for _, d in graph.nodes(data=True)
+            if d["kind"] == "module"] == [
+        ("0", ("float32",), "bfloat16"),
+        ("1", ("bfloat16",), "float32"),
+        ("2", ("float32",), "bfloat16"),
+    ]  # fmt: skip
+
+
 # -- the committed fixture is what the analysis produces today -------------------------------
 
 

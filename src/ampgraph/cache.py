@@ -27,7 +27,7 @@ from typing import Any
 from ampgraph import __version__
 
 #: Bump when the analysis changes in a way the versions above do not capture.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 def cache_dir() -> Path:
@@ -46,10 +46,25 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def source_digest() -> str:
+    """A hash of the analysis code itself (every module but the torch-free renderer).
+
+    The version number alone would serve a stale analysis to anyone running from a source tree
+    or an editable install between releases; hashing ~200 kB of source takes about a millisecond.
+    """
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".json") and "render" not in path.relative_to(package).parts:
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def environment() -> dict[str, str]:
     """The versions that decide an analysis, read without importing the packages."""
     return {
         "ampgraph": __version__,
+        "source": source_digest(),
         "torch": _version("torch"),
         "transformers": _version("transformers"),
         "format": str(CACHE_FORMAT),

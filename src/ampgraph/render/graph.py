@@ -422,6 +422,13 @@ def _place_nodes(ctx: _Context, graph: nx.MultiDiGraph, view: str) -> dict[str, 
         elif rec.kind == "region":
             node = _node_id("region", rec.name)
             inside = body.get(rec.name, [])
+            holders = {owner.get(r.name) for r in inside}
+            if view == "modules" and len(holders) == 1 and None not in holders:
+                # The whole region runs inside one module call (seed 002's fp32 wrapper, Llama's
+                # rotary embedding): that box stands for it, drawn inside the region's frame. A
+                # separate region box would sit in the middle of the call, a loop in the drawing.
+                owner[rec.name] = holders.pop()  # type: ignore[assignment]
+                continue
             # The region node stands for the value leaving the region: order it after its body.
             last = max((order[r.name] for r in inside), default=k)
             graph.add_node(node, **_region_attrs(ctx, rec, inside, last + 0.5 if inside else k))
@@ -632,12 +639,18 @@ def _merge_run(graph: nx.MultiDiGraph, run: list[tuple[int, str, list[str]]]) ->
 
 def _add_region_clusters(ctx: _Context, graph: nx.MultiDiGraph) -> None:
     clusters: dict[str, dict[str, Any]] = graph.graph["clusters"]
-    for node, data in graph.nodes(data=True):
-        if data["kind"] != "region":
+    framed = {data["region"] for _, data in graph.nodes(data=True)} | {
+        node.split("/", 1)[1] for node, data in graph.nodes(data=True) if data["kind"] == "region"
+    }
+    body = _region_body(ctx.report)
+    for rec in ctx.report.nodes:
+        # A frame for every region that a drawn box stands in: its region node, or the module
+        # call that holds the whole region and begins inside it.
+        if rec.kind != "region" or rec.name not in framed:
             continue
-        name = node.split("/", 1)[1]
-        enabled = data["region_enabled"]
-        rec = ctx.records[name]
+        name = rec.name
+        inside = body.get(name, [])
+        enabled = inside[0].autocast if inside else "enabled" in rec.reason
         clusters[f"region/{name}"] = {
             "kind": "region",
             "path": rec.module,
