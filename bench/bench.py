@@ -192,7 +192,8 @@ def main() -> None:
     tv = cases["torchview"].wall
     print()
     print(f"machine: {platform.node()} · {os.cpu_count()} cores · {platform.processor() or platform.machine()}"
-          f" · Python {platform.python_version()}")  # fmt: skip
+          f" · Python {platform.python_version()} · " + " · ".join(
+              f"{k} {v}" for k, v in versions().items()) + f" · {time.strftime('%Y-%m-%d')}")  # fmt: skip
     print(f"{'case':<16}{'median s':>10}{'min s':>8}{'peak MB':>9}{'vs torchview':>14}")
     for case in cases.values():
         print(f"{case.name:<16}{case.wall:>10.2f}{min(case.walls):>8.2f}{case.rss:>9.0f}"
@@ -218,12 +219,26 @@ def main() -> None:
         args.json.write_text(json.dumps({
             "machine": {"node": platform.node(), "cores": os.cpu_count(),
                         "processor": platform.processor(), "python": platform.python_version()},
+            "versions": versions(),
             "date": time.strftime("%Y-%m-%d"),
             "cases": {n: asdict(c) | {"median_s": c.wall, "peak_mb": c.rss} for n, c in cases.items()},
             "layouts_s": layouts,
             "budgets": {label: {"pass": ok, "detail": d} for label, ok, d in budgets},
         }, indent=1))  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
+
+
+def versions() -> dict[str, str]:
+    """The installed versions that the figures depend on (package metadata: no imports)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in ("ampgraph", "torch", "transformers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
 
 
 if __name__ == "__main__":
