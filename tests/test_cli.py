@@ -51,7 +51,9 @@ def test_table_json_is_a_versioned_report() -> None:
 
 
 def test_table_markdown() -> None:
-    code, out = run("table", "llama-tiny", "-s", "amp-fp32", "--format", "markdown", "--only", "Linear")
+    code, out = run(
+        "table", "llama-tiny", "-s", "amp-fp32", "--format", "markdown", "--only", "Linear"
+    )
     assert code == 0
     assert "| module | type | in | out | policy | autocast casts |" in out
     assert "| `model.layers.0.self_attn.q_proj` | Linear | fp32 | bf16 | lower precision |" in out
@@ -78,7 +80,11 @@ def test_models_lists_the_default() -> None:
         (["table", "-s", "autocast=on,params=int8"], 2, "unknown dtype 'int8'"),
         (["table", "--device", "tpu"], 2, "Invalid value for '--device'"),
         (["table", "--seq-len", "0"], 2, "Invalid value for '--seq-len'"),
-        (["table", "missing/config.json"], 1, "Error: config file 'missing/config.json' does not exist"),
+        (
+            ["table", "missing/config.json"],
+            1,
+            "Error: config file 'missing/config.json' does not exist",
+        ),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(args: list[str], code: int, message: str) -> None:
@@ -110,7 +116,9 @@ def test_untraceable_model_is_one_line() -> None:
 def test_factory_that_raises_is_one_line() -> None:
     code, out = run("table", "tests.factories:raises")
     assert code == 1
-    assert out.strip() == "Error: factory 'tests.factories:raises' raised ValueError: no weights here"
+    assert (
+        out.strip() == "Error: factory 'tests.factories:raises' raised ValueError: no weights here"
+    )
 
 
 def test_help_teaches() -> None:

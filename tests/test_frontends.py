@@ -230,9 +230,12 @@ def test_hf_fx_names_the_branches_it_took_on_dtypes(hf_fx: None) -> None:
     assert "encoder.block.0.layer.0.layer_norm" in model.dtype_branches
     report = analyze(model, Setting.parse("half"), check=False)
     assert report.capture["dtype_branches"] == list(model.dtype_branches)
-    assert analyze(load_model("t5-small"), Setting.parse("half"), check=False).capture[
-        "dtype_branches"
-    ] == []
+    assert (
+        analyze(load_model("t5-small"), Setting.parse("half"), check=False).capture[
+            "dtype_branches"
+        ]
+        == []
+    )
     result = CliRunner().invoke(
         main, ["--no-cache", "table", "t5-small", "--tracer", "hf-fx", "-s", "half", "--no-check"]
     )

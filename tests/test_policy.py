@@ -43,7 +43,9 @@ def test_categories_do_not_overlap() -> None:
         for category, entries in table.items():
             assert category in P.CATEGORIES
             for entry in entries:
-                assert entry not in seen, f"{device_type} {entry} in {seen.get(entry)} and {category}"
+                assert entry not in seen, (
+                    f"{device_type} {entry} in {seen.get(entry)} and {category}"
+                )
                 seen[entry] = category
 
 

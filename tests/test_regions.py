@@ -62,7 +62,11 @@ def test_a_wrong_table_is_caught_by_the_check(monkeypatch: pytest.MonkeyPatch) -
     rep = analyze(model, Setting.parse("amp-half"), args=(torch.randn(2, 8, dtype=torch.bfloat16),))
     (ln,) = [n for n in rep.nodes if n.op == "aten.layer_norm.default"]
     assert ln.outputs == ["bfloat16"]
-    assert ln.check == {"dispatcher": {"outputs": ["float32"]}, "agree": False, "export": ["float32"]}
+    assert ln.check == {
+        "dispatcher": {"outputs": ["float32"]},
+        "agree": False,
+        "export": ["float32"],
+    }
     assert rep.check["disagreements"] >= 1
 
 
@@ -76,7 +80,9 @@ def test_grad_mode_regions_are_walked_node_by_node() -> None:
     body = [n for n in rep.nodes if n.name.startswith(f"{grad_region.name}.")]
     assert {"aten.cos.default", "aten.sin.default"} <= {n.op for n in body}
     assert all(n.check is None or n.check["agree"] for n in body)
-    assert not [n for n in rep.nodes if n.op.startswith("higher_order") and n.reason == "Python-level op"]
+    assert not [
+        n for n in rep.nodes if n.op.startswith("higher_order") and n.reason == "Python-level op"
+    ]
 
 
 class FailingIsland(nn.Module):
@@ -109,7 +115,9 @@ class Composite(nn.Module):
 
 
 def test_policies_inside_composite_ops_without_their_own() -> None:
-    rep = analyze(Composite(), Setting.parse("amp-fp32", device_type="cpu"), args=(torch.randn(4, 4),))
+    rep = analyze(
+        Composite(), Setting.parse("amp-fp32", device_type="cpu"), args=(torch.randn(4, 4),)
+    )
     (einsum,) = [n for n in rep.nodes if n.op == "aten.einsum.default"]
     assert einsum.outputs == ["bfloat16"] and einsum.policy == P.LOWER_PRECISION_FP
     assert "inside it autocast applies to bmm" in einsum.reason

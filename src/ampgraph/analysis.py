@@ -30,7 +30,11 @@ def versions() -> dict[str, str]:
     """Versions that decide the analysis: ampgraph, torch, transformers, the policy tables."""
     import torch
 
-    out = {"ampgraph": __version__, "torch": torch.__version__, "policy_tables": TABLE_TORCH_VERSION}
+    out = {
+        "ampgraph": __version__,
+        "torch": torch.__version__,
+        "policy_tables": TABLE_TORCH_VERSION,
+    }
     transformers = sys.modules.get("transformers")
     if transformers is None:
         try:

@@ -180,7 +180,9 @@ class AutocastAnnotator(FakeReplay):
         )
         self._pending[n.name]["casts"] = casts
         self._pending[n.name]["reason"] = reason
-        inner = InnerAutocast(self) if category is None and self._autocast_on(args, kwargs) else None
+        inner = (
+            InnerAutocast(self) if category is None and self._autocast_on(args, kwargs) else None
+        )
         if inner is None:
             value = op(*call_args, **call_kwargs)
         else:
@@ -193,7 +195,9 @@ class AutocastAnnotator(FakeReplay):
                     casts=inner.casts,
                     reason=f"no autocast policy for {target._schema.name.removeprefix('aten::')}"
                     f"; inside it autocast applies to "
-                    + ", ".join(f"{op_name} ({P.CATEGORY_LABEL[cat]})" for op_name, cat in inner.applied),
+                    + ", ".join(
+                        f"{op_name} ({P.CATEGORY_LABEL[cat]})" for op_name, cat in inner.applied
+                    ),
                 )
         pending = self._pending.pop(n.name)
         outputs = _dtypes(value)
@@ -267,8 +271,10 @@ class AutocastAnnotator(FakeReplay):
         name = op._schema.name.removeprefix("aten::")
         if category is None:
             enabled = self.state.states[self.setting.device_type][0]
-            why = "no autocast policy: runs in its inputs' dtype" if enabled else (
-                "autocast off here: runs as called"
+            why = (
+                "no autocast policy: runs in its inputs' dtype"
+                if enabled
+                else ("autocast off here: runs as called")
             )
             return args, kwargs, [], op, why
         lower = self.state.states[device_type][1]
@@ -282,15 +288,16 @@ class AutocastAnnotator(FakeReplay):
             else:
                 to = _promote_type(op, args, kwargs, lower, device_type)
             unknown = f"({name} input)"
-            new_args, new_kwargs, casts = self._cast_all(
-                args, kwargs, to, device_type, n, unknown
-            )
+            new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n, unknown)
             verb = {P.LOWER_PRECISION_FP: "runs", P.FP32: "runs", P.PROMOTE: "promotes to"}[
                 category
             ]
             detail = (
-                "casts " + ", ".join(f"{c.node} {short_dtype(c.from_dtype)}->"
-                                     f"{short_dtype(c.to_dtype)}" for c in casts)
+                "casts "
+                + ", ".join(
+                    f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}"
+                    for c in casts
+                )
                 if casts
                 else "no cast needed"
             )

@@ -247,9 +247,15 @@ def _export(
         if setting is not None and setting.autocast
         else contextlib.nullcontext()
     )
-    with swapped_tensors(model.module, make_param), autocast, simulated_cuda_amp(
-        setting.device_type if setting is not None else device
-    ), warnings.catch_warnings(), quiet_logging(), _no_stack_traces(), _lift_scalar_constants():
+    with (
+        swapped_tensors(model.module, make_param),
+        autocast,
+        simulated_cuda_amp(setting.device_type if setting is not None else device),
+        warnings.catch_warnings(),
+        quiet_logging(),
+        _no_stack_traces(),
+        _lift_scalar_constants(),
+    ):
         warnings.simplefilter("ignore")
         return torch.export.export(model.module, tuple(args), kwargs, strict=False)
 
@@ -316,9 +322,7 @@ class ModuleIORecorder:
             match = final.get(node.name)
             return node.name if match is not None and match.target == node.target else None
 
-        return {
-            path: [(name(i), name(o)) for i, o in calls] for path, calls in self.calls.items()
-        }
+        return {path: [(name(i), name(o)) for i, o in calls] for path, calls in self.calls.items()}
 
 
 def _dtype_constant_nodes(gm: fx.GraphModule) -> list[str]:

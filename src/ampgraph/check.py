@@ -85,8 +85,9 @@ def dispatcher_results(capture: Capture) -> dict[str, dict[str, Any]]:
     """What the real autocast kernels return at every node, by qualified node name."""
     oracle = DispatcherOracle(capture)
     setting = capture.setting
-    with fake_session(setting), autocast_state(
-        setting.device_type, setting.autocast, torch_dtype(setting.amp_dtype)
+    with (
+        fake_session(setting),
+        autocast_state(setting.device_type, setting.autocast, torch_dtype(setting.amp_dtype)),
     ):
         oracle.run_graph()
     return oracle.results

@@ -218,7 +218,9 @@ def warn_dtype_branches(report: Report | None) -> None:
     branches = list((report.capture or {}).get("dtype_branches") or []) if report else []
     if not branches:
         return
-    where = ", ".join(branches[:3]) + (f" and {len(branches) - 3} more" if len(branches) > 3 else "")
+    where = ", ".join(branches[:3]) + (
+        f" and {len(branches) - 3} more" if len(branches) > 3 else ""
+    )
     click.echo(
         f"warning: {report.capture.get('method')} took branches on dtypes once, in fp32 without "
         f"autocast, in {len(branches)} module{'s' if len(branches) != 1 else ''} ({where}); in "
@@ -526,9 +528,7 @@ def render(
         reports = list(
             iter_reports(model, settings, device, amp_dtype, seq_len, check=not no_check)
         )
-    paths = render_files(
-        reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme
-    )
+    paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme)
     for path in paths:
         click.echo(str(path))
 

@@ -31,7 +31,14 @@ FP32_APPEND_DTYPE: Final = "fp32_append_dtype"
 PROMOTE: Final = "promote"
 BANNED: Final = "banned"
 #: The five CastPolicy categories of autocast_mode.h, plus ops autocast refuses to run.
-CATEGORIES: Final = (LOWER_PRECISION_FP, FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE, PROMOTE, BANNED)
+CATEGORIES: Final = (
+    LOWER_PRECISION_FP,
+    FP32,
+    FP32_SET_OPT_DTYPE,
+    FP32_APPEND_DTYPE,
+    PROMOTE,
+    BANNED,
+)
 
 #: How each category reads in tables, diagrams and legends.
 CATEGORY_LABEL: Final[dict[str, str]] = {

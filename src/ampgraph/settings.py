@@ -58,8 +58,7 @@ def canonical_dtype(name: str) -> str:
     key = name.strip().lower().removeprefix("torch.")
     if key not in DTYPE_ALIASES:
         raise SettingError(
-            f"unknown dtype {name!r}: use one of fp32, bf16, fp16 "
-            "(or float32, bfloat16, float16)"
+            f"unknown dtype {name!r}: use one of fp32, bf16, fp16 (or float32, bfloat16, float16)"
         )
     return DTYPE_ALIASES[key]
 
@@ -136,9 +135,7 @@ class Setting:
         return {"name": self.name, **asdict(self)}
 
     @classmethod
-    def parse(
-        cls, text: str, *, device_type: str = "cuda", amp_dtype: str = "bfloat16"
-    ) -> Setting:
+    def parse(cls, text: str, *, device_type: str = "cuda", amp_dtype: str = "bfloat16") -> Setting:
         """Parse a preset name (``fp32``, ``half``, ``amp-fp32``, ``amp-half``) or ``k=v,...``.
 
         ``device_type`` and ``amp_dtype`` fill in what the text leaves out.

@@ -712,9 +712,7 @@ def run_graph(
     cap: Capture, records: Sequence[NodeRecord], values: Sequence[Any], device: torch.device
 ) -> dict[str, Observed]:
     """Run the captured graph on real ``values`` under the setting's real autocast."""
-    interp = RealExecution(
-        cap.graph_module, cap.setting, device, {r.name: r for r in records}
-    )
+    interp = RealExecution(cap.graph_module, cap.setting, device, {r.name: r for r in records})
     with torch.no_grad(), _real_autocast(cap.setting):
         interp.run(*values)
     return interp.observed
@@ -817,8 +815,10 @@ def run_eager(
         handles.append(mod.register_forward_pre_hook(pre_hook(path, type_), with_kwargs=True))
         handles.append(mod.register_forward_hook(post_hook, with_kwargs=True))
     try:
-        with swapped_tensors(model.module, make), torch.inference_mode(), _real_autocast(
-            cap.setting
+        with (
+            swapped_tensors(model.module, make),
+            torch.inference_mode(),
+            _real_autocast(cap.setting),
         ):
             try:
                 model.module(*args, **kwargs)
@@ -924,8 +924,10 @@ def compare_modules(report: Report, hooks: Sequence[HookCall]) -> tuple[Figure, 
                 if want == got:
                     agree += 1
                 else:
-                    text = call.hook_line() if not error else (
-                        f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}"
+                    text = (
+                        call.hook_line()
+                        if not error
+                        else (f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}")
                     )
                     found.append(Disagreement(
                         "module", call.path, call.type.rsplit(".", 1)[-1],
