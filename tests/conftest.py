@@ -19,6 +19,37 @@ DATA = Path(__file__).parent / "data"
 # Tests never read or fill the user's cache of analyses.
 os.environ["AMPGRAPH_CACHE_DIR"] = tempfile.mkdtemp(prefix="ampgraph-test-cache-")
 
+#: Tests that compare with CUDA's autocast kernels (the dispatcher check of a cuda setting, or a
+#: figure drawn from one), besides those parametrised with "cuda". A CPU-only torch
+#: (``TORCH_SPEC=torch==2.13.0 make test``) has no such kernels: they are skipped there, and the
+#: CPU-only path itself is tested by test_cpu_only_torch_annotates_on_meta_and_says_it_cannot_check.
+NEEDS_CUDA_KERNELS = (
+    "test_cli.py::test_table_json_is_a_versioned_report",
+    "test_cli.py::test_table_markdown",
+    "test_examples.py::test_roipool_example_shows_the_fp32_island",
+    "test_frontends.py::test_fx_frontend_matches_export",
+    "test_frontends.py::test_hf_fx_keeps_modules_it_traces_through",
+    "test_frontends.py::test_hf_fx_records_llamas_rotary_region",
+    "test_models.py::test_factory_forms",
+    "test_models.py::test_non_causal_models_agree_with_the_dispatcher",
+    "test_regions.py::",
+    "test_render.py::test_golden_small_model_with_region_and_promotion",
+    "test_render.py::test_fixture_matches_a_fresh_analysis",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.backends.cuda.is_built():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA's autocast kernels: this torch is a CPU-only build")
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        name = item.nodeid.split("/")[-1]
+        if "cuda" in params.values() or name.startswith(NEEDS_CUDA_KERNELS):
+            item.add_marker(skip)
+
 
 @functools.cache
 def model(spec: str) -> ModelInputs:

@@ -19,7 +19,10 @@ def ampgraph(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 def test_second_run_reads_the_cache_without_importing_torch(tmp_path: Path) -> None:
     env = {**os.environ, "AMPGRAPH_CACHE_DIR": str(tmp_path / "cache")}
-    first = ampgraph("check", "llama-tiny", "-s", "amp-fp32", "-s", "fp32", env=env)
+    # --device cpu: the check runs on every build of torch, CPU-only ones included.
+    first = ampgraph(
+        "check", "llama-tiny", "-s", "amp-fp32", "-s", "fp32", "--device", "cpu", env=env
+    )
     assert first.returncode == 0, first.stderr
     assert len(list((tmp_path / "cache" / "reports").glob("*.json"))) == 2
     # A torch that cannot be imported: the warm run must not need it.
@@ -27,11 +30,15 @@ def test_second_run_reads_the_cache_without_importing_torch(tmp_path: Path) -> N
     (poison / "torch").mkdir(parents=True)
     (poison / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
     env_poisoned = {**env, "PYTHONPATH": f"{poison}{os.pathsep}{env.get('PYTHONPATH', '')}"}
-    second = ampgraph("check", "llama-tiny", "-s", "amp-fp32", "-s", "fp32", env=env_poisoned)
+    second = ampgraph(
+        "check", "llama-tiny", "-s", "amp-fp32", "-s", "fp32", "--device", "cpu", env=env_poisoned
+    )
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     # --no-cache recomputes, so it does need torch.
-    third = ampgraph("--no-cache", "check", "llama-tiny", "-s", "fp32", env=env_poisoned)
+    third = ampgraph(
+        "--no-cache", "check", "llama-tiny", "-s", "fp32", "--device", "cpu", env=env_poisoned
+    )
     assert third.returncode == 1 and "torch was imported" in third.stderr + third.stdout
 
 

@@ -48,21 +48,47 @@ def test_autocast_changes_what_the_dispatcher_sees() -> None:
     assert {n.out_dtype for n in on.nodes if n.op == "aten.linear.default"} == {"bfloat16"}
 
 
-def test_meta_replay_fallback_for_cpu_only_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU-only torch cannot trace fake CUDA tensors: ampgraph traces on meta without
-    autocast, replays on fake CUDA, and names the nodes whose dtypes were baked at trace time."""
-    import ampgraph.capture as capture_module
+def test_cpu_only_torch_annotates_on_meta_and_says_it_cannot_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CPU-only torch (the small torch==2.13.0 wheel) can make neither fake CUDA tensors nor
+    run CUDA's autocast kernels. ampgraph traces on meta, annotates on meta from its tables,
+    names the nodes whose dtypes were baked at trace time, and says that the check cannot run.
+    The annotations are those of the CUDA build, node by node (also seen with a real 2.13 wheel).
+    """
+    import torch
+
     from ampgraph import Setting, analyze
     from ampgraph.formats import SEED_WATCH, hook_lines
 
     from .conftest import model, seed_hook_blocks
 
-    monkeypatch.setattr(capture_module, "can_trace_fake", lambda device_type: device_type == "cpu")
-    rep = analyze(model("opt-125m"), Setting.parse("amp-fp32"))
+    setting = Setting.parse("amp-fp32")
+    full = analyze(model("opt-125m"), setting)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    rep = analyze(model("opt-125m"), setting)
     assert rep.capture["method"] == "export-meta-replay"
     # embed_positions' `.to(inputs_embeds.dtype)` is the one dtype constant OPT bakes in.
     assert rep.capture["trace_time_dtype_nodes"] == ["to_4"]
     assert rep.node("to_4").trace_time_dtype
-    assert rep.check["disagreements"] == 0
+    assert rep.check is None
+    assert "is a CPU-only build" in rep.capture["check_unavailable"]
+
+    def view(r):  # type: ignore[no-untyped-def]
+        return [(n.op, n.outputs, [(c.from_dtype, c.to_dtype) for c in n.casts], n.policy)
+                for n in r.nodes if n.kind == "op"]  # fmt: skip
+
+    assert view(rep) == view(full)
     seed = seed_hook_blocks()["amp-fp32"]
     assert hook_lines(rep, SEED_WATCH)[: len(seed) - 1] == seed[:-1]
+    code, out = _cli(["--no-cache", "check", "-s", "amp-fp32"])
+    assert code == 1 and out.startswith("Error: torch ") and len(out.splitlines()) == 1
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    result = CliRunner().invoke(main, args)
+    return result.exit_code, result.output

@@ -18,8 +18,9 @@ from ampgraph import __version__
 from ampgraph.annotate import annotate
 from ampgraph.capture import Capture, ModuleInfo, capture
 from ampgraph.check import check as run_check
+from ampgraph.check import dispatcher_unavailable
 from ampgraph.models import ModelInputs
-from ampgraph.policy import TABLE_TORCH_VERSION
+from ampgraph.policy import ACTIVE_RELEASE
 from ampgraph.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 
@@ -33,7 +34,7 @@ def versions() -> dict[str, str]:
     out = {
         "ampgraph": __version__,
         "torch": torch.__version__,
-        "policy_tables": TABLE_TORCH_VERSION,
+        "policy_tables": ACTIVE_RELEASE,
     }
     transformers = sys.modules.get("transformers")
     if transformers is None:
@@ -155,6 +156,8 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
     """
     import multiprocessing as mp
 
+    unavailable = dispatcher_unavailable(cap.setting.device_type) if check else None
+    check = check and unavailable is None
     parallel = (
         check
         and len(cap.graph_module.graph.nodes) >= PARALLEL_CHECK_NODES
@@ -176,6 +179,8 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
             "method": cap.method,
             "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
             "dtype_branches": cap.dtype_branches,
+            # Why the check asked for did not run (a CPU-only torch and --device cuda).
+            **({"check_unavailable": unavailable} if unavailable else {}),
         },
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io),

@@ -38,6 +38,7 @@ from ampgraph.records import Cast, NodeRecord
 from ampgraph.replay import (
     Failed,
     FakeReplay,
+    device_type_of,
     fake_session,
     is_getitem,
     op_name,
@@ -69,7 +70,7 @@ def _eligible(t: Any, device_type: str) -> bool:
     """autocast_mode.h ``is_eligible``: a defined floating tensor on the device, and not fp64."""
     return (
         isinstance(t, torch.Tensor)
-        and t.device.type == device_type
+        and device_type_of(t) == device_type
         and t.is_floating_point()
         and t.dtype != torch.float64
     )
@@ -212,7 +213,7 @@ class AutocastAnnotator(FakeReplay):
         return value
 
     def _autocast_on(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        devices = {t.device.type for t in tensor_leaves((args, kwargs))}
+        devices = {device_type_of(t) for t in tensor_leaves((args, kwargs))}
         return any(self.state.states.get(d, (False, None))[0] for d in devices)
 
     def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
@@ -249,7 +250,7 @@ class AutocastAnnotator(FakeReplay):
     ) -> tuple[str | None, str]:
         """The category that applies: the op's entry for the device autocast is enabled on."""
         tensors = tensor_leaves((args, kwargs))
-        devices = [t.device.type for t in tensors] or [self.setting.device_type]
+        devices = [device_type_of(t) for t in tensors] or [self.setting.device_type]
         for device_type in dict.fromkeys(devices):
             enabled, _dtype = self.state.states.get(device_type, (False, torch.bfloat16))
             if not enabled:
@@ -412,7 +413,7 @@ def _promote_type(
         if str(arg.type) not in ("Tensor", "List[Tensor]"):
             continue  # optional tensors are cast but do not vote, as in the C++ overloads
         for t in tensor_leaves(value):
-            if not (t.device.type == device_type and t.is_floating_point()):
+            if not (device_type_of(t) == device_type and t.is_floating_point()):
                 continue
             if t.dtype == torch.float64:
                 continue

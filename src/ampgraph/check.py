@@ -81,6 +81,25 @@ def _dtypes(value: Any) -> list[str | None]:
     ]
 
 
+def dispatcher_unavailable(device_type: str) -> str | None:
+    """Why this torch cannot check ``device_type``'s annotations, or None when it can.
+
+    A CPU-only build of torch has no CUDA autocast kernels and cannot make fake CUDA tensors:
+    ampgraph still annotates from its tables (on meta tensors), but there is nothing to check the
+    annotations against. Saying so beats comparing with kernels that never ran.
+
+    >>> dispatcher_unavailable("cpu") is None
+    True
+    """
+    if device_type == "cpu" or torch.backends.cuda.is_built():
+        return None
+    return (
+        f"torch {torch.__version__} is a CPU-only build without CUDA's autocast kernels, so "
+        "--device cuda annotations cannot be checked here: install the CUDA build "
+        "(pip install torch==2.14.1; no GPU needed) or check with --device cpu"
+    )
+
+
 def dispatcher_results(capture: Capture) -> dict[str, dict[str, Any]]:
     """What the real autocast kernels return at every node, by qualified node name."""
     oracle = DispatcherOracle(capture)

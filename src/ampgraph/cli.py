@@ -364,6 +364,10 @@ def check_command(
 
     failed = 0
     for report in iter_reports(model, settings, device, amp_dtype, seq_len):
+        if report.check is None:
+            raise click.ClickException(
+                (report.capture or {}).get("check_unavailable") or "the check did not run"
+            )
         click.echo(check_summary(report))
         for line in disagreement_lines(report):
             click.echo(line)

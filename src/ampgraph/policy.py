@@ -19,6 +19,7 @@ True
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Final
 
 #: The torch release these lists were read from (major.minor).
@@ -149,6 +150,51 @@ TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
     },
 }
 
+#: How the lists changed, newest release first: (release, device type, category, entry, change).
+#: For an older installed torch the changes of every newer release are undone, so the tables match
+#: the dispatcher of the torch that runs (tests/test_policy.py proves it for the one installed).
+TABLE_HISTORY: Final[tuple[tuple[str, str, str, str, str], ...]] = (
+    ("2.14", "cuda", LOWER_PRECISION_FP, "_cudnn_rnn", "added"),
+    ("2.14", "cuda", FP32, "linalg_matrix_sqrth", "added"),
+    ("2.14", "cpu", FP32, "linalg_matrix_sqrth", "added"),
+    ("2.14", "cpu", FP32, "cholesky", "removed"),
+    ("2.14", "cpu", FP32, "qr", "removed"),
+)
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, _, rest = version.partition(".")
+    minor = "".join(ch for ch in rest.partition(".")[0] if ch.isdigit())
+    return int(major), int(minor or 0)
+
+
+def tables_for(version: str) -> dict[str, dict[str, tuple[str, ...]]]:
+    """The lists as torch ``version`` (``"2.13.0+cpu"``, ``"2.14"``) registers them.
+
+    >>> "qr" in tables_for("2.13.0")["cpu"][FP32], "qr" in tables_for("2.14.1")["cpu"][FP32]
+    (True, False)
+    """
+    out = {device: {cat: list(entries) for cat, entries in table.items()}
+           for device, table in TABLES.items()}  # fmt: skip
+    for release, device, category, entry, change in TABLE_HISTORY:
+        if _release(version) >= _release(release):
+            continue
+        entries = out[device][category]
+        if change == "added":
+            entries.remove(entry)
+        else:
+            entries.append(entry)
+    return {device: {cat: tuple(e) for cat, e in table.items()} for device, table in out.items()}
+
+
+def installed_torch() -> str:
+    """The installed torch's version, read from its metadata (this module never imports torch)."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return TABLE_TORCH_VERSION
+
+
 #: For fp32_append_dtype: the overload each wrapped overload redispatches to, with a dtype added.
 APPEND_DTYPE_REDISPATCH: Final[dict[str, str]] = {
     "norm.Scalar": "norm.ScalarOpt_dtype",
@@ -165,9 +211,17 @@ BANNED_MESSAGE: Final = (
 )
 
 
+#: The tables for the torch that is installed: what lookups read.
+ACTIVE_TABLES: Final = tables_for(installed_torch())
+#: The release whose lists those are (reports record it as ``versions.policy_tables``).
+ACTIVE_RELEASE: Final = "{}.{}".format(
+    *min(_release(installed_torch()), _release(TABLE_TORCH_VERSION))
+)
+
+
 def _index() -> dict[tuple[str, str], str]:
     index: dict[tuple[str, str], str] = {}
-    for device_type, table in TABLES.items():
+    for device_type, table in ACTIVE_TABLES.items():
         for category, entries in table.items():
             for entry in entries:
                 index[(device_type, entry)] = category
@@ -192,4 +246,4 @@ def lookup(device_type: str, schema_name: str, overload: str) -> str | None:
 
 def registered_entries(device_type: str) -> set[str]:
     """Every ``op[.overload]`` the table gives a policy for on ``device_type``."""
-    return {entry for entries in TABLES[device_type].values() for entry in entries}
+    return {entry for entries in ACTIVE_TABLES[device_type].values() for entry in entries}

@@ -132,6 +132,26 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
     return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
 
 
+def replay_device(device_type: str) -> str:
+    """Where a setting's fake tensors live: on its device, or on ``meta`` for CUDA settings where
+    this torch is a CPU-only build (it cannot make fake CUDA tensors). The annotator reads a meta
+    tensor's device as CUDA (:func:`device_type_of`); only the dispatcher check needs the real
+    CUDA kernels, and it says so where they are missing.
+
+    >>> replay_device("cpu")
+    'cpu'
+    """
+    if device_type == "cpu" or torch.backends.cuda.is_built():
+        return device_type
+    return "meta"
+
+
+def device_type_of(t: torch.Tensor) -> str:
+    """The device type autocast would see for ``t``: meta stands in for CUDA (see above)."""
+    kind = t.device.type
+    return "cuda" if kind == "meta" else kind
+
+
 def placeholder_value(node: fx.Node, device: str) -> Any:
     """A fresh fake tensor shaped like the placeholder's recorded value, on ``device``."""
     val = node.meta.get("val")
@@ -159,7 +179,7 @@ class FakeReplay(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, setting: Setting, prefix: str = "") -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.setting = setting
-        self.device = torch.device(setting.device_type)
+        self.device = torch.device(replay_device(setting.device_type))
         self.prefix = prefix
         #: outer node names for a region body's placeholders (empty at top level).
         self.outer_names: dict[str, str] = {}
@@ -198,7 +218,8 @@ class FakeReplay(fx.Interpreter):
     def run_graph(self) -> Any:
         """Run the whole graph on fresh fake placeholders (call inside :func:`fake_session`)."""
         placeholders = [p for p in self.graph.nodes if p.op == "placeholder"]
-        return self.run(*(placeholder_value(p, self.setting.device_type) for p in placeholders))
+        device = replay_device(self.setting.device_type)
+        return self.run(*(placeholder_value(p, device) for p in placeholders))
 
     def _retarget_devices(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
