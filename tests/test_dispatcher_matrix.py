@@ -83,6 +83,8 @@ def test_cpu_only_torch_annotates_on_meta_and_says_it_cannot_check(
     assert hook_lines(rep, SEED_WATCH)[: len(seed) - 1] == seed[:-1]
     code, out = _cli(["--no-cache", "check", "-s", "amp-fp32"])
     assert code == 1 and out.startswith("Error: torch ") and len(out.splitlines()) == 1
+    code, out = _cli(["--no-cache", "table", "-s", "amp-fp32", "--only", "Embedding"])
+    assert code == 0 and out.splitlines()[0].startswith("warning: not checked: torch ")
 
 
 def _cli(args: list[str]) -> tuple[int, str]:

@@ -164,7 +164,7 @@ def root_options() -> dict[str, Any]:
 
 def iter_reports(
     model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
-    *, check: bool = True,
+    *, check: bool = True, warn_unchecked: bool = True,
 ) -> Iterator[Report]:  # fmt: skip
     """The analysis of ``model_spec`` in each setting, in order.
 
@@ -208,6 +208,9 @@ def iter_reports(
         analyze_many(model, [resolved[i] for i in missing], check=check,
                      workers=options["jobs"], on_done=done)  # fmt: skip
     warn_dtype_branches(reports[0])
+    unavailable = (reports[0].capture or {}).get("check_unavailable") if reports[0] else None
+    if check and warn_unchecked and unavailable:
+        click.echo(f"warning: not checked: {unavailable}", err=True)
     for report in reports:
         assert report is not None
         yield report
@@ -363,7 +366,7 @@ def check_command(
     from ampgraph.formats import check_summary, disagreement_lines
 
     failed = 0
-    for report in iter_reports(model, settings, device, amp_dtype, seq_len):
+    for report in iter_reports(model, settings, device, amp_dtype, seq_len, warn_unchecked=False):
         if report.check is None:
             raise click.ClickException(
                 (report.capture or {}).get("check_unavailable") or "the check did not run"
