@@ -32,7 +32,8 @@ def select_calls(report: Report, only: Sequence[str] | None = None) -> list[Modu
     return [c for c in report.modules if wanted & set(c.bases)]
 
 
-def _call_error(report: Report, call: ModuleCall) -> str | None:
+def call_error(report: Report, call: ModuleCall) -> str | None:
+    """The error of the first node of a module call that raised, or None: the hook's view."""
     for name in call.nodes:
         rec = report.node(name)
         if rec.error:
@@ -44,7 +45,7 @@ def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
     """One seed-notebook hook line per leaf-module call, in execution order."""
     lines = []
     for call in select_calls(report, only):
-        error = _call_error(report, call)
+        error = call_error(report, call)
         if error:
             lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}")
         else:
@@ -76,7 +77,7 @@ def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
     for call in select_calls(report, only):
         recs = [report.node(n) for n in call.nodes]
         policies = sorted({CATEGORY_LABEL[r.policy] for r in recs if r.policy})
-        error = _call_error(report, call)
+        error = call_error(report, call)
         out = f"error: {error}" if error else short_dtype(call.out_dtype)
         rows.append(
             f"| `{call.path}` | {call.type.rsplit('.', 1)[-1]} | {short_dtype(call.in_dtype)} "

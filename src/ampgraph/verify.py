@@ -68,8 +68,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph import policy as P
 from ampgraph.capture import Capture, autocast_state, capture, dtype_name, torch_dtype
 from ampgraph.errors import AmpgraphError
+from ampgraph.formats import call_error
 from ampgraph.models import ModelInputs
-from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.records import NodeRecord, Report
 from ampgraph.replay import WRAP_WITH_AUTOCAST, Failed, FakeReplay, tensor_leaves
 from ampgraph.settings import Setting, short_dtype
 
@@ -895,14 +896,6 @@ def compare_nodes(
     return Figure(nodes_agree, nodes_total), Figure(casts_agree, casts_total), found
 
 
-def _call_error(report: Report, call: ModuleCall) -> str | None:
-    for name in call.nodes:
-        rec = report.node(name)
-        if rec.error:
-            return rec.error
-    return None
-
-
 def compare_modules(report: Report, hooks: Sequence[HookCall]) -> tuple[Figure, list[Disagreement]]:
     """The annotation's module view against the eager hooks, call by call in order."""
     import difflib
@@ -918,7 +911,7 @@ def compare_modules(report: Report, hooks: Sequence[HookCall]) -> tuple[Figure, 
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             for call, hook in zip(predicted[i1:i2], seen[j1:j2]):
-                error = _call_error(report, call)
+                error = call_error(report, call)
                 want = (call.in_dtype, None if error else call.out_dtype, error)
                 got = (hook.in_dtype, None if hook.error else hook.out_dtype, hook.error)
                 if want == got:
