@@ -39,6 +39,7 @@ from ampgraph.replay import (
     Failed,
     FakeReplay,
     device_type_of,
+    dtype_names,
     fake_session,
     is_getitem,
     op_name,
@@ -147,7 +148,7 @@ class AutocastAnnotator(FakeReplay):
         if n.op == "placeholder":
             self._record_placeholder(n, value)
         elif n.op == "output" and not self.prefix and not isinstance(value, Failed):
-            self._record(n, kind="output", outputs=_dtypes(value), reason="graph output")
+            self._record(n, kind="output", outputs=dtype_names(value), reason="graph output")
         return value
 
     def _record_placeholder(self, n: fx.Node, value: Any) -> None:
@@ -161,8 +162,8 @@ class AutocastAnnotator(FakeReplay):
             n,
             kind=kind,
             target=target,
-            outputs=_dtypes(value),
-            reason=f"{what} {target} in {short_dtype(_first(_dtypes(value)))}",
+            outputs=dtype_names(value),
+            reason=f"{what} {target} in {short_dtype(_first(dtype_names(value)))}",
         )
 
     def execute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -172,7 +173,7 @@ class AutocastAnnotator(FakeReplay):
         if not isinstance(target, torch._ops.OpOverload):
             value = super().execute(n, args, kwargs)
             reason = "selects one output" if is_getitem(target) else "Python-level op"
-            self._record(n, outputs=_dtypes(value), reason=reason)
+            self._record(n, outputs=dtype_names(value), reason=reason)
             return value
         category, device_type = self._policy(target, args, kwargs)
         self._pending[n.name] = {"policy": category}
@@ -201,7 +202,7 @@ class AutocastAnnotator(FakeReplay):
                     ),
                 )
         pending = self._pending.pop(n.name)
-        outputs = _dtypes(value)
+        outputs = dtype_names(value)
         promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
         if promotion is not None:
             pending["reason"] = (
@@ -241,7 +242,7 @@ class AutocastAnnotator(FakeReplay):
         value = self.run_body(child, region.body, region.operands, n)
         if isinstance(value, Failed):
             rec.skipped = value.node  # the body's failing node carries the error
-        rec.outputs = _dtypes(value)
+        rec.outputs = dtype_names(value)
         return value
 
     # -- policy -------------------------------------------------------------------------------------
@@ -424,13 +425,6 @@ def _promote_type(
             else:
                 raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
     return current
-
-
-def _dtypes(value: Any) -> list[str | None]:
-    if isinstance(value, Failed) or value is None:
-        return []
-    leaves = pytree.tree_leaves(value)
-    return [dtype_name(v.dtype) if isinstance(v, torch.Tensor) else None for v in leaves]
 
 
 def _first(items: list[str | None]) -> str | None:

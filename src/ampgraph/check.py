@@ -20,7 +20,14 @@ from torch import fx
 
 from ampgraph.capture import EXPORT, Capture, autocast_state, dtype_name, torch_dtype
 from ampgraph.records import NodeRecord
-from ampgraph.replay import Failed, FakeReplay, fake_session, region_args, tensor_leaves
+from ampgraph.replay import (
+    Failed,
+    FakeReplay,
+    dtype_names,
+    fake_session,
+    region_args,
+    tensor_leaves,
+)
 
 ORACLE = "dispatcher (real autocast kernels on fake tensors)"
 
@@ -43,9 +50,9 @@ class DispatcherOracle(FakeReplay):
         value = super().run_node(n)
         if n.op in ("call_function", "placeholder") and not isinstance(value, Failed):
             if not (n.op == "placeholder" and n.name in self.outer_names):
-                self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
+                self.results[self.qualified(n)] = {"outputs": dtype_names(value)}
         elif n.op == "output" and not self.prefix and not isinstance(value, Failed):
-            self.results[self.qualified(n)] = {"outputs": _dtypes(value)}
+            self.results[self.qualified(n)] = {"outputs": dtype_names(value)}
         return value
 
     def on_error(self, n: fx.Node, failure: Failed) -> None:
@@ -65,20 +72,11 @@ class DispatcherOracle(FakeReplay):
         with scope:
             value = self.run_body(child, region.body, region.operands, n)
         self.results[self.qualified(n)] = (
-            {"skipped": value.node} if isinstance(value, Failed) else {"outputs": _dtypes(value)}
+            {"skipped": value.node}
+            if isinstance(value, Failed)
+            else {"outputs": dtype_names(value)}
         )
         return value
-
-
-def _dtypes(value: Any) -> list[str | None]:
-    from torch.utils import _pytree as pytree
-
-    if value is None:
-        return []
-    return [
-        dtype_name(v.dtype) if isinstance(v, torch.Tensor) else None
-        for v in pytree.tree_leaves(value)
-    ]
 
 
 def dispatcher_unavailable(device_type: str) -> str | None:

@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.capture import torch_dtype
+from ampgraph.capture import dtype_name, torch_dtype
 from ampgraph.settings import Setting
 
 WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
@@ -130,6 +130,21 @@ def is_assert(target: Any) -> bool:
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
     return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
+def dtype_names(value: Any) -> list[str | None]:
+    """The dtype name of every leaf of a node's value (None for a leaf that is not a tensor);
+    nothing for a node that returned nothing or failed.
+
+    >>> dtype_names((torch.empty(1), 3))
+    ['float32', None]
+    """
+    if value is None or isinstance(value, Failed):
+        return []
+    return [
+        dtype_name(v.dtype) if isinstance(v, torch.Tensor) else None
+        for v in pytree.tree_leaves(value)
+    ]
 
 
 def replay_device(device_type: str) -> str:

@@ -71,7 +71,7 @@ from ampgraph.errors import AmpgraphError
 from ampgraph.formats import call_error
 from ampgraph.models import ModelInputs
 from ampgraph.records import NodeRecord, Report
-from ampgraph.replay import WRAP_WITH_AUTOCAST, Failed, FakeReplay, tensor_leaves
+from ampgraph.replay import WRAP_WITH_AUTOCAST, Failed, FakeReplay, dtype_names, tensor_leaves
 from ampgraph.settings import Setting, short_dtype
 
 SCHEMA = "ampgraph.verify"
@@ -527,11 +527,11 @@ class RealExecution(FakeReplay):
                     # the error is recorded at the body's node, and the region counts as not run.
                     obs.skipped = value.node
                 else:
-                    obs.outputs = _dtypes(value)
+                    obs.outputs = dtype_names(value)
         elif n.op == "output" and not self.prefix:
             failed = [v for v in pytree.tree_leaves(value) if isinstance(v, Failed)]
             self.observed[name] = (
-                Observed(skipped=failed[0].node) if failed else Observed(outputs=_dtypes(value))
+                Observed(skipped=failed[0].node) if failed else Observed(outputs=dtype_names(value))
             )
         return value
 
@@ -682,13 +682,6 @@ def _dtype_arg(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str,
                 return args[i]
             return kwargs.get("dtype")
     return None
-
-
-def _dtypes(value: Any) -> list[str | None]:
-    leaves = pytree.tree_leaves(value) if value is not None else []
-    if any(isinstance(v, Failed) for v in leaves):
-        return []
-    return [dtype_name(v.dtype) if isinstance(v, torch.Tensor) else None for v in leaves]
 
 
 @contextlib.contextmanager
