@@ -32,7 +32,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from ampgraph.errors import CaptureError
+from ampgraph.errors import CaptureError, first_line
 from ampgraph.models import ModelInputs
 from ampgraph.settings import Setting
 
@@ -226,8 +226,7 @@ def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return f"{type(exc).__name__}: {first_line(exc, default='')}".rstrip(": ")
 
 
 def _export(

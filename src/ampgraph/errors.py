@@ -24,3 +24,16 @@ class CaptureError(AmpgraphError):
 
 class RenderError(AmpgraphError):
     """Graphviz is missing or failed to lay a diagram out."""
+
+
+def first_line(exc: BaseException, default: str | None = None) -> str:
+    """The first line of an exception's message, for one-line errors; ``default`` (else the
+    exception's type name) when the message is empty.
+
+    >>> first_line(ValueError("bad shape\\n  at line 3")), first_line(KeyError())
+    ('bad shape', 'KeyError')
+    """
+    text = str(exc).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(exc).__name__ if default is None else default

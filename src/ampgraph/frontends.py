@@ -50,7 +50,7 @@ import torch.fx.traceback as fx_traceback
 from torch import fx, nn
 
 from ampgraph.capture import quiet_logging, simulated_cuda_amp
-from ampgraph.errors import CaptureError
+from ampgraph.errors import CaptureError, first_line
 from ampgraph.models import ModelInputs
 
 EXPORT = "export"
@@ -70,8 +70,7 @@ class Frontend:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    message = text[0] if text else ""
+    message = first_line(exc, default="")
     # The HF tracer appends every class it supports: "Model X is not supported yet, supported
     # models: AlbertForMaskedLM, ...". The first clause is the news.
     message = message.split(", supported models:")[0]

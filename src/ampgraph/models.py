@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.errors import ModelSpecError
+from ampgraph.errors import ModelSpecError, first_line
 from ampgraph.specs import ModelSpec, spec_kind, spec_tracer
 
 DEFAULT_MODEL = "opt-125m"
@@ -225,9 +225,8 @@ def build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
     try:
         config = AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         # "Unrecognized model identifier: x. Should contain one of <200 names>": first sentence.
-        reason = reason.split(". ")[0][:120]
+        reason = first_line(exc).split(". ")[0][:120]
         raise ModelSpecError(
             f"transformers {transformers.__version__} does not know model_type {model_type!r} "
             f"({reason}); upgrade transformers or use --module package.module:factory"
@@ -239,7 +238,7 @@ def build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
         try:
             model = model_class(config) if model_class is not None else auto.from_config(config)
         except Exception as exc:  # noqa: BLE001 - a config transformers accepts but cannot build
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            reason = first_line(exc, default="")
             raise ModelSpecError(
                 f"cannot build a {model_type!r} model from this config "
                 f"({type(exc).__name__}: {reason[:120]}); fix the config or use --module"

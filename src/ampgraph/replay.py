@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.capture import dtype_name, torch_dtype
+from ampgraph.errors import first_line
 from ampgraph.settings import Setting
 
 WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
@@ -225,8 +226,7 @@ class FakeReplay(fx.Interpreter):
         try:
             return self.execute(n, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            value = Failed(self.qualified(n), message)
+            value = Failed(self.qualified(n), first_line(exc))
             self.on_error(n, value)
             return value
 

@@ -67,7 +67,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import policy as P
 from ampgraph.capture import Capture, autocast_state, capture, dtype_name, torch_dtype
-from ampgraph.errors import AmpgraphError
+from ampgraph.errors import AmpgraphError, first_line
 from ampgraph.formats import call_error
 from ampgraph.models import ModelInputs
 from ampgraph.records import NodeRecord, Report
@@ -817,10 +817,8 @@ def run_eager(
             try:
                 model.module(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the model's own error, maybe predicted
-                text = str(exc).strip()
-                message = text.splitlines()[0] if text else type(exc).__name__
                 failing = running[-1] if running else HookCall("(top level)", "", None)
-                failing.error = message
+                failing.error = first_line(exc)
                 calls.append(failing)
     finally:
         for handle in handles:
