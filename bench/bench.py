@@ -229,16 +229,11 @@ def main() -> None:
 
 
 def versions() -> dict[str, str]:
-    """The installed versions that the figures depend on (package metadata: no imports)."""
-    from importlib import metadata
+    """The installed versions that the figures depend on: those that key ampgraph's cache."""
+    from ampgraph.cache import environment
 
-    out = {}
-    for dist in ("ampgraph", "torch", "transformers"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
+    env = environment()
+    return {dist: env[dist] for dist in ("ampgraph", "torch", "transformers")}
 
 
 if __name__ == "__main__":
