@@ -50,6 +50,7 @@ def module_calls(
     records: Sequence[NodeRecord],
     modules: dict[str, ModuleInfo],
     module_io: dict[str, list[tuple[str | None, str | None]]] | None = None,
+    call_order: Sequence[tuple[str, int, bool]] = (),
 ) -> list[ModuleCall]:
     """Group node records into leaf-module calls, each with the dtypes a forward hook would see.
 
@@ -58,8 +59,17 @@ def module_calls(
     ``in`` is the first value the call consumes from outside that is not a parameter or buffer
     (a Linear's activation, an Embedding's token ids) and ``out`` the last value it produces that
     is used outside the call.
+
+    A call that added no node to the graph (``nn.Identity``, an eval-mode ``StochasticDepth``)
+    still fires its hook: it is listed where ``call_order`` puts it, with the dtypes of the value
+    it received and returned.
     """
     module_io = module_io or {}
+    # The k-th call of a path that has graph nodes is its n-th call in all (empty ones count).
+    with_nodes: dict[str, list[int]] = {}
+    for path, index, empty in call_order:
+        if not empty:
+            with_nodes.setdefault(path, []).append(index)
     call_index: dict[str, int] = {}
     by_name = {r.name: r for r in records}
     groups: dict[str, list[NodeRecord]] = {}
@@ -74,7 +84,13 @@ def module_calls(
     for rec in records:
         for inp in rec.inputs:
             used_by.setdefault(inp["node"], set()).add(rec.name)
-    calls = []
+
+    def hook_io(path: str, index: int) -> tuple[NodeRecord | None, NodeRecord | None]:
+        io = module_io.get(path, [])
+        hook_in, hook_out = io[index] if index < len(io) else (None, None)
+        return by_name.get(hook_in or ""), by_name.get(hook_out or "")
+
+    calls: list[tuple[tuple[str, int], ModuleCall]] = []
     for call, members in groups.items():
         names = {m.name for m in members}
         in_dtype = None
@@ -92,15 +108,17 @@ def module_calls(
             next((m for m in reversed(members) if m.outputs), None),
         )
         info = modules[members[0].module or ""]
-        index = call_index.get(info.path, 0)
-        call_index[info.path] = index + 1
-        io = module_io.get(info.path, [])
-        hook_in, hook_out = io[index] if index < len(io) else (None, None)
-        if hook_in is not None and hook_in in by_name:
-            in_dtype = by_name[hook_in].out_dtype
-        if hook_out is not None and hook_out in by_name:
-            out_rec = by_name[hook_out]
-        calls.append(
+        k = call_index.get(info.path, 0)
+        call_index[info.path] = k + 1
+        indices = with_nodes.get(info.path, [])
+        index = indices[k] if k < len(indices) else k
+        hook_in, hook_out = hook_io(info.path, index)
+        if hook_in is not None:
+            in_dtype = hook_in.out_dtype
+        if hook_out is not None:
+            out_rec = hook_out
+        calls.append((
+            (info.path, index),
             ModuleCall(
                 path=info.path,
                 type=info.type,
@@ -109,9 +127,38 @@ def module_calls(
                 in_dtype=in_dtype,
                 out_dtype=out_rec.out_dtype if out_rec else None,
                 nodes=[m.name for m in members],
+            ),
+        ))  # fmt: skip
+
+    # Calls without nodes go right after the call that preceded them in the forward.
+    after: dict[tuple[str, int] | None, list[ModuleCall]] = {}
+    previous: tuple[str, int] | None = None
+    for path, index, empty in call_order:
+        if not empty:
+            previous = (path, index)
+            continue
+        info = modules.get(path)
+        rec_in, rec_out = hook_io(path, index)
+        if info is None or rec_out is None:
+            continue  # returned no traced tensor: nothing a hook line could name
+        after.setdefault(previous, []).append(
+            ModuleCall(
+                path=path,
+                type=info.type,
+                bases=list(info.bases),
+                call=f"{path}@{index}" if index else path,
+                in_dtype=rec_in.out_dtype if rec_in is not None else None,
+                out_dtype=rec_out.out_dtype,
+                nodes=[],
             )
         )
-    return calls
+    ordered = list(after.pop(None, []))
+    for key, call in calls:
+        ordered.append(call)
+        ordered.extend(after.pop(key, []))
+    for rest in after.values():  # the preceding call left no group (not seen so far)
+        ordered.extend(rest)
+    return ordered
 
 
 #: Graphs at least this big run the dispatcher check in a forked process beside the annotation.
@@ -183,7 +230,7 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
             **({"check_unavailable": unavailable} if unavailable else {}),
         },
         nodes=records,
-        modules=module_calls(records, cap.modules, cap.module_io),
+        modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
         check=summary,
     )
 

@@ -130,16 +130,25 @@ class AutocastAnnotator(FakeReplay):
 
     def on_error(self, n: fx.Node, failure: Failed) -> None:
         pending = self._pending.pop(n.name, {})
+        if not failure.analysed:
+            pending["reason"] = "not analysed: this CUDA kernel needs a GPU driver even on fake " \
+                "tensors, and this machine has none"  # fmt: skip
+            self._record(n, not_analysed=failure.message, **pending)
+            return
         self._record(n, error=failure.message, **pending)
 
     def on_skipped(self, n: fx.Node, failure: Failed) -> None:
         if n.op == "output" and self.prefix:
             return  # a region body's output: the region node itself is recorded as skipped
+        extra = {} if failure.analysed else {"not_analysed": f"depends on {failure.node}"}
         self._record(
             n,
             kind="output" if n.op == "output" else "op",
             skipped=failure.node,
-            reason=f"not run: input from failed {failure.node}",
+            reason=f"not run: input from failed {failure.node}"
+            if failure.analysed
+            else f"not analysed: depends on {failure.node}, which needs a GPU driver here",
+            **extra,
         )
 
     # -- fx.Interpreter ---------------------------------------------------------------------------
@@ -182,14 +191,14 @@ class AutocastAnnotator(FakeReplay):
         )
         self._pending[n.name]["casts"] = casts
         self._pending[n.name]["reason"] = reason
-        inner = (
-            InnerAutocast(self) if category is None and self._autocast_on(args, kwargs) else None
-        )
+        inner: InnerAutocast | Decomposed | None = None
+        if category is None and self._autocast_on(args, kwargs):
+            inner = Decomposed(self, n, target) if _is_composite(target) else InnerAutocast(self)
         if inner is None:
             value = op(*call_args, **call_kwargs)
         else:
             with inner:
-                value = op(*call_args, **call_kwargs)
+                value = inner.call(op, call_args, call_kwargs)
             if inner.applied:
                 category = inner.applied[0][1]
                 self._pending[n.name].update(
@@ -257,6 +266,8 @@ class AutocastAnnotator(FakeReplay):
             if not enabled:
                 continue
             category = P.lookup(device_type, op._schema.name, op._overloadname)
+            if category is None and P.has_autocast_kernel(device_type, op.name()):
+                category = P.OPAQUE  # a kernel is there, but not one ampgraph knows
             if category is not None:
                 return category, device_type
         return None, self.setting.device_type
@@ -282,6 +293,37 @@ class AutocastAnnotator(FakeReplay):
         lower = self.state.states[device_type][1]
         if category == P.BANNED:
             raise RuntimeError(P.BANNED_MESSAGE)
+        if category == P.OPAQUE:
+            why = (
+                f"not analysed: an autocast kernel ampgraph does not know is registered for "
+                f"{op.name()} on {device_type}; shown as if it ran as called"
+            )
+            return args, kwargs, [], op, why
+        if category == P.FP32_OUTPUT_AS_INPUT:
+            first = next((t for t in tensor_leaves((args, kwargs))), None)
+            back = first.dtype if first is not None else torch.float32
+            new_args, new_kwargs, casts = self._cast_all(
+                args, kwargs, torch.float32, device_type, n, f"({name} input)"
+            )
+
+            def run_and_cast_back(*a: Any, **k: Any) -> Any:
+                out = op(*a, **k)
+                return pytree.tree_map_only(
+                    torch.Tensor, lambda t: torch.ops.aten._to_copy.default(t, dtype=back), out
+                )
+
+            why = (
+                f"{op.name()}'s autocast wrapper runs it in fp32 and returns "
+                f"{short_dtype(dtype_name(back))}"
+                + (
+                    ": casts " + ", ".join(
+                        f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}"
+                        for c in casts
+                    )
+                    if casts else ""
+                )
+            )  # fmt: skip
+            return new_args, new_kwargs, casts, run_and_cast_back, why
         if category in (P.LOWER_PRECISION_FP, P.FP32, P.PROMOTE):
             if category == P.LOWER_PRECISION_FP:
                 to = lower
@@ -318,8 +360,11 @@ class AutocastAnnotator(FakeReplay):
             if current is not None:
                 why = f"{name} already sets dtype={current}: autocast leaves it"
                 return args, kwargs, [], op, why
-            new_kwargs = {**kwargs, "dtype": torch.float32}
-            return args, new_kwargs, [], op, f"autocast asks {name} for an fp32 result (dtype=fp32)"
+            why = f"autocast asks {name} for an fp32 result (dtype=fp32)"
+            if dtype_index is not None and dtype_index < len(args):  # dtype=None given by position
+                new_args = (*args[:dtype_index], torch.float32, *args[dtype_index + 1 :])
+                return new_args, kwargs, [], op, why
+            return args, {**kwargs, "dtype": torch.float32}, [], op, why
         # fp32_append_dtype: redispatch to the overload with an explicit dtype.
         out = torch.float32 if _eligible(first, device_type) else first.dtype
         entry = P.entry_name(op._schema.name, op._overloadname)
@@ -328,6 +373,18 @@ class AutocastAnnotator(FakeReplay):
         target = getattr(getattr(torch.ops.aten, packet), overload)
         why = f"autocast calls {redispatch} with dtype={short_dtype(dtype_name(out))}"
         return args, {**kwargs, "dtype": out}, [], target, why
+
+    def producer_label(self, n: fx.Node | None, t: torch.Tensor, unknown: str) -> str:
+        """The qualified name of the input node of ``n`` that produced tensor ``t``."""
+        for a in n.all_input_nodes if n is not None else []:
+            value = self.env.get(a)
+            if value is t:
+                return self.qualified(a)
+        for a in n.all_input_nodes if n is not None else []:
+            value = self.env.get(a)
+            if isinstance(value, (list, tuple)) and any(v is t for v in value):
+                return self.qualified(a)
+        return unknown
 
     def _cast_all(
         self,
@@ -339,26 +396,109 @@ class AutocastAnnotator(FakeReplay):
         unknown: str = "?",
     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
         casts: list[Cast] = []
-        # Map each tensor value back to the node that produced it, for the cast records.
-        inputs = n.all_input_nodes if n is not None else []
-        producers = {id(self.env[a]): a for a in inputs if a in self.env}
-        list_producers: dict[int, fx.Node] = {}
-        for a in inputs:
-            value = self.env.get(a)
-            if isinstance(value, (list, tuple)):
-                for v in value:
-                    list_producers.setdefault(id(v), a)
 
         def cast(t: Any) -> Any:
             if not _eligible(t, device_type) or t.dtype == to:
                 return t
-            producer = producers.get(id(t)) or list_producers.get(id(t))
-            label = self.qualified(producer) if producer is not None else unknown
+            label = self.producer_label(n, t, unknown)
             casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
             return torch.ops.aten._to_copy.default(t, dtype=to)
 
         new_args, new_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
         return tuple(new_args), dict(new_kwargs), casts
+
+
+def _is_composite(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` decomposes above autocast (a CompositeImplicitAutograd kernel)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+#: (op, tensor signature, autocast state) whose decomposition reaches no autocast policy.
+_NO_POLICY_INSIDE: set[Any] = set()
+
+
+class Decomposed:
+    """Autocast inside a CompositeImplicitAutograd op without a policy, at any depth.
+
+    Autocast falls through such an op to its decomposition with autocast still on, and each op
+    the decomposition calls is dispatched from the top again, so autocast's lists apply to it;
+    if that op is itself a composite without a policy, the same happens one level further down
+    (CUDA ``cross_entropy_loss`` -> ``log_softmax`` in fp32 and ``nll_loss_nd`` -> ``nll_loss``).
+    ``make_fx(pre_dispatch=True)`` with the op's own decomposition records those calls at the
+    level autocast sees them; a child annotator then annotates that little graph, recursing
+    where it meets another such composite.
+    """
+
+    def __init__(self, annotator: AutocastAnnotator, n: fx.Node, op: torch._ops.OpOverload):
+        self.annotator = annotator
+        self.node = n
+        self.op = op
+        self.casts: list[Cast] = []
+        self.applied: list[tuple[str, str]] = []
+
+    def __enter__(self) -> Decomposed:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        tensors = [leaves[i] for i in where]
+        key = (
+            self.op,
+            tuple((t.dtype, device_type_of(t)) for t in tensors),
+            tuple(sorted(self.annotator.state.states.items())),
+        )
+        if key in _NO_POLICY_INSIDE:
+            return op(*args, **kwargs)
+
+        def call_op(*ts: torch.Tensor) -> Any:
+            filled = list(leaves)
+            for i, t in zip(where, ts):
+                filled[i] = t
+            a, k = pytree.tree_unflatten(filled, spec)
+            return self.op(*a, **k)
+
+        def cpp_decomposition(*a: Any, **k: Any) -> Any:
+            # The C++ kernel a real run takes: op.decompose() would prefer a Python decomposition
+            # registered for tracing (upsample_bilinear2d.vec has one) whose ops differ.
+            return self.op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *a, **k)
+
+        try:
+            gm = make_fx(
+                call_op, pre_dispatch=True, decomposition_table={self.op: cpp_decomposition}
+            )(*tensors)
+        except Exception:  # noqa: BLE001 - not traceable this way: autocast as one level sees it
+            self.fallback = InnerAutocast(self.annotator)
+            with self.fallback:
+                value = op(*args, **kwargs)
+            self.applied, self.casts = self.fallback.applied, self.fallback.casts
+            if not self.applied:
+                _NO_POLICY_INSIDE.add(key)
+            return value
+        parent = self.annotator
+        child = AutocastAnnotator(
+            parent.capture, gm=gm, state=parent.state, records=[],
+            prefix=f"{parent.prefix}{self.node.name}.", region=parent.region,
+        )  # fmt: skip
+        placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
+        child.outer_names = {
+            p.name: parent.producer_label(self.node, t, "?") for p, t in zip(placeholders, tensors)
+        }
+        value = child.run(*tensors)
+        if isinstance(value, Failed):
+            raise RuntimeError(value.message)  # noqa: TRY004 - the inner op's own error
+        for rec in child.records:
+            if rec.policy is not None:
+                self.applied.append((rec.op.split(".")[1], rec.policy))
+            self.casts += rec.casts
+        if not self.applied:
+            _NO_POLICY_INSIDE.add(key)
+        return value
 
 
 class InnerAutocast(TorchDispatchMode):
@@ -377,6 +517,9 @@ class InnerAutocast(TorchDispatchMode):
         self.annotator = annotator
         self.casts: list[Cast] = []
         self.applied: list[tuple[str, str]] = []
+
+    def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return op(*args, **kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}

@@ -38,6 +38,10 @@ from ampgraph.settings import Setting
 
 EXPORT = "export"
 EXPORT_META_REPLAY = "export-meta-replay"
+#: Traced with fp32 parameters and no autocast because the model raises in its setting (the
+#: ``half`` setting of a model fed fp32 inputs, an op autocast does not cover fed mixed dtypes),
+#: then replayed with the setting's dtypes and autocast.
+EXPORT_RETYPED = "export-retyped"
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,10 @@ class Capture:
     module_io: dict[str, list[tuple[str | None, str | None]]] = field(default_factory=dict)
     #: Where the frontend decided a branch on a dtype at its own trace time (see ModelInputs).
     dtype_branches: list[str] = field(default_factory=list)
+    #: Every leaf-module call in the order the forward made them, as (path, call index, whether
+    #: the call added no node to the graph). An ``nn.Identity`` or an eval-mode
+    #: ``StochasticDepth`` returns its input: a hook fires, yet the graph has nothing of it.
+    call_order: list[tuple[str, int, bool]] = field(default_factory=list)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -271,7 +279,17 @@ class ModuleIORecorder:
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.calls: dict[str, list[list[fx.Node | None]]] = {}
+        #: (path, call index, graph size when the call began or None, whether it added no node)
+        self.order: list[list[Any]] = []
         self._handles: list[Any] = []
+
+    @staticmethod
+    def _graph_size() -> int | None:
+        from torch.fx.experimental import proxy_tensor
+
+        mode = proxy_tensor.get_proxy_mode()
+        graph = getattr(getattr(mode, "tracer", None), "graph", None)
+        return len(graph.nodes) if graph is not None else None
 
     @staticmethod
     def _node_of(value: Any) -> fx.Node | None:
@@ -294,10 +312,15 @@ class ModuleIORecorder:
 
             def pre(_mod: nn.Module, args: tuple[Any, ...], path: str = path) -> None:
                 first = self._node_of(args[0]) if args else None
-                self.calls.setdefault(path, []).append([first, None])
+                calls = self.calls.setdefault(path, [])
+                self.order.append([path, len(calls), self._graph_size(), False])
+                calls.append([first, None])
 
             def post(_mod: nn.Module, _args: Any, out: Any, path: str = path) -> None:
                 self.calls[path][-1][1] = self._node_of(out)
+                entry = next(e for e in reversed(self.order) if e[0] == path)
+                size = self._graph_size()
+                entry[3] = size is not None and entry[2] == size
 
             self._handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
         return self
@@ -323,6 +346,10 @@ class ModuleIORecorder:
 
         return {path: [(name(i), name(o)) for i, o in calls] for path, calls in self.calls.items()}
 
+    def call_order(self) -> list[tuple[str, int, bool]]:
+        """Every leaf call in order, and whether it added no graph node (see Capture)."""
+        return [(path, index, empty) for path, index, _size, empty in self.order]
+
 
 def _dtype_constant_nodes(gm: fx.GraphModule) -> list[str]:
     names = []
@@ -333,6 +360,48 @@ def _dtype_constant_nodes(gm: fx.GraphModule) -> list[str]:
         if any(isinstance(leaf, torch.dtype) and leaf.is_floating_point for leaf in leaves):
             names.append(node.name)
     return names
+
+
+def _raised_by_a_kernel(exc: BaseException) -> bool:
+    """Whether export failed because an op raised (a dtype error), not because of tracing."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc) is RuntimeError:
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def _retrace_neutral(
+    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, exc: Exception
+) -> torch.export.ExportedProgram:
+    """Trace again with fp32 parameters and autocast off, when an op raised in ``setting``.
+
+    The forward of the ``half`` setting of a model fed fp32 inputs raises at its first layer on a
+    GPU (and in the fake kernels that check it): that is the finding, and it belongs at that node,
+    not in a failed capture. The graph is the same in any dtype unless the model reads dtypes
+    while tracing; those nodes are listed (``trace_time_dtype_nodes``) as for meta captures.
+    """
+    if not _raised_by_a_kernel(exc) or (setting.param_dtype == "float32" and not setting.autocast):
+        raise exc
+    recorder.calls.clear()
+    recorder.order.clear()
+    return _export(model, setting.device_type, torch.float32, None)
+
+
+def _retype_parameters(
+    gm: fx.GraphModule, kinds: dict[str, tuple[str, str]], dtype: torch.dtype
+) -> None:
+    """Give floating parameter and buffer placeholders ``dtype``, as ``Module.to(dtype)`` does."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op != "placeholder" or not isinstance(val, torch.Tensor):
+            continue
+        if kinds.get(node.name, ("input",))[0] in ("parameter", "buffer") and (
+            val.is_floating_point()
+        ):
+            node.meta["val"] = torch.empty(val.shape, dtype=dtype, device="meta")
 
 
 def can_trace_fake(device_type: str) -> bool:
@@ -348,7 +417,11 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
     try:
         with recorder:
             if can_trace_fake(setting.device_type):
-                program = _export(model, setting.device_type, param_dtype, setting)
+                try:
+                    program = _export(model, setting.device_type, param_dtype, setting)
+                except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
+                    program = _retrace_neutral(model, setting, recorder, exc)
+                    method = EXPORT_RETYPED
             else:
                 method = EXPORT_META_REPLAY
                 # Traced on meta, but a torch.autocast("cuda") region in the model still means
@@ -375,6 +448,8 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         }.get(spec.kind.name, spec.kind.name.lower())
         kinds[arg_name] = (kind, spec.target or arg_name)
     gm = program.graph_module
+    if method == EXPORT_RETYPED:
+        _retype_parameters(gm, kinds, param_dtype)
     return Capture(
         model_name=model.name,
         setting=setting,
@@ -385,5 +460,6 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         modules=module_table(model.module),
         trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method != EXPORT else [],
         module_io=recorder.resolve(gm),
+        call_order=recorder.call_order(),
         dtype_branches=list(model.dtype_branches),
     )

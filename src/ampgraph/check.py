@@ -139,27 +139,47 @@ def check(
     traced = trace_results(capture)
     compared = 0
     disagreements = 0
+    not_analysed = 0
     for rec in records:
         if rec.kind in ("parameter", "buffer", "constant", "input"):
             continue
+        if rec.not_analysed is not None:
+            # Said in the record and counted in the summary: never a silent agreement.
+            not_analysed += 1
+            rec.check = {"not_analysed": rec.not_analysed, "agree": None}
+            continue
         truth = oracle.get(rec.name)
         if truth is None:
-            continue
+            if rec.kind != "op" or rec.error or rec.skipped:
+                continue
+            # The dispatcher never reached a node the annotation says ran: never silent.
+            truth = {"not_analysed": "the dispatcher replay did not reach this node"}
         compared += 1
         predicted = _outcome(rec)
         observed = _outcome_from(truth)
         agree = predicted == observed
         result: dict[str, Any] = {"dispatcher": observed, "agree": agree}
         if rec.name in traced and "outputs" in truth:
-            tensor_outputs = [d for d in rec.outputs if d is not None]
             result["export"] = traced[rec.name]
+            tensor_outputs = [d for d in truth["outputs"] if d is not None]
             if traced[rec.name] != tensor_outputs:
-                result["agree"] = agree = False
+                # torch.export traces with the Python dispatcher, which decomposes some ops with
+                # Python decompositions registered for tracing (upsample_bilinear2d.vec) instead
+                # of the C++ kernel a real run takes, whose inner ops autocast covers. The replay
+                # runs the real kernels, and the eager hooks (ampgraph.hooks) agree with it: so
+                # this is said, never counted.
+                result["note"] = (
+                    f"torch.export's pre-dispatch trace recorded {traced[rec.name]} here; the "
+                    f"dispatcher's kernels return {tensor_outputs}"
+                )
         if not agree:
             disagreements += 1
         rec.check = result
-    return {"oracle": ORACLE, "nodes": len(records), "compared": compared,
-            "disagreements": disagreements}  # fmt: skip
+    summary = {"oracle": ORACLE, "nodes": len(records), "compared": compared,
+               "disagreements": disagreements}  # fmt: skip
+    if not_analysed:
+        summary["not_analysed"] = not_analysed
+    return summary
 
 
 def _outcome(rec: NodeRecord) -> dict[str, Any]:

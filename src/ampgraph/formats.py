@@ -33,20 +33,53 @@ def select_calls(report: Report, only: Sequence[str] | None = None) -> list[Modu
 
 
 def call_error(report: Report, call: ModuleCall) -> str | None:
-    """The error of the first node of a module call that raised, or None: the hook's view."""
+    """The error of the first node of a module call that raised, or None: the hook's view.
+
+    A node ampgraph could not analyse here reads ``not analysed: ...``: the forward cannot be
+    followed past it, and it is no prediction.
+    """
     for name in call.nodes:
         rec = report.node(name)
         if rec.error:
             return rec.error
+        if rec.not_analysed is not None and rec.skipped is None:
+            return f"not analysed: {rec.not_analysed}"
     return None
+
+
+def _not_run(report: Report, call: ModuleCall) -> bool:
+    """The forward stopped before this call: an earlier node raised."""
+    if not call.nodes:
+        return call.out_dtype is None
+    return all(report.node(name).skipped for name in call.nodes)
+
+
+def printed_calls(
+    report: Report, only: Sequence[str] | None = None
+) -> list[tuple[ModuleCall, str | None]]:
+    """The calls whose hooks a real run prints, each with its error: none after the first error.
+
+    A forward that raises stops there: the failing call's line is the last one, and no hook of a
+    later call fires.
+    """
+    out: list[tuple[ModuleCall, str | None]] = []
+    for call in select_calls(report, only):
+        error = call_error(report, call)
+        if error is None and _not_run(report, call):
+            break
+        out.append((call, error))
+        if error is not None:
+            break
+    return out
 
 
 def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
     """One seed-notebook hook line per leaf-module call, in execution order."""
     lines = []
-    for call in select_calls(report, only):
-        error = call_error(report, call)
-        if error:
+    for call, error in printed_calls(report, only):
+        if error and error.startswith("not analysed: "):
+            lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> {error}")
+        elif error:
             lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}")
         else:
             lines.append(call.hook_line())
@@ -74,10 +107,9 @@ def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
         "| module | type | in | out | policy | autocast casts |",
         "|---|---|---|---|---|---|",
     ]
-    for call in select_calls(report, only):
+    for call, error in printed_calls(report, only):
         recs = [report.node(n) for n in call.nodes]
         policies = sorted({CATEGORY_LABEL[r.policy] for r in recs if r.policy})
-        error = call_error(report, call)
         out = f"error: {error}" if error else short_dtype(call.out_dtype)
         rows.append(
             f"| `{call.path}` | {call.type.rsplit('.', 1)[-1]} | {short_dtype(call.in_dtype)} "
@@ -95,6 +127,8 @@ def check_summary(report: Report) -> str:
     c = report.check
     errors = len(report.errors)
     tail = f", {errors} node{'s' if errors != 1 else ''} raise" if errors else ""
+    if c.get("not_analysed"):
+        tail += f", {c['not_analysed']} not analysed (need a GPU driver here)"
     return (
         f"{report.model} {report.setting['name']} ({report.setting['device_type']} "
         f"{short_dtype(report.setting['amp_dtype'])}): {c['compared']} nodes compared with the "

@@ -19,6 +19,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 from typing import Final
 
@@ -31,7 +32,13 @@ FP32_SET_OPT_DTYPE: Final = "fp32_set_opt_dtype"
 FP32_APPEND_DTYPE: Final = "fp32_append_dtype"
 PROMOTE: Final = "promote"
 BANNED: Final = "banned"
-#: The five CastPolicy categories of autocast_mode.h, plus ops autocast refuses to run.
+#: A library's autocast wrapper that runs the op in fp32 and casts its outputs back to the
+#: dtype of its first input (torchvision's ``roi_align``, ``roi_pool``, ``deform_conv2d``, ...).
+FP32_OUTPUT_AS_INPUT: Final = "fp32_output_as_input"
+#: An autocast kernel is registered for the op, but ampgraph does not know what it does.
+OPAQUE: Final = "opaque"
+#: The five CastPolicy categories of autocast_mode.h, ops autocast refuses to run, the rule of
+#: libraries' wrappers ampgraph knows, and kernels it does not know.
 CATEGORIES: Final = (
     LOWER_PRECISION_FP,
     FP32,
@@ -39,6 +46,8 @@ CATEGORIES: Final = (
     FP32_APPEND_DTYPE,
     PROMOTE,
     BANNED,
+    FP32_OUTPUT_AS_INPUT,
+    OPAQUE,
 )
 
 #: How each category reads in tables, diagrams and legends.
@@ -49,6 +58,34 @@ CATEGORY_LABEL: Final[dict[str, str]] = {
     FP32_APPEND_DTYPE: "fp32 (appended dtype)",
     PROMOTE: "promote",
     BANNED: "banned",
+    FP32_OUTPUT_AS_INPUT: "fp32 (output in input dtype)",
+    OPAQUE: "unknown autocast kernel",
+}
+
+#: Autocast kernels that libraries register, with the rule each applies, read from the library's
+#: source: qualified op -> (device types it is registered for, category). torchvision 0.29
+#: registers them in ``torchvision/_autograd_registrations.py``: every floating (not fp64) tensor
+#: argument is cast to fp32 (``_autocast_cast``), and all but ``nms`` cast their outputs back to
+#: the input's dtype. ``tests/test_policy.py`` proves the device lists against the dispatcher.
+LIBRARY_KERNELS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    "torchvision::nms": (("cuda", "cpu", "xpu"), FP32),
+    "torchvision::roi_align": (("cuda", "cpu", "xpu"), FP32_OUTPUT_AS_INPUT),
+    "torchvision::roi_pool": (("cuda",), FP32_OUTPUT_AS_INPUT),
+    "torchvision::ps_roi_align": (("cuda",), FP32_OUTPUT_AS_INPUT),
+    "torchvision::ps_roi_pool": (("cuda",), FP32_OUTPUT_AS_INPUT),
+    "torchvision::deform_conv2d": (("cuda",), FP32_OUTPUT_AS_INPUT),
+}
+
+#: The dispatch key of each device type's autocast kernels.
+AUTOCAST_KEYS: Final[dict[str, str]] = {
+    "cuda": "AutocastCUDA",
+    "cpu": "AutocastCPU",
+    "xpu": "AutocastXPU",
+    "mps": "AutocastMPS",
+    "mtia": "AutocastMTIA",
+    "hpu": "AutocastHPU",
+    "xla": "AutocastXLA",
+    "privateuseone": "AutocastPrivateUse1",
 }
 
 # AT_FORALL_LOWER_PRECISION_FP, plus the two cudnn convolutions and _cudnn_rnn that
@@ -238,10 +275,68 @@ def entry_name(schema_name: str, overload: str) -> str:
 
 
 def lookup(device_type: str, schema_name: str, overload: str) -> str | None:
-    """The autocast category of one op overload on one device type, or None when it has none."""
+    """The autocast category of one op overload on one device type, or None when it has none.
+
+    Ops of other libraries get the rule of :data:`LIBRARY_KERNELS` where their wrapper is known;
+    use :func:`has_autocast_kernel` to tell an op without a kernel from an unknown one.
+
+    >>> lookup("cuda", "torchvision::roi_align", "default")
+    'fp32_output_as_input'
+    """
     if not schema_name.startswith("aten::"):
-        return None
+        devices, category = LIBRARY_KERNELS.get(schema_name, ((), ""))
+        return category if device_type in devices else None
     return _INDEX.get((device_type, entry_name(schema_name, overload)))
+
+
+@functools.cache
+def has_autocast_kernel(device_type: str, op_name: str) -> bool:
+    """Whether the installed dispatcher has an autocast kernel for ``op_name`` on the device.
+
+    Registration metadata only: it says a kernel exists, never what it returns.
+
+    >>> has_autocast_kernel("cuda", "torchvision::roi_pool"), has_autocast_kernel("cuda", "aten::add.Tensor")
+    (True, False)
+    """
+    import torch
+
+    key = AUTOCAST_KEYS.get(device_type)
+    if key is None or not hasattr(torch._C.DispatchKey, key):
+        return False
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op_name, key))
+    except RuntimeError:  # an op the dispatcher has no entry for (prim::device)
+        return False
+
+
+def autocast_kernels(device_type: str) -> dict[str, str]:
+    """Every op with an autocast kernel for ``device_type`` in the installed dispatcher.
+
+    The value is the category ampgraph applies: its table's for ATen ops (an ATen op with a kernel
+    but no entry is :data:`OPAQUE`: the tables are out of date), :data:`LIBRARY_KERNELS`' for
+    known library wrappers, and :data:`OPAQUE` for any other (a custom op registered with
+    ``torch.library.register_autocast`` or a raw kernel).
+
+    >>> autocast_kernels("cuda")["aten::layer_norm"]
+    'fp32'
+    """
+    import torch
+
+    key = AUTOCAST_KEYS.get(device_type)
+    if key is None or not hasattr(torch._C.DispatchKey, key):
+        return {}
+    out: dict[str, str] = {}
+    entries = registered_entries(device_type) if device_type in ACTIVE_TABLES else set()
+    for name in sorted(torch._C._dispatch_get_all_op_names()):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+            continue
+        base, _, overload = name.partition(".")
+        if base.startswith("aten::"):
+            entry = entry_name(base, overload)
+            out[name] = _INDEX.get((device_type, entry), OPAQUE) if entry in entries else OPAQUE
+        else:
+            out[name] = lookup(device_type, base, overload) or OPAQUE
+    return out
 
 
 def registered_entries(device_type: str) -> set[str]:

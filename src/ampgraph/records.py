@@ -69,6 +69,9 @@ class NodeRecord:
     skipped: str | None = None
     trace_time_dtype: bool = False
     check: dict[str, Any] | None = None
+    #: Why ampgraph could not analyse this node here (a kernel that needs a GPU driver even on
+    #: fake tensors), or None. Such a node is neither a prediction nor a disagreement.
+    not_analysed: str | None = None
 
     @property
     def out_dtype(self) -> str | None:
@@ -78,6 +81,8 @@ class NodeRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["casts"] = [c.to_dict() for c in self.casts]
+        if data["not_analysed"] is None:
+            del data["not_analysed"]  # reports of fully analysed graphs read as before
         return data
 
     @classmethod

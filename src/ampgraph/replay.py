@@ -80,13 +80,80 @@ def _bmm_check_cpu(args: tuple[Any, ...]) -> str | None:
     return None
 
 
+# Tensor::toString(): the legacy type name where one exists, else backend + scalar type + "Type".
+_LEGACY = {torch.float32: "FloatTensor", torch.float16: "HalfTensor", torch.float64: "DoubleTensor"}
+
+
+def _type_string(t: torch.Tensor, device_type: str) -> str:
+    legacy = _LEGACY.get(t.dtype)
+    if legacy is not None:
+        return f"torch.cuda.{legacy}" if device_type == "cuda" else f"torch.{legacy}"
+    return f"{device_type.upper()}{_st(t)}Type"
+
+
+def _conv_check(device_type: str) -> Callable[[tuple[Any, ...]], str | None]:
+    """``aten.convolution``: the bias check every backend makes first, then the weight check.
+
+    Convolution.cpp compares the bias with ``dtype().name()`` before it picks a backend. The weight
+    check is the backend's: cuDNN's ``check_input_same_type_as_parameters`` prints
+    ``Tensor::toString()``; on the CPU an fp32 input reaches the slow path (``expected scalar
+    type``) and a 16-bit one oneDNN's check (both read off real CPU kernels in the tests).
+    """
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        x, weight, bias = args[:3]
+        if isinstance(bias, torch.Tensor) and bias.dtype != x.dtype:
+            got = (_TYPE_META.get(x.dtype), _TYPE_META.get(bias.dtype))
+            return f"Input type ({got[0]}) and bias type ({got[1]}) should be the same"
+        if weight.dtype == x.dtype:
+            return None
+        if device_type == "cpu" and x.dtype == torch.float32:
+            return f"expected scalar type {_st(x)} but found {_st(weight)}"
+        message = (
+            f"Input type ({_type_string(x, device_type)}) and weight type "
+            f"({_type_string(weight, device_type)}) should be the same"
+        )
+        if device_type == "cpu":
+            message += " or input should be a MKLDNN tensor and weight is a dense tensor"
+        return message
+
+    return check
+
+
+def _cpu_norm_check(*param_indices: int) -> Callable[[tuple[Any, ...]], str | None]:
+    """CPU normalisations (``mixed_dtypes.h``): parameters that differ from the input must be fp32.
+
+    A 16-bit input may take fp32 weight and bias (mixed type); anything else that differs fails.
+    """
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        x = args[0]
+        params = [args[i] for i in param_indices if i < len(args)]
+        params = [p for p in params if isinstance(p, torch.Tensor)]
+        if any(p.dtype != x.dtype for p in params) and any(
+            p.dtype != torch.float32 for p in params
+        ):
+            return "mixed dtype (CPU): expect parameter to have scalar type of Float"
+        return None
+
+    return check
+
+
 #: (device type, op) -> a check that returns the real kernel's error message, or None if fine.
-#: Only checks whose wording was read off real kernels are here (tests compare them on CPU).
+#: The fake (meta) kernels skip these dtype checks. The CPU wording is read off real kernels
+#: (tests/test_strict_dtypes.py runs them); CUDA's comes from the kernels' source.
 STRICT_CHECKS: dict[tuple[str, Any], Callable[[tuple[Any, ...]], str | None]] = {
     ("cuda", torch.ops.aten.addmm.default): _addmm_check,
     ("cpu", torch.ops.aten.addmm.default): _addmm_check,
     ("cpu", torch.ops.aten.mm.default): _mm_check_cpu,
     ("cpu", torch.ops.aten.bmm.default): _bmm_check_cpu,
+    ("cuda", torch.ops.aten.convolution.default): _conv_check("cuda"),
+    ("cpu", torch.ops.aten.convolution.default): _conv_check("cpu"),
+    ("cpu", torch.ops.aten.native_layer_norm.default): _cpu_norm_check(2, 3),
+    ("cpu", torch.ops.aten.native_group_norm.default): _cpu_norm_check(1, 2),
+    ("cpu", torch.ops.aten.native_batch_norm.default): _cpu_norm_check(1, 2),
+    ("cpu", torch.ops.aten._native_batch_norm_legit_no_training.default): _cpu_norm_check(1, 2),
+    ("cpu", torch.ops.aten._native_batch_norm_legit.default): _cpu_norm_check(1, 2),
 }
 
 
@@ -112,6 +179,46 @@ class Failed:
 
     node: str
     message: str
+    #: False when the op could not run here for want of a GPU driver: no finding about the model.
+    analysed: bool = True
+
+
+#: What CUDA kernels say when they need a driver even on fake tensors (DESIGN.md fact 13).
+DRIVER_ERRORS = ("Found no NVIDIA driver", "CUDA driver version is insufficient")
+
+
+def needs_driver(message: str) -> bool:
+    """Whether an op failed only because this machine has no GPU driver."""
+    return any(text in message for text in DRIVER_ERRORS)
+
+
+def _register_meta_kernels() -> None:
+    """Shape-and-dtype kernels for CUDA ops that otherwise need a driver on fake tensors.
+
+    The fused RNN cells (``nn.GRUCell``, ``nn.LSTMCell`` on CUDA) and cuDNN's grid sampler have
+    no meta kernel, so fake tensors run the real CUDA kernel and fail without a driver. Their
+    outputs are allocated as ``aten/src/ATen/native/cuda/RNN.cu`` (``hy = empty_like(hx)``, a
+    workspace in the gates' options) and ``cudnn/GridSampler.cpp`` (the input's options) do.
+    """
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive below
+
+    def has_meta(name: str) -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")
+
+    def gru_cell(ig, hg, hx, ib=None, hb=None):  # type: ignore[no-untyped-def]
+        return hx.new_empty(hx.shape), ig.new_empty((hx.shape[0], 5 * hx.shape[1]))
+
+    def grid_sampler(x, grid):  # type: ignore[no-untyped-def]
+        return x.new_empty((x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]))
+
+    for name, kernel in (("_thnn_fused_gru_cell", gru_cell), ("cudnn_grid_sampler", grid_sampler)):
+        if not has_meta(name):
+            lib.impl(name, kernel, "Meta")
+    _META_LIBRARIES.append(lib)
+
+
+_META_LIBRARIES: list[Any] = []
+_register_meta_kernels()
 
 
 def op_name(target: Any) -> str:
@@ -176,13 +283,25 @@ def placeholder_value(node: fx.Node, device: str) -> Any:
     return val
 
 
+def fake_mode() -> FakeTensorMode:
+    """Fake tensors that also take ops whose output shape depends on the data.
+
+    A boolean-mask index (``y[y > 0]``), ``nonzero`` or ``unique`` has an output size no fake
+    tensor can know; with a shape environment it gets an unbacked symbolic size (as torch.export
+    gives it), and its dtype, which never depends on the size, is known as for any other op.
+    """
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+
+
 @contextmanager
 def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
     """Fake tensors, strict dtype checks, and autocast off on every device until told otherwise."""
     from ampgraph.capture import autocast_state
 
     with ExitStack() as stack:
-        mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        mode = stack.enter_context(fake_mode())
         stack.enter_context(StrictDtypeMode(setting.device_type))
         for device in ("cpu", "cuda"):
             stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
@@ -213,7 +332,7 @@ class FakeReplay(fx.Interpreter):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         failed = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, Failed)]
         if failed:
-            value: Any = Failed(failed[0].node, failed[0].message)
+            value: Any = failed[0]
             self.on_skipped(n, value)
             return value
         if n.op == "output":
@@ -226,7 +345,8 @@ class FakeReplay(fx.Interpreter):
         try:
             return self.execute(n, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
-            value = Failed(self.qualified(n), first_line(exc))
+            message = first_line(exc)
+            value = Failed(self.qualified(n), message, analysed=not needs_driver(message))
             self.on_error(n, value)
             return value
 

@@ -722,7 +722,6 @@ class HookCall:
     in_dtype: str | None
     out_dtype: str | None = None
     error: str | None = None
-    passthrough: bool = False
 
     def hook_line(self) -> str:
         def name(d: str | None) -> str:
@@ -798,8 +797,6 @@ def run_eager(
     def post_hook(m: nn.Module, inp: Any, kw: dict[str, Any], out: Any) -> None:
         call = running.pop()
         call.out_dtype = _first_dtype(out)
-        first = inp[0] if inp else next(iter(kw.values()), None)
-        call.passthrough = out is first
         calls.append(call)
 
     for path, mod in model.module.named_modules():
@@ -927,8 +924,6 @@ def compare_modules(report: Report, hooks: Sequence[HookCall]) -> tuple[Figure, 
                 "no such call in the eager run",
             ))  # fmt: skip
         for hook in seen[j1:j2]:
-            if hook.passthrough and not hook.error:
-                continue  # returned its input (nn.Identity): no op, so no node in the graph
             found.append(Disagreement(
                 "module", hook.path, hook.type, "no such call in the annotation", hook.hook_line(),
             ))  # fmt: skip
