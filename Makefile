@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 # The CUDA build of torch lets fake CUDA tensors run the real CUDA autocast kernels without a GPU.
 TORCH_SPEC ?= torch==2.14.1
+# Vision models nobody here wrote, for the fidelity tests: torchvision must match torch (0.29.1 is
+# 2.14.1's). With another torch they are left out and those tests skip.
+VISION_SPEC ?= $(if $(filter torch==2.14.1,$(TORCH_SPEC)),torchvision==0.29.1 timm,)
 BIN := $(VENV)/bin
 
 .PHONY: setup graphviz render test test-hffx check clean
@@ -14,6 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(if $(VISION_SPEC),$(BIN)/pip install --quiet "$(TORCH_SPEC)" $(VISION_SPEC))
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 

@@ -1,0 +1,259 @@
+#!/usr/bin/env python
+"""Vision models nobody here wrote, against two oracles, and write docs/vision-models.md.
+
+Each model (torchvision and timm, built with ``weights=None`` on the meta device: no download)
+is analysed in the seed's four settings x {bf16, fp16} autocast on CUDA, and every analysis is
+compared with
+
+* the dispatcher: ``ampgraph check``, node by node (the real CUDA autocast kernels on fake
+  tensors), and
+* the eager model: its own forward hooks on every leaf module, run on fake CUDA tensors with the
+  real autocast kernels (:func:`ampgraph.hooks.eager_hook_lines`), line by line against
+  ``ampgraph table``'s hook lines.
+
+A node ampgraph cannot analyse here (a cuDNN kernel that needs a driver) is counted as such; a
+model that cannot be captured at all is listed with its one-line reason.
+
+    .venv/bin/python scripts/vision_matrix.py                       # -> docs/vision-models.md
+    .venv/bin/python scripts/vision_matrix.py -m resnet18 --out /tmp/v.md
+
+Exit status 1 if any node or hook line disagrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
+AMP_DTYPES = ("bf16", "fp16")
+
+#: name -> (library, constructor name, input shape). Images are 224 x 224 unless a model wants
+#: otherwise; the batch is 1.
+MODELS: dict[str, tuple[str, str, tuple[int, ...]]] = {
+    "resnet50": ("torchvision", "resnet50", (1, 3, 224, 224)),
+    "mobilenet_v3_small": ("torchvision", "mobilenet_v3_small", (1, 3, 224, 224)),
+    "convnext_tiny": ("torchvision", "convnext_tiny", (1, 3, 224, 224)),
+    "efficientnet_b0": ("torchvision", "efficientnet_b0", (1, 3, 224, 224)),
+    "vit_b_16": ("torchvision", "vit_b_16", (1, 3, 224, 224)),
+    "swin_t": ("torchvision", "swin_t", (1, 3, 224, 224)),
+    "deeplabv3_mobilenet_v3_large": (
+        "torchvision.segmentation", "deeplabv3_mobilenet_v3_large", (1, 3, 224, 224),
+    ),
+    "r3d_18": ("torchvision.video", "r3d_18", (1, 3, 8, 112, 112)),
+    # Two frames in; its correlation lookup is cuDNN's grid sampler on CUDA.
+    "raft_small": ("torchvision.optical_flow", "raft_small", (1, 3, 128, 128)),
+    # A list of images in; batched NMS has outputs whose size depends on the data.
+    "fasterrcnn_mobilenet_v3_large_320_fpn": (
+        "torchvision.detection", "fasterrcnn_mobilenet_v3_large_320_fpn", (3, 320, 320),
+    ),
+    "timm/vit_small_patch16_224": ("timm", "vit_small_patch16_224", (1, 3, 224, 224)),
+    "timm/convnext_atto": ("timm", "convnext_atto", (1, 3, 224, 224)),
+    "timm/efficientnet_b0": ("timm", "efficientnet_b0", (1, 3, 224, 224)),
+    "timm/resnet18d": ("timm", "resnet18d", (1, 3, 224, 224)),
+}  # fmt: skip
+
+
+def build(name: str) -> tuple[object, tuple[int, ...]]:
+    """The model on the meta device, in eval mode, and its input shape."""
+    import torch
+
+    library, constructor, shape = MODELS[name]
+    with torch.device("meta"):
+        if library == "timm":
+            import timm
+
+            model = timm.create_model(constructor, pretrained=False)
+        else:
+            import importlib
+
+            module = importlib.import_module(library.replace("torchvision", "torchvision.models"))
+            wants_backbone = library in ("torchvision.segmentation", "torchvision.detection")
+            extra = {"weights_backbone": None} if wants_backbone else {}
+            model = getattr(module, constructor)(weights=None, **extra)
+    return model.eval(), shape
+
+
+@dataclass
+class Cell:
+    """One model in one setting and dtype."""
+
+    nodes: int = 0
+    compared: int = 0
+    disagreements: int = 0
+    not_analysed: int = 0
+    hooks: int = 0
+    hooks_agree: int = 0
+    failure: str | None = None
+    first_difference: str | None = None
+
+
+@dataclass
+class Row:
+    name: str
+    params: str = "-"
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def run_model(name: str) -> Row:
+    import difflib
+
+    import torch
+
+    from ampgraph import analyze
+    from ampgraph.errors import AmpgraphError
+    from ampgraph.formats import hook_lines
+    from ampgraph.hooks import eager_hook_lines
+    from ampgraph.models import ModelInputs
+    from ampgraph.settings import Setting
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    model, shape = build(name)
+    row = Row(name, params=f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M")
+    image = torch.randn(shape, device="meta")
+    library = MODELS[name][0]
+    args = {
+        "torchvision.optical_flow": (image, image.clone()),
+        "torchvision.detection": ([image],),
+    }.get(library, (image,))
+    inputs = ModelInputs(name, model, args)
+    for amp in AMP_DTYPES:
+        for setting_name in SETTINGS:
+            setting = Setting.parse(setting_name, amp_dtype=amp)
+            cell = row.cells.setdefault((amp, setting_name), Cell())
+            try:
+                report = analyze(inputs, setting)
+            except AmpgraphError as exc:
+                cell.failure = str(exc)
+                continue
+            check = report.check or {}
+            cell.nodes = len(report.nodes)
+            cell.compared = check.get("compared", 0)
+            cell.disagreements = check.get("disagreements", 0)
+            cell.not_analysed = check.get("not_analysed", 0)
+            ours = hook_lines(report)
+            eager = eager_hook_lines(inputs, setting)
+            matcher = difflib.SequenceMatcher(a=ours, b=eager, autojunk=False)
+            cell.hooks = max(len(ours), len(eager))
+            cell.hooks_agree = sum(block.size for block in matcher.get_matching_blocks())
+            if ours != eager:
+                diff = [
+                    line
+                    for line in difflib.unified_diff(eager, ours, "eager", "ampgraph", n=0)
+                    if line[:1] in "+-" and line[:3] not in ("+++", "---")
+                ]
+                cell.first_difference = " / ".join(diff[:2])
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def _run_safely(name: str) -> Row:
+    try:
+        return run_model(name)
+    except Exception as exc:  # noqa: BLE001 - one model's failure is a line in the table
+        row = Row(name)
+        row.cells[("bf16", "fp32")] = Cell(failure=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return row
+
+
+def _count(cells: list[Cell], attr: str) -> int:
+    return sum(getattr(c, attr) for c in cells)
+
+
+def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
+    lines = [
+        "# Vision models against the dispatcher and the eager model's hooks",
+        "",
+        (
+            "Models nobody here wrote (torchvision and timm, `weights=None`, built on the meta "
+            "device), each analysed in the seed's four settings (fp32, half, amp-half, amp-fp32) "
+            "with bf16 and with fp16 CUDA autocast: 8 analyses per model. *nodes* is the largest "
+            "graph, *compared* the node checks against the dispatcher summed over the 8, "
+            "*disagreements* those that differ. *hook lines* compares `ampgraph table`'s lines with "
+            "the eager model's own forward hooks on fake CUDA tensors running the real autocast "
+            "kernels (`ampgraph.hooks.eager_hook_lines`): agreeing lines / lines, summed. *not "
+            "analysed* counts nodes that need a GPU driver even on fake tensors. 0 disagreements "
+            "and every hook line agreeing is the acceptance."
+        ),
+        "",
+        (
+            f"Produced by `scripts/vision_matrix.py` with torch {versions['torch']}, torchvision "
+            f"{versions['torchvision']}, timm {versions['timm']}, Python {platform.python_version()}, "
+            f"on 2 CPU cores and no GPU; total {seconds:.0f} s wall."
+        ),
+        "",
+        "| model | params | nodes | compared | disagreements | hook lines | not analysed | time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    notes = []
+    for row in rows:
+        cells = list(row.cells.values())
+        failures = [c.failure for c in cells if c.failure]
+        if failures and all(c.failure for c in cells):
+            lines.append(f"| `{row.name}` | {row.params} | – | – | – | – | – | – |")
+            notes.append(f"* `{row.name}` cannot be captured: {failures[0]}")
+            continue
+        lines.append(
+            f"| `{row.name}` | {row.params} | {max(c.nodes for c in cells):,} "
+            f"| {_count(cells, 'compared'):,} | {_count(cells, 'disagreements')} "
+            f"| {_count(cells, 'hooks_agree'):,}/{_count(cells, 'hooks'):,} "
+            f"| {_count(cells, 'not_analysed')} | {row.seconds:.0f} s |"
+        )
+        for (amp, setting), cell in row.cells.items():
+            if cell.failure:
+                notes.append(f"* `{row.name}` {setting} {amp}: {cell.failure}")
+            elif cell.first_difference:
+                notes.append(f"* `{row.name}` {setting} {amp}: {cell.first_difference}")
+    if notes:
+        lines += ["", "Notes:", "", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", action="append", choices=sorted(MODELS))
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "vision-models.md")
+    parser.add_argument("-j", "--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    names = args.model or list(MODELS)
+
+    import timm  # noqa: F401 - imported before forking, and its version recorded
+    import torch
+    import torchvision
+
+    versions = {
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "timm": sys.modules["timm"].__version__,
+    }
+    start = time.perf_counter()
+    run: Callable[[str], Row] = _run_safely
+    if args.jobs > 1:
+        with mp.get_context("fork").Pool(args.jobs) as pool:
+            rows = pool.map(run, names, chunksize=1)
+    else:
+        rows = [run(n) for n in names]
+    seconds = time.perf_counter() - start
+    text = markdown(rows, seconds, versions)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    bad = any(
+        c.disagreements or c.hooks_agree != c.hooks or c.failure
+        for r in rows
+        for c in r.cells.values()
+    )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
