@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ampgraph import cache
+from ampgraph.specs import ModelSpec
 
 
 def ampgraph(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -66,9 +70,87 @@ def test_key_depends_on_the_analysis_code(monkeypatch) -> None:
 
 def test_clear_and_info(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
-    cache.store("k1", {"a": 1})
-    assert cache.load("k1") == {"a": 1}
+    key = cache.cache_key({"model": "m"}, {"setting": "fp32"})
+    cache.store(key, {"a": 1})
+    assert cache.load(key) == {"a": 1}
     root, entries, size = cache.info()
     assert (root, entries) == (tmp_path, 1) and size > 0
     assert cache.clear()[0] == 1
-    assert cache.load("k1") is None and not list(tmp_path.rglob("*.tmp"))
+    assert cache.load(key) is None and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_clear_removes_only_what_ampgraph_wrote(tmp_path: Path, monkeypatch) -> None:
+    """AMPGRAPH_CACHE_DIR pointed at a folder of the user's own (issue 11, case 1)."""
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
+    (tmp_path / "thesis.tex").write_text("chapter 1")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "main.py").write_text("print(1)")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "notes.json").write_text("{}")  # not an entry name
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / ("a" * 64 + ".json")).write_text("{}")
+    (tmp_path / "reports" / "link").symlink_to(outside)
+    key = cache.cache_key({"model": "m"}, {"setting": "fp32"})
+    cache.store(key, {"a": 1})
+    assert cache.clear() == (1, len('{"a":1}'))
+    assert (tmp_path / "thesis.tex").read_text() == "chapter 1"
+    assert (tmp_path / "p" / "main.py").exists() and (tmp_path / "reports" / "notes.json").exists()
+    assert (outside / ("a" * 64 + ".json")).exists()
+
+
+def test_clear_over_a_symlinked_or_read_only_cache_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    real = tmp_path / "real"
+    (real / "reports").mkdir(parents=True)
+    entry = real / "reports" / ("b" * 64 + ".json")
+    entry.write_text("{}")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "reports").symlink_to(real / "reports")
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(main, ["cache", "clear"])
+    assert result.exit_code == 0 and entry.exists()  # a symlinked folder is not followed
+
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(real))
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:  # what EROFS/EACCES look like
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)  # root may write a chmod-ed folder anyway
+    result = CliRunner().invoke(main, ["cache", "clear"])
+    assert result.exit_code == 1 and result.output.startswith("Error: cannot clear the cache")
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("content", ["[]", "42", '"x"', '{"schema": "ampgraph.report"', "{}"])
+def test_a_damaged_entry_is_ignored_and_rewritten(tmp_path: Path, monkeypatch, content) -> None:
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
+    args = ["table", "llama-tiny", "-s", "fp32", "--device", "cpu"]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    (entry,) = (tmp_path / "reports").iterdir()
+    entry.write_text(content)
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and again.output == first.output
+    assert json.loads(entry.read_text())["schema"] == "ampgraph.report"
+
+
+def test_the_key_is_the_model_as_the_user_named_it(tmp_path: Path) -> None:
+    """Two folders with the same config.json are two models; an alias is its model."""
+    config = (Path(cache.__file__).parent / "configs" / "llama-tiny.json").read_bytes()
+    for name in ("alpha", "beta"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_bytes(config)
+    a = cache.model_identity(ModelSpec(str(tmp_path / "alpha"), "dir"))
+    b = cache.model_identity(ModelSpec(str(tmp_path / "beta"), "dir"))
+    assert a is not None and b is not None and a != b and a["name"] == "alpha"
+    assert cache.model_identity("opt") == cache.model_identity("opt-125m")
+    # --config DIR is refused by the loader, so it is never served from the cache either
+    assert cache.model_identity(ModelSpec(str(tmp_path / "alpha"), "config")) is None

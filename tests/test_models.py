@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from ampgraph import Setting, analyze
 from ampgraph.cli import main
 from ampgraph.errors import ModelSpecError
-from ampgraph.models import ALIASES, bundled_models, catalogue, load_model
-from ampgraph.specs import ModelSpec
+from ampgraph.models import bundled_models, catalogue, load_model
+from ampgraph.specs import ALIASES, ModelSpec
 
 #: Each bundled config against the published size of the model it is shaped like.
 PUBLISHED = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -78,16 +79,24 @@ def cache_key(model_identity: dict[str, Any], request: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: The folder under the cache directory that holds ampgraph's entries, and what they are named:
+#: the only files ``clear`` ever removes (the directory may be shared, or set by mistake).
+ENTRIES = "reports"
+_ENTRY = re.compile(r"\.?[0-9a-f]{64}\.json(\.[A-Za-z0-9_]+\.tmp)?")
+
+
 def _path(key: str) -> Path:
-    return cache_dir() / "reports" / f"{key}.json"
+    return cache_dir() / ENTRIES / f"{key}.json"
 
 
 def load(key: str) -> dict[str, Any] | None:
-    """The cached report dict for ``key``, or None (also for an unreadable entry)."""
+    """The cached report dict for ``key``, or None: also for an unreadable, damaged or foreign
+    entry (``[]``, ``42``, truncated JSON), which the next store replaces."""
     try:
-        return json.loads(_path(key).read_text())
-    except (OSError, ValueError):
+        data = json.loads(_path(key).read_text())
+    except (OSError, ValueError, RecursionError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -111,45 +120,76 @@ def store(key: str, report: dict[str, Any]) -> None:
         pass
 
 
+def _entries() -> list[Path]:
+    """The files ampgraph wrote: ``reports/<sha256>.json`` (and its temporary files).
+
+    Symlinks are never followed or removed, and nothing outside ``reports/`` is looked at.
+    """
+    folder = cache_dir() / ENTRIES
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if _ENTRY.fullmatch(path.name) and path.is_file() and not path.is_symlink()
+    )
+
+
 def clear() -> tuple[int, int]:
-    """Remove every cached entry; returns (files removed, bytes freed)."""
+    """Remove every cached entry, and only those; returns (files removed, bytes freed).
+
+    Raises :class:`~ampgraph.errors.AmpgraphError` with one line when the cache cannot be
+    written (a read-only folder).
+    """
+    from ampgraph.errors import AmpgraphError
+
     removed = freed = 0
-    root = cache_dir()
-    if not root.exists():
-        return 0, 0
-    for path in sorted(root.rglob("*"), reverse=True):
-        if path.is_file():
-            freed += path.stat().st_size
+    try:
+        for path in _entries():
+            size = path.stat().st_size
             path.unlink()
             removed += 1
-        elif path.is_dir():
-            path.rmdir()
+            freed += size
+        folder = cache_dir() / ENTRIES
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            folder.rmdir()
+    except OSError as exc:
+        raise AmpgraphError(
+            f"cannot clear the cache in {cache_dir()}: {exc.strerror}; check its permissions "
+            "or point AMPGRAPH_CACHE_DIR elsewhere"
+        ) from None
     return removed, freed
 
 
 def info() -> tuple[Path, int, int]:
     """(cache directory, number of entries, total bytes)."""
-    root = cache_dir()
-    files = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
-    return root, len(files), sum(p.stat().st_size for p in files)
+    files = _entries()
+    return cache_dir(), len(files), sum(p.stat().st_size for p in files)
 
 
 def model_identity(spec: str) -> dict[str, Any] | None:
     """What a model spec's analysis depends on, without importing torch, or None if unknown.
 
-    Bundled names and config files are identified by the config's bytes; a
-    ``package.module:factory`` spec runs arbitrary code, so it is never cached.
-    """
-    from importlib import resources
+    A config spec is identified by the model's name as the user named it (reports and file names
+    carry it) and the config's bytes, resolved exactly as the loader resolves it
+    (:func:`ampgraph.specs.resolve_config`), so an alias is served from the cache and a spec the
+    loader would refuse is never served. A ``package.module:factory`` spec runs arbitrary code,
+    so it is never cached.
 
-    bundled = resources.files("ampgraph.configs") / f"{spec.lower()}.json"
-    if bundled.is_file():
-        data = bundled.read_bytes()
-    else:
-        path = Path(spec)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            return None
-        data = path.read_bytes()
-    return {"config_sha256": hashlib.sha256(data).hexdigest()}
+    >>> model_identity("opt")["name"]
+    'opt-125m'
+    """
+    from ampgraph.errors import ModelSpecError
+    from ampgraph.specs import resolve_config
+
+    try:
+        source = resolve_config(spec)
+    except ModelSpecError:
+        return None  # the analysis will say what is wrong with it
+    if source is None:
+        return None
+    return {
+        "name": source.name,
+        "kind": source.kind,
+        "config_sha256": hashlib.sha256(source.data).hexdigest(),
+    }

@@ -246,8 +246,8 @@ def _cached(key: str | None) -> Report | None:
         return None
     try:
         return Report.from_dict(data)
-    except (ValueError, KeyError, TypeError):
-        return None  # an entry of another schema version: recompute it
+    except Exception:  # noqa: BLE001 - damaged, foreign or of another schema: recompute it
+        return None
 
 
 @click.group(cls=AmpgraphGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -42,22 +42,9 @@ import torch
 from torch import nn
 
 from ampgraph.errors import ModelSpecError, first_line
-from ampgraph.specs import ModelSpec, spec_kind, spec_tracer
+from ampgraph.specs import ModelSpec, bundled_key, resolve_config, spec_kind, spec_tracer
 
 DEFAULT_MODEL = "opt-125m"
-
-#: Short family names for bundled configs: what the issue and people call them.
-ALIASES: dict[str, str] = {
-    "opt": "opt-125m",
-    "llama-3": "llama-3-8b",
-    "mistral": "mistral-7b",
-    "qwen2": "qwen2-0.5b",
-    "phi": "phi-2",
-    "gpt-neox": "pythia-160m",
-    "bert": "bert-base-uncased",
-    "t5": "t5-small",
-    "resnet": "resnet18",
-}
 
 
 @dataclass
@@ -153,40 +140,6 @@ def _configs() -> Any:
 def _bundled_config(name: str) -> dict[str, Any] | None:
     entry = _configs() / f"{name}.json"
     return json.loads(entry.read_text()) if entry.is_file() else None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelSpecError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    except OSError as exc:
-        raise ModelSpecError(f"cannot read {path}: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise ModelSpecError(f"{path} is not a Hugging Face config (a JSON object is expected)")
-    return data
-
-
-def _read_config_file(spec: str) -> tuple[str, dict[str, Any]]:
-    path = Path(spec)
-    if path.is_dir():
-        raise ModelSpecError(f"{spec!r} is a folder: use --model-dir {spec} (or its config.json)")
-    if not path.is_file():
-        raise ModelSpecError(f"config file {spec!r} does not exist")
-    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return name, _read_json(path)
-
-
-def _read_model_dir(spec: str) -> tuple[str, dict[str, Any]]:
-    folder = Path(spec)
-    if not folder.is_dir():
-        raise ModelSpecError(f"model folder {spec!r} does not exist")
-    config = folder / "config.json"
-    if not config.is_file():
-        raise ModelSpecError(
-            f"{spec!r} has no config.json: point --model-dir at a Hugging Face model folder"
-        )
-    return folder.resolve().name, _read_json(config)
 
 
 # -- building --------------------------------------------------------------------------------------
@@ -430,10 +383,7 @@ def catalogue() -> list[CatalogueEntry]:
 
 
 def _load_bundled(name: str, seq_len: int) -> ModelInputs:
-    key = ALIASES.get(name.lower(), name.lower())
-    config = _bundled_config(key)
-    if config is not None:
-        return hf_model_inputs(key, build_hf_model(config), seq_len)
+    key = bundled_key(name)
     if key in BUNDLED_FACTORIES:
         made = BUNDLED_FACTORIES[key]
         if not _available(made):
@@ -449,37 +399,11 @@ def _load_bundled(name: str, seq_len: int) -> ModelInputs:
     )
 
 
-def _load_config(spec: str, seq_len: int) -> ModelInputs:
-    name, config = _read_config_file(spec)
-    return hf_model_inputs(name, build_hf_model(config), seq_len)
-
-
-def _load_dir(spec: str, seq_len: int) -> ModelInputs:
-    name, config = _read_model_dir(spec)
-    return hf_model_inputs(name, build_hf_model(config), seq_len)
-
-
-def _load_auto(spec: str, seq_len: int) -> ModelInputs:
-    path = Path(spec)
-    key = ALIASES.get(spec.lower(), spec.lower())
-    if _bundled_config(key) is not None or key in BUNDLED_FACTORIES:
-        return _load_bundled(spec, seq_len)
-    if path.is_dir():
-        return _load_dir(spec, seq_len)
-    if path.suffix == ".json" or path.name == "config.json":
-        return _load_config(spec, seq_len)
-    if ":" in spec:
-        return _load_factory(spec, seq_len)
-    return _load_bundled(spec, seq_len)
-
-
-_LOADERS: dict[str, Callable[[str, int], ModelInputs]] = {
-    "auto": _load_auto,
-    "bundled": _load_bundled,
-    "config": _load_config,
-    "dir": _load_dir,
-    "module": _load_factory,
-}
+def _load_code(spec: str, seq_len: int) -> ModelInputs:
+    """A spec that is not a config (:func:`~ampgraph.specs.resolve_config` said so)."""
+    if spec_kind(spec) == "module" or (":" in spec and bundled_key(spec) not in BUNDLED_FACTORIES):
+        return _load_factory(str(spec), seq_len)
+    return _load_bundled(str(spec), seq_len)
 
 
 def load_model(
@@ -497,7 +421,11 @@ def load_model(
     >>> type(m.module).__name__, sorted(m.kwargs)
     ('LlamaForCausalLM', ['attention_mask', 'input_ids', 'use_cache'])
     """
-    model = _LOADERS[spec_kind(spec)](str(spec), seq_len)
+    source = resolve_config(spec)
+    if source is not None:
+        model = hf_model_inputs(source.name, build_hf_model(source.parse()), seq_len)
+    else:
+        model = _load_code(spec, seq_len)
     tracer = tracer or spec_tracer(spec)
     if tracer == "export":
         return model

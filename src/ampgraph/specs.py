@@ -10,7 +10,13 @@ before torch is imported. :func:`ampgraph.models.load_model` builds what a spec 
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 from typing import Any
+
+from ampgraph.errors import ModelSpecError
 
 #: How a spec was given: ``auto`` is the positional MODEL, recognised by its form.
 SPEC_KINDS = ("auto", "bundled", "config", "dir", "module")
@@ -65,4 +71,120 @@ def spec_tracer(spec: str) -> str:
     return getattr(spec, "tracer", "export")
 
 
-__all__ = ["SPEC_KINDS", "TRACERS", "ModelSpec", "spec_kind", "spec_tracer"]
+#: Short family names for bundled configs: what the issue and people call them.
+ALIASES: dict[str, str] = {
+    "opt": "opt-125m",
+    "llama-3": "llama-3-8b",
+    "mistral": "mistral-7b",
+    "qwen2": "qwen2-0.5b",
+    "phi": "phi-2",
+    "gpt-neox": "pythia-160m",
+    "bert": "bert-base-uncased",
+    "t5": "t5-small",
+    "resnet": "resnet18",
+}
+
+
+def bundled_key(spec: str) -> str:
+    """The catalogue name a bundled spec means: ``"OPT"`` -> ``"opt-125m"``."""
+    return ALIASES.get(spec.lower(), spec.lower())
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """A Hugging Face config a spec names: the model's name, how it was given, and its bytes."""
+
+    name: str
+    kind: str  # bundled | config | dir
+    path: str
+    data: bytes
+
+    def parse(self) -> dict[str, Any]:
+        """The config as a dict; a one-line :class:`ModelSpecError` if it is not one."""
+        try:
+            config = json.loads(self.data)
+        except UnicodeDecodeError:
+            raise ModelSpecError(
+                f"{self.path} is not UTF-8 text: save the config as UTF-8"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise ModelSpecError(
+                f"{self.path} is not valid JSON ({exc.msg}, line {exc.lineno})"
+            ) from None
+        except RecursionError:
+            raise ModelSpecError(f"{self.path} nests too deeply to be a config") from None
+        if not isinstance(config, dict):
+            raise ModelSpecError(
+                f"{self.path} is not a Hugging Face config (a JSON object is expected)"
+            )
+        return config
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ModelSpecError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def resolve_config(spec: str) -> ConfigSource | None:
+    """The config a spec names, read without importing torch; None for specs built by code.
+
+    The one place that decides what a config spec means: the model loader builds from it, and
+    the cache keys reports by it, so a name is served from the cache exactly when it would load.
+    Raises :class:`ModelSpecError` (one line) for a config spec that cannot be read.
+
+    >>> source = resolve_config("opt")
+    >>> source.name, source.kind
+    ('opt-125m', 'bundled')
+    >>> resolve_config("torch.nn:Linear") is None
+    True
+    """
+    kind = spec_kind(spec)
+    if kind == "module":
+        return None
+    if kind in ("auto", "bundled"):
+        key = bundled_key(spec)
+        entry = resources.files("ampgraph.configs") / f"{key}.json"
+        if entry.is_file():
+            return ConfigSource(key, "bundled", f"bundled config {key}", entry.read_bytes())
+        if kind == "bundled":
+            return None
+        path = Path(spec)
+        if path.is_dir():
+            kind = "dir"
+        elif path.suffix == ".json" or path.name == "config.json":
+            kind = "config"
+        else:
+            return None  # package.module:factory, a bundled factory, or an unknown name
+    path = Path(spec)
+    if kind == "config":
+        if path.is_dir():
+            raise ModelSpecError(
+                f"{spec!r} is a folder: use --model-dir {spec} (or its config.json)"
+            )
+        if not path.is_file():
+            raise ModelSpecError(f"config file {spec!r} does not exist")
+        name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+        return ConfigSource(name, "config", str(path), _read(path))
+    if not path.is_dir():
+        raise ModelSpecError(f"model folder {spec!r} does not exist")
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelSpecError(
+            f"{spec!r} has no config.json: point --model-dir at a Hugging Face model folder"
+        )
+    return ConfigSource(path.resolve().name, "dir", str(config), _read(config))
+
+
+__all__ = [
+    "ALIASES",
+    "SPEC_KINDS",
+    "TRACERS",
+    "ConfigSource",
+    "ModelSpec",
+    "bundled_key",
+    "resolve_config",
+    "spec_kind",
+    "spec_tracer",
+]
