@@ -125,3 +125,16 @@ def test_help_teaches() -> None:
     code, out = run("table", "--help")
     assert code == 0
     assert "ampgraph table -s amp-fp32" in out and "--only" in out
+
+
+def test_a_full_disk_is_one_line() -> None:
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "ampgraph", "models"],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == "Error: cannot write the output: No space left on device"

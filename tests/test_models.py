@@ -236,3 +236,57 @@ def test_module_help_says_how_to_give_inputs() -> None:
     code, out = run("table", "--help")
     assert code == 0
     assert "(module, example_inputs)" in " ".join(out.split()) and "--tracer" in out
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"hidden_size": -4}, "invalid llama config: ValueError: The hidden size (-4)"),
+        ({"num_attention_heads": 3}, "is not a multiple of the number of attention heads (3)"),
+        ({"hidden_size": "64"}, "Field 'hidden_size' expected int, got str"),
+        ({"hidden_size": 64.5}, "Field 'hidden_size' expected int, got float"),
+        ({"vocab_size": 0}, "the config's vocab_size is 0: a model needs at least 1"),
+        ({"num_hidden_layers": 0}, "the config's num_hidden_layers is 0"),
+        ({"num_hidden_layers": 100_000}, "has 100000 layers, more than any published model"),
+    ],
+)
+def test_configs_beyond_reason_are_one_line(tmp_path: Path, config: dict, message: str) -> None:
+    base = json.loads((resources.files("ampgraph.configs") / "llama-tiny.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, **config}))
+    with pytest.raises(ModelSpecError) as err:
+        load_model(ModelSpec(str(path), "config"))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_force_lets_a_huge_config_through_the_estimate() -> None:
+    from ampgraph.models import check_work
+
+    check_work({"num_hidden_layers": 100_000}, force=True)  # no refusal
+
+
+def test_seq_len_beyond_the_models_positions_is_refused() -> None:
+    with pytest.raises(ModelSpecError, match="longer than opt-125m's 2048 positions"):
+        load_model("opt-125m", seq_len=4096)
+
+
+def test_a_factory_that_exits_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "exits.py").write_text("import sys\ndef build():\n    sys.exit(3)\n")
+    with pytest.raises(ModelSpecError, match=r"called sys.exit\(3\)"):
+        load_model(ModelSpec(f"{tmp_path / 'exits.py'}:build", "module"))
+
+
+def test_analyze_says_what_it_takes() -> None:
+    from ampgraph.errors import SettingError
+
+    module, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
+    for bad in (None, 42, {}, torch.bfloat16, ["amp-fp32"]):
+        with pytest.raises(SettingError, match="a setting is a name such as"):
+            analyze(module, bad, args=(x,))
+    with pytest.raises(TypeError, match="analyze\\(\\) takes a model spec"):
+        analyze(None)
+    with pytest.raises(SettingError, match="gives autocast twice"):
+        Setting.parse("autocast=on,autocast=off")
+    # a bare tensor is one input, not a tuple of its rows
+    assert analyze(module, "amp-fp32", args=x).modules[0].in_dtype == "float32"
+    assert analyze("llama-tiny", "fp32", check=False).model == "llama-tiny"

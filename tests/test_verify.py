@@ -377,3 +377,41 @@ def test_opt_125m_real_cuda_execution_in_the_four_settings(amp: str) -> None:
             seed = seed_hook_blocks()[setting.name]
             assert ours[: len(seed) - 1] == seed[:-1]
             assert ours[len(seed) - 1].startswith(seed[-1])
+
+
+def test_record_path_is_checked_before_the_work(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    (tmp_path / "a-file").write_text("")
+    args = ["verify", "llama-tiny", "--device", "cpu", "-s", "fp32",
+            "--record", str(tmp_path / "a-file" / "record.json")]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot write the record to ")
+    assert "llama-tiny fp32" not in result.output  # refused before verifying anything
+
+
+def test_record_is_readable_like_any_document(tmp_path: Path) -> None:
+    import os
+
+    from ampgraph.verify import write_record
+
+    previous = os.umask(0o022)
+    try:
+        path = write_record([], tmp_path / "r.json")
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_weights_beyond_free_memory_are_refused_before_allocating(monkeypatch) -> None:
+    import ampgraph.verify as V
+    from ampgraph.models import load_model
+
+    monkeypatch.setattr(V, "available_memory", lambda device: 1_000_000)
+    model = load_model("llama-tiny")
+    with pytest.raises(V.VerifyError, match=r"verify needs about 0\.0 GB of real weights"):
+        V.verify(model, Setting.parse("fp32", device_type="cpu"))
+    assert V.verify(model, Setting.parse("fp32", device_type="cpu"), force=True).ok

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from ampgraph import __version__
@@ -168,13 +169,17 @@ PARALLEL_CHECK_NODES = 1500
 def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
     """Run ``work()`` here and the dispatcher oracle in a forked child at the same time."""
     import multiprocessing as mp
+    import os
 
     from ampgraph.check import dispatcher_results
 
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
 
+    parent = os.getpid()
+
     def child() -> None:
+        die_with_parent(parent)
         try:
             send.send(("ok", dispatcher_results(cap)))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the parent
@@ -245,9 +250,11 @@ def analyze(
 ) -> Report:
     """Analyse one model in one setting.
 
-    ``model`` is what :func:`ampgraph.load_model` returns, or any ``nn.Module`` together with
-    ``args``/``kwargs`` for one forward call (real, meta or fake tensors: only shapes and dtypes
-    are used, and the module's own tensors are left untouched).
+    ``model`` is a model spec (``"llama-tiny"``, see :func:`ampgraph.load_model`), what
+    :func:`ampgraph.load_model` returns, or any ``nn.Module`` together with ``args`` (a tuple, or
+    one tensor) and ``kwargs`` for one forward call (real, meta or fake tensors: only shapes and
+    dtypes are used, and the module's own tensors are left untouched). ``setting`` is a
+    :class:`~ampgraph.settings.Setting` or its name.
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -255,10 +262,26 @@ def analyze(
     >>> [(c.node, c.from_dtype, c.to_dtype) for c in r.node("linear").casts]
     [('x', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
     """
-    if isinstance(setting, str):
-        setting = Setting.parse(setting)
+    setting = Setting.parse(setting)  # a Setting passes through; anything else says what to give
+    if isinstance(model, str):
+        from ampgraph.models import load_model
+
+        model = load_model(model)
     if isinstance(model, nn.Module):
+        if isinstance(args, torch.Tensor):
+            args = (args,)  # one input, not its rows
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(
+                f"args must be a tuple of the forward's inputs, not {type(args).__name__}"
+            )
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
         model = ModelInputs(type(model).__name__, model, tuple(args), dict(kwargs or {}))
+    if not isinstance(model, ModelInputs):
+        raise TypeError(
+            "analyze() takes a model spec such as 'opt-125m', what load_model() returns, or an "
+            f"nn.Module with args=(inputs...), not {type(model).__name__}"
+        )
     return analyze_capture(capture(model, setting), check=check)
 
 
@@ -274,6 +297,27 @@ def _analyze_in_worker(job: tuple[int, Setting, bool]) -> tuple[int, dict[str, A
     index, setting, check = job
     assert _WORKER_MODEL is not None
     return index, analyze(_WORKER_MODEL, setting, check=check).to_dict()
+
+
+def die_with_parent(parent: int) -> None:
+    """Make a forked worker end when the process that started it ends, however it ends.
+
+    Without it, killing ``ampgraph render`` (SIGTERM, SIGKILL, a closed terminal) left its workers
+    computing, then printing BrokenPipeError tracebacks. Linux delivers SIGTERM to the child when
+    its parent dies (``prctl(PR_SET_PDEATHSIG)``); a parent that died before the call is caught by
+    the ``getppid`` check.
+    """
+    import ctypes
+    import os
+    import signal
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def default_workers() -> int:
@@ -319,7 +363,11 @@ def analyze_many(
     global _WORKER_MODEL
     _WORKER_MODEL = model
     try:
-        with mp.get_context("fork").Pool(workers) as pool:
+        import os
+
+        with mp.get_context("fork").Pool(
+            workers, initializer=die_with_parent, initargs=(os.getpid(),)
+        ) as pool:
             jobs = [(i, s, check) for i, s in enumerate(settings)]
             for index, data in pool.imap_unordered(_analyze_in_worker, jobs):
                 done(index, Report.from_dict(data))

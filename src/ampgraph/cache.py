@@ -20,12 +20,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ampgraph import __version__
+from ampgraph.files import atomic_write
 
 #: Bump when the analysis changes in a way the versions above do not capture.
 CACHE_FORMAT = 2
@@ -97,19 +97,6 @@ def load(key: str) -> dict[str, Any] | None:
     except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def store(key: str, report: dict[str, Any]) -> None:

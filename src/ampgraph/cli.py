@@ -7,6 +7,7 @@ status 1; option mistakes are click's usage errors, exit status 2.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -127,6 +128,14 @@ def setting_options(f: F) -> F:
             help="The 16-bit dtype autocast (and the 'half' presets) use.",
         ),
         click.option(
+            "--force",
+            is_flag=True,
+            expose_value=False,
+            callback=_remember,
+            help="Analyse a model beyond what ampgraph refuses: more layers than any published "
+            "model, or (verify) more real weights than this machine's free memory.",
+        ),
+        click.option(
             "--seq-len",
             type=click.IntRange(min=1),
             default=8,
@@ -147,6 +156,12 @@ def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[
         return [Setting.parse(n, device_type=device, amp_dtype=amp_dtype) for n in names]
     except SettingError as exc:
         raise click.BadParameter(str(exc), param_hint="'--setting'") from None
+
+
+def forced() -> bool:
+    """Whether the command was given --force."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get("ampgraph.force"))
 
 
 def progress(message: str) -> None:
@@ -193,7 +208,7 @@ def iter_reports(
 
         start = time.perf_counter()
         progress(f"building {model_spec} on the meta device...")
-        model = load_model(model_spec, seq_len=seq_len)
+        model = load_model(model_spec, seq_len=seq_len, force=forced())
         progress(f"  built in {time.perf_counter() - start:.1f}s; analysing "
                  f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
 
@@ -438,7 +453,13 @@ def load_reports(paths: Sequence[Path]) -> list[Any]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             items = data if isinstance(data, list) else [data]
+            if not items:
+                raise ValueError("holds an empty list, not a report")
             reports.extend(Report.from_dict(item) for item in items)
+        except RecursionError:
+            raise click.BadParameter(
+                f"{path}: nests too deeply to be a report", param_hint="'--report'"
+            ) from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise click.BadParameter(f"{path}: {exc}", param_hint="'--report'") from None
     return reports
@@ -593,14 +614,18 @@ def verify(
     resolved = resolve_settings(settings, device, amp_dtype)
     for setting in resolved:
         resolve_device(setting)  # no GPU: one line now, before the model is built
+    if record_path is not None:
+        from ampgraph.files import check_writable
+
+        check_writable(Path(record_path), "record")  # before the work, not after it
     from ampgraph.models import load_model
 
     start = time.perf_counter()
     progress(f"building {model} on the meta device...")
-    built = load_model(model, seq_len=seq_len)
+    built = load_model(model, seq_len=seq_len, force=forced())
     results = []
     for i, setting in enumerate(resolved, 1):
-        result = verify_model(built, setting, seed=seed)
+        result = verify_model(built, setting, seed=seed, force=forced())
         progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
                  f"{time.perf_counter() - start:.1f}s")  # fmt: skip
         click.echo(result.summary_line())
@@ -617,8 +642,37 @@ def verify(
         )
 
 
-def run() -> None:  # pragma: no cover - console entry point for `python -m ampgraph`
-    main(prog_name="ampgraph")
+def run() -> None:
+    """The console entry point: ``main`` with output errors said in one line.
+
+    A full disk (``table > /dev/full``) is an ``Error:`` line and exit status 1; a closed pipe
+    (``ampgraph table | head``) ends quietly, as other Unix tools do.
+    """
+    import errno
+    import os
+
+    try:
+        main(prog_name="ampgraph", standalone_mode=False)
+        sys.stdout.flush()
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except BrokenPipeError:
+        # Point stdout at devnull so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
+            raise
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        click.echo(f"Error: cannot write the output: {exc.strerror}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,7 +38,7 @@ from ampgraph.capture import (
 )
 from ampgraph.errors import first_line
 from ampgraph.models import ModelInputs
-from ampgraph.replay import StrictDtypeMode, fake_mode, needs_driver
+from ampgraph.replay import StrictDtypeMode, fake_mode, needs_driver, silenced
 from ampgraph.settings import Setting
 
 
@@ -104,6 +104,7 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
     try:
         with (
             swapped_tensors(module, make_param),
+            silenced("torch._subclasses.fake_tensor"),
             fake,
             # The dtype errors real kernels raise and fake ones skip (replay.STRICT_CHECKS).
             StrictDtypeMode(device),

@@ -177,14 +177,24 @@ def build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
         data.pop("auto_map")
     try:
         config = AutoConfig.for_model(model_type, **data)
-    except (ValueError, KeyError) as exc:
-        # "Unrecognized model identifier: x. Should contain one of <200 names>": first sentence.
-        reason = first_line(exc).split(". ")[0][:120]
-        raise ModelSpecError(
-            f"transformers {transformers.__version__} does not know model_type {model_type!r} "
-            f"({reason}); upgrade transformers or use --module package.module:factory"
-        ) from None
-    named = (getattr(config, "architectures", None) or [None])[0]
+    except Exception as exc:  # noqa: BLE001 - transformers' validation raises many types
+        text = str(exc)
+        if isinstance(exc, KeyError) or "Unrecognized model" in text:
+            # "Unrecognized model identifier: x. Should contain one of <200 names>": first sentence.
+            reason = first_line(exc).split(". ")[0][:120]
+            raise ModelSpecError(
+                f"transformers {transformers.__version__} does not know model_type "
+                f"{model_type!r} ({reason}); upgrade transformers or use --module "
+                "package.module:factory"
+            ) from None
+        # Validators say what is wrong on their last line ("The hidden size (-4) is not a
+        # multiple of the number of attention heads (32).").
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        reason = (lines[-1] if lines else type(exc).__name__)[:160]
+        raise ModelSpecError(f"invalid {model_type} config: {reason}") from None
+    _check_sizes(config)
+    architectures = getattr(config, "architectures", None)
+    named = architectures[0] if isinstance(architectures, list) and architectures else None
     model_class = getattr(transformers, named, None) if isinstance(named, str) else None
     auto = getattr(transformers, architecture_for(model_type).auto_class)
     with torch.device("meta"):
@@ -199,9 +209,56 @@ def build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 
+#: Config sizes that must be at least 1 where a config has them (0 builds a model that runs
+#: nothing, which would be analysed "successfully").
+_POSITIVE_SIZES = (
+    "vocab_size", "num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers",
+    "hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head", "intermediate_size",
+)  # fmt: skip
+_LAYER_SIZES = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+#: More layers than any published model has (Llama-3.1-405B has 126): an analysis would run for
+#: a long time and take gigabytes (about 75 graph nodes and 0.8 MB per layer).
+MAX_LAYERS = 1024
+
+
+def _check_sizes(config: Any) -> None:
+    for attr in _POSITIVE_SIZES:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ModelSpecError(f"the config's {attr} is {value}: a model needs at least 1")
+
+
+def check_work(config: dict[str, Any], *, force: bool = False) -> None:
+    """Refuse a config beyond any real model before the work starts, unless ``force``.
+
+    >>> check_work({"num_hidden_layers": 100_000})
+    Traceback (most recent call last):
+    ...
+    ampgraph.errors.ModelSpecError: the config has 100000 layers, more than any published model (1024 at most here): an analysis would take hours and about 80 GB; pass --force to analyse it anyway
+    """
+    sizes = [config.get(a) for a in _LAYER_SIZES]
+    layers = max((v for v in sizes if isinstance(v, int)), default=0)
+    if layers > MAX_LAYERS and not force:
+        raise ModelSpecError(
+            f"the config has {layers} layers, more than any published model ({MAX_LAYERS} at "
+            f"most here): an analysis would take hours and about {layers * 0.8 / 1000:.0f} GB; "
+            "pass --force to analyse it anyway"
+        )
+
+
 def hf_model_inputs(name: str, model: nn.Module, seq_len: int) -> ModelInputs:
     """Pair a built Hugging Face model with synthesised inputs for one forward call."""
     config = model.config
+    positions = next(
+        (getattr(config, a) for a in ("max_position_embeddings", "n_positions")
+         if isinstance(getattr(config, a, None), int)),
+        None,
+    )  # fmt: skip
+    if positions is not None and seq_len > positions and config.model_type != "t5":
+        raise ModelSpecError(
+            f"--seq-len {seq_len} is longer than {name}'s {positions} positions: a real run "
+            f"would fail; use --seq-len {positions} or less"
+        )
     arch = architecture_for(str(getattr(config, "model_type", "")))
     vocab = int(getattr(config, "vocab_size", 2) or 2)
     kwargs: dict[str, Any] = dict(token_inputs(vocab, seq_len, names=arch.inputs))
@@ -245,6 +302,8 @@ def _import_factory(spec: str) -> Callable[[], Any]:
         return getattr(module, attr)  # type: ignore[no-any-return]
     except ModelSpecError:
         raise
+    except SystemExit as exc:  # a module that exits on import
+        raise ModelSpecError(f"importing {spec!r} called sys.exit({exc.code!r})") from None
     except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, the module's own error
         raise ModelSpecError(
             f"cannot import {spec!r}: {type(exc).__name__}: {exc} "
@@ -256,6 +315,11 @@ def _load_factory(spec: str, seq_len: int = 8) -> ModelInputs:
     factory = _import_factory(spec)
     try:
         made = factory()
+    except SystemExit as exc:  # sys.exit() in user code must not end ampgraph silently
+        raise ModelSpecError(
+            f"factory {spec!r} called sys.exit({exc.code!r}): a factory must return "
+            "(module, example_inputs)"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - a user factory may raise anything: one line
         raise ModelSpecError(f"factory {spec!r} raised {type(exc).__name__}: {exc}") from None
     if isinstance(made, ModelInputs):
@@ -407,7 +471,7 @@ def _load_code(spec: str, seq_len: int) -> ModelInputs:
 
 
 def load_model(
-    spec: str = DEFAULT_MODEL, *, seq_len: int = 8, tracer: str | None = None
+    spec: str = DEFAULT_MODEL, *, seq_len: int = 8, tracer: str | None = None, force: bool = False
 ) -> ModelInputs:
     """Build the model a spec names, with example inputs, on the meta device.
 
@@ -416,6 +480,7 @@ def load_model(
     which. ``tracer``
     (default: the spec's, else ``export``) picks the frontend (:mod:`ampgraph.frontends`): other
     than ``export``, the model is traced once here and captured from that graph in every setting.
+    A config beyond any published model (:data:`MAX_LAYERS`) is refused unless ``force``.
 
     >>> m = load_model("llama-tiny", seq_len=4)
     >>> type(m.module).__name__, sorted(m.kwargs)
@@ -423,7 +488,9 @@ def load_model(
     """
     source = resolve_config(spec)
     if source is not None:
-        model = hf_model_inputs(source.name, build_hf_model(source.parse()), seq_len)
+        config = source.parse()
+        check_work(config, force=force)
+        model = hf_model_inputs(source.name, build_hf_model(config), seq_len)
     else:
         model = _load_code(spec, seq_len)
     tracer = tracer or spec_tracer(spec)

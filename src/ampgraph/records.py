@@ -126,6 +126,16 @@ class ModuleCall:
         return cls(**data)
 
 
+_SETTING_FIELDS = ("name", "device_type", "autocast", "amp_dtype", "param_dtype")
+
+
+def _typed(data: dict[str, Any], key: str, kind: type) -> Any:
+    value = data[key]
+    if not isinstance(value, kind):
+        raise TypeError(f"{key!r} should be a {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
 @dataclass
 class Report:
     """The whole analysis of one model in one setting."""
@@ -170,20 +180,43 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
+        """A report from its JSON form; ``ValueError`` with one line saying what is wrong.
+
+        >>> Report.from_dict([])
+        Traceback (most recent call last):
+        ...
+        ValueError: not an ampgraph.report: a JSON object is expected, not list
+        """
+        if not isinstance(data, dict):
+            raise ValueError(  # noqa: TRY004 - Report.from_dict raises ValueError for bad data
+                f"not an {SCHEMA}: a JSON object is expected, not {type(data).__name__}"
+            )
         if data.get("schema") != SCHEMA or data.get("version") != SCHEMA_VERSION:
             raise ValueError(
                 f"not an {SCHEMA} v{SCHEMA_VERSION} report "
-                f"(found {data.get('schema')!r} v{data.get('version')!r})"
+                f"(found {data.get('schema')!r} v{data.get('version')!r}): write it again with "
+                "this ampgraph's 'table --format json'"
             )
-        return cls(
-            model=data["model"],
-            setting=data["setting"],
-            versions=data["versions"],
-            capture=data["capture"],
-            nodes=[NodeRecord.from_dict(n) for n in data["nodes"]],
-            modules=[ModuleCall.from_dict(m) for m in data["modules"]],
-            check=data.get("check"),
-        )
+        setting = data.get("setting")
+        missing = [k for k in _SETTING_FIELDS if not isinstance(setting, dict) or k not in setting]
+        if missing:
+            raise ValueError(f"damaged {SCHEMA}: its setting lacks {', '.join(missing)}")
+        try:
+            report = cls(
+                model=_typed(data, "model", str),
+                setting=setting,
+                versions=_typed(data, "versions", dict),
+                capture=_typed(data, "capture", dict),
+                nodes=[NodeRecord.from_dict(n) for n in _typed(data, "nodes", list)],
+                modules=[ModuleCall.from_dict(m) for m in _typed(data, "modules", list)],
+                check=data.get("check"),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"damaged {SCHEMA}: {type(exc).__name__} {exc}") from None
+        for rec in report.nodes:
+            if not isinstance(rec.name, str) or not isinstance(rec.outputs, list):
+                raise ValueError(f"damaged {SCHEMA}: node {rec.name!r} has the wrong types")  # noqa: TRY004
+        return report
 
     @classmethod
     def from_json(cls, text: str) -> Report:

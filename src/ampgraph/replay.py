@@ -19,6 +19,7 @@ on a device.
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -283,6 +284,18 @@ def placeholder_value(node: fx.Node, device: str) -> Any:
     return val
 
 
+@contextmanager
+def silenced(logger_name: str) -> Iterator[None]:
+    """Mute one logger for a while (torch's fake-tensor error log: the error is the finding)."""
+    logger = logging.getLogger(logger_name)
+    previous = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = previous
+
+
 def fake_mode() -> FakeTensorMode:
     """Fake tensors that also take ops whose output shape depends on the data.
 
@@ -301,6 +314,8 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
     from ampgraph.capture import autocast_state
 
     with ExitStack() as stack:
+        # A kernel that raises is the finding; fake_tensor's own log of it is noise on stderr.
+        stack.enter_context(silenced("torch._subclasses.fake_tensor"))
         mode = stack.enter_context(fake_mode())
         stack.enter_context(StrictDtypeMode(setting.device_type))
         for device in ("cpu", "cuda"):

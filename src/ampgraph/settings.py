@@ -140,6 +140,13 @@ class Setting:
 
         ``device_type`` and ``amp_dtype`` fill in what the text leaves out.
         """
+        if isinstance(text, Setting):
+            return text
+        if not isinstance(text, str):
+            raise SettingError(
+                f"a setting is a name such as 'amp-fp32' or 'autocast=on,params=fp16', "
+                f"not {type(text).__name__} {text!r}"
+            )
         amp_dtype = canonical_dtype(amp_dtype)
         text = text.strip()
         if text in PRESETS:
@@ -154,6 +161,8 @@ class Setting:
                     f"malformed setting {text!r}: use a preset ({', '.join(PRESETS)}) "
                     "or key=value pairs such as 'autocast=on,params=fp16'"
                 )
+            if key.strip() in fields:
+                raise SettingError(f"setting {text!r} gives {key.strip()} twice: give it once")
             fields[key.strip()] = value.strip().lower()
         if not fields:
             raise SettingError(f"empty setting: use one of {', '.join(PRESETS)}")

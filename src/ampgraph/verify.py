@@ -51,7 +51,6 @@ import inspect
 import json
 import os
 import platform
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -68,6 +67,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph import policy as P
 from ampgraph.capture import Capture, autocast_state, capture, dtype_name, torch_dtype
 from ampgraph.errors import AmpgraphError, first_line
+from ampgraph.files import atomic_write
 from ampgraph.formats import call_error
 from ampgraph.models import ModelInputs
 from ampgraph.records import NodeRecord, Report
@@ -224,15 +224,7 @@ def write_record(
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(verify_record(results, **extra), indent=1) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write(target, text.encode())
     return target
 
 
@@ -931,6 +923,47 @@ def compare_modules(report: Report, hooks: Sequence[HookCall]) -> tuple[Figure, 
     return Figure(agree, total), found
 
 
+def weight_bytes(module: nn.Module, param_dtype: torch.dtype) -> int:
+    """Bytes of real parameters and buffers ``verify`` materialises, as ``Module.to`` makes them."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*module.parameters(), *module.buffers()]:
+        if id(t) in seen:
+            continue  # tied weights are materialised once
+        seen.add(id(t))
+        dtype = param_dtype if t.is_floating_point() else t.dtype
+        total += t.numel() * dtype.itemsize
+    return total
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Free memory on ``device`` in bytes (MemAvailable for the CPU), or None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(
+    model: ModelInputs, setting: Setting, device: torch.device, *, force: bool = False
+) -> None:
+    """Refuse, in one line and before any allocation, weights that cannot fit on ``device``."""
+    need = weight_bytes(model.module, torch_dtype(setting.param_dtype))
+    free = available_memory(device)
+    if free is not None and need > 0.8 * free and not force:
+        raise VerifyError(
+            f"verify needs about {need / 1e9:.1f} GB of real weights for {model.name} "
+            f"({setting.name}) and {device} has {free / 1e9:.1f} GB free: verify a smaller model "
+            "(the dispatcher check, 'ampgraph check', needs no weights), or pass --force"
+        )
+
+
 # -- the whole verification -----------------------------------------------------------------------
 def verify(
     model: ModelInputs,
@@ -938,6 +971,7 @@ def verify(
     *,
     device: str | torch.device | None = None,
     seed: int = 0,
+    force: bool = False,
 ) -> VerifyResult:
     """Verify the annotation of ``model`` in ``setting`` against real execution.
 
@@ -957,6 +991,7 @@ def verify(
     if isinstance(setting, str):
         setting = Setting.parse(setting)
     dev = resolve_device(setting, device)
+    check_memory(model, setting, dev, force=force)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     cap = capture(model, setting)

@@ -15,17 +15,16 @@ b'hello'
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from ampgraph.errors import RenderError
+from ampgraph.files import atomic_write
 from ampgraph.records import Report
 from ampgraph.render.dot import overview_dot, to_dot
 from ampgraph.settings import Setting
@@ -119,28 +118,16 @@ def _fixed_pdf_dates(pdf: bytes) -> bytes:
     return _PDF_DATE.sub(pin, pdf)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        # mkstemp makes the file private; a diagram is a document like any other.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def safe_name(text: str) -> str:
     """A file-name-safe version of a model spec: ``"facebook/opt-125m"`` -> ``"facebook-opt-125m"``.
 
-    >>> safe_name("configs/My Model.json")
-    'configs-My-Model.json'
+    Letters of any script are kept (``"ünï cødé"`` -> ``"ünï-cødé"``), so names that differ
+    only outside ASCII do not collide.
+
+    >>> safe_name("configs/My Model.json"), safe_name("ünï cødé")
+    ('configs-My-Model.json', 'ünï-cødé')
     """
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "model"
+    return re.sub(r"[^\w.-]+", "-", text).strip("-.") or "model"
 
 
 def render_svg(
@@ -227,17 +214,19 @@ def render_files(
             (overview_stem(reports, view=view, fold=fold, theme=theme),
              overview_dot(reports, view=view, fold=fold, theme=theme))
         )  # fmt: skip
-    written: list[Path] = []
-    for stem, source in jobs:
-        for fmt in formats:
-            data = source.encode("utf-8") if fmt == "dot" else run_dot(source, fmt)
-            path = out / f"{stem}.{fmt}"
-            try:
-                atomic_write(path, data)
-            except OSError as exc:
-                raise RenderError(f"cannot write {path}: {exc.strerror}") from None
-            written.append(path)
-    return written
+    # Lay everything out first (the slow part), then write: an interrupted or failed layout
+    # leaves every old file as it was, rather than a mix of new and old diagrams.
+    laid_out = [
+        (out / f"{stem}.{fmt}", source.encode("utf-8") if fmt == "dot" else run_dot(source, fmt))
+        for stem, source in jobs
+        for fmt in formats
+    ]
+    for path, data in laid_out:
+        try:
+            atomic_write(path, data)
+        except OSError as exc:
+            raise RenderError(f"cannot write {path}: {exc.strerror}") from None
+    return [path for path, _data in laid_out]
 
 
 def overview_stem(reports: Sequence[Report], *, view: str, fold: bool, theme: str) -> str:
