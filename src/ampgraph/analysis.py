@@ -260,7 +260,7 @@ def analyze(
     >>> from ampgraph import analyze
     >>> r = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),))
     >>> [(c.node, c.from_dtype, c.to_dtype) for c in r.node("linear").casts]
-    [('x', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
+    [('input', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
     """
     setting = Setting.parse(setting)  # a Setting passes through; anything else says what to give
     if isinstance(model, str):

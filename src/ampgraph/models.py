@@ -20,7 +20,7 @@ in the seed notebook: ``input_ids`` and an ``attention_mask`` of ones, both int6
 architecture needs (BERT's ``token_type_ids``, T5's ``decoder_input_ids``; see
 :data:`ARCHITECTURES`).
 
->>> m = load_model("opt-125m", seq_len=8)          # doctest: +SKIP
+>>> m = load_model("opt-125m", seq_len=8)
 >>> type(m.module).__name__, m.kwargs["input_ids"].shape
 ('OPTForCausalLM', torch.Size([1, 8]))
 """
