@@ -324,7 +324,27 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
 
 
 class FakeReplay(fx.Interpreter):
-    """Base interpreter: fake placeholders, error propagation, autocast regions."""
+    """Base interpreter: fake placeholders, error propagation, autocast regions.
+
+    The annotator (:class:`ampgraph.annotate.AutocastAnnotator`), the dispatcher oracle
+    (:class:`ampgraph.check.DispatcherOracle`) and verify's real execution all replay a captured
+    graph this way; they differ only in the override points below. The call tree, in the manner
+    of ``torch.fx.Interpreter``'s own docstring::
+
+        run_graph()                     fresh fake placeholders, then fx.Interpreter.run
+            + run_node(n)               per node
+                + (placeholder, get_attr: fx.Interpreter's own)
+                + an input is Failed?   -> on_skipped(n, failure)        [override]
+                + an assert op?         -> skipped, returns None
+                + a region op?          -> run_region(n, args)           [override]
+                |                              + run_body(child, body, operands, n)
+                + otherwise             -> execute(n, args, kwargs)      [override]
+                    raises?             -> on_error(n, Failed(...))      [override]
+
+    ``execute`` defaults to ``fx.Interpreter``'s ``call_function``/``call_method``/...; an op that
+    raises becomes a :class:`Failed` value that flows to every node depending on it. A failure
+    for want of a GPU driver is ``Failed(analysed=False)``: no finding about the model.
+    """
 
     def __init__(self, gm: fx.GraphModule, setting: Setting, prefix: str = "") -> None:
         super().__init__(gm, garbage_collect_values=True)
