@@ -197,8 +197,7 @@ class AutocastAnnotator(FakeReplay):
         if inner is None:
             value = op(*call_args, **call_kwargs)
         else:
-            with inner:
-                value = inner.call(op, call_args, call_kwargs)
+            value = inner.call(op, call_args, call_kwargs)
             if inner.applied:
                 category = inner.applied[0][1]
                 self._pending[n.name].update(
@@ -436,13 +435,8 @@ class Decomposed:
         self.casts: list[Cast] = []
         self.applied: list[tuple[str, str]] = []
 
-    def __enter__(self) -> Decomposed:  # noqa: PYI034 - Self needs Python 3.11
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
     def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``op`` as autocast would, filling ``applied`` and ``casts``."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -452,6 +446,7 @@ class Decomposed:
             self.op,
             tuple((t.dtype, device_type_of(t)) for t in tensors),
             tuple(sorted(self.annotator.state.states.items())),
+            id(P._INDEX),  # the tables in use (tests swap in deliberately wrong ones)
         )
         if key in _NO_POLICY_INSIDE:
             return op(*args, **kwargs)
@@ -473,10 +468,9 @@ class Decomposed:
                 call_op, pre_dispatch=True, decomposition_table={self.op: cpp_decomposition}
             )(*tensors)
         except Exception:  # noqa: BLE001 - not traceable this way: autocast as one level sees it
-            self.fallback = InnerAutocast(self.annotator)
-            with self.fallback:
-                value = op(*args, **kwargs)
-            self.applied, self.casts = self.fallback.applied, self.fallback.casts
+            fallback = InnerAutocast(self.annotator)
+            value = fallback.call(op, args, kwargs)
+            self.applied, self.casts = fallback.applied, fallback.casts
             if not self.applied:
                 _NO_POLICY_INSIDE.add(key)
             return value
@@ -519,7 +513,9 @@ class InnerAutocast(TorchDispatchMode):
         self.applied: list[tuple[str, str]] = []
 
     def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return op(*args, **kwargs)
+        """Run ``op`` with this mode on, filling ``applied`` and ``casts``."""
+        with self:
+            return op(*args, **kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
