@@ -15,12 +15,13 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from ampgraph import Report, Setting, analyze
-from ampgraph.cli import _tracer_key, main
+from ampgraph import Report, Setting, analyze, cache
+from ampgraph.cli import main
 from ampgraph.errors import CaptureError
 from ampgraph.formats import SEED_WATCH, hook_lines
 from ampgraph.frontends import TRACERS, GraphForward, apply_frontend, hf_fx_available
 from ampgraph.models import ModelInputs, load_model
+from ampgraph.pipeline import report_keys
 from ampgraph.specs import TRACERS as SPEC_TRACERS
 from ampgraph.specs import ModelSpec
 
@@ -118,7 +119,7 @@ def test_lowered_module_shares_the_original() -> None:
 
 def test_fx_cannot_trace_a_hugging_face_model() -> None:
     with pytest.raises(CaptureError) as err:
-        load_model("llama-tiny", tracer="fx")
+        apply_frontend(load_model("llama-tiny"), "fx")
     message = str(err.value)
     assert message.startswith("torch.fx.symbolic_trace could not trace 'llama-tiny'")
     assert "use --tracer export" in message and "\n" not in message
@@ -126,7 +127,7 @@ def test_fx_cannot_trace_a_hugging_face_model() -> None:
 
 def test_fx_untraceable_factory_is_one_line() -> None:
     with pytest.raises(CaptureError, match="could not trace 'tests.factories:untraceable'"):
-        load_model("tests.factories:untraceable", tracer="fx")
+        apply_frontend(load_model("tests.factories:untraceable"), "fx")
 
 
 def test_unknown_tracer() -> None:
@@ -155,8 +156,16 @@ def test_cli_tracer_option() -> None:
 
 
 def test_cache_keys_tell_tracers_apart() -> None:
-    assert _tracer_key("opt-125m") == {} == _tracer_key(ModelSpec("opt-125m"))
-    assert _tracer_key(ModelSpec("opt-125m", tracer="hf-fx")) == {"tracer": "hf-fx"}
+    settings = [Setting.parse("fp32")]
+    keys = {
+        tracer: report_keys(ModelSpec("opt-125m", tracer=tracer), settings, seq_len=8, check=True)
+        for tracer in ("export", "hf-fx", "fx")
+    }
+    assert len({k[0] for k in keys.values()}) == 3
+    assert report_keys("opt-125m", settings, seq_len=8, check=True) == keys["export"]
+    # Export's key has no tracer in it, so entries cached before --tracer existed stay valid.
+    request = {"seq_len": 8, "setting": settings[0].to_dict(), "check": True}
+    assert keys["export"] == [cache.cache_key(cache.model_identity("opt-125m"), request)]
 
 
 # -- Hugging Face's FX tracer (transformers < 4.50) --------------------------------------------------
@@ -164,7 +173,7 @@ def test_cache_keys_tell_tracers_apart() -> None:
 
 @functools.cache
 def _opt(tracer: str) -> ModelInputs:
-    return load_model("opt-125m", tracer=tracer)
+    return apply_frontend(load_model("opt-125m"), tracer)
 
 
 HF_SETTINGS = [(s, "cuda", "bf16") for s in ("fp32", "half", "amp-half", "amp-fp32")] + [
@@ -199,7 +208,7 @@ def test_hf_fx_opt_prints_the_seed_lines(hf_fx: None) -> None:
 @pytest.mark.hffx
 def test_hf_fx_keeps_modules_it_traces_through(hf_fx: None) -> None:
     """GPT-2's Conv1D is not a torch.nn leaf, so the FX tracer inlines it; its calls survive."""
-    report = analyze(load_model("gpt2", tracer="hf-fx"), Setting.parse("amp-fp32"))
+    report = analyze(apply_frontend(load_model("gpt2"), "hf-fx"), Setting.parse("amp-fp32"))
     conv = [c for c in report.modules if "Conv1D" in c.bases]
     assert len(conv) == 48 and {(c.in_dtype, c.out_dtype) for c in conv} <= {
         ("float32", "bfloat16"),
@@ -214,7 +223,7 @@ def test_hf_fx_records_llamas_rotary_region(hf_fx: None) -> None:
     type is decided by Python at trace time: transformers 4.45 reads ``x.device.type``, which the
     FX tracer cannot see, so the region is a *cpu* one (README, Known limitations)."""
     setting = Setting.parse("amp-fp32")
-    report = analyze(load_model("llama-tiny", tracer="hf-fx"), setting)
+    report = analyze(apply_frontend(load_model("llama-tiny"), "hf-fx"), setting)
     (region,) = [n for n in report.nodes if n.kind == "region"]
     assert region.reason == "autocast disabled on cpu inside this region"
     assert report.check is not None and report.check["disagreements"] == 0
@@ -226,10 +235,10 @@ def test_hf_fx_records_llamas_rotary_region(hf_fx: None) -> None:
 def test_hf_fx_names_the_branches_it_took_on_dtypes(hf_fx: None) -> None:
     """T5LayerNorm casts to its weight's dtype when that is 16-bit: a branch the HF tracer takes
     once, in fp32. The report lists where, and the command line warns; export lists none."""
-    model = load_model("t5-small", tracer="hf-fx")
-    assert "encoder.block.0.layer.0.layer_norm" in model.dtype_branches
+    model = apply_frontend(load_model("t5-small"), "hf-fx")
+    assert "encoder.block.0.layer.0.layer_norm" in model.module.dtype_branches
     report = analyze(model, Setting.parse("half"), check=False)
-    assert report.capture["dtype_branches"] == list(model.dtype_branches)
+    assert report.capture["dtype_branches"] == list(model.module.dtype_branches)
     assert (
         analyze(load_model("t5-small"), Setting.parse("half"), check=False).capture[
             "dtype_branches"
@@ -249,7 +258,7 @@ def test_hf_fx_names_the_branches_it_took_on_dtypes(hf_fx: None) -> None:
 @pytest.mark.hffx
 def test_hf_fx_unsupported_architecture_is_one_line(hf_fx: None) -> None:
     with pytest.raises(CaptureError) as err:
-        load_model("pythia-160m", tracer="hf-fx")
+        apply_frontend(load_model("pythia-160m"), "hf-fx")
     message = str(err.value)
     assert "could not trace 'pythia-160m' (GPTNeoXForCausalLM)" in message
     assert "is not supported yet;" in message  # not the tracer's list of every supported class

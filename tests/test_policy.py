@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ampgraph import policy as P
-from ampgraph.capture import autocast_state
+from ampgraph.torchutil import autocast_state
 
 DISPATCH_KEY = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
 

@@ -409,8 +409,9 @@ def test_record_is_readable_like_any_document(tmp_path: Path) -> None:
 def test_weights_beyond_free_memory_are_refused_before_allocating(monkeypatch) -> None:
     import ampgraph.verify as V
     from ampgraph.models import load_model
+    from ampgraph.verify import device
 
-    monkeypatch.setattr(V, "available_memory", lambda device: 1_000_000)
+    monkeypatch.setattr(device, "available_memory", lambda device: 1_000_000)
     model = load_model("llama-tiny")
     with pytest.raises(V.VerifyError, match=r"verify needs about 0\.0 GB of real weights"):
         V.verify(model, Setting.parse("fp32", device_type="cpu"))

@@ -20,10 +20,12 @@ from ampgraph.annotate import annotate
 from ampgraph.capture import Capture, ModuleInfo, capture
 from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
+from ampgraph.frontends import EXPORT, apply_frontend
 from ampgraph.models import ModelInputs
 from ampgraph.policy import ACTIVE_RELEASE
 from ampgraph.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
+from ampgraph.specs import spec_tracer
 
 SOURCE_KINDS = {"parameter", "buffer", "constant"}
 
@@ -241,12 +243,13 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
 
 
 def analyze(
-    model: ModelInputs | nn.Module,
+    model: ModelInputs | nn.Module | str,
     setting: Setting | str = "amp-fp32",
     *,
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     check: bool = True,
+    tracer: str | None = None,
 ) -> Report:
     """Analyse one model in one setting.
 
@@ -254,7 +257,8 @@ def analyze(
     :func:`ampgraph.load_model` returns, or any ``nn.Module`` together with ``args`` (a tuple, or
     one tensor) and ``kwargs`` for one forward call (real, meta or fake tensors: only shapes and
     dtypes are used, and the module's own tensors are left untouched). ``setting`` is a
-    :class:`~ampgraph.settings.Setting` or its name.
+    :class:`~ampgraph.settings.Setting` or its name. ``tracer`` is the frontend that turns the
+    model into a graph (:mod:`ampgraph.frontends`; default: a spec's own, else ``export``).
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -263,6 +267,18 @@ def analyze(
     [('input', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
     """
     setting = Setting.parse(setting)  # a Setting passes through; anything else says what to give
+    if isinstance(model, str):
+        tracer = tracer or spec_tracer(model)
+    model = as_model_inputs(model, args, kwargs)
+    return analyze_capture(capture(trace(model, tracer), setting), check=check)
+
+
+def as_model_inputs(
+    model: ModelInputs | nn.Module | str,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> ModelInputs:
+    """What :func:`analyze` accepts as a model, as :class:`~ampgraph.models.ModelInputs`."""
     if isinstance(model, str):
         from ampgraph.models import load_model
 
@@ -282,7 +298,16 @@ def analyze(
             "analyze() takes a model spec such as 'opt-125m', what load_model() returns, or an "
             f"nn.Module with args=(inputs...), not {type(model).__name__}"
         )
-    return analyze_capture(capture(model, setting), check=check)
+    return model
+
+
+def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
+    """The model as ``tracer`` (a frontend of :mod:`ampgraph.frontends`) gives it to the capture.
+
+    ``export`` (the default) traces the model itself in each setting, so the model is returned as
+    it is; another tracer traces it once, here, and every setting is captured from that graph.
+    """
+    return apply_frontend(model, tracer or EXPORT)
 
 
 # The model the forked workers analyse: set before the pool forks, inherited by the children,
@@ -337,17 +362,20 @@ def analyze_many(
     check: bool = True,
     workers: int | None = None,
     on_done: Any = None,
+    tracer: str | None = None,
 ) -> list[Report]:
     """Analyse one model in several settings, in parallel worker processes where that helps.
 
-    Workers are forked after torch and the model are loaded, so each setting costs only its own
-    trace and replay. ``on_done(index, report)`` is called as each setting finishes.
+    Workers are forked after torch and the model are loaded (and traced once, for a ``tracer``
+    other than ``export``), so each setting costs only its own capture and replay.
+    ``on_done(index, report)`` is called as each setting finishes.
 
     >>> from ampgraph import load_model, seed_matrix
     >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix())   # doctest: +SKIP
     """
     import multiprocessing as mp
 
+    model = trace(model, tracer)
     workers = min(len(settings), workers or default_workers())
     results: list[Report | None] = [None] * len(settings)
 

@@ -33,7 +33,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import policy as P
-from ampgraph.capture import Capture, autocast_state, dtype_name, torch_dtype
+from ampgraph.capture import Capture
+from ampgraph.policy import rules
 from ampgraph.records import Cast, NodeRecord
 from ampgraph.replay import (
     Failed,
@@ -47,6 +48,7 @@ from ampgraph.replay import (
     tensor_leaves,
 )
 from ampgraph.settings import Setting, short_dtype
+from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
 
 
 class AutocastState:
@@ -65,16 +67,6 @@ class AutocastState:
         states = dict(self.states)
         states[device_type] = (enabled, dtype)
         return AutocastState(states)
-
-
-def _eligible(t: Any, device_type: str) -> bool:
-    """autocast_mode.h ``is_eligible``: a defined floating tensor on the device, and not fp64."""
-    return (
-        isinstance(t, torch.Tensor)
-        and device_type_of(t) == device_type
-        and t.is_floating_point()
-        and t.dtype != torch.float64
-    )
 
 
 class AutocastAnnotator(FakeReplay):
@@ -329,7 +321,7 @@ class AutocastAnnotator(FakeReplay):
             elif category == P.FP32:
                 to = torch.float32
             else:
-                to = _promote_type(op, args, kwargs, lower, device_type)
+                to = rules.promote_type(op, args, kwargs, lower, device_type)
             unknown = f"({name} input)"
             new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n, unknown)
             verb = {P.LOWER_PRECISION_FP: "runs", P.FP32: "runs", P.PROMOTE: "promotes to"}[
@@ -346,32 +338,23 @@ class AutocastAnnotator(FakeReplay):
             )
             why = f"autocast {verb} {name} in {short_dtype(dtype_name(to))}: {detail}"
             return new_args, new_kwargs, casts, op, why
-        first = args[0] if args else next(iter(kwargs.values()), None)
         if category == P.FP32_SET_OPT_DTYPE:
-            if not _eligible(first, device_type):
+            if not rules.is_eligible(rules.first_argument(args, kwargs), device_type):
                 return args, kwargs, [], op, f"{name}: first input not eligible, runs as called"
-            dtype_index = _arg_index(op, "dtype")
-            current = (
-                args[dtype_index]
-                if dtype_index is not None and dtype_index < len(args)
-                else kwargs.get("dtype")
-            )
+            current = rules.given_dtype(op, args, kwargs)
             if current is not None:
                 why = f"{name} already sets dtype={current}: autocast leaves it"
                 return args, kwargs, [], op, why
             why = f"autocast asks {name} for an fp32 result (dtype=fp32)"
-            if dtype_index is not None and dtype_index < len(args):  # dtype=None given by position
-                new_args = (*args[:dtype_index], torch.float32, *args[dtype_index + 1 :])
-                return new_args, kwargs, [], op, why
-            return args, {**kwargs, "dtype": torch.float32}, [], op, why
+            called = rules.set_opt_dtype(op, args, kwargs, device_type)
+            assert called is not None  # eligible, and no dtype given
+            return called[0], called[1], [], op, why
         # fp32_append_dtype: redispatch to the overload with an explicit dtype.
-        out = torch.float32 if _eligible(first, device_type) else first.dtype
-        entry = P.entry_name(op._schema.name, op._overloadname)
-        redispatch = P.APPEND_DTYPE_REDISPATCH[entry]
-        packet, overload = redispatch.split(".")
-        target = getattr(getattr(torch.ops.aten, packet), overload)
-        why = f"autocast calls {redispatch} with dtype={short_dtype(dtype_name(out))}"
-        return args, {**kwargs, "dtype": out}, [], target, why
+        target, redispatch, new_kwargs = rules.append_dtype(op, args, kwargs, device_type)
+        why = (
+            f"autocast calls {redispatch} with dtype={short_dtype(dtype_name(new_kwargs['dtype']))}"
+        )
+        return args, new_kwargs, [], target, why
 
     def producer_label(self, n: fx.Node | None, t: torch.Tensor, unknown: str) -> str:
         """The qualified name of the input node of ``n`` that produced tensor ``t``."""
@@ -397,7 +380,7 @@ class AutocastAnnotator(FakeReplay):
         casts: list[Cast] = []
 
         def cast(t: Any) -> Any:
-            if not _eligible(t, device_type) or t.dtype == to:
+            if not rules.is_eligible(t, device_type) or t.dtype == to:
                 return t
             label = self.producer_label(n, t, unknown)
             casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
@@ -529,41 +512,6 @@ class InnerAutocast(TorchDispatchMode):
                 self.applied.append((func._schema.name.removeprefix("aten::"), category))
                 return op(*args, **kwargs)
         return func(*args, **kwargs)
-
-
-def _arg_index(op: torch._ops.OpOverload, name: str) -> int | None:
-    for i, arg in enumerate(op._schema.arguments):
-        if arg.name == name:
-            return None if arg.kwarg_only else i
-    return None
-
-
-def _promote_type(
-    op: torch._ops.OpOverload,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    lower: torch.dtype,
-    device_type: str,
-) -> torch.dtype:
-    """autocast_mode.h ``promote_type``: the widest of the Tensor and Tensor[] arguments."""
-    current = lower
-    schema_args = op._schema.arguments
-    values = list(args) + [kwargs[a.name] for a in schema_args[len(args) :] if a.name in kwargs]
-    for arg, value in zip(schema_args, values):
-        if str(arg.type) not in ("Tensor", "List[Tensor]"):
-            continue  # optional tensors are cast but do not vote, as in the C++ overloads
-        for t in tensor_leaves(value):
-            if not (device_type_of(t) == device_type and t.is_floating_point()):
-                continue
-            if t.dtype == torch.float64:
-                continue
-            if current == torch.float32 or t.dtype == torch.float32:
-                current = torch.float32
-            elif current == lower and t.dtype == lower:
-                current = lower
-            else:
-                raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
-    return current
 
 
 def _first(items: list[str | None]) -> str | None:

@@ -20,8 +20,6 @@ listed in :attr:`Capture.trace_time_dtype_nodes`: their dtypes are those of the 
 from __future__ import annotations
 
 import contextlib
-import io
-import logging
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,8 +31,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from ampgraph.errors import CaptureError, first_line
+from ampgraph.frontends import traced_by
 from ampgraph.models import ModelInputs
 from ampgraph.settings import Setting
+from ampgraph.torchutil import (
+    autocast_state,
+    can_trace_fake,
+    quiet_logging,
+    simulated_cuda_amp,
+    swapped_tensors,
+    torch_dtype,
+)
 
 EXPORT = "export"
 EXPORT_META_REPLAY = "export-meta-replay"
@@ -69,74 +76,12 @@ class Capture:
     #: leaf-module path -> per call, the graph nodes of its first input and first output (as a
     #: forward hook's ``inp[0]`` and ``out[0]``), or None where a value is not a graph node.
     module_io: dict[str, list[tuple[str | None, str | None]]] = field(default_factory=dict)
-    #: Where the frontend decided a branch on a dtype at its own trace time (see ModelInputs).
+    #: Where the frontend decided a branch on a dtype at its own trace time (see GraphForward).
     dtype_branches: list[str] = field(default_factory=list)
     #: Every leaf-module call in the order the forward made them, as (path, call index, whether
     #: the call added no node to the graph). An ``nn.Identity`` or an eval-mode
     #: ``StochasticDepth`` returns its input: a hook fires, yet the graph has nothing of it.
     call_order: list[tuple[str, int, bool]] = field(default_factory=list)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """``"bfloat16"`` -> ``torch.bfloat16``."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"not a torch dtype: {name}")
-    return dtype
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``: the spelling reports and renderers use."""
-    return str(dtype).removeprefix("torch.")
-
-
-@contextlib.contextmanager
-def autocast_state(device_type: str, enabled: bool, dtype: torch.dtype) -> Iterator[None]:
-    """Enable or disable autocast for a device type, with no GPU needed.
-
-    ``torch.autocast("cuda")`` turns itself off when CUDA is unavailable; setting the thread-local
-    state directly keeps the real CUDA autocast kernels in the dispatch path for fake tensors.
-    """
-    was_enabled = torch.is_autocast_enabled(device_type)
-    was_dtype = torch.get_autocast_dtype(device_type)
-    torch.set_autocast_enabled(device_type, enabled)
-    torch.set_autocast_dtype(device_type, dtype)
-    try:
-        yield
-    finally:
-        torch.set_autocast_enabled(device_type, was_enabled)
-        torch.set_autocast_dtype(device_type, was_dtype)
-        if not torch.is_autocast_enabled(device_type):
-            torch.clear_autocast_cache()
-
-
-@contextlib.contextmanager
-def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
-    """Temporarily replace every parameter and buffer of ``module`` by ``make(tensor)``.
-
-    Tied parameters (OPT's lm_head and embed_tokens) stay tied: each distinct tensor is made once.
-    The originals come back on exit, so a user's module is left as it was.
-    """
-    made: dict[int, torch.Tensor] = {}
-    saved: list[tuple[nn.Module, str, str, torch.Tensor]] = []
-    try:
-        for mod in module.modules():
-            for store in ("_parameters", "_buffers"):
-                table = getattr(mod, store)
-                for name, tensor in list(table.items()):
-                    if tensor is None:
-                        continue
-                    if id(tensor) not in made:
-                        new = make(tensor)
-                        if isinstance(tensor, nn.Parameter):
-                            new = nn.Parameter(new, requires_grad=tensor.requires_grad)
-                        made[id(tensor)] = new
-                    saved.append((mod, store, name, tensor))
-                    table[name] = made[id(tensor)]
-        yield
-    finally:
-        for mod, store, name, tensor in saved:
-            getattr(mod, store)[name] = tensor
 
 
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
@@ -190,39 +135,6 @@ def _lift_scalar_constants() -> Iterator[None]:
         yield
     finally:
         proxy_tensor.CONSTANT_NUMEL_LIMIT = previous
-
-
-@contextlib.contextmanager
-def quiet_logging() -> Iterator[None]:
-    """Silence torch's own logging while tracing: a failed export logs the whole graph, and
-    ampgraph reports the failure in one line instead."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        logging.disable(previous)
-
-
-@contextlib.contextmanager
-def simulated_cuda_amp(device_type: str) -> Iterator[None]:
-    """Let ``torch.autocast("cuda", ...)`` in model code behave as on a bf16-capable GPU.
-
-    Without a GPU, ``torch.autocast("cuda")`` disables itself at construction, so a traced
-    ``with torch.autocast("cuda", dtype=torch.float16):`` region would be recorded as disabled.
-    The fake CUDA tensors being traced stand for such a GPU, so its availability checks answer yes.
-    """
-    if device_type != "cuda":
-        yield
-        return
-    from unittest import mock
-
-    import torch.cuda.amp.common as amp_common
-
-    with mock.patch.object(amp_common, "amp_definitely_not_available", return_value=False), \
-            mock.patch.object(torch.cuda, "is_bf16_supported", return_value=True):  # fmt: skip
-        yield
 
 
 def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:
@@ -404,15 +316,11 @@ def _retype_parameters(
             node.meta["val"] = torch.empty(val.shape, dtype=dtype, device="meta")
 
 
-def can_trace_fake(device_type: str) -> bool:
-    """Whether this torch build can trace with fake tensors on ``device_type``."""
-    return device_type == "cpu" or torch.backends.cuda.is_built()
-
-
 def capture(model: ModelInputs, setting: Setting) -> Capture:
     """Trace ``model`` in ``setting`` and return the graph with what replaying it needs."""
     param_dtype = torch_dtype(setting.param_dtype)
     method = EXPORT
+    tracer, dtype_branches = traced_by(model)
     recorder = ModuleIORecorder(model.module)
     try:
         with recorder:
@@ -455,11 +363,11 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         setting=setting,
         graph_module=gm,
         # A frontend other than export traced the graph that export lowered: "hf-fx+export".
-        method=method if model.frontend == EXPORT else f"{model.frontend}+{method}",
+        method=method if tracer == EXPORT else f"{tracer}+{method}",
         input_kinds=kinds,
         modules=module_table(model.module),
         trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method != EXPORT else [],
         module_io=recorder.resolve(gm),
         call_order=recorder.call_order(),
-        dtype_branches=list(model.dtype_branches),
+        dtype_branches=list(dtype_branches),
     )

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ampgraph.capture import EXPORT, Capture, autocast_state, dtype_name, torch_dtype
+from ampgraph.capture import EXPORT, Capture
 from ampgraph.records import NodeRecord
 from ampgraph.replay import (
     Failed,
@@ -28,6 +28,7 @@ from ampgraph.replay import (
     region_args,
     tensor_leaves,
 )
+from ampgraph.torchutil import autocast_state, can_trace_fake, dtype_name, torch_dtype
 
 ORACLE = "dispatcher (real autocast kernels on fake tensors)"
 
@@ -89,7 +90,7 @@ def dispatcher_unavailable(device_type: str) -> str | None:
     >>> dispatcher_unavailable("cpu") is None
     True
     """
-    if device_type == "cpu" or torch.backends.cuda.is_built():
+    if can_trace_fake(device_type):
         return None
     return (
         f"torch {torch.__version__} is a CPU-only build without CUDA's autocast kernels, so "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -177,92 +177,27 @@ def root_options() -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {"no_cache": False, "jobs": None}
 
 
-def iter_reports(
+def analysed(
     model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
     *, check: bool = True, warn_unchecked: bool = True,
-) -> Iterator[Report]:  # fmt: skip
-    """The analysis of ``model_spec`` in each setting, in order.
+) -> list[Report]:  # fmt: skip
+    """:func:`ampgraph.pipeline.analyze_spec` with the command's options, and its warnings."""
+    from ampgraph.formats import dtype_branches_warning
+    from ampgraph.pipeline import analyze_spec
 
-    Cached reports are read before torch is imported; the rest are computed after loading the
-    model once, in parallel worker processes, and cached.
-    """
-    from ampgraph import cache
-
-    resolved = resolve_settings(settings, device, amp_dtype)
     options = root_options()
-    identity = None if options["no_cache"] else cache.model_identity(model_spec)
-    keys: list[str | None] = [
-        cache.cache_key(
-            identity,
-            {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **_tracer_key(model_spec)},
-        )
-        if identity is not None
-        else None
-        for s in resolved
-    ]
-    reports: list[Report | None] = [_cached(k) for k in keys]
-    missing = [i for i, r in enumerate(reports) if r is None]
-    if missing:
-        from ampgraph.analysis import analyze_many
-        from ampgraph.models import load_model
-
-        start = time.perf_counter()
-        progress(f"building {model_spec} on the meta device...")
-        model = load_model(model_spec, seq_len=seq_len, force=forced())
-        progress(f"  built in {time.perf_counter() - start:.1f}s; analysing "
-                 f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
-
-        def done(j: int, report: Report) -> None:
-            index = missing[j]
-            reports[index] = report
-            key = keys[index]
-            if key is not None:
-                cache.store(key, report.to_dict())
-            progress(f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
-
-        analyze_many(model, [resolved[i] for i in missing], check=check,
-                     workers=options["jobs"], on_done=done)  # fmt: skip
-    warn_dtype_branches(reports[0])
-    unavailable = (reports[0].capture or {}).get("check_unavailable") if reports[0] else None
+    reports = analyze_spec(
+        model_spec, resolve_settings(settings, device, amp_dtype), seq_len=seq_len, check=check,
+        use_cache=not options["no_cache"], workers=options["jobs"], force=forced(),
+        progress=progress,
+    )  # fmt: skip
+    warning = dtype_branches_warning(reports[0])
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    unavailable = (reports[0].capture or {}).get("check_unavailable")
     if check and warn_unchecked and unavailable:
         click.echo(f"warning: not checked: {unavailable}", err=True)
-    for report in reports:
-        assert report is not None
-        yield report
-
-
-def warn_dtype_branches(report: Report | None) -> None:
-    """Say on stderr where the frontend fixed a dtype-dependent branch (hf-fx), once per model."""
-    branches = list((report.capture or {}).get("dtype_branches") or []) if report else []
-    if not branches:
-        return
-    where = ", ".join(branches[:3]) + (
-        f" and {len(branches) - 3} more" if len(branches) > 3 else ""
-    )
-    click.echo(
-        f"warning: {report.capture.get('method')} took branches on dtypes once, in fp32 without "
-        f"autocast, in {len(branches)} module{'s' if len(branches) != 1 else ''} ({where}); in "
-        "other settings a real run may take the other branch: --tracer export traces each setting",
-        err=True,
-    )
-
-
-def _tracer_key(model_spec: str) -> dict[str, str]:
-    # Only a non-default tracer is part of the cache key, so export's entries stay valid.
-    tracer = getattr(model_spec, "tracer", "export")
-    return {} if tracer == "export" else {"tracer": tracer}
-
-
-def _cached(key: str | None) -> Report | None:
-    from ampgraph import cache
-
-    data = cache.load(key) if key is not None else None
-    if data is None:
-        return None
-    try:
-        return Report.from_dict(data)
-    except Exception:  # noqa: BLE001 - damaged, foreign or of another schema: recompute it
-        return None
+    return reports
 
 
 @click.group(cls=AmpgraphGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -344,7 +279,7 @@ def table(
     from ampgraph.formats import hook_lines, markdown_table
 
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
-    reports = list(iter_reports(model, settings, device, amp_dtype, seq_len, check=not no_check))
+    reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
     if fmt == "json":
         payload: Any = reports[0].to_dict() if len(reports) == 1 else [r.to_dict() for r in reports]
         click.echo(json.dumps(payload, indent=1))
@@ -381,7 +316,7 @@ def check_command(
     from ampgraph.formats import check_summary, disagreement_lines
 
     failed = 0
-    for report in iter_reports(model, settings, device, amp_dtype, seq_len, warn_unchecked=False):
+    for report in analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False):
         if report.check is None:
             raise click.ClickException(
                 (report.capture or {}).get("check_unavailable") or "the check did not run"
@@ -553,9 +488,7 @@ def render(
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         reports = load_reports(report_paths)
     else:
-        reports = list(
-            iter_reports(model, settings, device, amp_dtype, seq_len, check=not no_check)
-        )
+        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
     paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme)
     for path in paths:
         click.echo(str(path))
@@ -608,6 +541,8 @@ def verify(
       ampgraph verify --device cuda --record docs/verification/cuda.json
       ampgraph verify llama-tiny --device cpu
     """
+    from ampgraph.files import check_writable
+    from ampgraph.pipeline import prepare
     from ampgraph.verify import resolve_device, write_record
     from ampgraph.verify import verify as verify_model
 
@@ -615,14 +550,9 @@ def verify(
     for setting in resolved:
         resolve_device(setting)  # no GPU: one line now, before the model is built
     if record_path is not None:
-        from ampgraph.files import check_writable
-
         check_writable(Path(record_path), "record")  # before the work, not after it
-    from ampgraph.models import load_model
-
     start = time.perf_counter()
-    progress(f"building {model} on the meta device...")
-    built = load_model(model, seq_len=seq_len, force=forced())
+    built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
     results = []
     for i, setting in enumerate(resolved, 1):
         result = verify_model(built, setting, seed=seed, force=forced())

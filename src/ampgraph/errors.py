@@ -22,6 +22,14 @@ class CaptureError(AmpgraphError):
     """The model could not be traced into a torch.fx graph."""
 
 
+class VerifyError(AmpgraphError):
+    """Real execution could not be set up (no such device, inputs that do not fit the graph)."""
+
+
+class NoDeviceError(VerifyError):
+    """The setting's device type has no device on this machine."""
+
+
 class RenderError(AmpgraphError):
     """Graphviz is missing or failed to lay a diagram out."""
 

@@ -157,3 +157,23 @@ def disagreement_lines(report: Report) -> list[str]:
             f"dispatcher {observed or '-'}{extra}"
         )
     return lines
+
+
+def dtype_branches_warning(report: Report) -> str | None:
+    """Where the frontend fixed a dtype-dependent branch once (hf-fx), as one warning; else None.
+
+    >>> r = Report("m", {}, {}, {"method": "hf-fx+export", "dtype_branches": ["a", "b"]}, [], [])
+    >>> dtype_branches_warning(r)[:52]
+    'hf-fx+export took branches on dtypes once, in fp32 w'
+    """
+    branches = list((report.capture or {}).get("dtype_branches") or [])
+    if not branches:
+        return None
+    where = ", ".join(branches[:3]) + (
+        f" and {len(branches) - 3} more" if len(branches) > 3 else ""
+    )
+    return (
+        f"{report.capture.get('method')} took branches on dtypes once, in fp32 without "
+        f"autocast, in {len(branches)} module{'s' if len(branches) != 1 else ''} ({where}); in "
+        "other settings a real run may take the other branch: --tracer export traces each setting"
+    )

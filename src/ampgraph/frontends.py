@@ -29,7 +29,7 @@ made a capture (``hf-fx+export``).
 
 >>> from ampgraph.models import load_model
 >>> lowered = apply_frontend(load_model("opt-125m"), "hf-fx")   # doctest: +SKIP
->>> lowered.frontend, type(lowered.module).__name__              # doctest: +SKIP
+>>> lowered.module.tracer, type(lowered.module).__name__         # doctest: +SKIP
 ('hf-fx', 'GraphForward')
 """
 
@@ -49,9 +49,9 @@ import torch
 import torch.fx.traceback as fx_traceback
 from torch import fx, nn
 
-from ampgraph.capture import quiet_logging, simulated_cuda_amp
 from ampgraph.errors import CaptureError, first_line
 from ampgraph.models import ModelInputs
+from ampgraph.torchutil import quiet_logging, simulated_cuda_amp
 
 EXPORT = "export"
 HF_FX = "hf-fx"
@@ -396,8 +396,13 @@ class GraphForward(nn.Module):
     ``nn_module_stack`` onto the ATen nodes it lowers to.
     """
 
-    def __init__(self, original: nn.Module, traced: fx.GraphModule) -> None:
+    def __init__(self, original: nn.Module, traced: fx.GraphModule, tracer: str) -> None:
         super().__init__()
+        #: The frontend that traced the graph (:attr:`Capture.method` reads ``hf-fx+export``).
+        self.tracer = tracer
+        #: Module paths where that tracer decided a Python branch on a dtype once, at its trace
+        #: time (hf-fx traces in fp32 without autocast): other settings may take the other branch.
+        self.dtype_branches: tuple[str, ...] = tuple(traced.meta.get(DTYPE_BRANCHES, ()))
         # Share the original's tables: named_modules()/named_parameters() read as the original.
         self.__dict__["_modules"] = original._modules
         self.__dict__["_parameters"] = original._parameters
@@ -445,25 +450,38 @@ def _bound_inputs(model: ModelInputs, traced: fx.GraphModule) -> dict[str, Any]:
 def apply_frontend(model: ModelInputs, tracer: str = EXPORT) -> ModelInputs:
     """Trace ``model`` with ``tracer`` once; the result is captured per setting like any model.
 
-    For ``export`` the model is returned as it is. Otherwise the module becomes a
-    :class:`GraphForward` over the traced graph and ``frontend`` records the tracer, so that
-    :attr:`Capture.method` reads ``hf-fx+export``.
+    For ``export`` the model is returned as it is. Otherwise its module becomes a
+    :class:`GraphForward` over the traced graph, which remembers the tracer, so that
+    :attr:`Capture.method` reads ``hf-fx+export``. The analysis calls this
+    (:func:`ampgraph.analyze`'s ``tracer``); the loader never does.
 
     >>> import torch
     >>> m = ModelInputs("lin", torch.nn.Linear(4, 4), (torch.randn(2, 4),))
-    >>> apply_frontend(m, "fx").frontend
+    >>> apply_frontend(m, "fx").module.tracer
     'fx'
     """
     if tracer not in FRONTENDS:
         raise CaptureError(f"unknown tracer {tracer!r}: use one of {', '.join(TRACERS)}")
     frontend = FRONTENDS[tracer]
-    if frontend.trace is None:
-        return model
+    if frontend.trace is None or isinstance(model.module, GraphForward):
+        return model  # export traces in each setting; a frontend's graph is traced once
     traced = frontend.trace(model)
     number_module_calls(traced.graph)
     inputs = _bound_inputs(model, traced)
-    return replace(model, module=GraphForward(model.module, traced), args=(), kwargs=inputs,
-                   frontend=tracer, dtype_branches=traced.meta.get(DTYPE_BRANCHES, ()))  # fmt: skip
+    return replace(model, module=GraphForward(model.module, traced, tracer), args=(), kwargs=inputs)
+
+
+def traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
+    """The frontend that traced ``model`` and where it fixed a dtype branch (export: none).
+
+    >>> import torch
+    >>> traced_by(ModelInputs("lin", torch.nn.Linear(4, 4)))
+    ('export', ())
+    """
+    module = model.module
+    if isinstance(module, GraphForward):
+        return module.tracer, module.dtype_branches
+    return EXPORT, ()
 
 
 __all__ = [
@@ -476,4 +494,5 @@ __all__ = [
     "number_module_calls",
     "trace_fx",
     "trace_hf_fx",
+    "traced_by",
 ]

@@ -28,21 +28,24 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ampgraph.capture import (
+from ampgraph.errors import first_line
+from ampgraph.models import ModelInputs
+from ampgraph.replay import StrictDtypeMode, needs_driver
+from ampgraph.settings import Setting
+from ampgraph.torchutil import (
     autocast_state,
     dtype_name,
+    fake_mode,
     quiet_logging,
+    silenced,
     simulated_cuda_amp,
     swapped_tensors,
     torch_dtype,
 )
-from ampgraph.errors import first_line
-from ampgraph.models import ModelInputs
-from ampgraph.replay import StrictDtypeMode, fake_mode, needs_driver, silenced
-from ampgraph.settings import Setting
 
 
-def _first_dtype(value: Any) -> str | None:
+def first_dtype(value: Any) -> str | None:
+    """The dtype name the seed's hook prints for a call's input or output (None: no tensor)."""
     # The seed's hook: ``inp[0].dtype if isinstance(inp, (tuple, list)) else inp.dtype``.
     item = value[0] if isinstance(value, (tuple, list)) and value else value
     return dtype_name(item.dtype) if isinstance(item, torch.Tensor) else None
@@ -81,13 +84,13 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
 
     def pre(path: str) -> Any:
         def hook(_m: nn.Module, inp: Any, kw: dict[str, Any]) -> None:
-            running.append((path, _first_dtype(inp if inp else list(kw.values()))))
+            running.append((path, first_dtype(inp if inp else list(kw.values()))))
 
         return hook
 
     def post(_m: nn.Module, _inp: Any, _kw: dict[str, Any], out: Any) -> None:
         path, in_dtype = running.pop()
-        out_dtype = _first_dtype(out)
+        out_dtype = first_dtype(out)
         lines.append(_line(path, in_dtype, f"out={'torch.' + out_dtype if out_dtype else 'None'}"))
 
     module = model.module
@@ -128,4 +131,4 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
     return lines
 
 
-__all__ = ["eager_hook_lines"]
+__all__ = ["eager_hook_lines", "first_dtype"]

@@ -42,24 +42,23 @@ import torch
 from torch import nn
 
 from ampgraph.errors import ModelSpecError, first_line
-from ampgraph.specs import ModelSpec, bundled_key, resolve_config, spec_kind, spec_tracer
+from ampgraph.specs import ModelSpec, bundled_key, resolve_config, spec_kind
 
 DEFAULT_MODEL = "opt-125m"
 
 
 @dataclass
 class ModelInputs:
-    """A module and the example inputs that one forward call takes."""
+    """A module and the example inputs that one forward call takes: what the loader returns.
+
+    How it is traced is the analysis's choice (``tracer=`` of :func:`ampgraph.analyze`, see
+    :mod:`ampgraph.frontends`), not the model's.
+    """
 
     name: str
     module: nn.Module
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    #: The tracer that made ``module`` (``export``: the model itself; see ampgraph.frontends).
-    frontend: str = "export"
-    #: Module paths where that tracer decided a Python branch on a dtype once, at trace time
-    #: (hf-fx traces in fp32 without autocast): other settings may take the other branch.
-    dtype_branches: tuple[str, ...] = ()
 
 
 # -- Hugging Face architectures: how to build and feed each model type (data, not branches) ------
@@ -470,17 +469,14 @@ def _load_code(spec: str, seq_len: int) -> ModelInputs:
     return _load_bundled(str(spec), seq_len)
 
 
-def load_model(
-    spec: str = DEFAULT_MODEL, *, seq_len: int = 8, tracer: str | None = None, force: bool = False
-) -> ModelInputs:
+def load_model(spec: str = DEFAULT_MODEL, *, seq_len: int = 8, force: bool = False) -> ModelInputs:
     """Build the model a spec names, with example inputs, on the meta device.
 
     ``spec`` is a bundled name (see :func:`bundled_models`), a ``config.json`` path or a model
     folder holding one, or ``package.module:factory``; a :class:`~ampgraph.specs.ModelSpec` says
-    which. ``tracer``
-    (default: the spec's, else ``export``) picks the frontend (:mod:`ampgraph.frontends`): other
-    than ``export``, the model is traced once here and captured from that graph in every setting.
-    A config beyond any published model (:data:`MAX_LAYERS`) is refused unless ``force``.
+    which. The model is only built: which tracer turns it into a graph is the analysis's choice
+    (:func:`ampgraph.analyze`'s ``tracer``). A config beyond any published model
+    (:data:`MAX_LAYERS`) is refused unless ``force``.
 
     >>> m = load_model("llama-tiny", seq_len=4)
     >>> type(m.module).__name__, sorted(m.kwargs)
@@ -490,15 +486,8 @@ def load_model(
     if source is not None:
         config = source.parse()
         check_work(config, force=force)
-        model = hf_model_inputs(source.name, build_hf_model(config), seq_len)
-    else:
-        model = _load_code(spec, seq_len)
-    tracer = tracer or spec_tracer(spec)
-    if tracer == "export":
-        return model
-    from ampgraph.frontends import apply_frontend  # frontends builds on this module
-
-    return apply_frontend(model, tracer)
+        return hf_model_inputs(source.name, build_hf_model(config), seq_len)
+    return _load_code(spec, seq_len)
 
 
 __all__ = [

@@ -19,7 +19,6 @@ on a device.
 
 from __future__ import annotations
 
-import logging
 import operator
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -32,9 +31,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.capture import dtype_name, torch_dtype
 from ampgraph.errors import first_line
 from ampgraph.settings import Setting
+from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
 
 WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
 WRAP_WITH_SET_GRAD_ENABLED = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
@@ -265,9 +264,7 @@ def replay_device(device_type: str) -> str:
     >>> replay_device("cpu")
     'cpu'
     """
-    if device_type == "cpu" or torch.backends.cuda.is_built():
-        return device_type
-    return "meta"
+    return device_type if can_trace_fake(device_type) else "meta"
 
 
 def device_type_of(t: torch.Tensor) -> str:
@@ -285,33 +282,9 @@ def placeholder_value(node: fx.Node, device: str) -> Any:
 
 
 @contextmanager
-def silenced(logger_name: str) -> Iterator[None]:
-    """Mute one logger for a while (torch's fake-tensor error log: the error is the finding)."""
-    logger = logging.getLogger(logger_name)
-    previous = logger.disabled
-    logger.disabled = True
-    try:
-        yield
-    finally:
-        logger.disabled = previous
-
-
-def fake_mode() -> FakeTensorMode:
-    """Fake tensors that also take ops whose output shape depends on the data.
-
-    A boolean-mask index (``y[y > 0]``), ``nonzero`` or ``unique`` has an output size no fake
-    tensor can know; with a shape environment it gets an unbacked symbolic size (as torch.export
-    gives it), and its dtype, which never depends on the size, is known as for any other op.
-    """
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-
-
-@contextmanager
 def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
     """Fake tensors, strict dtype checks, and autocast off on every device until told otherwise."""
-    from ampgraph.capture import autocast_state
+    from ampgraph.torchutil import autocast_state
 
     with ExitStack() as stack:
         # A kernel that raises is the finding; fake_tensor's own log of it is noise on stderr.

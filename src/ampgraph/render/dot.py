@@ -19,14 +19,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import graphviz
 import networkx as nx
 
 from ampgraph.errors import RenderError
 from ampgraph.policy import CATEGORY_LABEL
-from ampgraph.records import Report
 from ampgraph.render.graph import build_graph
 from ampgraph.render.style import (
     DIFFERS_MARK,
@@ -49,6 +48,9 @@ from ampgraph.render.style import (
     is_floating,
 )
 from ampgraph.settings import Setting, short_dtype
+
+if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+    from ampgraph.records import Report
 
 ARROW: Final = "→"
 #: SVG collapses runs of spaces; labels that need room between words use no-break spaces.

@@ -21,13 +21,15 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ampgraph.errors import RenderError
 from ampgraph.files import atomic_write
-from ampgraph.records import Report
 from ampgraph.render.dot import overview_dot, to_dot
 from ampgraph.settings import Setting
+
+if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+    from ampgraph.records import Report
 
 #: Formats ``dot`` renders, and the one ampgraph writes itself.
 FORMATS: Final = ("svg", "png", "pdf", "dot")

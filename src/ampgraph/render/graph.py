@@ -33,14 +33,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import networkx as nx
 
 from ampgraph.errors import RenderError
 from ampgraph.policy import lookup
-from ampgraph.records import ModuleCall, NodeRecord, Report
 from ampgraph.render.style import is_floating
+
+if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+    from ampgraph.records import ModuleCall, NodeRecord, Report
 
 VIEWS: Final = ("modules", "ops")
 

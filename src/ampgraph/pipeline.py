@@ -1,0 +1,145 @@
+"""Analyse a model spec in settings: the one entry point of the CLI, notebooks and the docs.
+
+:func:`analyze_spec` is what ``ampgraph table``, ``check`` and ``render`` run: reports already in
+the cache (:mod:`ampgraph.cache`) are read before torch is imported; the model is built and traced
+once (:func:`prepare`) for the rest, which are analysed in forked worker processes
+(:func:`ampgraph.analysis.analyze_many`) and cached. Torch-free itself, so a warm run never
+imports torch.
+
+>>> reports = analyze_spec("llama-tiny", ["amp-fp32"], check=False)
+>>> [(r.model, r.setting["name"]) for r in reports]
+[('llama-tiny', 'amp-fp32')]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ampgraph.records import Report
+from ampgraph.settings import Setting, seed_matrix
+from ampgraph.specs import spec_tracer
+
+if TYPE_CHECKING:
+    from ampgraph.models import ModelInputs
+
+#: Where progress notes go (the CLI: stderr, when a person watches it). None: nowhere.
+Progress = Callable[[str], None] | None
+
+
+def _say(progress: Progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def prepare(
+    spec: str, *, seq_len: int = 8, force: bool = False, progress: Progress = None
+) -> ModelInputs:
+    """Build the model ``spec`` names on meta and trace it with the spec's tracer, once.
+
+    What every command that needs the model itself runs (the analysis, and ``verify``).
+
+    >>> type(prepare("llama-tiny", seq_len=4).module).__name__
+    'LlamaForCausalLM'
+    """
+    from ampgraph.analysis import trace
+    from ampgraph.models import load_model
+
+    _say(progress, f"building {spec} on the meta device...")
+    return trace(load_model(spec, seq_len=seq_len, force=force), spec_tracer(spec))
+
+
+def report_keys(
+    spec: str, settings: Sequence[Setting], *, seq_len: int, check: bool
+) -> list[str | None]:
+    """The cache key of ``spec``'s report in each setting; None where it is never cached (a
+    ``package.module:factory`` spec runs arbitrary code).
+
+    >>> [len(k) for k in report_keys("opt", [Setting.parse("fp32")], seq_len=8, check=True)]
+    [64]
+    >>> report_keys("torch.nn:Linear", [Setting.parse("fp32")], seq_len=8, check=True)
+    [None]
+    """
+    from ampgraph import cache
+
+    identity = cache.model_identity(spec)
+    if identity is None:
+        return [None for _ in settings]
+    tracer = spec_tracer(spec)
+    # Only a non-default tracer is part of the key, so export's entries stay valid.
+    tracer_key = {} if tracer == "export" else {"tracer": tracer}
+    return [
+        cache.cache_key(
+            identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **tracer_key}
+        )
+        for s in settings
+    ]
+
+
+def cached_report(key: str | None) -> Report | None:
+    """The cached report for ``key``, or None: also for an entry that is damaged, foreign or of
+    another schema (the fresh report replaces it)."""
+    from ampgraph import cache
+
+    data = cache.load(key) if key is not None else None
+    if data is None:
+        return None
+    try:
+        return Report.from_dict(data)
+    except Exception:  # noqa: BLE001 - damaged, foreign or of another schema: recompute it
+        return None
+
+
+def analyze_spec(
+    spec: str,
+    settings: Sequence[Setting | str] | None = None,
+    *,
+    seq_len: int = 8,
+    check: bool = True,
+    use_cache: bool = True,
+    workers: int | None = None,
+    force: bool = False,
+    progress: Progress = None,
+) -> list[Report]:
+    """The analysis of the model ``spec`` names in each setting, in order.
+
+    ``spec`` is what :func:`ampgraph.load_model` takes (a :class:`~ampgraph.specs.ModelSpec`
+    also says which tracer to use); ``settings`` are :class:`~ampgraph.settings.Setting` objects
+    or names (default: the seed notebook's four). Reports are read from the cache where they are
+    (``use_cache``); the rest are computed after building the model once, in up to ``workers``
+    forked processes (default: one per core), and cached. ``force`` analyses a config beyond any
+    published model; ``progress`` receives notes on the way.
+    """
+    resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
+    keys = (
+        report_keys(spec, resolved, seq_len=seq_len, check=check)
+        if use_cache
+        else [None for _ in resolved]
+    )
+    reports: list[Report | None] = [cached_report(k) for k in keys]
+    missing = [i for i, r in enumerate(reports) if r is None]
+    if missing:
+        from ampgraph import cache
+        from ampgraph.analysis import analyze_many
+
+        start = time.perf_counter()
+        model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
+        _say(progress, f"  built in {time.perf_counter() - start:.1f}s; analysing "
+                       f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
+
+        def done(j: int, report: Report) -> None:
+            index = missing[j]
+            reports[index] = report
+            key = keys[index]
+            if key is not None:
+                cache.store(key, report.to_dict())
+            _say(progress, f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
+
+        analyze_many(
+            model, [resolved[i] for i in missing], check=check, workers=workers, on_done=done
+        )
+    return [r for r in reports if r is not None]
+
+
+__all__ = ["analyze_spec", "cached_report", "prepare", "report_keys"]

@@ -1,0 +1,135 @@
+"""Verify: prove the annotations against real execution (the README's "verify guide" is the
+user's account of it).
+
+Where :mod:`ampgraph.check` runs autocast's kernels on fake tensors, this runs everything for real,
+with seeded random weights, and makes three cross-checks against the annotation:
+
+========== ===================================================================================
+nodes      the captured graph run node by node under real autocast (:mod:`.execution`):
+           each node's output dtypes, or its error, against its annotation
+modules    the eager model with the seed notebook's forward hooks (:mod:`.eager`): each hook
+           line against the annotation's module view
+casts      the ``aten._to_copy`` calls autocast really makes at each node (:mod:`.casts`)
+           against the predicted casts
+========== ===================================================================================
+
+The pieces: :mod:`.device` (which device, its name, whether the weights fit), :mod:`.tensors`
+(real tensors for the graph), :mod:`.compare` (prediction against observation), :mod:`.results`
+(figures, disagreements, the JSON record).
+
+>>> import torch
+>>> from ampgraph.models import ModelInputs
+>>> lin = ModelInputs("linear", torch.nn.Linear(16, 16), (torch.randn(1, 16),))
+>>> result = verify(lin, Setting.parse("amp-fp32", device_type="cpu"))
+>>> result.ok, result.casts.agree                     # input, weight and bias: seed 001's 3 casts
+(True, 3)
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ampgraph.analysis import analyze_capture
+from ampgraph.capture import capture
+from ampgraph.errors import NoDeviceError, VerifyError
+from ampgraph.models import ModelInputs
+from ampgraph.settings import Setting
+from ampgraph.verify.casts import CastLog
+from ampgraph.verify.compare import compare_modules, compare_nodes
+from ampgraph.verify.device import NO_CUDA_MESSAGE, check_memory, device_name, resolve_device
+from ampgraph.verify.eager import run_eager
+from ampgraph.verify.execution import RealExecution, run_graph
+from ampgraph.verify.results import (
+    Disagreement,
+    Figure,
+    VerifyResult,
+    now,
+    verify_record,
+    versions,
+    write_record,
+)
+from ampgraph.verify.tensors import graph_inputs, random_like, real_inputs
+
+
+def verify(
+    model: ModelInputs,
+    setting: Setting | str,
+    *,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    force: bool = False,
+) -> VerifyResult:
+    """Verify the annotation of ``model`` in ``setting`` against real execution.
+
+    ``device`` is the real device (default: the setting's device type, e.g. ``cpu``); it must be
+    of the setting's device type, whose autocast policy tables the annotation used. Raises
+    :class:`NoDeviceError` for ``cuda`` on a machine without one.
+
+    >>> import torch
+    >>> from ampgraph.models import ModelInputs
+    >>> lin = ModelInputs("linear", torch.nn.Linear(16, 16), (torch.randn(1, 16),))
+    >>> r = verify(lin, "autocast=on,device=cpu")
+    >>> print(r.summary_line())                                            # doctest: +ELLIPSIS
+    linear amp-fp32 (cpu bf16) on ...: nodes 2/2, modules 1/1, casts 3/3 agree; 0 disagreements
+    """
+    if isinstance(setting, str):
+        setting = Setting.parse(setting)
+    dev = resolve_device(setting, device)
+    check_memory(model, setting, dev, force=force)
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    cap = capture(model, setting)
+    report = analyze_capture(cap, check=False)
+    seconds["capture_annotate"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    args, kwargs = real_inputs(model, dev, gen)
+    values = graph_inputs(cap, model, args, kwargs, dev, gen)
+    seconds["materialise"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    observed = run_graph(cap, report.nodes, values, dev)
+    nodes, casts, found = compare_nodes(report.nodes, observed)
+    seconds["graph"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    hooks = run_eager(model, cap, values, args, kwargs, dev, gen)
+    modules, module_found = compare_modules(report, hooks)
+    seconds["eager"] = time.perf_counter() - t0
+    del values  # the real weights; the result keeps only dtypes
+    return VerifyResult(
+        model=model.name,
+        setting=setting,
+        device=str(dev),
+        device_name=device_name(dev),
+        versions=versions(),
+        date=now(),
+        nodes=nodes,
+        modules=modules,
+        casts=casts,
+        disagreements=found + module_found,
+        eager_hooks=[h.hook_line() for h in hooks],
+        seconds={k: round(v, 3) for k, v in seconds.items()},
+        report=report,
+    )
+
+
+__all__ = [
+    "NO_CUDA_MESSAGE",
+    "CastLog",
+    "Disagreement",
+    "Figure",
+    "NoDeviceError",
+    "RealExecution",
+    "VerifyError",
+    "VerifyResult",
+    "device_name",
+    "random_like",
+    "resolve_device",
+    "verify",
+    "verify_record",
+    "write_record",
+]

@@ -1,0 +1,173 @@
+"""Run a captured graph node by node on real tensors under real ``torch.autocast``.
+
+Each node's output dtypes, or its error message, are recorded (:class:`Observed`), with the casts
+autocast made there (:mod:`ampgraph.verify.casts`); ``wrap_with_autocast`` regions run under the
+real nested ``torch.autocast`` they stand for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from ampgraph.capture import Capture
+from ampgraph.records import NodeRecord
+from ampgraph.replay import Failed, FakeReplay, dtype_names, region_args, tensor_leaves
+from ampgraph.settings import Setting
+from ampgraph.torchutil import autocast_state, torch_dtype
+from ampgraph.verify.casts import CastKey, CastLog, autocast_casts
+
+
+@dataclass
+class Observed:
+    """What one node really did."""
+
+    outputs: list[str | None] | None = None
+    error: str | None = None
+    skipped: str | None = None
+    casts: list[CastKey] = field(default_factory=list)
+    checked_casts: bool = False
+
+
+class RealExecution(FakeReplay):
+    """Run a captured graph node by node on real tensors under real autocast.
+
+    Records, per qualified node name, the output dtypes or the error (:class:`Observed`), and the
+    casts autocast made there (:mod:`ampgraph.verify.casts` says how they are told apart).
+    """
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        setting: Setting,
+        device: torch.device,
+        predicted: dict[str, NodeRecord],
+        observed: dict[str, Observed] | None = None,
+        prefix: str = "",
+        autocast_device: str | None = None,
+    ) -> None:
+        super().__init__(gm, setting, prefix)
+        self.device = device  # baked device= arguments go to this very device
+        self.predicted = predicted
+        self.observed: dict[str, Observed] = observed if observed is not None else {}
+        #: The device type whose autocast the predicted policies are for (regions may change it).
+        self.autocast_device = autocast_device or setting.device_type
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        name = self.qualified(n)
+        if n.op == "call_function":
+            obs = self.observed.setdefault(name, Observed())
+            if obs.error is None and obs.skipped is None:
+                if isinstance(value, Failed):
+                    # A region whose body failed returns the failure without failing itself:
+                    # the error is recorded at the body's node, and the region counts as not run.
+                    obs.skipped = value.node
+                else:
+                    obs.outputs = dtype_names(value)
+        elif n.op == "output" and not self.prefix:
+            failed = [v for v in pytree.tree_leaves(value) if isinstance(v, Failed)]
+            self.observed[name] = (
+                Observed(skipped=failed[0].node) if failed else Observed(outputs=dtype_names(value))
+            )
+        return value
+
+    def on_error(self, n: fx.Node, failure: Failed) -> None:
+        self.observed.setdefault(self.qualified(n), Observed()).error = failure.message
+
+    def on_skipped(self, n: fx.Node, failure: Failed) -> None:
+        self.observed[self.qualified(n)] = Observed(skipped=failure.node)
+
+    # -- running one node -------------------------------------------------------------------------
+    def execute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if n.op != "call_function":
+            return super().execute(n, args, kwargs)
+        log = CastLog()
+        try:
+            with log:
+                return super().execute(n, args, kwargs)
+        finally:
+            # Runs on success and on the op's own error alike: casts made before a failure count.
+            obs = self.observed.setdefault(self.qualified(n), Observed())
+            obs.checked_casts = True
+            if log.casts:
+                rec = self.predicted.get(self.qualified(n))
+                obs.casts = autocast_casts(
+                    n.target, rec, args, kwargs, log.casts, self._labels(n), self.autocast_device
+                )
+
+    def _labels(self, n: fx.Node) -> dict[int, str]:
+        """id(tensor) -> qualified name of the input node that produced it (as annotate does)."""
+        labels: dict[int, str] = {}
+        for a in n.all_input_nodes:
+            value = self.env.get(a)
+            for t in tensor_leaves(value):
+                labels.setdefault(id(t), self.qualified(a))
+        return labels
+
+    # -- autocast regions -------------------------------------------------------------------------
+    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
+        region = region_args(n, args)
+        if region.is_autocast:
+            with warnings.catch_warnings():
+                # torch.autocast("cuda", enabled=False) warns without CUDA; it is a no-op then.
+                warnings.simplefilter("ignore")
+                scope: Any = torch.autocast(
+                    device_type=region.device_type, dtype=region.dtype, enabled=region.enabled
+                )
+            device_type = region.device_type
+        else:
+            # A grad-mode region keeps the autocast around it (and the device type it applies to).
+            device_type, scope = self.autocast_device, contextlib.nullcontext()
+        child = RealExecution(
+            region.body,
+            self.setting,
+            self.device,
+            self.predicted,
+            self.observed,
+            prefix=f"{self.prefix}{n.name}.",
+            autocast_device=device_type,
+        )
+        with scope:
+            value = self.run_body(child, region.body, region.operands, n)
+        self.observed.setdefault(self.qualified(n), Observed()).checked_casts = True
+        return value
+
+
+@contextlib.contextmanager
+def real_autocast(setting: Setting) -> Iterator[None]:
+    """``torch.autocast`` as the setting says; autocast off on the other device type."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda"):
+            if device_type != setting.device_type:
+                dtype = torch.get_autocast_dtype(device_type)
+                stack.enter_context(autocast_state(device_type, False, dtype))
+        stack.enter_context(
+            torch.autocast(
+                device_type=setting.device_type,
+                dtype=torch_dtype(setting.amp_dtype),
+                enabled=setting.autocast,
+            )
+        )
+        yield
+
+
+def run_graph(
+    cap: Capture, records: Sequence[NodeRecord], values: Sequence[Any], device: torch.device
+) -> dict[str, Observed]:
+    """Run the captured graph on real ``values`` under the setting's real autocast."""
+    interp = RealExecution(cap.graph_module, cap.setting, device, {r.name: r for r in records})
+    with torch.no_grad(), real_autocast(cap.setting):
+        interp.run(*values)
+    return interp.observed
+
+
+__all__ = ["Observed", "RealExecution", "real_autocast", "run_graph"]

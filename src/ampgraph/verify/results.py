@@ -1,0 +1,178 @@
+"""What a verification found: agreement figures, disagreements, and the JSON record.
+
+>>> print(Figure(354, 354))
+354/354
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ampgraph.files import atomic_write
+from ampgraph.records import Report
+from ampgraph.settings import Setting, short_dtype
+
+SCHEMA = "ampgraph.verify"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Figure:
+    """How many of the compared items agree."""
+
+    agree: int
+    total: int
+
+    def __str__(self) -> str:
+        return f"{self.agree}/{self.total}"
+
+    def to_dict(self) -> dict[str, int]:
+        return {"agree": self.agree, "total": self.total}
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """One place where real execution contradicts the annotation."""
+
+    kind: str  # "node" | "module" | "cast"
+    node: str  # node name, or module path for kind "module"
+    op: str  # op name, or module class
+    predicted: str
+    observed: str
+    module: str | None = None
+
+    def line(self) -> str:
+        """``  node linear (aten.linear.default, fc1): predicted bf16, observed fp32``."""
+        where = f"{self.op}, {self.module}" if self.module else self.op
+        return (
+            f"  {self.kind} {self.node or '(root)'} ({where}): predicted {self.predicted}, "
+            f"observed {self.observed}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "node": self.node, "op": self.op, "module": self.module,
+            "predicted": self.predicted, "observed": self.observed,
+        }  # fmt: skip
+
+
+@dataclass
+class VerifyResult:
+    """The three cross-checks of one model in one setting on one real device."""
+
+    model: str
+    setting: Setting
+    device: str
+    device_name: str
+    versions: dict[str, str]
+    date: str
+    nodes: Figure
+    modules: Figure
+    casts: Figure
+    disagreements: list[Disagreement]
+    #: The seed notebook's hook lines, as the eager model printed them.
+    eager_hooks: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    #: The prediction that was verified (not part of the JSON record: ``ampgraph table`` has it).
+    report: Report | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.disagreements
+
+    def summary_line(self) -> str:
+        """``opt-125m amp-fp32 (cpu bf16) on <device>: nodes 354/354, ... 0 disagreements``."""
+        n = len(self.disagreements)
+        return (
+            f"{self.model} {self.setting.name} ({self.setting.device_type} "
+            f"{short_dtype(self.setting.amp_dtype)}) on {self.device_name}: "
+            f"nodes {self.nodes}, modules {self.modules}, casts {self.casts} agree; "
+            f"{n} disagreement{'s' if n != 1 else ''}"
+        )
+
+    def disagreement_lines(self) -> list[str]:
+        return [d.line() for d in self.disagreements]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record: device, versions and date, setting, figures, disagreements."""
+        return {
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "model": self.model,
+            "setting": self.setting.to_dict(),
+            "device": self.device,
+            "device_name": self.device_name,
+            "versions": self.versions,
+            "date": self.date,
+            "ok": self.ok,
+            "figures": {
+                "nodes": self.nodes.to_dict(),
+                "modules": self.modules.to_dict(),
+                "casts": self.casts.to_dict(),
+            },
+            "disagreements": [d.to_dict() for d in self.disagreements],
+            "eager_hooks": self.eager_hooks,
+            "seconds": self.seconds,
+        }
+
+
+def verify_record(results: Sequence[VerifyResult], **extra: Any) -> dict[str, Any]:
+    """One JSON record for several results (the file ``ampgraph verify --record`` writes).
+
+    ``extra`` fields (a command line, timings) are added at the top level.
+
+    >>> verify_record([], command="ampgraph verify")["command"]
+    'ampgraph verify'
+    """
+    first = results[0] if results else None
+    record = {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "device": first.device if first else None,
+        "device_name": first.device_name if first else None,
+        "versions": first.versions if first else versions(),
+        "date": first.date if first else now(),
+        "ok": all(r.ok for r in results),
+        "results": [r.to_dict() for r in results],
+    }
+    record.update(extra)
+    return record
+
+
+def write_record(
+    results: Sequence[VerifyResult], path: str | os.PathLike[str], **extra: Any
+) -> Path:
+    """Write :func:`verify_record` as JSON to ``path`` atomically (a reader never sees half)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(verify_record(results, **extra), indent=1) + "\n"
+    atomic_write(target, text.encode())
+    return target
+
+
+def versions() -> dict[str, str]:
+    """The analysis's versions (:func:`ampgraph.analysis.versions`), Python's and CUDA's."""
+    import torch
+
+    from ampgraph.analysis import versions as analysis_versions
+
+    out = analysis_versions()
+    out["python"] = platform.python_version()
+    if torch.version.cuda:
+        out["cuda"] = str(torch.version.cuda)
+    return out
+
+
+def now() -> str:
+    """The time a record is made, in UTC, as ISO 8601."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+__all__ = ["SCHEMA", "Disagreement", "Figure", "VerifyResult", "verify_record", "write_record"]
