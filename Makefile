@@ -36,7 +36,7 @@ render: setup graphviz
 check: setup
 	$(BIN)/ampgraph check
 
-# The main suite, then the hf-fx frontend's tests in a side environment with transformers 4.45.2
+# The main suite, then the hf-fx tracer's tests in a side environment with transformers 4.45.2
 # (the last line that has transformers.utils.fx), laid over .venv's torch.
 test: setup graphviz
 	$(BIN)/python -m pytest -q

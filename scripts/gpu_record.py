@@ -53,7 +53,7 @@ def markdown(record: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in record["results"]:
-        f = r["figures"]
+        f = r["agreement"]
         cells = [
             r["model"],
             SHORT[r["setting"]["amp_dtype"]],

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The hf-fx frontend's CI side environment: transformers 4.45.2 (the last release line whose
+# The hf-fx tracer's CI side environment: transformers 4.45.2 (the last release line whose
 # transformers.utils.fx traces with current torch; 4.50 removed it) laid over .venv's torch with
 # PYTHONPATH, so there is no second torch to download (DESIGN.md fact 10; ~113 MB, ~20 s from a
 # warm pip cache). Then the hf-fx tests run there; extra arguments go to pytest.

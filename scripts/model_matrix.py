@@ -60,9 +60,9 @@ class Row:
 def run_model(name: str) -> Row:
     """Build one model and check it in all 16 settings."""
     from ampgraph.analysis import analyze
-    from ampgraph.formats import disagreement_lines
     from ampgraph.models import CatalogueEntry, bundled_models, count_parameters, load_model
     from ampgraph.settings import Setting
+    from ampgraph.text import disagreement_lines
 
     start = time.perf_counter()
     row = Row(name, origin=bundled_models().get(name, ""))

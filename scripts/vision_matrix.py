@@ -110,10 +110,10 @@ def run_model(name: str) -> Row:
 
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
-    from ampgraph.formats import hook_lines
     from ampgraph.hooks import eager_hook_lines
     from ampgraph.models import ModelInputs
     from ampgraph.settings import Setting
+    from ampgraph.text import hook_lines
 
     torch.set_num_threads(1)
     start = time.perf_counter()

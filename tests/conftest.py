@@ -27,9 +27,9 @@ NEEDS_CUDA_KERNELS = (
     "test_cli.py::test_table_json_is_a_versioned_report",
     "test_cli.py::test_table_markdown",
     "test_examples.py::test_roipool_example_shows_the_fp32_island",
-    "test_frontends.py::test_fx_frontend_matches_export",
-    "test_frontends.py::test_hf_fx_keeps_modules_it_traces_through",
-    "test_frontends.py::test_hf_fx_records_llamas_rotary_region",
+    "test_tracers.py::test_fx_tracer_matches_export",
+    "test_tracers.py::test_hf_fx_keeps_modules_it_traces_through",
+    "test_tracers.py::test_hf_fx_records_llamas_rotary_region",
     "test_models.py::test_factory_forms",
     "test_models.py::test_non_causal_models_agree_with_the_dispatcher",
     "test_regions.py::",
@@ -40,8 +40,8 @@ NEEDS_CUDA_KERNELS = (
     "test_vision_matrix.py::",
     # docstring examples that run CUDA's autocast kernels on fake tensors
     "hooks.py::",
-    "policy.py::ampgraph.policy.autocast_kernels",
-    "policy.py::ampgraph.policy.has_autocast_kernel",
+    "__init__.py::ampgraph.policy.autocast_kernels",
+    "__init__.py::ampgraph.policy.has_autocast_kernel",
 )
 
 

@@ -85,7 +85,7 @@ def test_torch_helpers_have_one_home() -> None:
 def test_the_loader_and_the_shared_autocast_rules_stay_where_they_belong() -> None:
     graph = import_graph()
     # The loader builds models; tracing them is the analysis's choice.
-    assert not nx.has_path(graph, "ampgraph.models", "ampgraph.frontends")
+    assert not nx.has_path(graph, "ampgraph.models", "ampgraph.tracers")
     # The dispatcher check shares nothing with the annotator's reading of the policy.
     assert not nx.has_path(graph, "ampgraph.check", "ampgraph.policy.rules")
     assert not nx.has_path(graph, "ampgraph.check", "ampgraph.annotate")
@@ -95,7 +95,7 @@ def test_torch_free_modules_import_no_torch() -> None:
     """The CLI, the cache, the pipeline and the renderer start without torch (a warm run)."""
     code = (
         "import sys, ampgraph.cli, ampgraph.pipeline, ampgraph.cache, ampgraph.render, "
-        "ampgraph.formats, ampgraph.specs, ampgraph.policy; print('torch' in sys.modules)"
+        "ampgraph.text, ampgraph.specs, ampgraph.policy; print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -105,9 +105,9 @@ def test_clear_over_a_symlinked_or_read_only_cache_is_one_line(tmp_path: Path, m
     from ampgraph.cli import main
 
     real = tmp_path / "real"
-    (real / "reports").mkdir(parents=True)
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(real))
+    cache.store("b" * 64, {})  # an entry ampgraph wrote, in its tagged folder
     entry = real / "reports" / ("b" * 64 + ".json")
-    entry.write_text("{}")
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "reports").symlink_to(real / "reports")
     monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path / "cache"))
@@ -135,7 +135,7 @@ def test_a_damaged_entry_is_ignored_and_rewritten(tmp_path: Path, monkeypatch, c
     args = ["table", "llama-tiny", "-s", "fp32", "--device", "cpu"]
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output
-    (entry,) = (tmp_path / "reports").iterdir()
+    (entry,) = (tmp_path / "reports").glob("*.json")
     entry.write_text(content)
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and again.output == first.output
@@ -154,3 +154,76 @@ def test_the_key_is_the_model_as_the_user_named_it(tmp_path: Path) -> None:
     assert cache.model_identity("opt") == cache.model_identity("opt-125m")
     # --config DIR is refused by the loader, so it is never served from the cache either
     assert cache.model_identity(ModelSpec(str(tmp_path / "alpha"), "config")) is None
+
+
+def test_clear_needs_ampgraphs_tag(tmp_path: Path, monkeypatch) -> None:
+    """A 'reports' folder of the user's own, even holding files named like entries, is not ours."""
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
+    (tmp_path / "reports").mkdir()
+    theirs = tmp_path / "reports" / ("c" * 64 + ".json")
+    theirs.write_text('{"mine": true}')
+    assert cache.clear() == (0, 0) and cache.info()[1] == 0 and theirs.exists()
+    (tmp_path / "reports" / cache.TAG_NAME).write_text("Signature: something else\n")
+    assert cache.clear() == (0, 0) and theirs.exists()
+    # Once ampgraph has written there, its tag is what a cache directory tag must start with.
+    (tmp_path / "reports" / cache.TAG_NAME).unlink()
+    cache.store("d" * 64, {"a": 1})
+    tag = (tmp_path / "reports" / cache.TAG_NAME).read_bytes()
+    assert tag.startswith(b"Signature: 8a477f597d28d172789f06886806bc55")
+    assert cache.clear() == (2, len('{"mine":true}') + 1 + len('{"a":1}'))
+    assert not (tmp_path / "reports").exists()  # nothing of anyone's left: the folder goes too
+
+
+def test_an_alias_is_served_from_the_cache(opt_report, monkeypatch, tmp_path: Path) -> None:
+    """`ampgraph table opt` reads the entry `ampgraph table opt-125m` wrote: no model is built."""
+    from click.testing import CliRunner
+
+    from ampgraph import pipeline
+    from ampgraph.cli import main
+    from ampgraph.settings import Setting
+
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
+    setting = Setting.parse("amp-fp32")
+    (key,) = pipeline.report_keys("opt-125m", [setting], seq_len=8, check=True)
+    cache.store(key, opt_report("amp-fp32").to_dict())  # what the cold run stores
+
+    def no_building(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was built: the cache was not read")
+
+    monkeypatch.setattr(pipeline, "prepare", no_building)
+    result = CliRunner().invoke(main, ["table", "opt", "-s", "amp-fp32", "--only", "Linear"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == (
+        "[model.decoder.layers.0.self_attn.q_proj] in=torch.float32 -> out=torch.bfloat16"
+    )
+
+
+def test_model_folders_keep_their_names_warm_and_cold(tmp_path: Path, monkeypatch) -> None:
+    """Two --model-dir folders with the same config.json are two models, each under its own
+    name, cached or not; --config on a folder is refused the same way warm and cold."""
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    config = (Path(cache.__file__).parent / "configs" / "llama-tiny.json").read_bytes()
+    for name in ("alpha", "beta"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_bytes(config)
+
+    def table(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(main, [*args, "-s", "fp32", "--device", "cpu", "--no-check",
+                                           "--format", "json"])  # fmt: skip
+        return result.exit_code, result.output
+
+    names = {}
+    for name in ("alpha", "beta", "alpha"):  # the second alpha is warm
+        for flags in ((), ("--no-cache",)):
+            code, out = table(*flags, "table", "--model-dir", str(tmp_path / name))
+            assert code == 0, out
+            names.setdefault(name, set()).add(json.loads(out)["model"])
+    assert names == {"alpha": {"alpha"}, "beta": {"beta"}}
+    assert len(list((tmp_path / "cache" / "reports").glob("*.json"))) == 2
+    for flags in ((), ("--no-cache",)):
+        code, out = table(*flags, "table", "--config", str(tmp_path / "alpha"))
+        assert code == 1 and out.startswith("Error: ") and "is a folder: use --model-dir" in out

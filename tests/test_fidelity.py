@@ -13,10 +13,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampgraph import analyze, policy
-from ampgraph.formats import hook_lines
 from ampgraph.hooks import eager_hook_lines
 from ampgraph.models import ModelInputs
 from ampgraph.settings import Setting
+from ampgraph.text import hook_lines
 
 SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
 

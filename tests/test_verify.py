@@ -17,9 +17,9 @@ from torch import nn
 from ampgraph import Setting
 from ampgraph import policy as P
 from ampgraph.cli import main
-from ampgraph.formats import SEED_WATCH
 from ampgraph.models import ModelInputs
 from ampgraph.settings import seed_matrix
+from ampgraph.text import SEED_WATCH
 from ampgraph.verify import (
     NO_CUDA_MESSAGE,
     CastLog,
@@ -258,7 +258,7 @@ def test_record_has_device_versions_and_date() -> None:
     assert record["versions"]["torch"] == torch.__version__
     assert record["date"].endswith("+00:00")
     (entry,) = record["results"]
-    assert entry["figures"] == {
+    assert entry["agreement"] == {
         "nodes": {"agree": 2, "total": 2},
         "modules": {"agree": 1, "total": 1},
         "casts": {"agree": 3, "total": 3},

@@ -24,10 +24,12 @@ if TYPE_CHECKING:
     from ampgraph.analysis import analyze, analyze_capture
     from ampgraph.capture import Capture
     from ampgraph.models import ModelInputs, load_model
+    from ampgraph.pipeline import analyze_spec
 
 _LAZY = {
     "analyze": "ampgraph.analysis",
     "analyze_capture": "ampgraph.analysis",
+    "analyze_spec": "ampgraph.pipeline",
     "Capture": "ampgraph.capture",
     "load_model": "ampgraph.models",
     "ModelInputs": "ampgraph.models",
@@ -56,6 +58,7 @@ __all__ = [
     "SettingError",
     "analyze",
     "analyze_capture",
+    "analyze_spec",
     "load_model",
     "seed_matrix",
 ]

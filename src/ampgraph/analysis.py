@@ -1,9 +1,9 @@
 """The pipeline in one call: capture -> annotate -> (check) -> :class:`~ampgraph.records.Report`.
 
 >>> from ampgraph import analyze, load_model, Setting
->>> report = analyze(load_model("opt-125m"), Setting.parse("amp-fp32"))   # doctest: +SKIP
->>> print(report.modules[3].hook_line())                                  # doctest: +SKIP
-[model.decoder.layers.0.self_attn.q_proj] in=torch.float32 -> out=torch.bfloat16
+>>> report = analyze(load_model("llama-tiny"), Setting.parse("amp-fp32"), check=False)
+>>> print(report.modules[3].hook_line())
+[model.layers.0.self_attn.q_proj] in=torch.float32 -> out=torch.bfloat16
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from ampgraph.annotate import annotate
 from ampgraph.capture import Capture, ModuleInfo, capture
 from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
-from ampgraph.frontends import EXPORT, apply_frontend
 from ampgraph.models import ModelInputs
 from ampgraph.policy import ACTIVE_RELEASE
 from ampgraph.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.specs import spec_tracer
-
-SOURCE_KINDS = {"parameter", "buffer", "constant"}
+from ampgraph.tracers import EXPORT, apply_tracer
 
 
 def versions() -> dict[str, str]:
@@ -100,7 +98,7 @@ def module_calls(
         for m in members:
             for inp in m.inputs:
                 producer = by_name.get(inp["node"])
-                if inp["node"] in names or (producer is not None and producer.kind in SOURCE_KINDS):
+                if inp["node"] in names or (producer is not None and producer.is_source):
                     continue
                 in_dtype = inp["dtype"]
                 break
@@ -257,8 +255,8 @@ def analyze(
     :func:`ampgraph.load_model` returns, or any ``nn.Module`` together with ``args`` (a tuple, or
     one tensor) and ``kwargs`` for one forward call (real, meta or fake tensors: only shapes and
     dtypes are used, and the module's own tensors are left untouched). ``setting`` is a
-    :class:`~ampgraph.settings.Setting` or its name. ``tracer`` is the frontend that turns the
-    model into a graph (:mod:`ampgraph.frontends`; default: a spec's own, else ``export``).
+    :class:`~ampgraph.settings.Setting` or its name. ``tracer`` turns the model into a
+    graph (:mod:`ampgraph.tracers`; default: a spec's own, else ``export``).
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -302,12 +300,12 @@ def as_model_inputs(
 
 
 def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
-    """The model as ``tracer`` (a frontend of :mod:`ampgraph.frontends`) gives it to the capture.
+    """The model as ``tracer`` (see :mod:`ampgraph.tracers`) gives it to the capture.
 
     ``export`` (the default) traces the model itself in each setting, so the model is returned as
     it is; another tracer traces it once, here, and every setting is captured from that graph.
     """
-    return apply_frontend(model, tracer or EXPORT)
+    return apply_tracer(model, tracer or EXPORT)
 
 
 # The model the forked workers analyse: set before the pool forks, inherited by the children,
@@ -371,7 +369,9 @@ def analyze_many(
     ``on_done(index, report)`` is called as each setting finishes.
 
     >>> from ampgraph import load_model, seed_matrix
-    >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix())   # doctest: +SKIP
+    >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix()[:2], check=False)
+    >>> [(r.setting["name"], r.modules[3].out_dtype) for r in reports]
+    [('fp32', 'float32'), ('half', 'bfloat16')]
     """
     import multiprocessing as mp
 

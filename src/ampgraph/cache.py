@@ -7,7 +7,8 @@ versions of ampgraph, torch and transformers; all of those are known without imp
 torch at all.
 
 The cache lives in ``$AMPGRAPH_CACHE_DIR``, else ``$XDG_CACHE_HOME/ampgraph``, else
-``~/.cache/ampgraph``. ``ampgraph cache clear`` empties it; ``--no-cache`` bypasses it.
+``~/.cache/ampgraph``; the entries are in its ``reports`` folder, tagged with a ``CACHEDIR.TAG``.
+``ampgraph cache clear`` removes those entries and nothing else; ``--no-cache`` bypasses the cache.
 
 >>> key = cache_key({"model": "abc"}, {"name": "fp32"})
 >>> len(key)
@@ -83,6 +84,16 @@ def cache_key(model_identity: dict[str, Any], request: dict[str, Any]) -> str:
 #: the only files ``clear`` ever removes (the directory may be shared, or set by mistake).
 ENTRIES = "reports"
 _ENTRY = re.compile(r"\.?[0-9a-f]{64}\.json(\.[A-Za-z0-9_]+\.tmp)?")
+#: The marker ampgraph writes into its entries' folder: a Cache Directory Tagging Specification
+#: tag (https://bford.info/cachedir/), so backup tools skip the folder. ``clear`` removes entries
+#: only from a folder that carries it: a folder of the user's own, even one named ``reports``
+#: holding files named like entries, is never touched.
+TAG_NAME = "CACHEDIR.TAG"
+TAG = (
+    b"Signature: 8a477f597d28d172789f06886806bc55\n"
+    b"# This file is a cache directory tag created by ampgraph.\n"
+    b"# For information about cache directory tags, see https://bford.info/cachedir/\n"
+)
 
 
 def _path(key: str) -> Path:
@@ -102,18 +113,33 @@ def load(key: str) -> dict[str, Any] | None:
 def store(key: str, report: dict[str, Any]) -> None:
     """Cache a report dict; a cache that cannot be written is skipped, not an error."""
     try:
+        tag = cache_dir() / ENTRIES / TAG_NAME
+        if not tag.is_file():
+            atomic_write(tag, TAG)
         atomic_write(_path(key), json.dumps(report, separators=(",", ":")).encode())
     except OSError:
         pass
 
 
+def _is_ours(folder: Path) -> bool:
+    """Whether ``folder`` is a real folder that carries ampgraph's tag."""
+    tag = folder / TAG_NAME
+    if folder.is_symlink() or not folder.is_dir() or tag.is_symlink():
+        return False
+    try:
+        return tag.read_bytes() == TAG
+    except OSError:
+        return False
+
+
 def _entries() -> list[Path]:
-    """The files ampgraph wrote: ``reports/<sha256>.json`` (and its temporary files).
+    """The files ampgraph wrote: ``reports/<sha256>.json`` (and its temporary files), in a
+    ``reports`` folder that carries ampgraph's tag.
 
     Symlinks are never followed or removed, and nothing outside ``reports/`` is looked at.
     """
     folder = cache_dir() / ENTRIES
-    if folder.is_symlink() or not folder.is_dir():
+    if not _is_ours(folder):
         return []
     return sorted(
         path
@@ -125,8 +151,9 @@ def _entries() -> list[Path]:
 def clear() -> tuple[int, int]:
     """Remove every cached entry, and only those; returns (files removed, bytes freed).
 
-    Raises :class:`~ampgraph.errors.AmpgraphError` with one line when the cache cannot be
-    written (a read-only folder).
+    The tag and the folder go too once nothing else is left in it. Raises
+    :class:`~ampgraph.errors.AmpgraphError` with one line when the cache cannot be written (a
+    read-only folder).
     """
     from ampgraph.errors import AmpgraphError
 
@@ -138,7 +165,8 @@ def clear() -> tuple[int, int]:
             removed += 1
             freed += size
         folder = cache_dir() / ENTRIES
-        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+        if _is_ours(folder) and {p.name for p in folder.iterdir()} == {TAG_NAME}:
+            (folder / TAG_NAME).unlink()
             folder.rmdir()
     except OSError as exc:
         raise AmpgraphError(

@@ -12,9 +12,9 @@ listed in :attr:`Capture.trace_time_dtype_nodes`: their dtypes are those of the 
 
 >>> from ampgraph.models import load_model
 >>> from ampgraph.settings import Setting
->>> cap = capture(load_model("opt-125m"), Setting.parse("amp-fp32"))   # doctest: +SKIP
->>> cap.method, len(cap.graph_module.graph.nodes)                        # doctest: +SKIP
-('export', 571)
+>>> cap = capture(load_model("llama-tiny"), Setting.parse("amp-fp32"))
+>>> cap.method, len(cap.graph_module.graph.nodes)
+('export', 205)
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from ampgraph.errors import CaptureError, first_line
-from ampgraph.frontends import traced_by
 from ampgraph.models import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import (
@@ -42,6 +41,7 @@ from ampgraph.torchutil import (
     swapped_tensors,
     torch_dtype,
 )
+from ampgraph.tracers import traced_by
 
 EXPORT = "export"
 EXPORT_META_REPLAY = "export-meta-replay"
@@ -76,7 +76,7 @@ class Capture:
     #: leaf-module path -> per call, the graph nodes of its first input and first output (as a
     #: forward hook's ``inp[0]`` and ``out[0]``), or None where a value is not a graph node.
     module_io: dict[str, list[tuple[str | None, str | None]]] = field(default_factory=dict)
-    #: Where the frontend decided a branch on a dtype at its own trace time (see GraphForward).
+    #: Where the tracer decided a branch on a dtype at its own trace time (see GraphForward).
     dtype_branches: list[str] = field(default_factory=list)
     #: Every leaf-module call in the order the forward made them, as (path, call index, whether
     #: the call added no node to the graph). An ``nn.Identity`` or an eval-mode
@@ -362,7 +362,7 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         model_name=model.name,
         setting=setting,
         graph_module=gm,
-        # A frontend other than export traced the graph that export lowered: "hf-fx+export".
+        # A tracer other than export traced the graph that export lowered: "hf-fx+export".
         method=method if tracer == EXPORT else f"{tracer}+{method}",
         input_kinds=kinds,
         modules=module_table(model.module),

@@ -92,7 +92,7 @@ def model_argument(f: F) -> F:
         click.option(
             "--tracer", type=click.Choice(TRACERS), default="export", show_default=True,
             is_eager=True, expose_value=False, callback=_remember,
-            help="Frontend: torch.export; hf-fx, Hugging Face's FX tracer (transformers < 4.50); "
+            help="Tracer: torch.export; hf-fx, Hugging Face's FX tracer (transformers < 4.50); "
             "fx, torch.fx.symbolic_trace for simple modules. Both FX graphs are lowered by "
             "torch.export.",
         ),
@@ -182,8 +182,8 @@ def analysed(
     *, check: bool = True, warn_unchecked: bool = True,
 ) -> list[Report]:  # fmt: skip
     """:func:`ampgraph.pipeline.analyze_spec` with the command's options, and its warnings."""
-    from ampgraph.formats import dtype_branches_warning
     from ampgraph.pipeline import analyze_spec
+    from ampgraph.text import dtype_branches_warning
 
     options = root_options()
     reports = analyze_spec(
@@ -276,7 +276,7 @@ def table(
     """
     import json
 
-    from ampgraph.formats import hook_lines, markdown_table
+    from ampgraph.text import hook_lines, markdown_table
 
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
     reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
@@ -313,7 +313,7 @@ def check_command(
       ampgraph check -s amp-fp32 --device cpu
       ampgraph check gpt2 --amp-dtype fp16
     """
-    from ampgraph.formats import check_summary, disagreement_lines
+    from ampgraph.text import check_summary, disagreement_lines
 
     failed = 0
     for report in analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False):
@@ -352,7 +352,11 @@ def cache_info() -> None:
 
 @cache_group.command(name="clear")
 def cache_clear() -> None:
-    """Remove every cached analysis."""
+    """Remove every cached analysis, and nothing else.
+
+    Only ampgraph's own entries go: the files named by a hash in the cache's 'reports' folder,
+    which carries ampgraph's CACHEDIR.TAG. Anything else in the cache folder is left alone.
+    """
     from ampgraph import cache
 
     removed, freed = cache.clear()
@@ -502,19 +506,22 @@ def render(
     "record_path",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE",
-    help="Also write a JSON record (device name, torch version, date, figures, disagreements) "
+    help="Also write a JSON record (device name, torch version, date, agreement, disagreements) "
     "to FILE, atomically.",
 )
 @click.option(
+    "--random-seed",
     "--seed",
+    "random_seed",
     type=int,
     default=0,
     show_default=True,
-    help="Seed for the random weights (values never change a dtype; the seed makes runs repeat).",
+    help="Random seed for the weights (values never change a dtype; the same random seed makes "
+    "runs repeat).",
 )
 def verify(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    record_path: Path | None, seed: int,
+    record_path: Path | None, random_seed: int,
 ) -> None:  # fmt: skip
     """Prove the annotations against real execution; exit 1 on any disagreement.
 
@@ -529,7 +536,7 @@ def verify(
       casts    the aten._to_copy calls autocast really makes at each node
                (seed 001's log) against the predicted casts.
 
-    Prints one line per setting with the agreement figures (agree/total), then one line per
+    Prints one line per setting with the agreement counts (agree/total), then one line per
     disagreement: its kind, node (or module), op, predicted and observed. --device cpu uses the
     CPU autocast policy and runs anywhere; --device cuda needs a GPU (without one,
     'ampgraph check --device cuda' checks against the dispatcher instead).
@@ -555,7 +562,7 @@ def verify(
     built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
     results = []
     for i, setting in enumerate(resolved, 1):
-        result = verify_model(built, setting, seed=seed, force=forced())
+        result = verify_model(built, setting, random_seed=random_seed, force=forced())
         progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
                  f"{time.perf_counter() - start:.1f}s")  # fmt: skip
         click.echo(result.summary_line())

@@ -52,7 +52,7 @@ class ModelInputs:
     """A module and the example inputs that one forward call takes: what the loader returns.
 
     How it is traced is the analysis's choice (``tracer=`` of :func:`ampgraph.analyze`, see
-    :mod:`ampgraph.frontends`), not the model's.
+    :mod:`ampgraph.tracers`), not the model's.
     """
 
     name: str

@@ -9,9 +9,11 @@ JSON schema ``ampgraph.report`` version 1 (fields are added, never renamed, with
 * ``schema``, ``version``: ``"ampgraph.report"``, ``1``.
 * ``model``: the spec analysed; ``setting``: ``{name, device_type, autocast, amp_dtype,
   param_dtype}``; ``versions``: ``{ampgraph, torch, transformers, policy_tables}``.
-* ``capture``: ``{method, trace_time_dtype_nodes, dtype_branches}``: how the graph was traced
-  (``export``, ``hf-fx+export``, ...), nodes whose dtypes were fixed at trace time (the CPU-only
-  replay path), and module paths where the frontend decided a Python branch on a dtype once, in
+* ``capture``: ``{method, trace_time_dtype_nodes, dtype_branches}``: how the graph was captured
+  (the tracer, then how ``torch.export`` ran: ``export``, ``export-meta-replay`` on a torch that
+  cannot trace fake CUDA tensors, ``export-retyped`` for a model that raises in its setting;
+  joined by ``+`` for a tracer other than export, ``hf-fx+export``), nodes whose dtypes were fixed at trace time (the CPU-only
+  replay path), and module paths where the tracer decided a Python branch on a dtype once, in
   fp32 (``hf-fx``; empty for ``export``, which traces every setting); ``check_unavailable``, only
   where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``).
 * ``nodes``: one record per graph node in execution order (:class:`NodeRecord`), with ``policy``
@@ -32,6 +34,12 @@ from typing import Any
 
 SCHEMA = "ampgraph.report"
 SCHEMA_VERSION = 1
+
+#: Node kinds (:attr:`NodeRecord.kind`) whose value is the model's own state, not a computation:
+#: hooks and diagrams look past them to the activations.
+SOURCE_KINDS: frozenset[str] = frozenset({"parameter", "buffer", "constant"})
+#: Node kinds that are graph inputs (the placeholders): the model's state and the user's inputs.
+PLACEHOLDER_KINDS: frozenset[str] = SOURCE_KINDS | {"input"}
 
 
 @dataclass
@@ -77,6 +85,16 @@ class NodeRecord:
     def out_dtype(self) -> str | None:
         """The first output's dtype (what a single-output op returns)."""
         return self.outputs[0] if self.outputs else None
+
+    @property
+    def is_source(self) -> bool:
+        """Whether the node is the model's own state (a parameter, buffer or constant)."""
+        return self.kind in SOURCE_KINDS
+
+    @property
+    def is_placeholder(self) -> bool:
+        """Whether the node is a graph input: the model's state or one of the user's inputs."""
+        return self.kind in PLACEHOLDER_KINDS
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -20,7 +20,7 @@ from ampgraph.errors import ModelSpecError
 
 #: How a spec was given: ``auto`` is the positional MODEL, recognised by its form.
 SPEC_KINDS = ("auto", "bundled", "config", "dir", "module")
-#: The frontends of :mod:`ampgraph.frontends` (kept here too: that module imports torch).
+#: The tracers of :mod:`ampgraph.tracers` (kept here too: that module imports torch).
 TRACERS = ("export", "hf-fx", "fx")
 
 
@@ -30,7 +30,7 @@ class ModelSpec(str):
     ``kind`` is ``"auto"`` (the positional MODEL: a bundled name, a config.json path, a model
     folder or ``package.module:factory``, recognised by its form), ``"bundled"``, ``"config"``
     (``--config``), ``"dir"`` (``--model-dir``) or ``"module"`` (``--module``). ``tracer`` is the
-    frontend (``--tracer``). It is a ``str``, so code that prints specs or passes them along needs
+    tracer (``--tracer``). It is a ``str``, so code that prints specs or passes them along needs
     to know nothing of it; a plain ``str`` reads as kind ``auto``, tracer ``export``.
     """
 

@@ -8,11 +8,12 @@ never imports torch, so diagrams can be redrawn from a saved report anywhere Gra
   :class:`~ampgraph.records.Report` through it.
 * :func:`render_files` -- one file per report and format, plus a 2x2 overview, written atomically.
 
->>> from ampgraph.records import Report
+>>> import tempfile, torch
+>>> from ampgraph import analyze
 >>> from ampgraph.render import render_files
->>> reports = [Report.from_json(open(p).read()) for p in ("a.json", "b.json")]  # doctest: +SKIP
->>> render_files(reports, "docs/figures")                                      # doctest: +SKIP
-[PosixPath('docs/figures/opt-125m-cuda-bf16-fp32.svg'), ...]
+>>> report = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),))
+>>> [path.name for path in render_files([report], tempfile.mkdtemp(), formats=("svg", "dot"))]
+['Linear-cuda-bf16-amp-fp32.svg', 'Linear-cuda-bf16-amp-fp32.dot']
 
 One job per module: :mod:`~ampgraph.render.graph` builds the graph (views, collapsing, folding),
 :mod:`~ampgraph.render.style` holds colours and shapes as data, :mod:`~ampgraph.render.dot` writes

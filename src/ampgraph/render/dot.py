@@ -592,10 +592,11 @@ def to_dot(
     ``"ops"`` (every ATen node); ``fold`` draws identical repeated layers once, marked ``×N``;
     ``theme`` is ``"light"`` or ``"dark"``.
 
-    >>> from ampgraph.records import Report
-    >>> report = Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read())  # doctest: +SKIP
-    >>> print(to_dot(report).splitlines()[0])                                          # doctest: +SKIP
-    digraph "opt-125m" {
+    >>> import torch
+    >>> from ampgraph import analyze
+    >>> report = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),))
+    >>> print(to_dot(report).splitlines()[0])
+    digraph Linear {
     """
     _check_theme(theme)
     graph = build_graph(report, view=view, fold=fold)

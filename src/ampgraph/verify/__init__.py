@@ -2,7 +2,7 @@
 user's account of it).
 
 Where :mod:`ampgraph.check` runs autocast's kernels on fake tensors, this runs everything for real,
-with seeded random weights, and makes three cross-checks against the annotation:
+with random weights from a random seed, and makes three cross-checks against the annotation:
 
 ========== ===================================================================================
 nodes      the captured graph run node by node under real autocast (:mod:`.execution`):
@@ -15,7 +15,7 @@ casts      the ``aten._to_copy`` calls autocast really makes at each node (:mod:
 
 The pieces: :mod:`.device` (which device, its name, whether the weights fit), :mod:`.tensors`
 (real tensors for the graph), :mod:`.compare` (prediction against observation), :mod:`.results`
-(figures, disagreements, the JSON record).
+(agreement counts, disagreements, the JSON record).
 
 >>> import torch
 >>> from ampgraph.models import ModelInputs
@@ -42,8 +42,8 @@ from ampgraph.verify.device import NO_CUDA_MESSAGE, check_memory, device_name, r
 from ampgraph.verify.eager import run_eager
 from ampgraph.verify.execution import RealExecution, run_graph
 from ampgraph.verify.results import (
+    Agreement,
     Disagreement,
-    Figure,
     VerifyResult,
     now,
     verify_record,
@@ -58,14 +58,16 @@ def verify(
     setting: Setting | str,
     *,
     device: str | torch.device | None = None,
-    seed: int = 0,
+    random_seed: int = 0,
     force: bool = False,
 ) -> VerifyResult:
     """Verify the annotation of ``model`` in ``setting`` against real execution.
 
     ``device`` is the real device (default: the setting's device type, e.g. ``cpu``); it must be
-    of the setting's device type, whose autocast policy tables the annotation used. Raises
-    :class:`NoDeviceError` for ``cuda`` on a machine without one.
+    of the setting's device type, whose autocast policy tables the annotation used. The weights
+    are random, from ``random_seed`` (values never change a dtype). Raises
+    :class:`NoDeviceError` for ``cuda`` on a machine without one; refuses weights beyond the
+    device's free memory unless ``force``.
 
     >>> import torch
     >>> from ampgraph.models import ModelInputs
@@ -85,7 +87,7 @@ def verify(
     seconds["capture_annotate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    gen = torch.Generator(device=dev).manual_seed(seed)
+    gen = torch.Generator(device=dev).manual_seed(random_seed)
     args, kwargs = real_inputs(model, dev, gen)
     values = graph_inputs(cap, model, args, kwargs, dev, gen)
     seconds["materialise"] = time.perf_counter() - t0
@@ -119,9 +121,9 @@ def verify(
 
 __all__ = [
     "NO_CUDA_MESSAGE",
+    "Agreement",
     "CastLog",
     "Disagreement",
-    "Figure",
     "NoDeviceError",
     "RealExecution",
     "VerifyError",

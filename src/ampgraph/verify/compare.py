@@ -6,15 +6,13 @@ import difflib
 from collections import Counter
 from collections.abc import Sequence
 
-from ampgraph.formats import call_error
 from ampgraph.records import NodeRecord, Report
 from ampgraph.settings import short_dtype
+from ampgraph.text import call_error
 from ampgraph.verify.casts import cast_text
 from ampgraph.verify.eager import HookCall
 from ampgraph.verify.execution import Observed
-from ampgraph.verify.results import Disagreement, Figure
-
-SOURCE_KINDS = ("parameter", "buffer", "constant", "input")
+from ampgraph.verify.results import Agreement, Disagreement
 
 
 def _predicted_text(rec: NodeRecord) -> str:
@@ -37,12 +35,12 @@ def _observed_text(obs: Observed | None) -> str:
 
 def compare_nodes(
     records: Sequence[NodeRecord], observed: dict[str, Observed]
-) -> tuple[Figure, Figure, list[Disagreement]]:
+) -> tuple[Agreement, Agreement, list[Disagreement]]:
     """Node outcomes and casts, prediction against real execution."""
     nodes_agree = nodes_total = casts_agree = casts_total = 0
     found: list[Disagreement] = []
     for rec in records:
-        if rec.kind in SOURCE_KINDS:
+        if rec.is_placeholder:
             continue  # placeholders are made from their own annotation: nothing to prove
         obs = observed.get(rec.name)
         nodes_total += 1
@@ -74,10 +72,12 @@ def compare_nodes(
                     rec.module,
                 )
             )
-    return Figure(nodes_agree, nodes_total), Figure(casts_agree, casts_total), found
+    return Agreement(nodes_agree, nodes_total), Agreement(casts_agree, casts_total), found
 
 
-def compare_modules(report: Report, hooks: Sequence[HookCall]) -> tuple[Figure, list[Disagreement]]:
+def compare_modules(
+    report: Report, hooks: Sequence[HookCall]
+) -> tuple[Agreement, list[Disagreement]]:
     """The annotation's module view against the eager hooks, call by call in order."""
     predicted = list(report.modules)
     seen = list(hooks)
@@ -119,7 +119,7 @@ def compare_modules(report: Report, hooks: Sequence[HookCall]) -> tuple[Figure, 
                 "module", hook.path, hook.type, "no such call in the annotation", hook.hook_line(),
             ))  # fmt: skip
     total = agree + len(found)
-    return Figure(agree, total), found
+    return Agreement(agree, total), found
 
 
 __all__ = ["compare_modules", "compare_nodes"]

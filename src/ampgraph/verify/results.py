@@ -1,6 +1,6 @@
-"""What a verification found: agreement figures, disagreements, and the JSON record.
+"""What a verification found: agreement counts, disagreements, and the JSON record.
 
->>> print(Figure(354, 354))
+>>> print(Agreement(354, 354))
 354/354
 """
 
@@ -20,12 +20,13 @@ from ampgraph.records import Report
 from ampgraph.settings import Setting, short_dtype
 
 SCHEMA = "ampgraph.verify"
-SCHEMA_VERSION = 1
+#: 2: the agree/total counts are ``agreement`` (version 1 called them ``figures``).
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
-class Figure:
-    """How many of the compared items agree."""
+class Agreement:
+    """How many of the compared items agree: ``agree/total``."""
 
     agree: int
     total: int
@@ -73,9 +74,9 @@ class VerifyResult:
     device_name: str
     versions: dict[str, str]
     date: str
-    nodes: Figure
-    modules: Figure
-    casts: Figure
+    nodes: Agreement
+    modules: Agreement
+    casts: Agreement
     disagreements: list[Disagreement]
     #: The seed notebook's hook lines, as the eager model printed them.
     eager_hooks: list[str] = field(default_factory=list)
@@ -101,7 +102,7 @@ class VerifyResult:
         return [d.line() for d in self.disagreements]
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record: device, versions and date, setting, figures, disagreements."""
+        """The JSON record: device, versions and date, setting, agreement, disagreements."""
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
@@ -112,7 +113,7 @@ class VerifyResult:
             "versions": self.versions,
             "date": self.date,
             "ok": self.ok,
-            "figures": {
+            "agreement": {
                 "nodes": self.nodes.to_dict(),
                 "modules": self.modules.to_dict(),
                 "casts": self.casts.to_dict(),
@@ -175,4 +176,4 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-__all__ = ["SCHEMA", "Disagreement", "Figure", "VerifyResult", "verify_record", "write_record"]
+__all__ = ["SCHEMA", "Agreement", "Disagreement", "VerifyResult", "verify_record", "write_record"]

@@ -1,6 +1,6 @@
-"""Real tensors for a captured graph: seeded random weights, the example inputs on a device.
+"""Real tensors for a captured graph: random weights, the example inputs on a device.
 
-Values never change a dtype; the seed makes runs repeat.
+Values never change a dtype; the random seed of the generator makes runs repeat.
 
 >>> g = torch.Generator().manual_seed(0)
 >>> random_like((2, 3), torch.float32, torch.device("cpu"), g).dtype

@@ -1,4 +1,4 @@
-"""Frontends: which tracer turns a model into the torch.fx graph that ampgraph analyses.
+"""Tracers: what turns a model into the torch.fx graph that ampgraph analyses (``--tracer``).
 
 ========== ================================================================================
 tracer     what it does
@@ -12,25 +12,26 @@ fx         ``torch.fx.symbolic_trace``, once per model, then lowered the same wa
 ========== ================================================================================
 
 Why lower: the later stages replay an ATen-level graph (the level autocast dispatches on), and a
-torch-level FX graph says ``call_module fc1`` or ``getattr(x, 'dtype')`` instead. A frontend's graph
+torch-level FX graph says ``call_module fc1`` or ``getattr(x, 'dtype')`` instead. A tracer's graph
 is run by an ``fx.Interpreter`` inside ``torch.export`` (see :class:`GraphForward`), so
 
-* the *ops and control flow* are the frontend's: the graph the FX tracer recorded, with its
+* the *ops and control flow* are the tracer's: the graph the FX tracer recorded, with its
   branches resolved when it traced (fp32, no autocast), is what gets lowered, node by node;
 * the *dtypes* are the setting's: FX graphs keep dtypes symbolic (``getattr(x, 'dtype')`` nodes),
-  so they are evaluated again in each setting, as the export frontend does;
+  so they are evaluated again in each setting, as the export tracer does;
 * every ATen node keeps the ``nn_module_stack`` of the FX node it came from, rewritten to
-  export's per-call keys, so module paths and classes read as with the export frontend
+  export's per-call keys, so module paths and classes read as with the export tracer
   (including modules the FX tracer traced through, such as GPT-2's ``Conv1D``).
 
 A branch the FX tracer took on a dtype (``if x.dtype == torch.float16:``) stays the fp32 branch
-in every setting: that is what an FX-traced graph is. :attr:`Capture.method` says which frontend
+in every setting: that is what an FX-traced graph is. :attr:`Capture.method` says which tracer
 made a capture (``hf-fx+export``).
 
->>> from ampgraph.models import load_model
->>> lowered = apply_frontend(load_model("opt-125m"), "hf-fx")   # doctest: +SKIP
->>> lowered.module.tracer, type(lowered.module).__name__         # doctest: +SKIP
-('hf-fx', 'GraphForward')
+>>> from ampgraph.models import ModelInputs
+>>> model = ModelInputs("mlp", nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
+>>> lowered = apply_tracer(model, "fx")
+>>> lowered.module.tracer, type(lowered.module).__name__
+('fx', 'GraphForward')
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ HF_FX_MAX_TRANSFORMERS = "4.50"
 
 
 @dataclass(frozen=True)
-class Frontend:
+class Tracer:
     """One tracer: its name, a one-line description, and the function that traces (None: export)."""
 
     name: str
@@ -290,14 +291,13 @@ def trace_fx(model: ModelInputs) -> fx.GraphModule:
         ) from None
 
 
-FRONTENDS: dict[str, Frontend] = {
-    EXPORT: Frontend(EXPORT, "torch.export in each setting (default)", None),
-    HF_FX: Frontend(
+TRACERS: dict[str, Tracer] = {
+    EXPORT: Tracer(EXPORT, "torch.export in each setting (default)", None),
+    HF_FX: Tracer(
         HF_FX, "Hugging Face's FX tracer (transformers < 4.50), lowered by export", trace_hf_fx
     ),
-    FX: Frontend(FX, "torch.fx.symbolic_trace for simple modules, lowered by export", trace_fx),
+    FX: Tracer(FX, "torch.fx.symbolic_trace for simple modules, lowered by export", trace_fx),
 }
-TRACERS = tuple(FRONTENDS)
 
 
 def _type_name(cls: Any) -> str:
@@ -387,7 +387,7 @@ class _Fetcher:
 
 
 class GraphForward(nn.Module):
-    """A module whose forward runs a frontend's FX graph over the original model's own modules.
+    """A module whose forward runs a tracer's FX graph over the original model's own modules.
 
     Its submodules, parameters and buffers *are* the original model's (shared, not copied), so
     qualified names, module classes and tied weights stay as they are, and capture's fake-tensor
@@ -398,7 +398,7 @@ class GraphForward(nn.Module):
 
     def __init__(self, original: nn.Module, traced: fx.GraphModule, tracer: str) -> None:
         super().__init__()
-        #: The frontend that traced the graph (:attr:`Capture.method` reads ``hf-fx+export``).
+        #: The tracer that traced the graph (:attr:`Capture.method` reads ``hf-fx+export``).
         self.tracer = tracer
         #: Module paths where that tracer decided a Python branch on a dtype once, at its trace
         #: time (hf-fx traces in fp32 without autocast): other settings may take the other branch.
@@ -447,7 +447,7 @@ def _bound_inputs(model: ModelInputs, traced: fx.GraphModule) -> dict[str, Any]:
     return out
 
 
-def apply_frontend(model: ModelInputs, tracer: str = EXPORT) -> ModelInputs:
+def apply_tracer(model: ModelInputs, tracer: str = EXPORT) -> ModelInputs:
     """Trace ``model`` with ``tracer`` once; the result is captured per setting like any model.
 
     For ``export`` the model is returned as it is. Otherwise its module becomes a
@@ -457,22 +457,22 @@ def apply_frontend(model: ModelInputs, tracer: str = EXPORT) -> ModelInputs:
 
     >>> import torch
     >>> m = ModelInputs("lin", torch.nn.Linear(4, 4), (torch.randn(2, 4),))
-    >>> apply_frontend(m, "fx").module.tracer
+    >>> apply_tracer(m, "fx").module.tracer
     'fx'
     """
-    if tracer not in FRONTENDS:
+    if tracer not in TRACERS:
         raise CaptureError(f"unknown tracer {tracer!r}: use one of {', '.join(TRACERS)}")
-    frontend = FRONTENDS[tracer]
-    if frontend.trace is None or isinstance(model.module, GraphForward):
-        return model  # export traces in each setting; a frontend's graph is traced once
-    traced = frontend.trace(model)
+    chosen = TRACERS[tracer]
+    if chosen.trace is None or isinstance(model.module, GraphForward):
+        return model  # export traces in each setting; a tracer's graph is traced once
+    traced = chosen.trace(model)
     number_module_calls(traced.graph)
     inputs = _bound_inputs(model, traced)
     return replace(model, module=GraphForward(model.module, traced, tracer), args=(), kwargs=inputs)
 
 
 def traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
-    """The frontend that traced ``model`` and where it fixed a dtype branch (export: none).
+    """The tracer that traced ``model`` and where it fixed a dtype branch (export: none).
 
     >>> import torch
     >>> traced_by(ModelInputs("lin", torch.nn.Linear(4, 4)))
@@ -485,11 +485,10 @@ def traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
 
 
 __all__ = [
-    "FRONTENDS",
     "TRACERS",
-    "Frontend",
     "GraphForward",
-    "apply_frontend",
+    "Tracer",
+    "apply_tracer",
     "hf_fx_available",
     "number_module_calls",
     "trace_fx",

@@ -1,6 +1,7 @@
-"""Text renderings of reports: the seed's hook lines, a Markdown table, check summaries.
+"""Text output of reports: the seed notebook's hook lines, a Markdown table, check summaries.
 
-Torch-free: everything here reads :class:`~ampgraph.records.Report` records.
+Torch-free: everything here reads :class:`~ampgraph.records.Report` records. (File formats,
+SVG, PNG, PDF and Graphviz source, are the renderer's: :data:`ampgraph.render.FORMATS`.)
 
 >>> from ampgraph.records import ModuleCall
 >>> call = ModuleCall("fc1", "torch.nn.Linear", ["Linear", "Module"], "fc1", "float32", "bfloat16", [])
@@ -160,7 +161,7 @@ def disagreement_lines(report: Report) -> list[str]:
 
 
 def dtype_branches_warning(report: Report) -> str | None:
-    """Where the frontend fixed a dtype-dependent branch once (hf-fx), as one warning; else None.
+    """Where the tracer fixed a dtype-dependent branch once (hf-fx), as one warning; else None.
 
     >>> r = Report("m", {}, {}, {"method": "hf-fx+export", "dtype_branches": ["a", "b"]}, [], [])
     >>> dtype_branches_warning(r)[:52]

@@ -1,4 +1,4 @@
-"""Frontends: torch.fx.symbolic_trace and Hugging Face's FX tracer, lowered to ATen by export.
+"""Tracers: torch.fx.symbolic_trace and Hugging Face's FX tracer, lowered to ATen by export.
 
 The ``hffx`` tests need transformers < 4.50 (``transformers.utils.fx``); they skip elsewhere, and
 run in the side environment ``scripts/hf_fx_env.sh`` makes (transformers 4.45.2 over .venv's
@@ -18,12 +18,12 @@ from torch import nn
 from ampgraph import Report, Setting, analyze, cache
 from ampgraph.cli import main
 from ampgraph.errors import CaptureError
-from ampgraph.formats import SEED_WATCH, hook_lines
-from ampgraph.frontends import TRACERS, GraphForward, apply_frontend, hf_fx_available
 from ampgraph.models import ModelInputs, load_model
 from ampgraph.pipeline import report_keys
 from ampgraph.specs import TRACERS as SPEC_TRACERS
 from ampgraph.specs import ModelSpec
+from ampgraph.text import SEED_WATCH, hook_lines
+from ampgraph.tracers import TRACERS, GraphForward, apply_tracer, hf_fx_available
 
 from .conftest import seed_hook_blocks
 from .test_regions import Fp32Island, NestedDtype
@@ -76,7 +76,7 @@ class WithAngles(nn.Module):
 
 
 def test_tracer_names_agree() -> None:
-    assert TRACERS == SPEC_TRACERS
+    assert tuple(TRACERS) == SPEC_TRACERS
 
 
 @pytest.mark.parametrize(
@@ -88,13 +88,13 @@ def test_tracer_names_agree() -> None:
         (WithAngles(), (torch.randn(2, 4), torch.arange(2))),
     ],
 )
-def test_fx_frontend_matches_export(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+def test_fx_tracer_matches_export(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
     """symbolic_trace keeps autocast regions (recorded as they are entered) and module calls,
     including the hook view of a module it traces through (``Angles``: in = its ``x``)."""
     model = ModelInputs(type(module).__name__, module, args)
     setting = Setting.parse("amp-fp32")
     exported = analyze(model, setting)
-    traced = analyze(apply_frontend(model, "fx"), setting)
+    traced = analyze(apply_tracer(model, "fx"), setting)
     assert traced.capture["method"] == "fx+export"
     assert traced.check is not None and traced.check["disagreements"] == 0
     assert module_view(traced) == module_view(exported)
@@ -103,7 +103,7 @@ def test_fx_frontend_matches_export(module: nn.Module, args: tuple[torch.Tensor,
 
 
 def test_repeated_calls_stay_separate() -> None:
-    model = apply_frontend(ModelInputs("twice", Twice(), (torch.randn(2, 4),)), "fx")
+    model = apply_tracer(ModelInputs("twice", Twice(), (torch.randn(2, 4),)), "fx")
     report = analyze(model, Setting.parse("amp-fp32"), check=False)
     assert [c.path for c in report.modules] == ["lin", "lin"]
     assert len({c.call for c in report.modules}) == 2
@@ -111,7 +111,7 @@ def test_repeated_calls_stay_separate() -> None:
 
 def test_lowered_module_shares_the_original() -> None:
     original = Twice()
-    model = apply_frontend(ModelInputs("twice", original, (torch.randn(2, 4),)), "fx")
+    model = apply_tracer(ModelInputs("twice", original, (torch.randn(2, 4),)), "fx")
     assert isinstance(model.module, GraphForward)
     assert dict(model.module.named_parameters()) == dict(original.named_parameters())
     assert model.kwargs.keys() == {"x"}
@@ -119,7 +119,7 @@ def test_lowered_module_shares_the_original() -> None:
 
 def test_fx_cannot_trace_a_hugging_face_model() -> None:
     with pytest.raises(CaptureError) as err:
-        apply_frontend(load_model("llama-tiny"), "fx")
+        apply_tracer(load_model("llama-tiny"), "fx")
     message = str(err.value)
     assert message.startswith("torch.fx.symbolic_trace could not trace 'llama-tiny'")
     assert "use --tracer export" in message and "\n" not in message
@@ -127,12 +127,12 @@ def test_fx_cannot_trace_a_hugging_face_model() -> None:
 
 def test_fx_untraceable_factory_is_one_line() -> None:
     with pytest.raises(CaptureError, match="could not trace 'tests.factories:untraceable'"):
-        apply_frontend(load_model("tests.factories:untraceable"), "fx")
+        apply_tracer(load_model("tests.factories:untraceable"), "fx")
 
 
 def test_unknown_tracer() -> None:
     with pytest.raises(CaptureError, match="unknown tracer 'jit'"):
-        apply_frontend(ModelInputs("t", Twice(), (torch.randn(2, 4),)), "jit")
+        apply_tracer(ModelInputs("t", Twice(), (torch.randn(2, 4),)), "jit")
 
 
 @pytest.mark.skipif(hf_fx_available(), reason="this transformers has transformers.utils.fx")
@@ -173,7 +173,7 @@ def test_cache_keys_tell_tracers_apart() -> None:
 
 @functools.cache
 def _opt(tracer: str) -> ModelInputs:
-    return apply_frontend(load_model("opt-125m"), tracer)
+    return apply_tracer(load_model("opt-125m"), tracer)
 
 
 HF_SETTINGS = [(s, "cuda", "bf16") for s in ("fp32", "half", "amp-half", "amp-fp32")] + [
@@ -186,7 +186,7 @@ HF_SETTINGS = [(s, "cuda", "bf16") for s in ("fp32", "half", "amp-half", "amp-fp
 def test_hf_fx_opt_modules_agree_with_export(
     hf_fx: None, setting: str, device: str, amp: str
 ) -> None:
-    """The acceptance: OPT-125M's module-level annotations are the same from either frontend."""
+    """The acceptance: OPT-125M's module-level annotations are the same from either tracer."""
     resolved = Setting.parse(setting, device_type=device, amp_dtype=amp)
     exported = analyze(_opt("export"), resolved)
     traced = analyze(_opt("hf-fx"), resolved)
@@ -199,7 +199,7 @@ def test_hf_fx_opt_modules_agree_with_export(
 @pytest.mark.hffx
 def test_hf_fx_opt_prints_the_seed_lines(hf_fx: None) -> None:
     """Across versions: the hf-fx graph of transformers 4.x gives the seed notebook's lines, as
-    the export frontend does with transformers 5."""
+    the export tracer does with transformers 5."""
     report = analyze(_opt("hf-fx"), Setting.parse("amp-fp32"))
     seed = seed_hook_blocks()["amp-fp32"]
     assert hook_lines(report, SEED_WATCH)[: len(seed) - 1] == seed[:-1]
@@ -208,7 +208,7 @@ def test_hf_fx_opt_prints_the_seed_lines(hf_fx: None) -> None:
 @pytest.mark.hffx
 def test_hf_fx_keeps_modules_it_traces_through(hf_fx: None) -> None:
     """GPT-2's Conv1D is not a torch.nn leaf, so the FX tracer inlines it; its calls survive."""
-    report = analyze(apply_frontend(load_model("gpt2"), "hf-fx"), Setting.parse("amp-fp32"))
+    report = analyze(apply_tracer(load_model("gpt2"), "hf-fx"), Setting.parse("amp-fp32"))
     conv = [c for c in report.modules if "Conv1D" in c.bases]
     assert len(conv) == 48 and {(c.in_dtype, c.out_dtype) for c in conv} <= {
         ("float32", "bfloat16"),
@@ -223,7 +223,7 @@ def test_hf_fx_records_llamas_rotary_region(hf_fx: None) -> None:
     type is decided by Python at trace time: transformers 4.45 reads ``x.device.type``, which the
     FX tracer cannot see, so the region is a *cpu* one (README, Known limitations)."""
     setting = Setting.parse("amp-fp32")
-    report = analyze(apply_frontend(load_model("llama-tiny"), "hf-fx"), setting)
+    report = analyze(apply_tracer(load_model("llama-tiny"), "hf-fx"), setting)
     (region,) = [n for n in report.nodes if n.kind == "region"]
     assert region.reason == "autocast disabled on cpu inside this region"
     assert report.check is not None and report.check["disagreements"] == 0
@@ -235,7 +235,7 @@ def test_hf_fx_records_llamas_rotary_region(hf_fx: None) -> None:
 def test_hf_fx_names_the_branches_it_took_on_dtypes(hf_fx: None) -> None:
     """T5LayerNorm casts to its weight's dtype when that is 16-bit: a branch the HF tracer takes
     once, in fp32. The report lists where, and the command line warns; export lists none."""
-    model = apply_frontend(load_model("t5-small"), "hf-fx")
+    model = apply_tracer(load_model("t5-small"), "hf-fx")
     assert "encoder.block.0.layer.0.layer_norm" in model.module.dtype_branches
     report = analyze(model, Setting.parse("half"), check=False)
     assert report.capture["dtype_branches"] == list(model.module.dtype_branches)
@@ -258,7 +258,7 @@ def test_hf_fx_names_the_branches_it_took_on_dtypes(hf_fx: None) -> None:
 @pytest.mark.hffx
 def test_hf_fx_unsupported_architecture_is_one_line(hf_fx: None) -> None:
     with pytest.raises(CaptureError) as err:
-        apply_frontend(load_model("pythia-160m"), "hf-fx")
+        apply_tracer(load_model("pythia-160m"), "hf-fx")
     message = str(err.value)
     assert "could not trace 'pythia-160m' (GPTNeoXForCausalLM)" in message
     assert "is not supported yet;" in message  # not the tracer's list of every supported class
@@ -268,7 +268,7 @@ def test_hf_fx_unsupported_architecture_is_one_line(hf_fx: None) -> None:
 @pytest.mark.hffx
 def test_hf_fx_needs_a_hugging_face_model(hf_fx: None) -> None:
     with pytest.raises(CaptureError, match="traces Hugging Face models"):
-        apply_frontend(ModelInputs("t", Twice(), (torch.randn(2, 4),)), "hf-fx")
+        apply_tracer(ModelInputs("t", Twice(), (torch.randn(2, 4),)), "hf-fx")
 
 
 @pytest.mark.parametrize("tracer", ["export", "fx"])
@@ -280,7 +280,7 @@ def test_cpu_only_torch_keeps_regions_on_the_replay_path(
     baked dtype is listed as what the trace could not pin down."""
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
     model = ModelInputs("nested", NestedDtype(), (torch.randn(4, 4), torch.randn(4, 4)))
-    report = analyze(apply_frontend(model, tracer), Setting.parse("amp-fp32"))
+    report = analyze(apply_tracer(model, tracer), Setting.parse("amp-fp32"))
     assert report.capture["method"].endswith("export-meta-replay")
     (region,) = [n for n in report.nodes if n.kind == "region"]
     assert region.reason == "autocast enabled on cuda in fp16 inside this region"
