@@ -25,7 +25,6 @@ from ampgraph.policy import ACTIVE_RELEASE
 from ampgraph.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.specs import spec_tracer
-from ampgraph.tracers import EXPORT, apply_tracer
 
 
 def versions() -> dict[str, str]:
@@ -305,7 +304,11 @@ def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
     ``export`` (the default) traces the model itself in each setting, so the model is returned as
     it is; another tracer traces it once, here, and every setting is captured from that graph.
     """
-    return apply_tracer(model, tracer or EXPORT)
+    if tracer is None or tracer == "export":
+        return model
+    from ampgraph.tracers import apply_tracer  # only for a tracer other than export
+
+    return apply_tracer(model, tracer)
 
 
 # The model the forked workers analyse: set before the pool forks, inherited by the children,

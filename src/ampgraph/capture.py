@@ -20,6 +20,7 @@ listed in :attr:`Capture.trace_time_dtype_nodes`: their dtypes are those of the 
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,7 +42,6 @@ from ampgraph.torchutil import (
     swapped_tensors,
     torch_dtype,
 )
-from ampgraph.tracers import traced_by
 
 EXPORT = "export"
 EXPORT_META_REPLAY = "export-meta-replay"
@@ -316,11 +316,18 @@ def _retype_parameters(
             node.meta["val"] = torch.empty(val.shape, dtype=dtype, device="meta")
 
 
+def _traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
+    """:func:`ampgraph.tracers.traced_by`, without importing that module for the default
+    tracer: where it was never imported, no tracer but export can have made the model."""
+    tracers = sys.modules.get("ampgraph.tracers")
+    return tracers.traced_by(model) if tracers is not None else (EXPORT, ())
+
+
 def capture(model: ModelInputs, setting: Setting) -> Capture:
     """Trace ``model`` in ``setting`` and return the graph with what replaying it needs."""
     param_dtype = torch_dtype(setting.param_dtype)
     method = EXPORT
-    tracer, dtype_branches = traced_by(model)
+    tracer, dtype_branches = _traced_by(model)
     recorder = ModuleIORecorder(model.module)
     try:
         with recorder:

@@ -300,9 +300,10 @@ class FakeReplay(fx.Interpreter):
     """Base interpreter: fake placeholders, error propagation, autocast regions.
 
     The annotator (:class:`ampgraph.annotate.AutocastAnnotator`), the dispatcher oracle
-    (:class:`ampgraph.check.DispatcherOracle`) and verify's real execution all replay a captured
-    graph this way; they differ only in the override points below. The call tree, in the manner
-    of ``torch.fx.Interpreter``'s own docstring::
+    (:class:`ampgraph.check.DispatcherOracle`) and verify's real execution
+    (:class:`ampgraph.verify.execution.RealExecution`) replay a captured graph this way; they
+    differ only in the override points below. The call tree, in the manner of
+    ``torch.fx.Interpreter``'s own docstring::
 
         run_graph()                     fresh fake placeholders, then fx.Interpreter.run
             + run_node(n)               per node
