@@ -191,6 +191,8 @@ class AutocastAnnotator(FakeReplay):
         )
         self._pending[n.name]["casts"] = casts
         self._pending[n.name]["reason"] = reason
+        if category == P.OPAQUE:
+            self._pending[n.name]["not_analysed"] = opaque_reason(target, device_type)
         inner: InnerAutocast | Decomposed | None = None
         if category is None and self._autocast_on(args, kwargs):
             inner = Decomposed(self, n, target) if _is_composite(target) else InnerAutocast(self)
@@ -293,16 +295,37 @@ class AutocastAnnotator(FakeReplay):
         if category == P.BANNED:
             raise RuntimeError(P.BANNED_MESSAGE)
         if category == P.OPAQUE:
-            why = (
-                f"not analysed: an autocast kernel ampgraph does not know is registered for "
-                f"{op.name()} on {device_type}; shown as if it ran as called"
+            # No rule to apply, so nothing to predict: the kernel itself runs (autocast on for
+            # it alone), and the node is marked not analysed, its dtypes an observation that
+            # the check does not count. What follows is predicted from them as usual.
+            def run_kernel(*a: Any, **k: Any) -> Any:
+                with autocast_state(device_type, True, lower):
+                    return op(*a, **k)
+
+            return args, kwargs, [], run_kernel, f"not analysed: {opaque_reason(op, device_type)}"
+        if category == P.CAST_INPUTS:
+            rule = P.library_rule(device_type, op.name())
+            assert rule is not None and rule.cast_to is not None
+            to = torch_dtype(rule.cast_to)
+            new_args, new_kwargs, casts = self._cast_all(
+                args, kwargs, to, device_type, n, f"({name} input)"
             )
-            return args, kwargs, [], op, why
+            detail = ", ".join(
+                f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}" for c in casts
+            )
+            why = (
+                f"register_autocast's kernel runs {op.name()} with autocast off after casting its "
+                f"floating inputs to {short_dtype(rule.cast_to)}: "
+                + (f"casts {detail}" if casts else "no cast needed")
+            )
+            return new_args, new_kwargs, casts, op, why
         if category == P.FP32_OUTPUT_AS_INPUT:
             first = next((t for t in tensor_leaves((args, kwargs))), None)
             back = first.dtype if first is not None else torch.float32
+            # torchvision's _autocast_cast casts every floating, not fp64, tensor: whatever its
+            # device, unlike autocast's own is_eligible.
             new_args, new_kwargs, casts = self._cast_all(
-                args, kwargs, torch.float32, device_type, n, f"({name} input)"
+                args, kwargs, torch.float32, device_type, n, f"({name} input)", any_device=True
             )
 
             def run_and_cast_back(*a: Any, **k: Any) -> Any:
@@ -393,11 +416,13 @@ class AutocastAnnotator(FakeReplay):
         device_type: str,
         n: fx.Node | None,
         unknown: str = "?",
+        any_device: bool = False,
     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
         casts: list[Cast] = []
 
         def cast(t: Any) -> Any:
-            if not _eligible(t, device_type) or t.dtype == to:
+            eligible = _eligible(t, device_type if not any_device else device_type_of(t))
+            if not eligible or t.dtype == to:
                 return t
             label = self.producer_label(n, t, unknown)
             casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
@@ -405,6 +430,17 @@ class AutocastAnnotator(FakeReplay):
 
         new_args, new_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
         return tuple(new_args), dict(new_kwargs), casts
+
+
+def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
+    """Why a node whose op has an autocast kernel of unknown rule is not analysed."""
+    rule = P.library_rule(device_type, op.name())
+    where = f": {rule.source}" if rule is not None else ""
+    return (
+        f"opaque autocast kernel: {op.name()} has an autocast kernel on {device_type} whose rule "
+        f"ampgraph does not know{where}; its dtypes are what that kernel returned, not a "
+        "prediction"
+    )
 
 
 def _is_composite(op: torch._ops.OpOverload) -> bool:

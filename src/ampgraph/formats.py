@@ -35,14 +35,15 @@ def select_calls(report: Report, only: Sequence[str] | None = None) -> list[Modu
 def call_error(report: Report, call: ModuleCall) -> str | None:
     """The error of the first node of a module call that raised, or None: the hook's view.
 
-    A node ampgraph could not analyse here reads ``not analysed: ...``: the forward cannot be
-    followed past it, and it is no prediction.
+    A node ampgraph could not run here (a kernel that needs a GPU driver) reads
+    ``not analysed: ...``: the forward cannot be followed past it, and it is no prediction. A node
+    that ran without being analysed (an opaque autocast kernel) has dtypes, and does not stop it.
     """
     for name in call.nodes:
         rec = report.node(name)
         if rec.error:
             return rec.error
-        if rec.not_analysed is not None and rec.skipped is None:
+        if rec.not_analysed is not None and rec.skipped is None and not rec.outputs:
             return f"not analysed: {rec.not_analysed}"
     return None
 
@@ -128,7 +129,10 @@ def check_summary(report: Report) -> str:
     errors = len(report.errors)
     tail = f", {errors} node{'s' if errors != 1 else ''} raise" if errors else ""
     if c.get("not_analysed"):
-        tail += f", {c['not_analysed']} not analysed (need a GPU driver here)"
+        tail += (
+            f", {c['not_analysed']} not analysed (opaque autocast kernels, or kernels that need a"
+            " GPU driver here: each node's record says which)"
+        )
     return (
         f"{report.model} {report.setting['name']} ({report.setting['device_type']} "
         f"{short_dtype(report.setting['amp_dtype'])}): {c['compared']} nodes compared with the "

@@ -1,0 +1,109 @@
+"""Autocast kernels registered outside ATen's lists, and what the check does with what the
+annotator cannot know (issue 10, items 2 and 6, and the rule against silent ``None`` dtypes).
+
+Expectations come from the dispatcher check and the eager model's forward hooks on fake tensors
+(:func:`ampgraph.hooks.eager_hook_lines`), never from ampgraph's own output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ampgraph import analyze, policy, reference
+from ampgraph.formats import hook_lines
+from ampgraph.hooks import eager_hook_lines
+from ampgraph.models import ModelInputs
+from ampgraph.settings import Setting
+
+
+@torch.library.custom_op("ampgraph_kernels::scale", mutates_args=())
+def _scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * w
+
+
+@_scale.register_fake
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+# A CUDA rule on the custom_op itself, a CPU one through torch.library on an op defined by hand.
+torch.library.register_autocast("ampgraph_kernels::scale", "cuda", torch.float16)
+_LIB = torch.library.Library("ampgraph_kernels2", "DEF")  # noqa: TOR901
+_LIB.define("shift(Tensor x) -> Tensor")
+_LIB.impl("shift", lambda x: x + 1, "CompositeExplicitAutograd")
+torch.library.register_autocast("ampgraph_kernels2::shift", "cpu", torch.float16, lib=_LIB)
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ampgraph_kernels.scale(torch.ops.ampgraph_kernels2.shift(x), x)
+
+
+class CustomKernels(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.scale = Scale()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.scale(self.fc(x)))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+@pytest.mark.parametrize("name", ["fp32", "amp-half", "amp-fp32"])
+def test_register_autocast_rules_are_applied(device: str, name: str) -> None:
+    model = ModelInputs("custom", CustomKernels(), (torch.randn(2, 8),))
+    setting = Setting.parse(name, device_type=device)
+    report = analyze(model, setting)
+    assert report.check is not None and report.check["disagreements"] == 0
+    assert hook_lines(report) == eager_hook_lines(model, setting)
+    scale = next(r for r in report.nodes if r.op == "ampgraph_kernels.scale.default")
+    shift = next(r for r in report.nodes if r.op == "ampgraph_kernels2.shift.default")
+    ruled = scale if device == "cuda" else shift
+    if name == "fp32":
+        assert ruled.policy is None
+    else:
+        assert ruled.policy == policy.CAST_INPUTS and ruled.outputs == ["float16"]
+        assert {c.to_dtype for c in ruled.casts} == {"float16"} and ruled.casts
+        assert "register_autocast" in ruled.reason
+
+
+def test_a_raw_kernel_is_opaque_at_its_node_and_in_the_reference() -> None:
+    lib = torch.library.Library("ampgraph_kernels3", "DEF")  # noqa: TOR901
+    lib.define("halve(Tensor x) -> Tensor")
+    lib.impl("halve", lambda x: x / 2, "CompositeExplicitAutograd")
+
+    def autocast_halve(x: torch.Tensor) -> torch.Tensor:
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet("AutocastCUDA")):
+            return torch.ops.ampgraph_kernels3.halve(x.half())
+
+    lib.impl("halve", autocast_halve, "AutocastCUDA")
+
+    class Halve(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.head = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.ops.ampgraph_kernels3.halve(self.fc(x)) + x)
+
+    model = ModelInputs("halve", Halve(), (torch.randn(2, 2),))
+    setting = Setting.parse("amp-fp32")
+    report = analyze(model, setting)
+    node = next(r for r in report.nodes if "halve" in r.op)
+    # Said at the node, never predicted as if no kernel existed ("runs as called": bf16).
+    assert node.policy == policy.OPAQUE and node.not_analysed is not None
+    assert node.reason.startswith("not analysed: opaque autocast kernel")
+    assert "registered at" in node.reason and __file__.rsplit("/", 1)[-1] in node.reason
+    assert node.outputs == ["float16"] and node.check == {"not_analysed": node.not_analysed,
+                                                           "agree": None}  # fmt: skip
+    # Counted, never a silent agreement; what follows is predicted from it and checked.
+    assert report.check["not_analysed"] == 1 and report.check["disagreements"] == 0
+    assert report.node("add").outputs == ["float32"] and report.node("add").check["agree"]
+    assert hook_lines(report) == eager_hook_lines(model, setting)
+    opaque = reference.op_reference(["cuda"]).device("cuda").opaque
+    assert "ampgraph_kernels3::halve" in [e.op for e in opaque]
