@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ampgraph import analyze, policy, reference
 from ampgraph.formats import hook_lines
@@ -107,3 +108,55 @@ def test_a_raw_kernel_is_opaque_at_its_node_and_in_the_reference() -> None:
     assert hook_lines(report) == eager_hook_lines(model, setting)
     opaque = reference.op_reference(["cuda"]).device("cuda").opaque
     assert "ampgraph_kernels3::halve" in [e.op for e in opaque]
+
+
+class Resize(nn.Module):
+    """Misc ops whose ``.vec`` overloads export traces through a Python decomposition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        up = F.interpolate(y, scale_factor=2.0, mode="bilinear")
+        near = F.interpolate(y, scale_factor=2.0, mode="nearest")
+        cubic = F.interpolate(y, size=(8, 8), mode="bicubic", align_corners=False)
+        return torch.cat([up + near, cubic], 1).sum(1)
+
+
+@pytest.mark.parametrize("name", ["amp-fp32", "amp-half"])
+def test_export_traced_dtypes_of_python_decompositions_are_explained(name: str) -> None:
+    model = ModelInputs("resize", Resize(), (torch.randn(1, 3, 4, 4),))
+    setting = Setting.parse(name)
+    report = analyze(model, setting)
+    assert report.check["disagreements"] == 0
+    assert hook_lines(report) == eager_hook_lines(model, setting)
+    notes = {r.name: r.check["note"] for r in report.nodes if r.check and "note" in r.check}
+    vec = [r for r in report.nodes if r.op.endswith(".vec")]
+    assert len(vec) == 3
+    for rec in vec:  # every .vec: traced in 16 bits by export, fp32 for real
+        assert rec.outputs == ["float32"] and rec.check["export"] == ["bfloat16"]
+        assert "Python decomposition" in notes[rec.name]
+    assert notes["add"].endswith("inherited from upsample_bilinear2d, upsample_nearest2d, "
+                                 "whose traced dtype differs")  # fmt: skip
+    assert "inherited from add" in notes["cat"]
+
+
+def test_an_unexplained_export_difference_is_a_disagreement() -> None:
+    """The export-traced dtype is a second oracle: where it differs from the kernels with no
+    reason ampgraph can name, the check fails rather than note it."""
+    from ampgraph.capture import capture
+    from ampgraph.check import check
+
+    model = ModelInputs("linear", nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
+    cap = capture(model, Setting.parse("amp-fp32"))
+    node = next(n for n in cap.graph_module.graph.nodes if n.name == "relu")
+    node.meta["val"] = node.meta["val"].to(torch.float16)  # what a drifted trace would record
+    from ampgraph.annotate import annotate
+
+    records = annotate(cap)
+    summary = check(cap, records)
+    relu = next(r for r in records if r.name == "relu")
+    assert summary["disagreements"] == 1 and relu.check["agree"] is False
+    assert "unexplained" in relu.check["note"]

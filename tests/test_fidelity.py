@@ -141,7 +141,7 @@ def test_export_pre_dispatch_dtypes_are_a_note_not_a_disagreement() -> None:
     report = analyze(Up(), "amp-fp32", args=(torch.randn(1, 3, 4, 4),))
     up = next(r for r in report.nodes if "upsample" in r.op)
     assert up.outputs == ["float32"] and up.check["agree"]
-    assert up.check["export"] == ["bfloat16"] and "pre-dispatch" in up.check["note"]
+    assert up.check["export"] == ["bfloat16"] and "Python decomposition" in up.check["note"]
     assert report.check["disagreements"] == 0
 
 

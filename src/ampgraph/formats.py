@@ -156,6 +156,8 @@ def disagreement_lines(report: Report) -> list[str]:
             else ", ".join(short_dtype(d) for d in observed_d.get("outputs", []))
         )
         extra = f"; export traced {check['export']}" if "export" in check else ""
+        if "note" in check:
+            extra = f"; {check['note']}"
         lines.append(
             f"  {rec.name} ({rec.op}, {rec.module or 'top level'}): predicted {predicted or '-'}, "
             f"dispatcher {observed or '-'}{extra}"
