@@ -160,3 +160,46 @@ def test_an_unexplained_export_difference_is_a_disagreement() -> None:
     relu = next(r for r in records if r.name == "relu")
     assert summary["disagreements"] == 1 and relu.check["agree"] is False
     assert "unexplained" in relu.check["note"]
+
+
+_DEEP = torch.library.Library("ampgraph_deep", "DEF")  # noqa: TOR901
+for _name in ("level1", "level2", "level3"):
+    _DEEP.define(f"{_name}(Tensor x) -> Tensor")
+_DEEP.impl(
+    "level3",
+    lambda x: torch.log_softmax(x, -1) + torch.mm(x, x.t()).sum(-1, keepdim=True),
+    "CompositeImplicitAutograd",
+)
+_DEEP.impl("level2", lambda x: torch.ops.ampgraph_deep.level3(x) * 2, "CompositeImplicitAutograd")
+_DEEP.impl("level1", lambda x: torch.ops.ampgraph_deep.level2(x) - 1, "CompositeImplicitAutograd")
+
+
+class Deep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.ops.ampgraph_deep.level1(self.fc(x)))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_policies_three_composites_down_are_applied(device: str) -> None:
+    """level1 -> level2 -> level3 -> log_softmax, mm, sum: autocast reaches them all (CUDA:
+    log_softmax and sum in fp32, mm in bf16; CPU: only mm has a policy)."""
+    model = ModelInputs("deep", Deep(), (torch.randn(2, 8),))
+    setting = Setting.parse("amp-fp32", device_type=device)
+    report = analyze(model, setting)
+    assert report.check["disagreements"] == 0
+    assert hook_lines(report) == eager_hook_lines(model, setting)
+    level1 = next(r for r in report.nodes if r.op == "ampgraph_deep.level1.default")
+    path = "level2 → level3 → "
+    if device == "cuda":
+        assert level1.outputs == ["float32"]
+        for op in ("log_softmax (fp32 (output dtype))", "mm (lower precision)", "sum (fp32"):
+            assert path + op in level1.reason
+    else:
+        assert level1.outputs == ["bfloat16"] and level1.reason.endswith(
+            path + "mm (lower precision)"
+        )

@@ -81,7 +81,8 @@ def test_composites_are_annotated_through_every_level(device: str) -> None:
     loss = analyze(model, setting).node("cross_entropy_loss")
     assert loss.outputs == ["float32"]
     if device == "cuda":
-        assert "nll_loss_nd (fp32)" in loss.reason
+        assert "log_softmax (fp32 (output dtype))" in loss.reason
+        assert "nll_loss_nd → nll_loss (fp32)" in loss.reason
         assert [(c.from_dtype, c.to_dtype) for c in loss.casts] == [("bfloat16", "float32")]
 
 

@@ -96,6 +96,9 @@ class AutocastAnnotator(FakeReplay):
         self.region = region
         self.trace_time = set(capture.trace_time_dtype_nodes)
         self._pending: dict[str, Any] = {}
+        #: For each composite node: the ops inside it that autocast applies to, at any depth,
+        #: as (``"nll_loss_nd → nll_loss"``, category).
+        self.inner_applied: dict[str, list[tuple[str, str]]] = {}
 
     # -- records ----------------------------------------------------------------------------------
     def _record(self, n: fx.Node, **fields: Any) -> NodeRecord:
@@ -201,6 +204,7 @@ class AutocastAnnotator(FakeReplay):
         else:
             value = inner.call(op, call_args, call_kwargs)
             if inner.applied:
+                self.inner_applied[self.qualified(n)] = inner.applied
                 category = inner.applied[0][1]
                 self._pending[n.name].update(
                     policy=category,
@@ -524,7 +528,10 @@ class Decomposed:
             raise RuntimeError(value.message)  # noqa: TRY004 - the inner op's own error
         for rec in child.records:
             if rec.policy is not None:
-                self.applied.append((rec.op.split(".")[1], rec.policy))
+                name = rec.op.split(".")[1]
+                # A composite inside: name the path down to the ops autocast applies to.
+                nested = child.inner_applied.get(rec.name, [(None, rec.policy)])
+                self.applied += [(f"{name} → {path}" if path else name, cat) for path, cat in nested]
             self.casts += rec.casts
         if not self.applied:
             _NO_POLICY_INSIDE.add(key)
