@@ -323,11 +323,44 @@ def to_text(ref: OpReference) -> str:
     return "\n".join(lines)
 
 
+#: What each category does to a call, for the Markdown page's legend.
+CATEGORY_MEANING: dict[str, str] = {
+    P.LOWER_PRECISION_FP: "eligible floating inputs are cast to autocast's 16-bit dtype",
+    P.FP32: "eligible floating inputs are cast to fp32",
+    P.FP32_SET_OPT_DTYPE: "called with `dtype=torch.float32` unless the call sets a dtype",
+    P.FP32_APPEND_DTYPE: "redispatched to the overload that takes a dtype, with fp32",
+    P.PROMOTE: "floating inputs are cast to the widest floating dtype among them",
+    P.BANNED: "raises under autocast",
+    P.FP32_OUTPUT_AS_INPUT: "runs in fp32, outputs cast back to the first input's dtype",
+    P.CAST_INPUTS: "`register_autocast`: floating inputs cast to the registered dtype",
+    P.OPAQUE: "a kernel whose rule ampgraph does not know: not analysed at its node",
+}
+
+
 def to_markdown(ref: OpReference) -> str:
     """The reference as Markdown, one table per device type (for a documentation page)."""
-    lines = ["# Autocast op reference", "", _header(ref) + "."]
+    libs = "".join(f", {name} {version}" for name, version in ref.libraries.items())
+    lines = [
+        "# Autocast op reference",
+        "",
+        (
+            f"Read from the dispatcher of torch {ref.torch}{libs} by `ampgraph policy --format "
+            f"markdown`; ampgraph's bundled tables are for torch {ref.tables_release}. Ops "
+            "without an autocast kernel run in their inputs' dtype, and mixed inputs follow type "
+            "promotion."
+        ),
+        "",
+        "| category | what autocast does |",
+        "|---|---|",
+        *(f"| {_label(c)} | {CATEGORY_MEANING[c]} |" for c in P.CATEGORIES),
+    ]
     for d in ref.devices:
-        lines += ["", f"## {d.device_type} (`{d.key}`)", "", _device_line(d) + "."]
+        lines += [
+            "",
+            f"## {d.device_type} (`{d.key}`)",
+            "",
+            _device_line(d).partition(": ")[2] + ".",
+        ]
         if not d.entries:
             continue
         lines += ["", "| op | category | rule from |", "|---|---|---|"]
