@@ -203,3 +203,35 @@ def test_policies_three_composites_down_are_applied(device: str) -> None:
         assert level1.outputs == ["bfloat16"] and level1.reason.endswith(
             path + "mm (lower precision)"
         )
+
+
+def test_verify_never_passes_a_node_it_could_not_analyse() -> None:
+    """An opaque CPU kernel really runs in verify: the casts it makes, which no rule predicted,
+    are a disagreement at its node, never a silent agreement."""
+    from ampgraph.verify import verify
+
+    lib = torch.library.Library("ampgraph_kernels4", "DEF")  # noqa: TOR901
+    lib.define("halve(Tensor x) -> Tensor")
+    lib.impl("halve", lambda x: x / 2, "CompositeExplicitAutograd")
+
+    def autocast_halve(x: torch.Tensor) -> torch.Tensor:
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet("AutocastCPU")):
+            return torch.ops.ampgraph_kernels4.halve(x.half())
+
+    lib.impl("halve", autocast_halve, "AutocastCPU")
+
+    class Halve(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.ampgraph_kernels4.halve(self.fc(x)) + x
+
+    model = ModelInputs("halve", Halve(), (torch.randn(2, 2),))
+    setting = Setting.parse("amp-fp32", device_type="cpu")
+    report = analyze(model, setting)
+    assert report.check["not_analysed"] == 1
+    result = verify(model, setting)
+    assert not result.ok
+    assert [(d.kind, d.node) for d in result.disagreements] == [("cast", "halve")]

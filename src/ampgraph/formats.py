@@ -78,10 +78,12 @@ def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
     """One seed-notebook hook line per leaf-module call, in execution order."""
     lines = []
     for call, error in printed_calls(report, only):
+        # The hook's own spelling: a first input that is no tensor reads None, not torch.None.
+        head = f"[{call.path}] in={'torch.' + call.in_dtype if call.in_dtype else 'None'} -> "
         if error and error.startswith("not analysed: "):
-            lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> {error}")
+            lines.append(head + error)
         elif error:
-            lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}")
+            lines.append(f"{head}error: {error}")
         else:
             lines.append(call.hook_line())
     return lines
