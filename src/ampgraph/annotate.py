@@ -215,6 +215,12 @@ class AutocastAnnotator(FakeReplay):
                         f"{op_name} ({P.CATEGORY_LABEL[cat]})" for op_name, cat in inner.applied
                     ),
                 )
+                opaque = [name for name, cat in inner.applied if cat == P.OPAQUE]
+                if opaque:
+                    self._pending[n.name]["not_analysed"] = (
+                        f"opaque autocast kernel inside it ({', '.join(opaque)}): its dtypes "
+                        "are what that kernel returned, not a prediction"
+                    )
         pending = self._pending.pop(n.name)
         outputs = dtype_names(value)
         promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
@@ -438,6 +444,12 @@ class AutocastAnnotator(FakeReplay):
 
 def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
     """Why a node whose op has an autocast kernel of unknown rule is not analysed."""
+    if op.namespace == "aten":
+        return (
+            f"opaque autocast kernel: ATen registers an autocast kernel for {op.name()} on "
+            f"{device_type} that ampgraph's tables (torch {P.ACTIVE_RELEASE}) lack; its dtypes "
+            "are what that kernel returned, not a prediction"
+        )
     rule = P.library_rule(device_type, op.name())
     where = f": {rule.source}" if rule is not None else ""
     return (
@@ -531,7 +543,9 @@ class Decomposed:
                 name = rec.op.split(".")[1]
                 # A composite inside: name the path down to the ops autocast applies to.
                 nested = child.inner_applied.get(rec.name, [(None, rec.policy)])
-                self.applied += [(f"{name} → {path}" if path else name, cat) for path, cat in nested]
+                self.applied += [
+                    (f"{name} → {path}" if path else name, cat) for path, cat in nested
+                ]
             self.casts += rec.casts
         if not self.applied:
             _NO_POLICY_INSIDE.add(key)
