@@ -206,8 +206,8 @@ def test_policies_three_composites_down_are_applied(device: str) -> None:
 
 
 def test_verify_never_passes_a_node_it_could_not_analyse() -> None:
-    """An opaque CPU kernel really runs in verify: the casts it makes, which no rule predicted,
-    are a disagreement at its node, never a silent agreement."""
+    """An opaque CPU kernel really runs in verify: the node, which ampgraph did not analyse, and
+    the casts it makes, which no rule predicted, are disagreements, never a silent agreement."""
     from ampgraph.verify import verify
 
     lib = torch.library.Library("ampgraph_kernels4", "DEF")  # noqa: TOR901
@@ -234,4 +234,8 @@ def test_verify_never_passes_a_node_it_could_not_analyse() -> None:
     assert report.check["not_analysed"] == 1
     result = verify(model, setting)
     assert not result.ok
-    assert [(d.kind, d.node) for d in result.disagreements] == [("cast", "halve")]
+    found = {(d.kind, d.node, d.predicted) for d in result.disagreements}
+    assert found == {
+        ("node", "halve", "not analysed (opaque autocast kernel)"),
+        ("cast", "halve", "no casts"),
+    }
