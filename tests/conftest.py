@@ -42,6 +42,13 @@ NEEDS_CUDA_KERNELS = (
     "hooks.py::",
     "__init__.py::ampgraph.policy.autocast_kernels",
     "__init__.py::ampgraph.policy.has_autocast_kernel",
+    "__init__.py::ampgraph.policy.library_rule",
+    "reference.py::",
+    "test_reference.py::test_the_bundled_tables",
+    "test_reference.py::test_a_table_that_drifted",
+    "test_reference.py::test_library_kernels",
+    "test_reference.py::test_cli_formats",
+    "test_autocast_kernels.py::",
 )
 
 

@@ -81,7 +81,8 @@ def test_composites_are_annotated_through_every_level(device: str) -> None:
     loss = analyze(model, setting).node("cross_entropy_loss")
     assert loss.outputs == ["float32"]
     if device == "cuda":
-        assert "nll_loss_nd (fp32)" in loss.reason
+        assert "log_softmax (fp32 (output dtype))" in loss.reason
+        assert "nll_loss_nd → nll_loss (fp32)" in loss.reason
         assert [(c.from_dtype, c.to_dtype) for c in loss.casts] == [("bfloat16", "float32")]
 
 
@@ -141,7 +142,7 @@ def test_export_pre_dispatch_dtypes_are_a_note_not_a_disagreement() -> None:
     report = analyze(Up(), "amp-fp32", args=(torch.randn(1, 3, 4, 4),))
     up = next(r for r in report.nodes if "upsample" in r.op)
     assert up.outputs == ["float32"] and up.check["agree"]
-    assert up.check["export"] == ["bfloat16"] and "pre-dispatch" in up.check["note"]
+    assert up.check["export"] == ["bfloat16"] and "Python decomposition" in up.check["note"]
     assert report.check["disagreements"] == 0
 
 

@@ -89,6 +89,9 @@ class AutocastAnnotator(FakeReplay):
         self.region = region
         self.trace_time = set(capture.trace_time_dtype_nodes)
         self._pending: dict[str, Any] = {}
+        #: For each composite node: the ops inside it that autocast applies to, at any depth,
+        #: as (``"nll_loss_nd → nll_loss"``, category).
+        self.inner_applied: dict[str, list[tuple[str, str]]] = {}
 
     # -- records ----------------------------------------------------------------------------------
     def _record(self, n: fx.Node, **fields: Any) -> NodeRecord:
@@ -184,6 +187,8 @@ class AutocastAnnotator(FakeReplay):
         )
         self._pending[n.name]["casts"] = casts
         self._pending[n.name]["reason"] = reason
+        if category == P.OPAQUE:
+            self._pending[n.name]["not_analysed"] = opaque_reason(target, device_type)
         inner: InnerAutocast | Decomposed | None = None
         if category is None and self._autocast_on(args, kwargs):
             inner = Decomposed(self, n, target) if _is_composite(target) else InnerAutocast(self)
@@ -192,6 +197,7 @@ class AutocastAnnotator(FakeReplay):
         else:
             value = inner.call(op, call_args, call_kwargs)
             if inner.applied:
+                self.inner_applied[self.qualified(n)] = inner.applied
                 category = inner.applied[0][1]
                 self._pending[n.name].update(
                     policy=category,
@@ -202,6 +208,12 @@ class AutocastAnnotator(FakeReplay):
                         f"{op_name} ({P.CATEGORY_LABEL[cat]})" for op_name, cat in inner.applied
                     ),
                 )
+                opaque = [name for name, cat in inner.applied if cat == P.OPAQUE]
+                if opaque:
+                    self._pending[n.name]["not_analysed"] = (
+                        f"opaque autocast kernel inside it ({', '.join(opaque)}): its dtypes "
+                        "are what that kernel returned, not a prediction"
+                    )
         pending = self._pending.pop(n.name)
         outputs = dtype_names(value)
         promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
@@ -286,16 +298,37 @@ class AutocastAnnotator(FakeReplay):
         if category == P.BANNED:
             raise RuntimeError(P.BANNED_MESSAGE)
         if category == P.OPAQUE:
-            why = (
-                f"not analysed: an autocast kernel ampgraph does not know is registered for "
-                f"{op.name()} on {device_type}; shown as if it ran as called"
+            # No rule to apply, so nothing to predict: the kernel itself runs (autocast on for
+            # it alone), and the node is marked not analysed, its dtypes an observation that
+            # the check does not count. What follows is predicted from them as usual.
+            def run_kernel(*a: Any, **k: Any) -> Any:
+                with autocast_state(device_type, True, lower):
+                    return op(*a, **k)
+
+            return args, kwargs, [], run_kernel, f"not analysed: {opaque_reason(op, device_type)}"
+        if category == P.CAST_INPUTS:
+            rule = P.library_rule(device_type, op.name())
+            assert rule is not None and rule.cast_to is not None
+            to = torch_dtype(rule.cast_to)
+            new_args, new_kwargs, casts = self._cast_all(
+                args, kwargs, to, device_type, n, f"({name} input)"
             )
-            return args, kwargs, [], op, why
+            detail = ", ".join(
+                f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}" for c in casts
+            )
+            why = (
+                f"register_autocast's kernel runs {op.name()} with autocast off after casting its "
+                f"floating inputs to {short_dtype(rule.cast_to)}: "
+                + (f"casts {detail}" if casts else "no cast needed")
+            )
+            return new_args, new_kwargs, casts, op, why
         if category == P.FP32_OUTPUT_AS_INPUT:
             first = next((t for t in tensor_leaves((args, kwargs))), None)
             back = first.dtype if first is not None else torch.float32
+            # torchvision's _autocast_cast casts every floating, not fp64, tensor: whatever its
+            # device, unlike autocast's own is_eligible.
             new_args, new_kwargs, casts = self._cast_all(
-                args, kwargs, torch.float32, device_type, n, f"({name} input)"
+                args, kwargs, torch.float32, device_type, n, f"({name} input)", any_device=True
             )
 
             def run_and_cast_back(*a: Any, **k: Any) -> Any:
@@ -377,11 +410,13 @@ class AutocastAnnotator(FakeReplay):
         device_type: str,
         n: fx.Node | None,
         unknown: str = "?",
+        any_device: bool = False,
     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
         casts: list[Cast] = []
 
         def cast(t: Any) -> Any:
-            if not rules.is_eligible(t, device_type) or t.dtype == to:
+            eligible = rules.is_eligible(t, device_type if not any_device else device_type_of(t))
+            if not eligible or t.dtype == to:
                 return t
             label = self.producer_label(n, t, unknown)
             casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
@@ -389,6 +424,23 @@ class AutocastAnnotator(FakeReplay):
 
         new_args, new_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
         return tuple(new_args), dict(new_kwargs), casts
+
+
+def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
+    """Why a node whose op has an autocast kernel of unknown rule is not analysed."""
+    if op.namespace == "aten":
+        return (
+            f"opaque autocast kernel: ATen registers an autocast kernel for {op.name()} on "
+            f"{device_type} that ampgraph's tables (torch {P.ACTIVE_RELEASE}) lack; its dtypes "
+            "are what that kernel returned, not a prediction"
+        )
+    rule = P.library_rule(device_type, op.name())
+    where = f": {rule.source}" if rule is not None else ""
+    return (
+        f"opaque autocast kernel: {op.name()} has an autocast kernel on {device_type} whose rule "
+        f"ampgraph does not know{where}; its dtypes are what that kernel returned, not a "
+        "prediction"
+    )
 
 
 def _is_composite(op: torch._ops.OpOverload) -> bool:
@@ -472,7 +524,12 @@ class Decomposed:
             raise RuntimeError(value.message)  # noqa: TRY004 - the inner op's own error
         for rec in child.records:
             if rec.policy is not None:
-                self.applied.append((rec.op.split(".")[1], rec.policy))
+                name = rec.op.split(".")[1]
+                # A composite inside: name the path down to the ops autocast applies to.
+                nested = child.inner_applied.get(rec.name, [(None, rec.policy)])
+                self.applied += [
+                    (f"{name} → {path}" if path else name, cat) for path, cat in nested
+                ]
             self.casts += rec.casts
         if not self.applied:
             _NO_POLICY_INSIDE.add(key)

@@ -36,14 +36,15 @@ def select_calls(report: Report, only: Sequence[str] | None = None) -> list[Modu
 def call_error(report: Report, call: ModuleCall) -> str | None:
     """The error of the first node of a module call that raised, or None: the hook's view.
 
-    A node ampgraph could not analyse here reads ``not analysed: ...``: the forward cannot be
-    followed past it, and it is no prediction.
+    A node ampgraph could not run here (a kernel that needs a GPU driver) reads
+    ``not analysed: ...``: the forward cannot be followed past it, and it is no prediction. A node
+    that ran without being analysed (an opaque autocast kernel) has dtypes, and does not stop it.
     """
     for name in call.nodes:
         rec = report.node(name)
         if rec.error:
             return rec.error
-        if rec.not_analysed is not None and rec.skipped is None:
+        if rec.not_analysed is not None and rec.skipped is None and not rec.outputs:
             return f"not analysed: {rec.not_analysed}"
     return None
 
@@ -78,10 +79,12 @@ def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
     """One seed-notebook hook line per leaf-module call, in execution order."""
     lines = []
     for call, error in printed_calls(report, only):
+        # The hook's own spelling: a first input that is no tensor reads None, not torch.None.
+        head = f"[{call.path}] in={'torch.' + call.in_dtype if call.in_dtype else 'None'} -> "
         if error and error.startswith("not analysed: "):
-            lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> {error}")
+            lines.append(head + error)
         elif error:
-            lines.append(f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}")
+            lines.append(f"{head}error: {error}")
         else:
             lines.append(call.hook_line())
     return lines
@@ -129,7 +132,10 @@ def check_summary(report: Report) -> str:
     errors = len(report.errors)
     tail = f", {errors} node{'s' if errors != 1 else ''} raise" if errors else ""
     if c.get("not_analysed"):
-        tail += f", {c['not_analysed']} not analysed (need a GPU driver here)"
+        tail += (
+            f", {c['not_analysed']} not analysed (opaque autocast kernels, or kernels that need a"
+            " GPU driver here: each node's record says which)"
+        )
     return (
         f"{report.model} {report.setting['name']} ({report.setting['device_type']} "
         f"{short_dtype(report.setting['amp_dtype'])}): {c['compared']} nodes compared with the "
@@ -153,6 +159,8 @@ def disagreement_lines(report: Report) -> list[str]:
             else ", ".join(short_dtype(d) for d in observed_d.get("outputs", []))
         )
         extra = f"; export traced {check['export']}" if "export" in check else ""
+        if "note" in check:
+            extra = f"; {check['note']}"
         lines.append(
             f"  {rec.name} ({rec.op}, {rec.module or 'top level'}): predicted {predicted or '-'}, "
             f"dispatcher {observed or '-'}{extra}"

@@ -144,6 +144,8 @@ POLICY_STYLE_KEY: Final[dict[str | None, str]] = {
     "promote": "promote",
     "banned": "banned",
     "fp32_output_as_input": "fp32",
+    # register_autocast casts to the dtype it was given, in practice a 16-bit one.
+    "cast_inputs": "lower_precision_fp",
     # An unknown kernel is drawn as "none": the label says what is not known.
     "opaque": "none",
     None: "none",

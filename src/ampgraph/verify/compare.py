@@ -16,6 +16,8 @@ from ampgraph.verify.results import Agreement, Disagreement
 
 
 def _predicted_text(rec: NodeRecord) -> str:
+    if rec.not_analysed is not None:
+        return f"not analysed ({rec.not_analysed.partition(':')[0]})"
     if rec.error:
         return f"error: {rec.error}"
     if rec.skipped:
@@ -47,6 +49,8 @@ def compare_nodes(
         predicted, seen = _predicted_text(rec), _observed_text(obs)
         if (
             obs is not None
+            # A node ampgraph did not analyse is no prediction: it never counts as agreeing.
+            and rec.not_analysed is None
             and (rec.error or None) == obs.error
             and (rec.skipped or None) == (obs.skipped or None)
             and (rec.error or rec.skipped or rec.outputs == obs.outputs)
