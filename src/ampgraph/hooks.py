@@ -36,6 +36,7 @@ from ampgraph.capture import (
     swapped_tensors,
     torch_dtype,
 )
+from ampgraph.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
 from ampgraph.models import ModelInputs
 from ampgraph.replay import StrictDtypeMode, fake_mode, needs_driver, silenced
@@ -108,6 +109,8 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
             fake,
             # The dtype errors real kernels raise and fake ones skip (replay.STRICT_CHECKS).
             StrictDtypeMode(device),
+            # cuDNN RNNs ask the GPU driver first; stand-ins follow the GPU's path without one.
+            cudnn_rnn_stand_ins(device),
             torch.no_grad(),
             autocast,
             simulated_cuda_amp(device),

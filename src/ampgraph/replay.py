@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.capture import dtype_name, torch_dtype
+from ampgraph.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
 from ampgraph.settings import Setting
 
@@ -193,35 +194,6 @@ def needs_driver(message: str) -> bool:
     return any(text in message for text in DRIVER_ERRORS)
 
 
-def _register_meta_kernels() -> None:
-    """Shape-and-dtype kernels for CUDA ops that otherwise need a driver on fake tensors.
-
-    The fused RNN cells (``nn.GRUCell``, ``nn.LSTMCell`` on CUDA) and cuDNN's grid sampler have
-    no meta kernel, so fake tensors run the real CUDA kernel and fail without a driver. Their
-    outputs are allocated as ``aten/src/ATen/native/cuda/RNN.cu`` (``hy = empty_like(hx)``, a
-    workspace in the gates' options) and ``cudnn/GridSampler.cpp`` (the input's options) do.
-    """
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive below
-
-    def has_meta(name: str) -> bool:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")
-
-    def gru_cell(ig, hg, hx, ib=None, hb=None):  # type: ignore[no-untyped-def]
-        return hx.new_empty(hx.shape), ig.new_empty((hx.shape[0], 5 * hx.shape[1]))
-
-    def grid_sampler(x, grid):  # type: ignore[no-untyped-def]
-        return x.new_empty((x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]))
-
-    for name, kernel in (("_thnn_fused_gru_cell", gru_cell), ("cudnn_grid_sampler", grid_sampler)):
-        if not has_meta(name):
-            lib.impl(name, kernel, "Meta")
-    _META_LIBRARIES.append(lib)
-
-
-_META_LIBRARIES: list[Any] = []
-_register_meta_kernels()
-
-
 def op_name(target: Any) -> str:
     """A stable, readable name for a node's target: ``aten.linear.default``, ``getitem``."""
     if isinstance(target, torch._ops.OpOverload):
@@ -318,6 +290,8 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
         stack.enter_context(silenced("torch._subclasses.fake_tensor"))
         mode = stack.enter_context(fake_mode())
         stack.enter_context(StrictDtypeMode(setting.device_type))
+        # cuDNN RNNs ask the driver before they compute: stand-ins that follow the GPU's path.
+        stack.enter_context(cudnn_rnn_stand_ins(replay_device(setting.device_type)))
         for device in ("cpu", "cuda"):
             stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
         yield mode
