@@ -61,7 +61,7 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
     enabled for the setting's device type when the setting says so. A call that raises ends the
     run, as it would the notebook's: its line is ``[path] in=... -> error: <first line>``. Fake
     kernels skip some dtype checks of the real ones; those are raised as the real kernels do
-    (:data:`ampgraph.replay.STRICT_CHECKS`, proven on the CPU against real runs).
+    (:data:`ampgraph.strict.STRICT_CHECKS`, proven on the CPU against real runs).
     """
     fake = fake_mode()
     device = setting.device_type
@@ -107,7 +107,7 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
             swapped_tensors(module, make_param),
             silenced("torch._subclasses.fake_tensor"),
             fake,
-            # The dtype errors real kernels raise and fake ones skip (replay.STRICT_CHECKS).
+            # The dtype errors real kernels raise and fake ones skip (strict.STRICT_CHECKS).
             StrictDtypeMode(device),
             # cuDNN RNNs ask the GPU driver first; stand-ins follow the GPU's path without one.
             cudnn_rnn_stand_ins(device),
