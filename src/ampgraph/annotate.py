@@ -43,6 +43,7 @@ from ampgraph.replay import (
     dtype_names,
     fake_session,
     is_getitem,
+    not_analysable,
     op_name,
     region_args,
     tensor_leaves,
@@ -132,8 +133,7 @@ class AutocastAnnotator(FakeReplay):
     def on_error(self, n: fx.Node, failure: Failed) -> None:
         pending = self._pending.pop(n.name, {})
         if not failure.analysed:
-            pending["reason"] = "not analysed: this CUDA kernel needs a GPU driver even on fake " \
-                "tensors, and this machine has none"  # fmt: skip
+            pending["reason"] = f"not analysed: {not_analysable(failure.message)}"
             self._record(n, not_analysed=failure.message, **pending)
             return
         self._record(n, error=failure.message, **pending)
@@ -148,7 +148,7 @@ class AutocastAnnotator(FakeReplay):
             skipped=failure.node,
             reason=f"not run: input from failed {failure.node}"
             if failure.analysed
-            else f"not analysed: depends on {failure.node}, which needs a GPU driver here",
+            else f"not analysed: depends on {failure.node}, which could not be analysed here",
             **extra,
         )
 

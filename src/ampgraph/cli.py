@@ -223,6 +223,7 @@ def iter_reports(
         analyze_many(model, [resolved[i] for i in missing], check=check,
                      workers=options["jobs"], on_done=done)  # fmt: skip
     warn_dtype_branches(reports[0])
+    warn_data_dependent(reports[0])
     unavailable = (reports[0].capture or {}).get("check_unavailable") if reports[0] else None
     if check and warn_unchecked and unavailable:
         click.echo(f"warning: not checked: {unavailable}", err=True)
@@ -243,6 +244,23 @@ def warn_dtype_branches(report: Report | None) -> None:
         f"warning: {report.capture.get('method')} took branches on dtypes once, in fp32 without "
         f"autocast, in {len(branches)} module{'s' if len(branches) != 1 else ''} ({where}); in "
         "other settings a real run may take the other branch: --tracer export traces each setting",
+        err=True,
+    )
+
+
+def warn_data_dependent(report: Report | None) -> None:
+    """Say on stderr that a forward branching on data was traced along one path (draft-export)."""
+    branches = (report.capture or {}).get("data_dependent") if report else None
+    if branches is None:
+        return
+    where = "; ".join(branches[:2]) + (
+        f"; and {len(branches) - 2} more" if len(branches) > 2 else ""
+    )
+    click.echo(
+        "warning: the forward branches on data values, which fake tensors do not have: traced "
+        "along the path seeded random weights and inputs take"
+        + (f" ({where})" if where else "")
+        + "; the other side of each branch is not analysed",
         err=True,
     )
 

@@ -128,7 +128,14 @@ def check_summary(report: Report) -> str:
     errors = len(report.errors)
     tail = f", {errors} node{'s' if errors != 1 else ''} raise" if errors else ""
     if c.get("not_analysed"):
-        tail += f", {c['not_analysed']} not analysed (need a GPU driver here)"
+        tail += f", {c['not_analysed']} not analysed (each node says why)"
+    branches = (report.capture or {}).get("data_dependent")
+    if branches is not None:
+        tail += (
+            f"; traced along the path seeded random values take through {len(branches)} "
+            f"branch{'es' if len(branches) != 1 else ''} on data, whose other sides are not "
+            "analysed"
+        )
     return (
         f"{report.model} {report.setting['name']} ({report.setting['device_type']} "
         f"{short_dtype(report.setting['amp_dtype'])}): {c['compared']} nodes compared with the "

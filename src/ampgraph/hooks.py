@@ -39,7 +39,7 @@ from ampgraph.capture import (
 from ampgraph.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
 from ampgraph.models import ModelInputs
-from ampgraph.replay import StrictDtypeMode, fake_mode, needs_driver, silenced
+from ampgraph.replay import StrictDtypeMode, fake_mode, not_analysable, silenced
 from ampgraph.settings import Setting
 
 
@@ -123,7 +123,7 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
             except Exception as exc:  # noqa: BLE001 - the model's own error: the hook line says it
                 path, in_dtype = running[-1] if running else ("(top level)", None)
                 message = first_line(exc)
-                tail = "not analysed: " if needs_driver(message) else "error: "
+                tail = "error: " if not_analysable(message) is None else "not analysed: "
                 lines.append(_line(path, in_dtype, tail + message))
     finally:
         for handle in handles:

@@ -50,17 +50,33 @@ class Failed:
 
     node: str
     message: str
-    #: False when the op could not run here for want of a GPU driver: no finding about the model.
+    #: False when the op could not run here (no GPU driver, a size only data can decide): no
+    #: finding about the model (:func:`not_analysable` says why).
     analysed: bool = True
 
 
 #: What CUDA kernels say when they need a driver even on fake tensors (DESIGN.md fact 13).
 DRIVER_ERRORS = ("Found no NVIDIA driver", "CUDA driver version is insufficient")
+#: What fake tensors say when a size or a branch depends on values they do not have.
+DATA_DEPENDENT_ERRORS = ("Could not guard on data-dependent expression", "data-dependent output")
 
 
 def needs_driver(message: str) -> bool:
     """Whether an op failed only because this machine has no GPU driver."""
     return any(text in message for text in DRIVER_ERRORS)
+
+
+def not_analysable(message: str) -> str | None:
+    """Why an op's failure here says nothing about the model, or None when it is a finding.
+
+    >>> not_analysable("mat1 and mat2 must have the same dtype") is None
+    True
+    """
+    if needs_driver(message):
+        return "this CUDA kernel needs a GPU driver even on fake tensors, and this machine has none"
+    if any(text in message for text in DATA_DEPENDENT_ERRORS):
+        return "a size or branch here depends on data values, which fake tensors do not have"
+    return None
 
 
 def op_name(target: Any) -> str:
@@ -224,7 +240,7 @@ class FakeReplay(fx.Interpreter):
             return self.execute(n, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
             message = first_line(exc)
-            value = Failed(self.qualified(n), message, analysed=not needs_driver(message))
+            value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
             self.on_error(n, value)
             return value
 
