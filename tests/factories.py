@@ -7,7 +7,8 @@ from torch import nn
 
 
 class DataDependent(nn.Module):
-    """Branches on a tensor's value: torch.export cannot trace that with fake tensors."""
+    """Branches on a tensor's value: torch.export cannot trace that with fake tensors, so
+    ampgraph traces it along the path real, seeded random values take (draft-export)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.sum() > 0:
@@ -17,6 +18,17 @@ class DataDependent(nn.Module):
 
 def untraceable() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return DataDependent(), (torch.randn(2, 2),)
+
+
+class LeavesTorch(nn.Module):
+    """Leaves torch for NumPy halfway: no tracer can follow that, with or without values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.numpy() * 2)
+
+
+def leaves_torch() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    return LeavesTorch(), (torch.randn(2, 2),)
 
 
 def raises() -> nn.Module:

@@ -107,10 +107,19 @@ def test_malformed_config_and_unknown_architecture(tmp_path: Path) -> None:
 
 
 def test_untraceable_model_is_one_line() -> None:
-    code, out = run("table", "tests.factories:untraceable", "-s", "fp32")
+    code, out = run("table", "tests.factories:leaves_torch", "-s", "fp32")
     assert code == 1
     assert out.startswith("Error: torch.export could not trace")
     assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
+
+
+def test_a_forward_that_branches_on_data_is_analysed_along_one_path_and_says_so() -> None:
+    code, out = run("check", "tests.factories:untraceable", "-s", "amp-fp32")
+    assert code == 0, out
+    warning, summary = out.strip().splitlines()
+    assert warning.startswith("warning: the forward branches on data values")
+    assert "`if x.sum() > 0:`" in warning and "not analysed" in warning
+    assert summary.endswith("through 1 branch on data, whose other sides are not analysed")
 
 
 def test_factory_that_raises_is_one_line() -> None:

@@ -226,15 +226,6 @@ def test_kernels_that_need_a_driver_on_fake_tensors_are_analysed(case: str, name
     assert "not analysed" not in lines[0] and "error" not in lines[0]
 
 
-def test_a_cudnn_rnn_is_said_to_be_not_analysed_never_predicted() -> None:
-    model = ModelInputs("lstm", nn.LSTM(8, 8, batch_first=True), (torch.randn(2, 3, 8),))
-    report = analyze(model, "amp-fp32")
-    lstm = next(r for r in report.nodes if r.op.startswith("aten.lstm"))
-    assert lstm.error is None and lstm.not_analysed and "driver" in lstm.not_analysed
-    assert report.check["not_analysed"] >= 1 and report.check["disagreements"] == 0
-    assert hook_lines(report)[0].startswith("[] in=torch.float32 -> not analysed: ")
-
-
 class MaskedSelect(nn.Module):
     """Outputs whose size depends on the data: a boolean-mask index, nonzero."""
 

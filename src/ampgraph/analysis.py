@@ -17,7 +17,7 @@ from torch import nn
 
 from ampgraph import __version__
 from ampgraph.annotate import annotate
-from ampgraph.capture import Capture, ModuleInfo, capture
+from ampgraph.capture import DRAFT_EXPORT, Capture, ModuleInfo, capture
 from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
 from ampgraph.models import ModelInputs
@@ -230,6 +230,8 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
             "method": cap.method,
             "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
             "dtype_branches": cap.dtype_branches,
+            # Branches decided on data values while tracing (draft-export): the path analysed.
+            **({"data_dependent": cap.data_dependent} if cap.method == DRAFT_EXPORT else {}),
             # Why the check asked for did not run (a CPU-only torch and --device cuda).
             **({"check_unavailable": unavailable} if unavailable else {}),
         },

@@ -33,6 +33,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampgraph import driverless
 from ampgraph import policy as P
 from ampgraph.capture import Capture
 from ampgraph.policy import rules
@@ -44,6 +45,7 @@ from ampgraph.replay import (
     dtype_names,
     fake_session,
     is_getitem,
+    not_analysable,
     op_name,
     region_args,
     tensor_leaves,
@@ -127,8 +129,7 @@ class AutocastAnnotator(FakeReplay):
     def on_error(self, n: fx.Node, failure: Failed) -> None:
         pending = self._pending.pop(n.name, {})
         if not failure.analysed:
-            pending["reason"] = "not analysed: this CUDA kernel needs a GPU driver even on fake " \
-                "tensors, and this machine has none"  # fmt: skip
+            pending["reason"] = f"not analysed: {not_analysable(failure.message)}"
             self._record(n, not_analysed=failure.message, **pending)
             return
         self._record(n, error=failure.message, **pending)
@@ -143,7 +144,7 @@ class AutocastAnnotator(FakeReplay):
             skipped=failure.node,
             reason=f"not run: input from failed {failure.node}"
             if failure.analysed
-            else f"not analysed: depends on {failure.node}, which needs a GPU driver here",
+            else f"not analysed: depends on {failure.node}, which could not be analysed here",
             **extra,
         )
 
@@ -349,18 +350,18 @@ class AutocastAnnotator(FakeReplay):
                 )
             )  # fmt: skip
             return new_args, new_kwargs, casts, run_and_cast_back, why
-        if category in (P.LOWER_PRECISION_FP, P.FP32, P.PROMOTE):
+        if category in (P.LOWER_PRECISION_FP, P.FP16, P.FP32, P.PROMOTE):
             if category == P.LOWER_PRECISION_FP:
                 to = lower
+            elif category == P.FP16:
+                to = torch.float16
             elif category == P.FP32:
                 to = torch.float32
             else:
                 to = rules.promote_type(op, args, kwargs, lower, device_type)
             unknown = f"({name} input)"
             new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n, unknown)
-            verb = {P.LOWER_PRECISION_FP: "runs", P.FP32: "runs", P.PROMOTE: "promotes to"}[
-                category
-            ]
+            verb = {P.PROMOTE: "promotes to"}.get(category, "runs")
             detail = (
                 "casts "
                 + ", ".join(
@@ -499,10 +500,10 @@ class Decomposed:
             # registered for tracing (upsample_bilinear2d.vec has one) whose ops differ.
             return self.op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *a, **k)
 
+        # A composite that asks the GPU driver first (cuDNN RNNs) decomposes by its stand-in.
+        table = {self.op: driverless.decomposition(self.op) or cpp_decomposition}
         try:
-            gm = make_fx(
-                call_op, pre_dispatch=True, decomposition_table={self.op: cpp_decomposition}
-            )(*tensors)
+            gm = make_fx(call_op, pre_dispatch=True, decomposition_table=table)(*tensors)
         except Exception:  # noqa: BLE001 - not traceable this way: autocast as one level sees it
             fallback = InnerAutocast(self.annotator)
             value = fallback.call(op, args, kwargs)

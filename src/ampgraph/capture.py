@@ -49,6 +49,12 @@ EXPORT_META_REPLAY = "export-meta-replay"
 #: ``half`` setting of a model fed fp32 inputs, an op autocast does not cover fed mixed dtypes),
 #: then replayed with the setting's dtypes and autocast.
 EXPORT_RETYPED = "export-retyped"
+#: A forward that branches on data (a detection model's ``if boxes.numel() == 0`` after NMS)
+#: cannot be traced on fake tensors, which have no values. Traced instead by
+#: ``torch.export.draft_export`` on real, seeded random weights and inputs on the CPU, with fp32
+#: parameters and no autocast; each branch on data is decided as those values decide it (listed
+#: in :attr:`Capture.data_dependent`), then replayed in the setting like ``export-retyped``.
+DRAFT_EXPORT = "draft-export"
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,10 @@ class Capture:
     #: the call added no node to the graph). An ``nn.Identity`` or an eval-mode
     #: ``StochasticDepth`` returns its input: a hook fires, yet the graph has nothing of it.
     call_order: list[tuple[str, int, bool]] = field(default_factory=list)
+    #: Branches the forward took on data values while ``draft-export`` traced it, one line each
+    #: (``boxes.py:103 if boxes.numel() == 0: Eq(4*u1, 0) decided False``): the graph is the path
+    #: those example values take, and the other side of each is not analysed.
+    data_dependent: list[str] = field(default_factory=list)
 
 
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
@@ -323,11 +333,86 @@ def _traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
     return tracers.traced_by(model) if tracers is not None else (EXPORT, ())
 
 
+def _branches_on_data(exc: BaseException) -> bool:
+    """Whether export failed because the forward branched on a data-dependent value."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, GuardOnDataDependentSymNode) or "data-dependent" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def _real_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A real CPU tensor for a (meta) parameter, buffer or input: small normal floats, zero
+    integers (an index in range for any table), true bools, as verify materialises them."""
+    if t.is_floating_point():
+        out = torch.randn(t.shape, generator=generator, dtype=torch.float32) * 0.02
+        return out if t.dtype == torch.float64 else out.to(t.dtype)
+    if t.dtype == torch.bool:
+        return torch.ones(t.shape, dtype=torch.bool)
+    return torch.zeros(t.shape, dtype=t.dtype)
+
+
+def _describe(failure: Any) -> str:
+    """One line for a draft-export failure: where the forward decided what, on data values.
+
+    ``forward line 103: `if boxes.numel() == 0:`: Eq(4*u1, 0) decided False``.
+    """
+    data = getattr(failure, "data", None) or {}
+    what = str(data.get("expr") or getattr(failure.failure_type, "name", "data-dependent"))
+    if data.get("result") is not None:
+        what += f" decided {data['result']}"
+    stack = data.get("user_stack") or []
+    frame = stack[-1] if stack and isinstance(stack[-1], dict) else None
+    if frame is None:
+        return what
+    return (
+        f"{frame.get('name', '?')} line {frame.get('line', '?')}: `{frame.get('loc', '')}`: {what}"
+    )
+
+
+def _draft_export(model: ModelInputs) -> tuple[torch.export.ExportedProgram, list[str]]:
+    """Trace along the path seeded random values take (see :data:`DRAFT_EXPORT`)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def make_param(t: torch.Tensor) -> torch.Tensor:
+        real = _real_like(t, generator)
+        return real.float() if real.is_floating_point() else real  # fp32: a neutral trace
+
+    args, kwargs = pytree.tree_map_only(
+        torch.Tensor,
+        lambda t: t if t.device.type == "cpu" else _real_like(t, generator),
+        (model.args, model.kwargs),
+    )
+    from torch.fx.experimental import _config as fx_config
+
+    with (
+        swapped_tensors(model.module, make_param),
+        warnings.catch_warnings(),
+        quiet_logging(),
+        _no_stack_traces(),
+        _lift_scalar_constants(),
+        # Real-value propagation fixes a boolean-mask index's size to its real value, so the
+        # unbacked size it made is not in the output: expected here, not a tracing bug.
+        fx_config.patch(soft_pending_unbacked_not_found_error=True),
+    ):
+        warnings.simplefilter("ignore")
+        program = torch.export.draft_export(model.module, tuple(args), kwargs, strict=False)
+    report = getattr(program, "_report", None)
+    failures = list(getattr(report, "failures", []) or [])
+    return program, list(dict.fromkeys(_describe(f) for f in failures))
+
+
 def capture(model: ModelInputs, setting: Setting) -> Capture:
     """Trace ``model`` in ``setting`` and return the graph with what replaying it needs."""
     param_dtype = torch_dtype(setting.param_dtype)
     method = EXPORT
     tracer, dtype_branches = _traced_by(model)
+    data_dependent: list[str] = []
     recorder = ModuleIORecorder(model.module)
     try:
         with recorder:
@@ -335,8 +420,14 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
                 try:
                     program = _export(model, setting.device_type, param_dtype, setting)
                 except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
-                    program = _retrace_neutral(model, setting, recorder, exc)
-                    method = EXPORT_RETYPED
+                    if not _branches_on_data(exc):
+                        program = _retrace_neutral(model, setting, recorder, exc)
+                        method = EXPORT_RETYPED
+                    else:
+                        recorder.calls.clear()
+                        recorder.order.clear()
+                        program, data_dependent = _draft_export(model)
+                        method = DRAFT_EXPORT
             else:
                 method = EXPORT_META_REPLAY
                 # Traced on meta, but a torch.autocast("cuda") region in the model still means
@@ -363,7 +454,7 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         }.get(spec.kind.name, spec.kind.name.lower())
         kinds[arg_name] = (kind, spec.target or arg_name)
     gm = program.graph_module
-    if method == EXPORT_RETYPED:
+    if method in (EXPORT_RETYPED, DRAFT_EXPORT):
         _retype_parameters(gm, kinds, param_dtype)
     return Capture(
         model_name=model.name,
@@ -377,4 +468,5 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         module_io=recorder.resolve(gm),
         call_order=recorder.call_order(),
         dtype_branches=list(dtype_branches),
+        data_dependent=data_dependent,
     )

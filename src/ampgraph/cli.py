@@ -183,7 +183,7 @@ def analysed(
 ) -> list[Report]:  # fmt: skip
     """:func:`ampgraph.pipeline.analyze_spec` with the command's options, and its warnings."""
     from ampgraph.pipeline import analyze_spec
-    from ampgraph.text import dtype_branches_warning
+    from ampgraph.text import data_dependent_warning, dtype_branches_warning
 
     options = root_options()
     reports = analyze_spec(
@@ -191,9 +191,9 @@ def analysed(
         use_cache=not options["no_cache"], workers=options["jobs"], force=forced(),
         progress=progress,
     )  # fmt: skip
-    warning = dtype_branches_warning(reports[0])
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
+    for warning in (dtype_branches_warning(reports[0]), data_dependent_warning(reports[0])):
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
     unavailable = (reports[0].capture or {}).get("check_unavailable")
     if check and warn_unchecked and unavailable:
         click.echo(f"warning: not checked: {unavailable}", err=True)

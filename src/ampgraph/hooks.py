@@ -28,10 +28,12 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
 from ampgraph.models import ModelInputs
-from ampgraph.replay import StrictDtypeMode, needs_driver
+from ampgraph.replay import not_analysable
 from ampgraph.settings import Setting
+from ampgraph.strict import StrictDtypeMode
 from ampgraph.torchutil import (
     autocast_state,
     dtype_name,
@@ -63,7 +65,7 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
     enabled for the setting's device type when the setting says so. A call that raises ends the
     run, as it would the notebook's: its line is ``[path] in=... -> error: <first line>``. Fake
     kernels skip some dtype checks of the real ones; those are raised as the real kernels do
-    (:data:`ampgraph.replay.STRICT_CHECKS`, proven on the CPU against real runs).
+    (:data:`ampgraph.strict.STRICT_CHECKS`, proven on the CPU against real runs).
     """
     fake = fake_mode()
     device = setting.device_type
@@ -109,8 +111,10 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
             swapped_tensors(module, make_param),
             silenced("torch._subclasses.fake_tensor"),
             fake,
-            # The dtype errors real kernels raise and fake ones skip (replay.STRICT_CHECKS).
+            # The dtype errors real kernels raise and fake ones skip (strict.STRICT_CHECKS).
             StrictDtypeMode(device),
+            # cuDNN RNNs ask the GPU driver first; stand-ins follow the GPU's path without one.
+            cudnn_rnn_stand_ins(device),
             torch.no_grad(),
             autocast,
             simulated_cuda_amp(device),
@@ -123,7 +127,7 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
             except Exception as exc:  # noqa: BLE001 - the model's own error: the hook line says it
                 path, in_dtype = running[-1] if running else ("(top level)", None)
                 message = first_line(exc)
-                tail = "not analysed: " if needs_driver(message) else "error: "
+                tail = "error: " if not_analysable(message) is None else "not analysed: "
                 lines.append(_line(path, in_dtype, tail + message))
     finally:
         for handle in handles:

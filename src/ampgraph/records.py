@@ -15,7 +15,9 @@ JSON schema ``ampgraph.report`` version 1 (fields are added, never renamed, with
   joined by ``+`` for a tracer other than export, ``hf-fx+export``), nodes whose dtypes were fixed at trace time (the CPU-only
   replay path), and module paths where the tracer decided a Python branch on a dtype once, in
   fp32 (``hf-fx``; empty for ``export``, which traces every setting); ``check_unavailable``, only
-  where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``).
+  where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``);
+  ``data_dependent``, only for method ``draft-export`` (a forward that branches on data values,
+  traced on seeded random values): each branch taken on data, whose other side is not analysed.
 * ``nodes``: one record per graph node in execution order (:class:`NodeRecord`), with ``policy``
   (``lower_precision_fp``, ``fp32``, ``fp32_set_opt_dtype``, ``fp32_append_dtype``, ``promote``,
   ``banned`` or null), ``inputs`` (producer node and dtype), ``casts`` (``{node, from, to}`` for each

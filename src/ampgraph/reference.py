@@ -331,6 +331,7 @@ CATEGORY_MEANING: dict[str, str] = {
     P.FP32_APPEND_DTYPE: "redispatched to the overload that takes a dtype, with fp32",
     P.PROMOTE: "floating inputs are cast to the widest floating dtype among them",
     P.BANNED: "raises under autocast",
+    P.FP16: "floating inputs are cast to fp16, whatever autocast's dtype (cuDNN's RNN wrapper)",
     P.FP32_OUTPUT_AS_INPUT: "runs in fp32, outputs cast back to the first input's dtype",
     P.CAST_INPUTS: "`register_autocast`: floating inputs cast to the registered dtype",
     P.OPAQUE: "a kernel whose rule ampgraph does not know: not analysed at its node",

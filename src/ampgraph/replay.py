@@ -11,16 +11,16 @@
 * runs ``wrap_with_autocast`` regions (autocast disabled or re-typed inside a forward) through a
   hook that subclasses define.
 
-Fake kernels decide dtypes but do not always validate them: the matmul family's meta functions
-accept mixed dtypes that the real kernels reject. :class:`StrictDtypeMode` adds those checks with
-torch's own messages (see ``STRICT_CHECKS``), so a bf16 ``Linear`` fed fp32 fails here as it does
-on a device.
+Fake kernels decide dtypes but do not always validate them: many meta functions accept mixed
+dtypes that the real kernels reject. :class:`~ampgraph.strict.StrictDtypeMode` adds those checks
+with torch's own messages (:data:`ampgraph.strict.STRICT_CHECKS`), so a bf16 ``Linear`` fed fp32
+fails here as it does on a device.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +29,11 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampgraph.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
 from ampgraph.settings import Setting
+from ampgraph.strict import StrictDtypeMode
 from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
 
 WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
@@ -41,137 +42,6 @@ WRAP_WITH_SET_GRAD_ENABLED = getattr(torch.ops.higher_order, "wrap_with_set_grad
 REGION_OPS = {op: i for op, i in ((WRAP_WITH_AUTOCAST, 4), (WRAP_WITH_SET_GRAD_ENABLED, 1)) if op}
 ASSERT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range"}
 
-# c10::ScalarType names (how TORCH_CHECK prints a dtype) and caffe2::TypeMeta names.
-_SCALAR_TYPE = {
-    torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half",
-    torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool",
-}  # fmt: skip
-_TYPE_META = {
-    torch.float32: "float", torch.bfloat16: "c10::BFloat16", torch.float16: "c10::Half",
-    torch.float64: "double", torch.int64: "long int", torch.int32: "int", torch.bool: "bool",
-}  # fmt: skip
-
-
-def _st(t: torch.Tensor) -> str:
-    return _SCALAR_TYPE.get(t.dtype, str(t.dtype))
-
-
-def _addmm_check(args: tuple[Any, ...]) -> str | None:
-    self, mat1, mat2 = args[:3]
-    if self.dtype != mat2.dtype:
-        return f"self and mat2 must have the same dtype, but got {_st(self)} and {_st(mat2)}"
-    if mat1.dtype != mat2.dtype:
-        return f"mat1 and mat2 must have the same dtype, but got {_st(mat1)} and {_st(mat2)}"
-    return None
-
-
-def _mm_check_cpu(args: tuple[Any, ...]) -> str | None:
-    a, b = args[:2]
-    if a.dtype != b.dtype:
-        got = f"{_TYPE_META.get(a.dtype)} != {_TYPE_META.get(b.dtype)}"
-        return f"expected m1 and m2 to have the same dtype, but got: {got}"
-    return None
-
-
-def _bmm_check_cpu(args: tuple[Any, ...]) -> str | None:
-    a, b = args[:2]
-    if a.dtype != b.dtype:
-        return f"expected scalar type {_st(a)} but found {_st(b)}"
-    return None
-
-
-# Tensor::toString(): the legacy type name where one exists, else backend + scalar type + "Type".
-_LEGACY = {torch.float32: "FloatTensor", torch.float16: "HalfTensor", torch.float64: "DoubleTensor"}
-
-
-def _type_string(t: torch.Tensor, device_type: str) -> str:
-    legacy = _LEGACY.get(t.dtype)
-    if legacy is not None:
-        return f"torch.cuda.{legacy}" if device_type == "cuda" else f"torch.{legacy}"
-    return f"{device_type.upper()}{_st(t)}Type"
-
-
-def _conv_check(device_type: str) -> Callable[[tuple[Any, ...]], str | None]:
-    """``aten.convolution``: the bias check every backend makes first, then the weight check.
-
-    Convolution.cpp compares the bias with ``dtype().name()`` before it picks a backend. The weight
-    check is the backend's: cuDNN's ``check_input_same_type_as_parameters`` prints
-    ``Tensor::toString()``; on the CPU an fp32 input reaches the slow path (``expected scalar
-    type``) and a 16-bit one oneDNN's check (both read off real CPU kernels in the tests).
-    """
-
-    def check(args: tuple[Any, ...]) -> str | None:
-        x, weight, bias = args[:3]
-        if isinstance(bias, torch.Tensor) and bias.dtype != x.dtype:
-            got = (_TYPE_META.get(x.dtype), _TYPE_META.get(bias.dtype))
-            return f"Input type ({got[0]}) and bias type ({got[1]}) should be the same"
-        if weight.dtype == x.dtype:
-            return None
-        if device_type == "cpu" and x.dtype == torch.float32:
-            return f"expected scalar type {_st(x)} but found {_st(weight)}"
-        message = (
-            f"Input type ({_type_string(x, device_type)}) and weight type "
-            f"({_type_string(weight, device_type)}) should be the same"
-        )
-        if device_type == "cpu":
-            message += " or input should be a MKLDNN tensor and weight is a dense tensor"
-        return message
-
-    return check
-
-
-def _cpu_norm_check(*param_indices: int) -> Callable[[tuple[Any, ...]], str | None]:
-    """CPU normalisations (``mixed_dtypes.h``): parameters that differ from the input must be fp32.
-
-    A 16-bit input may take fp32 weight and bias (mixed type); anything else that differs fails.
-    """
-
-    def check(args: tuple[Any, ...]) -> str | None:
-        x = args[0]
-        params = [args[i] for i in param_indices if i < len(args)]
-        params = [p for p in params if isinstance(p, torch.Tensor)]
-        if any(p.dtype != x.dtype for p in params) and any(
-            p.dtype != torch.float32 for p in params
-        ):
-            return "mixed dtype (CPU): expect parameter to have scalar type of Float"
-        return None
-
-    return check
-
-
-#: (device type, op) -> a check that returns the real kernel's error message, or None if fine.
-#: The fake (meta) kernels skip these dtype checks. The CPU wording is read off real kernels
-#: (tests/test_strict_dtypes.py runs them); CUDA's comes from the kernels' source.
-STRICT_CHECKS: dict[tuple[str, Any], Callable[[tuple[Any, ...]], str | None]] = {
-    ("cuda", torch.ops.aten.addmm.default): _addmm_check,
-    ("cpu", torch.ops.aten.addmm.default): _addmm_check,
-    ("cpu", torch.ops.aten.mm.default): _mm_check_cpu,
-    ("cpu", torch.ops.aten.bmm.default): _bmm_check_cpu,
-    ("cuda", torch.ops.aten.convolution.default): _conv_check("cuda"),
-    ("cpu", torch.ops.aten.convolution.default): _conv_check("cpu"),
-    ("cpu", torch.ops.aten.native_layer_norm.default): _cpu_norm_check(2, 3),
-    ("cpu", torch.ops.aten.native_group_norm.default): _cpu_norm_check(1, 2),
-    ("cpu", torch.ops.aten.native_batch_norm.default): _cpu_norm_check(1, 2),
-    ("cpu", torch.ops.aten._native_batch_norm_legit_no_training.default): _cpu_norm_check(1, 2),
-    ("cpu", torch.ops.aten._native_batch_norm_legit.default): _cpu_norm_check(1, 2),
-}
-
-
-class StrictDtypeMode(TorchDispatchMode):
-    """Raise the real kernels' dtype errors that the fake (meta) kernels do not raise."""
-
-    def __init__(self, device_type: str) -> None:
-        super().__init__()
-        self.device_type = device_type
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        check = STRICT_CHECKS.get((self.device_type, func))
-        if check is not None:
-            message = check(tuple(args))
-            if message is not None:
-                raise RuntimeError(message)
-        return func(*args, **(kwargs or {}))
-
 
 @dataclass(frozen=True)
 class Failed:
@@ -179,12 +49,15 @@ class Failed:
 
     node: str
     message: str
-    #: False when the op could not run here for want of a GPU driver: no finding about the model.
+    #: False when the op could not run here (no GPU driver, a size only data can decide): no
+    #: finding about the model (:func:`not_analysable` says why).
     analysed: bool = True
 
 
 #: What CUDA kernels say when they need a driver even on fake tensors (DESIGN.md fact 13).
 DRIVER_ERRORS = ("Found no NVIDIA driver", "CUDA driver version is insufficient")
+#: What fake tensors say when a size or a branch depends on values they do not have.
+DATA_DEPENDENT_ERRORS = ("Could not guard on data-dependent expression", "data-dependent output")
 
 
 def needs_driver(message: str) -> bool:
@@ -192,33 +65,17 @@ def needs_driver(message: str) -> bool:
     return any(text in message for text in DRIVER_ERRORS)
 
 
-def _register_meta_kernels() -> None:
-    """Shape-and-dtype kernels for CUDA ops that otherwise need a driver on fake tensors.
+def not_analysable(message: str) -> str | None:
+    """Why an op's failure here says nothing about the model, or None when it is a finding.
 
-    The fused RNN cells (``nn.GRUCell``, ``nn.LSTMCell`` on CUDA) and cuDNN's grid sampler have
-    no meta kernel, so fake tensors run the real CUDA kernel and fail without a driver. Their
-    outputs are allocated as ``aten/src/ATen/native/cuda/RNN.cu`` (``hy = empty_like(hx)``, a
-    workspace in the gates' options) and ``cudnn/GridSampler.cpp`` (the input's options) do.
+    >>> not_analysable("mat1 and mat2 must have the same dtype") is None
+    True
     """
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive below
-
-    def has_meta(name: str) -> bool:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")
-
-    def gru_cell(ig, hg, hx, ib=None, hb=None):  # type: ignore[no-untyped-def]
-        return hx.new_empty(hx.shape), ig.new_empty((hx.shape[0], 5 * hx.shape[1]))
-
-    def grid_sampler(x, grid):  # type: ignore[no-untyped-def]
-        return x.new_empty((x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]))
-
-    for name, kernel in (("_thnn_fused_gru_cell", gru_cell), ("cudnn_grid_sampler", grid_sampler)):
-        if not has_meta(name):
-            lib.impl(name, kernel, "Meta")
-    _META_LIBRARIES.append(lib)
-
-
-_META_LIBRARIES: list[Any] = []
-_register_meta_kernels()
+    if needs_driver(message):
+        return "this CUDA kernel needs a GPU driver even on fake tensors, and this machine has none"
+    if any(text in message for text in DATA_DEPENDENT_ERRORS):
+        return "a size or branch here depends on data values, which fake tensors do not have"
+    return None
 
 
 def op_name(target: Any) -> str:
@@ -291,6 +148,8 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
         stack.enter_context(silenced("torch._subclasses.fake_tensor"))
         mode = stack.enter_context(fake_mode())
         stack.enter_context(StrictDtypeMode(setting.device_type))
+        # cuDNN RNNs ask the driver before they compute: stand-ins that follow the GPU's path.
+        stack.enter_context(cudnn_rnn_stand_ins(replay_device(setting.device_type)))
         for device in ("cpu", "cuda"):
             stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
         yield mode
@@ -355,7 +214,7 @@ class FakeReplay(fx.Interpreter):
             return self.execute(n, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
             message = first_line(exc)
-            value = Failed(self.qualified(n), message, analysed=not needs_driver(message))
+            value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
             self.on_error(n, value)
             return value
 

@@ -132,9 +132,13 @@ def check_summary(report: Report) -> str:
     errors = len(report.errors)
     tail = f", {errors} node{'s' if errors != 1 else ''} raise" if errors else ""
     if c.get("not_analysed"):
+        tail += f", {c['not_analysed']} not analysed (each node's record says why)"
+    branches = (report.capture or {}).get("data_dependent")
+    if branches is not None:
         tail += (
-            f", {c['not_analysed']} not analysed (opaque autocast kernels, or kernels that need a"
-            " GPU driver here: each node's record says which)"
+            f"; traced along the path seeded random values take through {len(branches)} "
+            f"branch{'es' if len(branches) != 1 else ''} on data, whose other sides are not "
+            "analysed"
         )
     return (
         f"{report.model} {report.setting['name']} ({report.setting['device_type']} "
@@ -185,4 +189,25 @@ def dtype_branches_warning(report: Report) -> str | None:
         f"{report.capture.get('method')} took branches on dtypes once, in fp32 without "
         f"autocast, in {len(branches)} module{'s' if len(branches) != 1 else ''} ({where}); in "
         "other settings a real run may take the other branch: --tracer export traces each setting"
+    )
+
+
+def data_dependent_warning(report: Report) -> str | None:
+    """That a forward branching on data was traced along one path (draft export), or None.
+
+    >>> r = Report("m", {}, {}, {"data_dependent": ["forward line 3: `if x.any():`"]}, [], [])
+    >>> data_dependent_warning(r)[:60]
+    'the forward branches on data values, which fake tensors do n'
+    """
+    branches = (report.capture or {}).get("data_dependent")
+    if branches is None:
+        return None
+    where = "; ".join(branches[:2]) + (
+        f"; and {len(branches) - 2} more" if len(branches) > 2 else ""
+    )
+    return (
+        "the forward branches on data values, which fake tensors do not have: traced along the "
+        "path seeded random weights and inputs take"
+        + (f" ({where})" if where else "")
+        + "; the other side of each branch is not analysed"
     )

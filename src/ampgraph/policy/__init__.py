@@ -34,6 +34,10 @@ FP32_SET_OPT_DTYPE: Final = "fp32_set_opt_dtype"
 FP32_APPEND_DTYPE: Final = "fp32_append_dtype"
 PROMOTE: Final = "promote"
 BANNED: Final = "banned"
+#: Casts eligible arguments to fp16 whatever autocast's dtype: cuDNN RNNs' own wrapper
+#: (``aten/src/ATen/cudnn/AutocastRNN.cpp`` hard-codes ``at::kHalf``), so an ``nn.LSTM`` under
+#: bf16 autocast returns fp16 on a GPU.
+FP16: Final = "fp16"
 #: A library's autocast wrapper that runs the op in fp32 and casts its outputs back to the
 #: dtype of its first input (torchvision's ``roi_align``, ``roi_pool``, ``deform_conv2d``, ...).
 FP32_OUTPUT_AS_INPUT: Final = "fp32_output_as_input"
@@ -52,6 +56,7 @@ CATEGORIES: Final = (
     FP32_APPEND_DTYPE,
     PROMOTE,
     BANNED,
+    FP16,
     FP32_OUTPUT_AS_INPUT,
     CAST_INPUTS,
     OPAQUE,
@@ -65,6 +70,7 @@ CATEGORY_LABEL: Final[dict[str, str]] = {
     FP32_APPEND_DTYPE: "fp32 (appended dtype)",
     PROMOTE: "promote",
     BANNED: "banned",
+    FP16: "fp16 (whatever autocast's dtype)",
     FP32_OUTPUT_AS_INPUT: "fp32 (output in input dtype)",
     CAST_INPUTS: "casts inputs (register_autocast)",
     OPAQUE: "opaque autocast kernel",
@@ -103,8 +109,8 @@ AUTOCAST_KEYS: Final[dict[str, str]] = {
     "privateuseone": "AutocastPrivateUse1",
 }
 
-# AT_FORALL_LOWER_PRECISION_FP, plus the two cudnn convolutions and _cudnn_rnn that
-# autocast_mode.cpp registers for CUDA alone.
+# AT_FORALL_LOWER_PRECISION_FP, plus the two cudnn convolutions that autocast_mode.cpp
+# registers for CUDA alone.
 _CUDA_LOWER_PRECISION_FP = (
     "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
     "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution",
@@ -112,7 +118,7 @@ _CUDA_LOWER_PRECISION_FP = (
     "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
     "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell",
     "rnn_relu_cell", "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
-    "cudnn_convolution", "cudnn_convolution_transpose", "_cudnn_rnn",
+    "cudnn_convolution", "cudnn_convolution_transpose",
 )  # fmt: skip
 
 # AT_FORALL_FP32, plus linalg_matrix_sqrth (new in 2.14, registered for every backend).
@@ -191,6 +197,8 @@ TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
         PROMOTE: _CUDA_PROMOTE,
         # autocast_mode.cpp registers binary_cross_entropy_banned, which raises, for CUDA.
         BANNED: ("binary_cross_entropy",),
+        # AutocastRNN.cpp's _cudnn_rnn_cast_reflatten, registered for CUDA with cuDNN.
+        FP16: ("_cudnn_rnn",),
     },
     "cpu": {
         LOWER_PRECISION_FP: _CPU_LOWER_PRECISION_FP,
@@ -199,6 +207,7 @@ TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
         FP32_APPEND_DTYPE: (),
         PROMOTE: _CPU_PROMOTE,
         BANNED: (),
+        FP16: (),
     },
 }
 
@@ -206,7 +215,7 @@ TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
 #: For an older installed torch the changes of every newer release are undone, so the tables match
 #: the dispatcher of the torch that runs (tests/test_policy.py proves it for the one installed).
 TABLE_HISTORY: Final[tuple[tuple[str, str, str, str, str], ...]] = (
-    ("2.14", "cuda", LOWER_PRECISION_FP, "_cudnn_rnn", "added"),
+    ("2.14", "cuda", FP16, "_cudnn_rnn", "added"),
     ("2.14", "cuda", FP32, "linalg_matrix_sqrth", "added"),
     ("2.14", "cpu", FP32, "linalg_matrix_sqrth", "added"),
     ("2.14", "cpu", FP32, "cholesky", "removed"),

@@ -143,6 +143,7 @@ POLICY_STYLE_KEY: Final[dict[str | None, str]] = {
     "fp32_append_dtype": "fp32",
     "promote": "promote",
     "banned": "banned",
+    "fp16": "lower_precision_fp",
     "fp32_output_as_input": "fp32",
     # register_autocast casts to the dtype it was given, in practice a 16-bit one.
     "cast_inputs": "lower_precision_fp",

@@ -1,0 +1,365 @@
+"""The dtype errors real kernels raise and fake (meta) kernels skip, with the real messages.
+
+Fake tensors decide dtypes with meta functions, and many of them do not validate dtypes the way
+the real kernels do: a CUDA ``mm`` of an fp32 input and a bf16 weight runs on fake tensors and
+raises on a GPU (``nn.Linear(..., bias=False)`` in the ``half`` setting), a CPU ``index_add``
+of a bf16 source into an fp32 buffer runs on fake tensors and raises on a CPU (a scatter-style
+pooling under autocast). :class:`StrictDtypeMode` raises those errors, with the real kernel's
+message, before the fake kernel runs.
+
+:data:`STRICT_CHECKS` is the table, ``(device type, op) -> check``. Each check says in its
+docstring where PyTorch makes it. A check is registered for CUDA only where the source puts it
+in code both devices run (a structured kernel's ``TORCH_META_FUNC``, a device-generic native
+function, ``TensorIterator``) or in CUDA's own kernel; the CPU entries are proven against real
+CPU kernels, every dtype pair, by ``tests/test_strict_dtypes.py`` (no false errors either).
+
+>>> import torch
+>>> check = STRICT_CHECKS[("cuda", torch.ops.aten.mm.default)]
+>>> check((torch.empty(2, 3), torch.empty(3, 4, dtype=torch.bfloat16)))
+'expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+Check = Callable[[tuple[Any, ...]], str | None]
+
+# c10::ScalarType names (how TORCH_CHECK prints a scalar_type()) and caffe2::TypeMeta names (how
+# it prints a dtype()).
+_SCALAR_TYPE = {
+    torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half",
+    torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool",
+}  # fmt: skip
+_TYPE_META = {
+    torch.float32: "float", torch.bfloat16: "c10::BFloat16", torch.float16: "c10::Half",
+    torch.float64: "double", torch.int64: "long int", torch.int32: "int", torch.bool: "bool",
+}  # fmt: skip
+# Tensor::toString(): the legacy type name where one exists, else backend + scalar type + "Type".
+_LEGACY = {torch.float32: "FloatTensor", torch.float16: "HalfTensor", torch.float64: "DoubleTensor"}
+
+
+def _st(t: torch.Tensor) -> str:
+    return _SCALAR_TYPE.get(t.dtype, str(t.dtype))
+
+
+def _tm(t: torch.Tensor) -> str:
+    return _TYPE_META.get(t.dtype, str(t.dtype))
+
+
+def _type_string(t: torch.Tensor, device_type: str) -> str:
+    legacy = _LEGACY.get(t.dtype)
+    if legacy is not None:
+        return f"torch.cuda.{legacy}" if device_type == "cuda" else f"torch.{legacy}"
+    return f"{device_type.upper()}{_st(t)}Type"
+
+
+def _tensor(v: Any) -> torch.Tensor | None:
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _data_ptr(expected: torch.Tensor, found: torch.Tensor) -> str | None:
+    """``Tensor::data_ptr<scalar_t>()`` on a tensor of another dtype (kernels that dispatch on
+    one argument's type and read the others as that type)."""
+    if found.dtype != expected.dtype:
+        return f"expected scalar type {_st(expected)} but found {_st(found)}"
+    return None
+
+
+# -- the matmul family --------------------------------------------------------------------------
+def _addmm(args: tuple[Any, ...]) -> str | None:
+    """``ADDMM_META()`` in ``LinearAlgebra.cpp``, the structured meta function of ``addmm`` and
+    ``_addmm_activation`` on every device (``F.linear`` with a bias on 2-D or contiguous 3-D
+    input); CPU ``addbmm``'s per-batch ``addmm_`` reaches it too."""
+    self, mat1, mat2 = args[:3]
+    if self.dtype != mat2.dtype:
+        return f"self and mat2 must have the same dtype, but got {_st(self)} and {_st(mat2)}"
+    if mat1.dtype != mat2.dtype:
+        return f"mat1 and mat2 must have the same dtype, but got {_st(mat1)} and {_st(mat2)}"
+    return None
+
+
+def _mm(device_type: str) -> Check:
+    """``mm`` (``F.linear`` without a bias, 2-D ``matmul``): ``addmm_impl_cpu_`` on the CPU
+    ("m1 and m2"), ``addmm_out_cuda_impl`` in ``cuda/Blas.cpp`` on CUDA ("mat1 and mat2"); the
+    structured meta function checks only shapes."""
+    names = "m1 and m2" if device_type == "cpu" else "mat1 and mat2"
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        a, b = args[:2]
+        if a.dtype != b.dtype:
+            return f"expected {names} to have the same dtype, but got: {_tm(a)} != {_tm(b)}"
+        return None
+
+    return check
+
+
+def _bmm_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``bmm``: ``baddbmm_cpu_kernel`` reads the second batch as the first's type."""
+    return _data_ptr(args[0], args[1])
+
+
+def _baddbmm(device_type: str) -> Check:
+    """``TORCH_META_FUNC(baddbmm)`` compares ``self`` with ``batch1`` on every device; the CPU
+    kernel then reads ``batch2`` as ``batch1``'s type."""
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        self, b1, b2 = args[:3]
+        if self.dtype != b1.dtype:
+            return (
+                f"Input dtypes must be the same, got: input {_tm(self)}, batch1: {_tm(b1)}, "
+                f"batch2: {_tm(b2)}"
+            )
+        return _data_ptr(b1, b2) if device_type == "cpu" else None
+
+    return check
+
+
+def _addmv(args: tuple[Any, ...]) -> str | None:
+    """``TORCH_META_FUNC(addmv)``, every device."""
+    self, mat, vec = args[:3]
+    if not (self.dtype == mat.dtype == vec.dtype):
+        return (
+            f"addmv input tensors must have the same dtype, but got {_st(self)}, {_st(mat)}, "
+            f"and {_st(vec)}"
+        )
+    return None
+
+
+def _mv(args: tuple[Any, ...]) -> str | None:
+    """``mv`` is ``addmv_`` into a result made with ``vec``'s options (device-generic)."""
+    mat, vec = args[:2]
+    return _addmv((vec, mat, vec))
+
+
+def _dot(args: tuple[Any, ...]) -> str | None:
+    """``dot_check`` (CPU ``Blas.cpp``), shared by ``dot`` and ``vdot``."""
+    a, b = args[:2]
+    if a.dtype != b.dtype:
+        return f"dot : expected both vectors to have same dtype, but found {_st(a)} and {_st(b)}"
+    return None
+
+
+# -- convolution --------------------------------------------------------------------------------
+def _convolution(device_type: str) -> Check:
+    """``aten.convolution``: the bias check every backend makes first, then the weight check.
+
+    ``Convolution.cpp`` compares the bias with ``dtype().name()`` before it picks a backend. The
+    weight check is the backend's: cuDNN's ``check_input_same_type_as_parameters`` prints
+    ``Tensor::toString()``; on the CPU an fp32 input reaches the slow path (``expected scalar
+    type``) like an fp16 one, and a bf16 one oneDNN's check.
+    """
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        x, weight, bias = args[:3]
+        if isinstance(bias, torch.Tensor) and bias.dtype != x.dtype:
+            return f"Input type ({_tm(x)}) and bias type ({_tm(bias)}) should be the same"
+        if weight.dtype == x.dtype:
+            return None
+        if device_type == "cpu" and x.dtype != torch.bfloat16:
+            return f"expected scalar type {_st(x)} but found {_st(weight)}"
+        message = (
+            f"Input type ({_type_string(x, device_type)}) and weight type "
+            f"({_type_string(weight, device_type)}) should be the same"
+        )
+        if device_type == "cpu":
+            message += " or input should be a MKLDNN tensor and weight is a dense tensor"
+        return message
+
+    return check
+
+
+# -- normalisations -----------------------------------------------------------------------------
+def _cpu_norm(*param_indices: int) -> Check:
+    """CPU normalisations, ``mixed_dtypes.h``: the input is "mixed" with its parameters when the
+    first defined parameter's dtype differs from it; then every parameter must be fp32 and the
+    input 16-bit. Otherwise the kernel reads every parameter as the input's type."""
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        x = args[0]
+        params = [_tensor(args[i]) if i < len(args) else None for i in param_indices]
+        defined = [p for p in params if p is not None]
+        if not defined:
+            return None
+        if defined[0].dtype != x.dtype:  # is_mixed_type
+            if any(p.dtype != torch.float32 for p in defined):
+                return "mixed dtype (CPU): expect parameter to have scalar type of Float"
+            if x.dtype not in (torch.bfloat16, torch.float16):
+                return "mixed dtype (CPU): all inputs must share same datatype."
+            return None
+        return next((m for p in defined if (m := _data_ptr(x, p))), None)
+
+    return check
+
+
+# -- indexing -----------------------------------------------------------------------------------
+def _index_put(args: tuple[Any, ...]) -> str | None:
+    """``make_index_put_iterator`` in ``TensorAdvancedIndexing.cpp`` (device-generic)."""
+    self, _indices, values = args[:3]
+    if isinstance(values, torch.Tensor) and values.dtype != self.dtype:
+        return (
+            f"Index put requires the source and destination dtypes match, got {_st(self)} for "
+            f"the destination and {_st(values)} for the source."
+        )
+    return None
+
+
+def _index_add(args: tuple[Any, ...]) -> str | None:
+    """``index_func_meta_impl`` (``TORCH_META_FUNC(index_add)``), every device."""
+    self, source = args[0], args[3]
+    if self.dtype != source.dtype:
+        return (
+            f"index_add_(): self ({_st(self)}) and source ({_st(source)}) must have the same "
+            "scalar type"
+        )
+    return None
+
+
+def _index_copy(args: tuple[Any, ...]) -> str | None:
+    """``TORCH_PRECOMPUTE_META_FUNC(index_copy)``, every device."""
+    self, source = args[0], args[3]
+    if self.dtype != source.dtype:
+        return (
+            "index_copy_(): self and source expected to have the same dtype, but got (self) "
+            f"{_st(self)} and (source) {_st(source)}"
+        )
+    return None
+
+
+def _masked_scatter_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``masked_scatter`` (the missing space is the kernel's)."""
+    self, source = args[0], args[2]
+    if self.dtype != source.dtype:
+        return (
+            "masked_scatter: expected self and source to have same dtypes but got"
+            f"{_st(self)} and {_st(source)}"
+        )
+    return None
+
+
+def _lerp(args: tuple[Any, ...]) -> str | None:
+    """``TORCH_META_FUNC(lerp_Scalar)`` / ``lerp_Tensor``, every device."""
+    self, end = args[:2]
+    weight = _tensor(args[2]) if len(args) > 2 else None
+    for name, other in (("end", end), ("weight", weight)):
+        if other is not None and other.dtype != self.dtype:
+            return f"expected dtype {_tm(self)} for `{name}` but got dtype {_tm(other)}"
+    return None
+
+
+# -- losses, sampling, embedding bags ---------------------------------------------------------
+def _binary_cross_entropy(args: tuple[Any, ...]) -> str | None:
+    """``binary_cross_entropy`` builds a ``TensorIterator`` of input and target, which requires
+    one dtype on every device (the weight multiplies afterwards)."""
+    x, target = args[:2]
+    if target.dtype != x.dtype:
+        return f"Found dtype {_st(target)} but expected {_st(x)}"
+    return None
+
+
+def _nll_loss_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``nll_loss_forward``/``nll_loss2d_forward``: the weight is read as the input's type."""
+    weight = _tensor(args[2]) if len(args) > 2 else None
+    return _data_ptr(args[0], weight) if weight is not None else None
+
+
+def _second_as_first_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU kernels that read their second tensor as the first's type: ``grid_sampler_2d/3d``
+    (input, grid), ``_weight_norm_interface`` (v, g), ``linalg_cross``."""
+    return _data_ptr(args[0], args[1])
+
+
+def _cdist_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``_cdist_forward`` dispatches on ``x1`` (fp32 and fp64 only), then reads ``x2``."""
+    x1, x2 = args[:2]
+    if x1.dtype in (torch.bfloat16, torch.float16):
+        return f"\"cdist\" not implemented for '{_st(x1)}'"
+    return _data_ptr(x1, x2)
+
+
+def _embedding_bag_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``_embedding_bag``: ``checkSameType`` of the weight and ``per_sample_weights``."""
+    weight = args[0]
+    psw = _tensor(args[6]) if len(args) > 6 else None
+    if psw is not None and psw.dtype != weight.dtype:
+        return (
+            "Expected tensor for argument #1 'weight' to have the same type as tensor for "
+            f"argument #1 'per_sample_weights'; but type {_type_string(weight, 'cpu')} does not "
+            f"equal {_type_string(psw, 'cpu')} (while checking arguments for embedding_bag)"
+        )
+    return None
+
+
+def _both(op: Any, check: Check) -> dict[tuple[str, Any], Check]:
+    return {("cpu", op): check, ("cuda", op): check}
+
+
+#: (device type, op) -> a check that returns the real kernel's error message, or None if fine.
+STRICT_CHECKS: dict[tuple[str, Any], Check] = {
+    **_both(aten.addmm.default, _addmm),
+    **_both(aten._addmm_activation.default, _addmm),
+    ("cpu", aten.addbmm.default): _addmm,
+    ("cpu", aten.mm.default): _mm("cpu"),
+    ("cuda", aten.mm.default): _mm("cuda"),
+    ("cpu", aten.bmm.default): _bmm_cpu,
+    ("cpu", aten.baddbmm.default): _baddbmm("cpu"),
+    ("cuda", aten.baddbmm.default): _baddbmm("cuda"),
+    **_both(aten.addmv.default, _addmv),
+    **_both(aten.mv.default, _mv),
+    ("cpu", aten.dot.default): _dot,
+    ("cpu", aten.vdot.default): _dot,
+    ("cuda", aten.convolution.default): _convolution("cuda"),
+    ("cpu", aten.convolution.default): _convolution("cpu"),
+    ("cpu", aten.native_layer_norm.default): _cpu_norm(2, 3),
+    ("cpu", aten.native_group_norm.default): _cpu_norm(1, 2),
+    ("cpu", aten.native_batch_norm.default): _cpu_norm(1, 2, 3, 4),
+    ("cpu", aten._native_batch_norm_legit_no_training.default): _cpu_norm(1, 2, 3, 4),
+    ("cpu", aten._native_batch_norm_legit.default): _cpu_norm(1, 2, 3, 4),
+    ("cpu", aten._native_batch_norm_legit.no_stats): _cpu_norm(1, 2),
+    **_both(aten.index_put.default, _index_put),
+    **_both(aten.index_put_.default, _index_put),
+    **_both(aten._index_put_impl_.default, _index_put),
+    **_both(aten.index_add.default, _index_add),
+    **_both(aten.index_add_.default, _index_add),
+    **_both(aten.index_copy.default, _index_copy),
+    **_both(aten.index_copy_.default, _index_copy),
+    ("cpu", aten.masked_scatter.default): _masked_scatter_cpu,
+    ("cpu", aten.masked_scatter_.default): _masked_scatter_cpu,
+    **_both(aten.lerp.Scalar, _lerp),
+    **_both(aten.lerp.Tensor, _lerp),
+    **_both(aten.binary_cross_entropy.default, _binary_cross_entropy),
+    ("cpu", aten.nll_loss_forward.default): _nll_loss_cpu,
+    ("cpu", aten.nll_loss2d_forward.default): _nll_loss_cpu,
+    ("cpu", aten.grid_sampler_2d.default): _second_as_first_cpu,
+    ("cpu", aten.grid_sampler_3d.default): _second_as_first_cpu,
+    ("cpu", aten._weight_norm_interface.default): _second_as_first_cpu,
+    ("cpu", aten.linalg_cross.default): _second_as_first_cpu,
+    ("cpu", aten._cdist_forward.default): _cdist_cpu,
+    ("cpu", aten._embedding_bag.default): _embedding_bag_cpu,
+    ("cpu", aten._embedding_bag_forward_only.default): _embedding_bag_cpu,
+}
+
+
+class StrictDtypeMode(TorchDispatchMode):
+    """Raise the real kernels' dtype errors that the fake (meta) kernels do not raise."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type = device_type
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        check = STRICT_CHECKS.get((self.device_type, func))
+        if check is not None:
+            message = check(tuple(args))
+            if message is not None:
+                raise RuntimeError(message)
+        return func(*args, **(kwargs or {}))
+
+
+__all__ = ["STRICT_CHECKS", "StrictDtypeMode"]
