@@ -21,17 +21,16 @@ The argument is any model spec ``ampgraph`` takes (a bundled name, a Hugging Fac
 ``package.module:factory``); ``:report: FILE`` draws a saved ``ampgraph table --format json``
 report instead, without torch. Options:
 
-``:setting:``
-    setting names, separated by commas or spaces (default: the seed's four, drawn as the 2x2
-    overview); one setting draws its full diagram, several the overview.
-``:view:`` ``modules`` (default) or ``ops``; ``:unfold:`` draws every repeated layer.
-``:theme:``
-    ``auto`` (default): a light and a dark figure, of which the page shows the one that matches
-    its theme (the ``only-light``/``only-dark`` classes that furo and pydata-sphinx-theme switch;
-    ``prefers-color-scheme`` elsewhere); ``light`` or ``dark``: that one only.
-``:amp-dtype:`` ``bf16`` (default) or ``fp16``; ``:device:`` ``cuda`` (default) or ``cpu``.
-``:seq-len:``, ``:no-check:`` as on the command line.
-``:caption:``, ``:alt:``, ``:align:``, ``:name:``, ``:class:`` as for ``figure``.
+* ``:setting:`` -- setting names, separated by commas or spaces (default: the seed's four,
+  drawn as the 2x2 overview); one setting draws its full diagram, several the overview.
+* ``:view:`` -- ``modules`` (default) or ``ops``; ``:unfold:`` draws every repeated layer.
+* ``:theme:`` -- ``auto`` (default): a light and a dark figure, of which the page shows the one
+  that matches its theme (the ``only-light``/``only-dark`` classes that furo and
+  pydata-sphinx-theme switch; ``prefers-color-scheme`` elsewhere); ``light`` or ``dark``: that
+  one only.
+* ``:amp-dtype:`` -- ``bf16`` (default) or ``fp16``; ``:device:`` -- ``cuda`` (default) or
+  ``cpu``; ``:seq-len:`` and ``:no-check:`` as on the command line.
+* ``:caption:``, ``:alt:``, ``:align:``, ``:name:``, ``:class:`` -- as for ``figure``.
 
 How it fits Sphinx: the directive emits :class:`sphinx.ext.graphviz.graphviz` nodes (a subclass,
 so that dark figures can be left out of PDF) holding ampgraph's DOT source, and the HTML writer
