@@ -129,8 +129,8 @@ def test_cache_entries(tmp_path: Path, entry: str) -> None:
 
 @FUZZ
 @given(spec=st.text(max_size=30))
-def test_model_specs(tmp_path: Path, spec: str) -> None:
-    os.chdir(tmp_path)  # relative specs must not find anything of the repository's
+def test_model_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    monkeypatch.chdir(tmp_path)  # relative specs must not find anything of the repository's
     _one_line_or_success(
         _invoke(["table", "--", spec] if spec.startswith("-") else ["table", spec], tmp_path)
     )

@@ -48,8 +48,13 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+#: Code that draws or publishes reports but never changes one: left out of the digest, so that
+#: editing a diagram's style or the Sphinx directive keeps every cached analysis.
+PRESENTATION = frozenset({"render", "sphinx.py"})
+
+
 def source_digest() -> str:
-    """A hash of the analysis code itself (every module but the torch-free renderer).
+    """A hash of the analysis code itself (every module but :data:`PRESENTATION`).
 
     The version number alone would serve a stale analysis to anyone running from a source tree
     or an editable install between releases; hashing ~200 kB of source takes about a millisecond.
@@ -57,7 +62,9 @@ def source_digest() -> str:
     package = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*")):
-        if path.suffix in (".py", ".json") and "render" not in path.relative_to(package).parts:
+        if path.suffix in (".py", ".json") and not PRESENTATION & set(
+            path.relative_to(package).parts
+        ):
             digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 

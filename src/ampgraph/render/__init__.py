@@ -7,6 +7,13 @@ never imports torch, so diagrams can be redrawn from a saved report anywhere Gra
 * :func:`render_svg` -- the laid-out SVG text (needs Graphviz's ``dot``); Jupyter shows a
   :class:`~ampgraph.records.Report` through it.
 * :func:`render_files` -- one file per report and format, plus a 2x2 overview, written atomically.
+* :func:`diagram` / :func:`overview_diagram` -- the source with the title and description that
+  :func:`lay_out` writes into the SVG for screen readers.
+
+Every box and edge has a tooltip with its full record (op, module path, dtypes, policy, casts,
+promotion, check) and an element id made from module paths, stable when the graph around it
+changes: ``module/model.decoder.layers.0.fc1``, ``op/model.decoder.layers.0/add.1``,
+``module/...fc1->module/...fc2[bfloat16]``.
 
 >>> import tempfile, torch
 >>> from ampgraph import analyze
@@ -23,8 +30,8 @@ Graphviz source, :mod:`~ampgraph.render.files` runs ``dot`` and writes files.
 from __future__ import annotations
 
 from ampgraph.errors import RenderError
-from ampgraph.render.dot import to_dot
-from ampgraph.render.files import FORMATS, render_files, render_svg
+from ampgraph.render.dot import Diagram, diagram, overview_diagram, to_dot
+from ampgraph.render.files import FORMATS, lay_out, render_files, render_svg
 from ampgraph.render.graph import VIEWS, build_graph
 from ampgraph.render.style import THEMES
 
@@ -32,8 +39,12 @@ __all__ = [
     "FORMATS",
     "THEMES",
     "VIEWS",
+    "Diagram",
     "RenderError",
     "build_graph",
+    "diagram",
+    "lay_out",
+    "overview_diagram",
     "render_files",
     "render_svg",
     "to_dot",

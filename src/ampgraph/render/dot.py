@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import graphviz
 import networkx as nx
@@ -242,6 +242,172 @@ def _edge_attrs(dtype: str | None, theme: Theme, *, compact: bool = False) -> di
     return attrs
 
 
+# -- tooltips and descriptions: the full record behind each box, for readers and screen readers --
+
+#: At most this many graph nodes or ops are listed in a tooltip; the rest are counted.
+TOOLTIP_LIST_MAX: Final = 6
+
+
+def _escaped(text: str) -> str:
+    """Text for a DOT escString: a backslash would start an escape (``\\N`` is the node name)."""
+    return text.replace("\\", "\\\\")
+
+
+def _listing(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:TOOLTIP_LIST_MAX])
+    more = len(items) - TOOLTIP_LIST_MAX
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _long_name(data: dict[str, Any]) -> str:
+    """A box named in full, as a tooltip reader wants it (no names relative to a folded layer)."""
+    kind = data["kind"]
+    if kind == "module":
+        return str(data["path"] or data["title"])
+    if kind == "input":
+        return f"model input {data['cls']}"
+    if kind == "output":
+        return "model output"
+    where = f" in {data['path']}" if data.get("path") else ""
+    if kind == "region":
+        return f"autocast region output{where}"
+    return f"{data['title']}{where}"
+
+
+def node_tooltip(graph: nx.MultiDiGraph, node: str) -> str:
+    """The full record behind one box, one fact a line: what a browser shows on hover.
+
+    >>> import networkx as nx
+    >>> g = nx.MultiDiGraph(check={"compared": 3}, clusters={})
+    >>> g.add_node("n", kind="op", title="residual add", path="layers.0", ops=("aten.add.Tensor",),
+    ...     members=("add_3",), policy=None, in_dtypes=("float32", "bfloat16"),
+    ...     out_dtype="float32", casts=(), promotion=(("float32", "bfloat16"), "float32"),
+    ...     disagree=False, error=None, differs=(), chain=(), region_enabled=None)
+    >>> print(node_tooltip(g, "n"))
+    residual add in layers.0
+    op: aten.add.Tensor
+    dtypes: float32, bfloat16 → float32
+    autocast policy: none (runs in its inputs' dtype)
+    type promotion: float32 + bfloat16 → float32
+    dispatcher check: agrees
+    graph node: add_3
+    """
+    data = graph.nodes[node]
+    kind = data["kind"]
+    clusters = graph.graph["clusters"]
+    lines = [_long_name(data)]
+    if kind == "module":
+        lines[0] += f" ({data.get('module_type') or data['cls']})"
+    for cid in data["chain"]:
+        cluster = clusters[cid]
+        if cluster["kind"] == "fold" and cluster["count"] > 1:
+            lines.append(
+                f"drawn once for {cluster['label']}: {cluster['count']} identical layers "
+                f"(names are {cluster['path']}'s)"
+            )
+        elif cluster["kind"] == "region":
+            lines.append(f"inside an autocast region: {cluster['label']}")
+    ops = list(data.get("ops") or ())
+    if kind in ("module", "op") and ops:
+        lines.append(f"op{'s' if len(ops) > 1 else ''}: {_listing(ops)}")
+    if kind == "op" and not data.get("path"):
+        lines.append("module: (top level)")
+    ins = [d or "unknown" for d in data["in_dtypes"]]
+    out = data["out_dtype"] or "unknown"
+    if kind == "input":
+        lines.append(f"dtype: {out}")
+    elif kind == "output":
+        lines.append(f"dtypes: {', '.join(ins) or '-'}")
+    elif kind == "region":
+        lines.append(f"dtype: {out}")
+    else:
+        lines.append(f"dtypes: {', '.join(ins) or '-'} {ARROW} {out}")
+    if kind in ("module", "op"):
+        policy = data["policy"]
+        label = CATEGORY_LABEL.get(policy, policy) if policy else None
+        lines.append(
+            "autocast policy: none (runs in its inputs' dtype)"
+            if not policy
+            else f"autocast policy: {label}" + (f" ({policy})" if label != policy else "")
+        )
+        if data["casts"]:
+            casts = [f"{n} {src}{ARROW}{dst}" for n, src, dst in data["casts"]]
+            lines.append(f"autocast casts: {_listing(casts)}")
+    if data["promotion"]:
+        widened, to = data["promotion"]
+        lines.append(f"type promotion: {' + '.join(d or 'unknown' for d in widened)} {ARROW} {to}")
+    if data.get("differs"):
+        lines.append(f"differs from {', '.join(data['differs'])}")
+    if data["error"]:
+        lines.append(f"error: {data['error']}")
+    if graph.graph.get("check") and kind in ("module", "op"):
+        lines.append("dispatcher check: " + ("disagrees" if data["disagree"] else "agrees"))
+    members = list(data.get("members") or ())
+    if kind in ("module", "op", "region") and members:
+        lines.append(f"graph node{'s' if len(members) > 1 else ''}: {_listing(members)}")
+    return "\n".join(lines)
+
+
+def edge_tooltip(graph: nx.MultiDiGraph, u: str, v: str, dtype: str | None) -> str:
+    """What one edge carries, between which boxes (named in full).
+
+    >>> import networkx as nx
+    >>> g = nx.MultiDiGraph()
+    >>> g.add_node("a", kind="module", path="layers.0.fc1", title="fc1")
+    >>> g.add_node("b", kind="module", path="layers.0.fc2", title="fc2")
+    >>> print(edge_tooltip(g, "a", "b", "bfloat16"))
+    layers.0.fc1 → layers.0.fc2
+    carries bfloat16
+    """
+    a, b = graph.nodes[u], graph.nodes[v]
+    return f"{_long_name(a)} {ARROW} {_long_name(b)}\ncarries {dtype or 'an unknown dtype'}"
+
+
+def cluster_tooltip(cluster: dict[str, Any]) -> str:
+    """A frame's caption explained: folded layers, or an autocast region."""
+    if cluster["kind"] == "region":
+        return (
+            f"{cluster['label']} in {cluster['path'] or 'the model'}: the ops in this frame run so"
+        )
+    if cluster["count"] > 1:
+        return (
+            f"{cluster['label']}: {cluster['count']} identical layers drawn once; "
+            f"boxes inside name {cluster['path']}'s modules"
+        )
+    return f"{cluster['label']}: a layer that differs from its neighbours"
+
+
+def describe(graph: nx.MultiDiGraph) -> str:
+    """A sentence or two for screen readers: what the diagram shows, in numbers.
+
+    It becomes the SVG's ``<desc>`` (its ``<title>`` is :func:`title_text`).
+    """
+    setting = graph.graph["setting"]
+    counts = graph.graph["counts"]
+    boxes = sum(1 for _, d in graph.nodes(data=True) if d["kind"] in ("module", "op", "region"))
+    view = "one box per module call" if graph.graph["view"] == "modules" else "one box per op"
+    parts = [
+        (
+            f"Dtype flow of {graph.graph['model']} in the setting {setting.get('name', '')}, "
+            f"{view}: {boxes} boxes, edges coloured and labelled by dtype"
+        )
+    ]
+    folded = [c for c in graph.graph["clusters"].values() if c["kind"] == "fold" and c["count"] > 1]
+    for cluster in folded:
+        parts.append(f"{cluster['label']} are {cluster['count']} identical layers drawn once")
+    parts.append(
+        f"{counts['casts']} autocast casts and {counts['promotions']} type promotions in all"
+    )
+    check = graph.graph.get("check")
+    if check:
+        bad = check.get("disagreements", 0)
+        parts.append(
+            f"checked against the dispatcher: {check.get('compared', 0)} ops, "
+            + ("all agree" if not bad else f"{bad} disagree")
+        )
+    return "; ".join(parts) + ". Each box and edge has a tooltip with its full record."
+
+
 def title_text(graph: nx.MultiDiGraph) -> str:
     """``MODEL — setting name: setting title``."""
     setting = graph.graph["setting"]
@@ -430,7 +596,12 @@ class _Emitter:
     compact: bool = False
 
     def node_id(self, node: str) -> str:
-        return f"{self.prefix}{node}"
+        """The box's DOT name and SVG element id: stable, from module paths (see
+        :func:`~ampgraph.render.graph.element_id`)."""
+        return f"{self.prefix}{self.graph.nodes[node]['id']}"
+
+    def cluster_id(self, cid: str) -> str:
+        return f"{self.prefix}{self.graph.graph['clusters'][cid]['id']}"
 
     def emit(self, target: graphviz.Digraph) -> None:
         tree = _cluster_tree(self.graph)
@@ -438,12 +609,14 @@ class _Emitter:
         order = {n: self.graph.nodes[n]["order"] for n in self.graph.nodes}
         edges = sorted(self.graph.edges(keys=True), key=lambda e: (order[e[1]], order[e[0]], e[2]))
         for u, v, key in edges:
+            dtype = self.graph.edges[u, v, key]["dtype"]
+            src, dst = self.node_id(u), self.node_id(v)
             target.edge(
-                self.node_id(u),
-                self.node_id(v),
-                **_edge_attrs(
-                    self.graph.edges[u, v, key]["dtype"], self.theme, compact=self.compact
-                ),
+                src,
+                dst,
+                id=f"{src}->{dst}[{dtype or 'unknown'}]",
+                tooltip=_escaped(edge_tooltip(self.graph, u, v, dtype)),
+                **_edge_attrs(dtype, self.theme, compact=self.compact),
             )
 
     def _emit_chain(
@@ -453,8 +626,11 @@ class _Emitter:
         tree: dict[tuple[str, ...], list[str]],
     ) -> None:
         for node in tree.get(chain, []):
+            name = self.node_id(node)
             target.node(
-                self.node_id(node),
+                name,
+                id=name,
+                tooltip=_escaped(node_tooltip(self.graph, node)),
                 **_node_attrs(self.graph.nodes[node], self.theme, compact=self.compact),
             )
         depth = len(chain)
@@ -466,8 +642,11 @@ class _Emitter:
                 first_order[child] = min(first_order.get(child, low), low)
         for child in sorted(first_order, key=lambda c: (first_order[c], c)):
             cid = child[-1]
-            with target.subgraph(name=f"cluster_{self.prefix}{cid}") as sub:
-                sub.attr(**_cluster_attrs(self.graph.graph["clusters"][cid], self.theme))
+            with target.subgraph(name=f"cluster_{self.cluster_id(cid)}") as sub:
+                sub.attr(
+                    id=self.cluster_id(cid),
+                    **_cluster_attrs(self.graph.graph["clusters"][cid], self.theme),
+                )
                 self._caption(sub, cid, child, tree)
                 self._emit_chain(sub, child, tree)
 
@@ -485,10 +664,13 @@ class _Emitter:
         """
         inside = [n for key, ns in tree.items() if key[: len(chain)] == chain for n in ns]
         first = min(inside, key=lambda n: self.graph.nodes[n]["order"])
-        caption = f"{self.prefix}{cid}#caption"
+        cluster = self.graph.graph["clusters"][cid]
+        caption = f"{self.cluster_id(cid)}/caption"
         target.node(
             caption,
-            label=cluster_caption(self.graph.graph["clusters"][cid], self.theme),
+            id=caption,
+            label=cluster_caption(cluster, self.theme),
+            tooltip=_escaped(cluster_tooltip(cluster)),
             shape="plain",
             fontcolor=self.theme.text,
             fontsize="13",
@@ -560,7 +742,9 @@ def _add_legend(
             legend.attr(rank="same")
         legend.node(
             "legend",
+            id="legend",
             label=legend_label(facts, theme),
+            tooltip="legend: edge colours are dtypes, box fills autocast policies",
             shape="plain",
             fontcolor=theme.text,
             fontsize=str(SMALL_FONT_SIZE + 1),
@@ -569,6 +753,15 @@ def _add_legend(
             legend.node(beside[0])
     for node in beside:
         dot.edge(node, "legend", style="invis")
+
+
+class Diagram(NamedTuple):
+    """A diagram's Graphviz source with the title and description screen readers are given
+    (:func:`ampgraph.render.svg.accessible` writes them into the SVG)."""
+
+    source: str
+    title: str
+    description: str
 
 
 def graph_to_dot(graph: nx.MultiDiGraph, *, theme: str = "light", name: str = "ampgraph") -> str:
@@ -583,6 +776,23 @@ def graph_to_dot(graph: nx.MultiDiGraph, *, theme: str = "light", name: str = "a
     return dot.source
 
 
+def diagram(
+    report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
+) -> Diagram:
+    """:func:`to_dot`'s source with the diagram's title and description.
+
+    >>> from ampgraph.records import Report
+    >>> report = Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read())
+    >>> diagram(report).title
+    'opt-125m — amp-fp32: autocast cuda bf16, parameters fp32'
+    """
+    _check_theme(theme)
+    graph = build_graph(report, view=view, fold=fold)
+    return Diagram(
+        graph_to_dot(graph, theme=theme, name=report.model), title_text(graph), describe(graph)
+    )
+
+
 def to_dot(
     report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
 ) -> str:
@@ -590,7 +800,9 @@ def to_dot(
 
     ``view`` is ``"modules"`` (one box per leaf-module call and per free op that matters) or
     ``"ops"`` (every ATen node); ``fold`` draws identical repeated layers once, marked ``×N``;
-    ``theme`` is ``"light"`` or ``"dark"``.
+    ``theme`` is ``"light"`` or ``"dark"``. Every box and edge carries a ``tooltip`` with its full
+    record and an ``id`` made from module paths (``module/model.decoder.layers.0.fc1``), so the
+    same box keeps its id when the model around it changes.
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -598,9 +810,7 @@ def to_dot(
     >>> print(to_dot(report).splitlines()[0])
     digraph Linear {
     """
-    _check_theme(theme)
-    graph = build_graph(report, view=view, fold=fold)
-    return graph_to_dot(graph, theme=theme, name=report.model)
+    return diagram(report, view=view, fold=fold, theme=theme).source
 
 
 def _check_theme(theme: str) -> None:
@@ -650,16 +860,37 @@ def _cell_label(graph: nx.MultiDiGraph, theme: Theme) -> str:
     return f"<<B>{_h(caption)}</B><BR/>{facts_html}>"
 
 
+def _cell_prefixes(reports: Sequence[Report]) -> list[str]:
+    """Id prefixes of the overview's cells: the setting's name (``amp-fp32/``), with the model
+    where several models share a name, so ids stay unique and readable."""
+    names = [str(r.setting.get("name", "")) for r in reports]
+    if len(set(names)) < len(names):
+        names = [f"{r.model}/{n}" for r, n in zip(reports, names)]
+    if len(set(names)) < len(names):
+        names = [f"{n}.{i}" for i, n in enumerate(names)]
+    return [f"{n}/" for n in names]
+
+
 def overview_dot(
     reports: Sequence[Report], *, view: str = "modules", fold: bool = True, theme: str = "light"
 ) -> str:
     """One figure with every report's diagram in a compact form: the seed's 2x2 matrix.
 
     Rows are the parameter dtype (fp32, then 16-bit), columns autocast off and on. Each cell is
-    a framed, compact module view (names and dtype lines; the per-setting files have the casts)
-    headed by the setting and its count of autocast casts and promotions.
+    a framed, compact module view (names and dtype lines; the per-setting files have the casts,
+    and every box's tooltip the full record) headed by the setting and its count of autocast
+    casts and promotions. Element ids are the cells' ids prefixed with the setting's name.
     """
+    return overview_diagram(reports, view=view, fold=fold, theme=theme).source
+
+
+def overview_diagram(
+    reports: Sequence[Report], *, view: str = "modules", fold: bool = True, theme: str = "light"
+) -> Diagram:
+    """:func:`overview_dot`'s source with its title and description."""
     _check_theme(theme)
+    if not reports:
+        raise RenderError("nothing to draw: no reports were given")
     th = THEMES[theme]
     grid = overview_grid(reports)
     models = list(dict.fromkeys(r.model for r in reports))
@@ -673,6 +904,7 @@ def overview_dot(
         + (", identical layers drawn once" if fold else "")
         + " · edges coloured and labelled by dtype"
     )
+    prefixes = dict(zip(map(id, reports), _cell_prefixes(reports)))
     dot = _new_digraph("overview", title, subtitle, th)
     emitters: list[list[_Emitter]] = []
     graphs = []
@@ -681,11 +913,14 @@ def overview_dot(
         for c_i, report in enumerate(row):
             graph = build_graph(report, view=view, fold=fold)
             graphs.append(graph)
-            emitter = _Emitter(graph, th, prefix=f"c{r_i}{c_i}/", compact=True)
+            prefix = prefixes[id(report)]
+            emitter = _Emitter(graph, th, prefix=prefix, compact=True)
             emitters[-1].append(emitter)
-            with dot.subgraph(name=f"cluster_cell_{r_i}{c_i}") as cell:
+            with dot.subgraph(name=f"cluster_{prefix}cell") as cell:
                 cell.attr(
+                    id=f"{prefix}cell",
                     label=_cell_label(graph, th),
+                    tooltip=_escaped(describe(graph)),
                     labeljust="c",
                     fontsize="14",
                     fontcolor=th.text,
@@ -712,4 +947,8 @@ def overview_dot(
                 dot.edge(str(above.last()), str(below.first()), style="invis", weight="0")
     bottom = [e.last() for e in emitters[-1] if e.last()]
     _add_legend(dot, LegendFacts.of(graphs), th, [str(b) for b in bottom], same_rank=False)
-    return dot.source
+    description = " ".join(
+        f"Cell {prefixes[id(r)].rstrip('/')}: {describe(g)}"
+        for r, g in zip([r for row in grid for r in row], graphs)
+    )
+    return Diagram(dot.source, title, description)

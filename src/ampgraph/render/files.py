@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Final
 
 from ampgraph.errors import RenderError
 from ampgraph.files import atomic_write
-from ampgraph.render.dot import overview_dot, to_dot
+from ampgraph.render.dot import Diagram, diagram, overview_diagram
+from ampgraph.render.svg import accessible_bytes
 from ampgraph.settings import Setting
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
@@ -135,7 +136,8 @@ def safe_name(text: str) -> str:
 def render_svg(
     report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
 ) -> str:
-    """The report's diagram as SVG text (needs Graphviz's ``dot``).
+    """The report's diagram as SVG text (needs Graphviz's ``dot``), with a title and description
+    for screen readers (:func:`ampgraph.render.svg.accessible`).
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -143,7 +145,16 @@ def render_svg(
     >>> render_svg(report).startswith("<?xml")
     True
     """
-    return run_dot(to_dot(report, view=view, fold=fold, theme=theme), "svg").decode("utf-8")
+    return lay_out(diagram(report, view=view, fold=fold, theme=theme), "svg").decode("utf-8")
+
+
+def lay_out(figure: Diagram, fmt: str) -> bytes:
+    """A diagram in one format: DOT source as is, anything else laid out by ``dot``; SVG gets
+    the diagram's title and description for screen readers."""
+    if fmt == "dot":
+        return figure.source.encode("utf-8")
+    data = run_dot(figure.source, fmt)
+    return accessible_bytes(data, figure.title, figure.description) if fmt == "svg" else data
 
 
 def diagram_stem(report: Report, *, view: str, fold: bool, theme: str) -> str:
@@ -207,24 +218,22 @@ def render_files(
         raise RenderError(
             f"two reports would both be written to {duplicates[0]}: give each model and setting once"
         )
-    jobs: list[tuple[str, str]] = [
+    jobs: list[tuple[str, Diagram]] = [
         (
             diagram_stem(r, view=view, fold=fold, theme=theme),
-            to_dot(r, view=view, fold=fold, theme=theme),
+            diagram(r, view=view, fold=fold, theme=theme),
         )
         for r in reports
     ]
     if len(reports) > 1:
         jobs.append(
             (overview_stem(reports, view=view, fold=fold, theme=theme),
-             overview_dot(reports, view=view, fold=fold, theme=theme))
+             overview_diagram(reports, view=view, fold=fold, theme=theme))
         )  # fmt: skip
     # Lay everything out first (the slow part), then write: an interrupted or failed layout
     # leaves every old file as it was, rather than a mix of new and old diagrams.
     laid_out = [
-        (out / f"{stem}.{fmt}", source.encode("utf-8") if fmt == "dot" else run_dot(source, fmt))
-        for stem, source in jobs
-        for fmt in formats
+        (out / f"{stem}.{fmt}", lay_out(figure, fmt)) for stem, figure in jobs for fmt in formats
     ]
     for path, data in laid_out:
         try:

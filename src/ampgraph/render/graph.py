@@ -217,6 +217,7 @@ def _base_attrs(rec: NodeRecord, order: float) -> dict[str, Any]:
         "path": rec.module,
         "region": rec.region,
         "members": (rec.name,),
+        "ops": (rec.op,),
         "policy": None,
         "in_dtypes": (),
         "out_dtype": rec.out_dtype,
@@ -242,8 +243,12 @@ def _module_attrs(ctx: _Context, call: ModuleCall, order: int) -> dict[str, Any]
     attrs.update(
         kind="module",
         path=call.path,
+        # torch.export names a call "L__self__<path>[@n]"; the prefix says nothing to a reader.
+        call=call.call.removeprefix("L__self__") or call.path,
+        module_type=call.type,
         cls=short_class(call.type),
         members=tuple(call.nodes),
+        ops=_dedupe(m.op for m in members),
         policy=dominant_policy(m.policy for m in members),
         in_dtypes=(call.in_dtype,),
         out_dtype=call.out_dtype,
@@ -357,12 +362,14 @@ def _region_sinks(body: Sequence[NodeRecord]) -> list[NodeRecord]:
 def build_graph(report: Report, *, view: str = "modules", fold: bool = True) -> nx.MultiDiGraph:
     """The diagram's graph: nodes with plain-data attributes, edges keyed by the dtype they carry.
 
-    Node attributes: ``kind`` (input, output, module, op, region), ``title`` and ``subtitle``
-    (names relative to the folded layer), ``cls``, ``policy``, ``in_dtypes``, ``out_dtype``,
-    ``casts`` ((name, from, to) triples), ``promotion`` ((input dtypes, result) or None),
-    ``residual``, ``disagree``, ``error``, ``chain`` (cluster ids, outermost first) and ``order``.
-    Graph attributes: ``model``, ``setting``, ``view``, ``fold``, ``check`` and ``clusters``
-    (id -> ``{kind, label, count, path}``).
+    Node attributes: ``kind`` (input, output, module, op, region), ``id`` (stable, from module
+    paths: see :func:`element_id`), ``title`` and ``subtitle`` (names relative to the folded
+    layer), ``path`` (the full module path), ``cls``, ``ops`` (the ATen ops the box stands for),
+    ``members`` (their graph nodes), ``policy``, ``in_dtypes``, ``out_dtype``, ``casts``
+    ((name, from, to) triples), ``promotion`` ((input dtypes, result) or None), ``residual``,
+    ``disagree``, ``error``, ``chain`` (cluster ids, outermost first) and ``order``.
+    Graph attributes: ``model``, ``setting``, ``view``, ``fold``, ``check``, ``counts`` and
+    ``clusters`` (id -> ``{kind, id, label, count, path}``).
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -396,6 +403,7 @@ def build_graph(report: Report, *, view: str = "modules", fold: bool = True) -> 
     _fold_layers(graph, fold)
     _add_region_clusters(ctx, graph)
     _finish_titles(graph)
+    _assign_ids(graph)
     return graph
 
 
@@ -594,7 +602,9 @@ def _fold_layers(graph: nx.MultiDiGraph, fold: bool) -> None:
             elif len(first_members) < 2:
                 continue  # a lone box needs no frame
             cid = f"fold/{first_path}"
-            clusters[cid] = {"kind": "fold", "path": first_path, "count": len(run), "label": label}
+            clusters[cid] = {
+                "kind": "fold", "id": cid, "path": first_path, "count": len(run), "label": label,
+            }  # fmt: skip
             for n in first_members:
                 d = graph.nodes[n]
                 depth = float(d["stack"].index(first_path))
@@ -646,6 +656,7 @@ def _add_region_clusters(ctx: _Context, graph: nx.MultiDiGraph) -> None:
         node.split("/", 1)[1] for node, data in graph.nodes(data=True) if data["kind"] == "region"
     }
     body = _region_body(ctx.report)
+    region_ids = _Counter()
     for rec in ctx.report.nodes:
         # A frame for every region that a drawn box stands in: its region node, or the module
         # call that holds the whole region and begins inside it.
@@ -656,6 +667,7 @@ def _add_region_clusters(ctx: _Context, graph: nx.MultiDiGraph) -> None:
         enabled = inside[0].autocast if inside else "enabled" in rec.reason
         clusters[f"region/{name}"] = {
             "kind": "region",
+            "id": region_ids.next(f"region/{rec.module}" if rec.module else "region"),
             "path": rec.module,
             "count": 1,
             "label": "autocast enabled" if enabled else "autocast disabled",
@@ -696,3 +708,52 @@ def _finish_titles(graph: nx.MultiDiGraph) -> None:
         else:
             data["title"] = data["cls"]
             data["subtitle"] = "model input" if data["kind"] == "input" else "model output"
+
+
+# -- stable element ids ----------------------------------------------------------------------------
+
+
+class _Counter:
+    """Hands out ``base``, then ``base.1``, ``base.2``... for repeated bases."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def next(self, base: str) -> str:
+        n = self.seen.get(base, 0)
+        self.seen[base] = n + 1
+        return base if n == 0 else f"{base}.{n}"
+
+
+def element_id(data: dict[str, Any], clusters: dict[str, dict[str, Any]]) -> str:
+    """The base of a box's element id: from what the box is, never from its place in the graph.
+
+    A module call is ``module/PATH`` (``@N`` for a module's later calls), a free op
+    ``op/PATH/OP`` (PATH: the module it runs in), a model input ``input/NAME``, a region's
+    value ``region/PATH/output``. Node names of the traced graph (``add_3``) are not used: they
+    number ops in graph order, so one added op would rename every later box. Repeats of a base
+    inside one diagram get ``.1``, ``.2``... in execution order (:func:`build_graph`).
+
+    >>> element_id({"kind": "op", "op": "add", "path": "model.layers.0", "members": ("add_7",)}, {})
+    'op/model.layers.0/add'
+    >>> element_id({"kind": "input", "cls": "input_ids", "members": ("input_ids",)}, {})
+    'input/input_ids'
+    """
+    kind = data["kind"]
+    if kind == "module":
+        return f"module/{data['call']}"
+    if kind in ("input", "output"):
+        return f"{kind}/{data['members'][0]}"
+    if kind == "region":
+        cluster = clusters.get(f"region/{data['members'][0]}")
+        return f"{cluster['id']}/output" if cluster else f"region/{data['path'] or ''}/output"
+    path = data.get("path")
+    return f"op/{path}/{data['op']}" if path else f"op/{data['op']}"
+
+
+def _assign_ids(graph: nx.MultiDiGraph) -> None:
+    ids = _Counter()
+    clusters = graph.graph["clusters"]
+    for node in sorted(graph.nodes, key=lambda n: graph.nodes[n]["order"]):
+        data = graph.nodes[node]
+        data["id"] = ids.next(element_id(data, clusters))

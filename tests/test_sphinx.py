@@ -1,0 +1,212 @@
+"""The Sphinx extension, built for real: ``sphinx-build`` on small projects in a temporary folder.
+
+Most figures come from a saved report (``:report:``), which needs no torch, so these builds take
+a few seconds; one test analyses a model through the cache. The site's own build and the browser
+checks are in ``test_docs_site.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sphinx")
+pytest.importorskip("myst_parser")
+
+pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is missing")
+
+DATA = Path(__file__).parent / "data"
+SRC = Path(__file__).parent.parent / "src"
+
+CONF = 'extensions = ["ampgraph.sphinx", "myst_parser"]\nhtml_theme = "basic"\n'
+
+RST = """\
+Figures
+=======
+
+.. toctree::
+
+   markdown
+
+.. ampgraph::
+   :report: report.json
+   :caption: OPT-125M, *amp-fp32*
+   :name: fig-opt
+   :align: center
+
+.. ampgraph::
+   :report: report.json
+   :theme: dark
+   :alt: the dark one
+"""
+
+MYST = """\
+# From Markdown
+
+```{ampgraph}
+:report: report.json
+:view: ops
+:theme: light
+```
+"""
+
+
+def make_project(folder: Path, pages: dict[str, str], conf: str = CONF) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "conf.py").write_text(conf)
+    shutil.copy(DATA / "opt-125m-amp-fp32.json", folder / "report.json")
+    for name, text in pages.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def build(
+    src: Path,
+    out: Path,
+    *extra: str,
+    builder: str = "html",
+    cache: Path | None = None,
+    quiet: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    if cache is not None:
+        env["AMPGRAPH_CACHE_DIR"] = str(cache)
+    flags = ["-q"] if quiet else []
+    return subprocess.run(
+        [sys.executable, "-m", "sphinx", "-b", builder, *flags, *extra, str(src), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+
+
+def objects(html: str) -> list[tuple[str, str]]:
+    """(wrapper classes, SVG path) of each embedded figure, in page order."""
+    return re.findall(r'<div class="([^"]*)"><object data="([^"]+)" type="image/svg\+xml"', html)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sphinx")
+    src = make_project(root / "src", {"index.rst": RST, "markdown.md": MYST})
+    proc = build(src, root / "out", "-W")
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def test_auto_theme_draws_light_and_dark_with_theme_classes(built: Path) -> None:
+    html = (built / "out" / "index.html").read_text()
+    figures = objects(html)
+    assert [classes for classes, _ in figures] == [
+        "ampgraph ampgraph-light only-light",
+        "ampgraph ampgraph-dark only-dark",
+        "ampgraph ampgraph-dark",  # :theme: dark -- one figure, always shown
+    ]
+    light, dark, _ = (built / "out" / path for _, path in figures)
+    assert 'fill="#ffffff"' in light.read_text() and 'fill="#0d1117"' in dark.read_text()
+    # Caption, name and alignment, as for a figure; alt text and ARIA label on the object.
+    assert re.search(r'<figure class="align-center" id="fig-opt">', html)
+    assert '<figcaption>\n<p><span class="caption-text">OPT-125M, <em>amp-fp32</em>' in html
+    assert 'aria-label="the dark one"' in html
+    assert "_static/ampgraph.css" in html and (built / "out/_static/ampgraph.css").exists()
+
+
+def test_myst_markdown_draws_too(built: Path) -> None:
+    (figure,) = objects((built / "out" / "markdown.html").read_text())
+    svg = (built / "out" / figure[1]).read_text()
+    assert figure[0] == "ampgraph ampgraph-light"
+    assert "op view (every ATen node)" in svg
+
+
+def test_svg_files_are_accessible_and_carry_tooltips(built: Path) -> None:
+    svgs = sorted((built / "out" / "_images").glob("ampgraph-*.svg"))
+    # light, dark, ops view: the `:theme: dark` figure is the same drawing as the auto one, one file
+    assert len(svgs) == 3
+    for path in svgs:
+        root = ET.fromstring(path.read_bytes())
+        assert root.get("role") == "img"
+        assert root[0].tag.endswith("title") and root[1].tag.endswith("desc")
+        assert path.read_text().count("xlink:title=") > 10
+
+
+def test_rebuilds_write_identical_files(built: Path) -> None:
+    again = build(built / "src", built / "again")
+    assert again.returncode == 0, again.stderr
+    first = {p.name: p.read_bytes() for p in (built / "out" / "_images").iterdir()}
+    second = {p.name: p.read_bytes() for p in (built / "again" / "_images").iterdir()}
+    assert first == second
+    # An incremental build of an unchanged project re-reads and rewrites nothing.
+    mtimes = {p: p.stat().st_mtime_ns for p in (built / "out" / "_images").iterdir()}
+    quiet = build(built / "src", built / "out", quiet=False)
+    assert "0 added, 0 changed, 0 removed" in quiet.stdout
+    assert {p: p.stat().st_mtime_ns for p in (built / "out" / "_images").iterdir()} == mtimes
+
+
+def test_parallel_build_gives_the_same_site(built: Path) -> None:
+    parallel = build(built / "src", built / "parallel", "-j", "2", "-W")
+    assert parallel.returncode == 0, parallel.stderr
+    for name in ("index.html", "markdown.html"):
+        assert objects((built / "parallel" / name).read_text()) == objects(
+            (built / "out" / name).read_text()
+        )
+
+
+def test_a_model_that_fails_is_one_warning_not_a_crash(tmp_path: Path) -> None:
+    page = (
+        "Broken\n======\n\n.. ampgraph:: no-such-model\n\n.. ampgraph::\n   :report: report.json\n"
+    )
+    src = make_project(tmp_path / "src", {"index.rst": page})
+    proc = build(src, tmp_path / "out", cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1
+    assert re.match(
+        r".*index\.rst:4: WARNING: ampgraph could not draw no-such-model: unknown model "
+        r"'no-such-model': use a bundled name .*\[ampgraph\.analysis\]$",
+        warnings[0],
+    )
+    assert "Traceback" not in proc.stderr
+    assert len(objects((tmp_path / "out" / "index.html").read_text())) == 2  # the other figure
+    # Under -W the warning fails the build, as any warning does.
+    assert build(src, tmp_path / "strict", "-W", cache=tmp_path / "cache").returncode != 0
+
+
+def test_print_formats_get_the_light_figure_only(built: Path) -> None:
+    text = build(built / "src", built / "text", builder="text")
+    assert text.returncode == 0, text.stderr
+    page = re.sub(r"\s+", " ", (built / "text" / "index.txt").read_text())
+    # The auto figure's light half; neither its dark half nor the :theme: dark figure.
+    assert page.count("[graph:") == 1
+    assert "[graph: opt-125m — amp-fp32: autocast cuda bf16, parameters fp32" in page
+    assert "the dark one" not in page
+
+
+@pytest.mark.slow
+def test_a_model_is_analysed_once_then_read_from_the_cache(tmp_path: Path) -> None:
+    page = "Model\n=====\n\n.. ampgraph:: llama-tiny\n   :setting: amp-fp32\n   :no-check:\n"
+    src = make_project(tmp_path / "src", {"index.rst": page})
+    cache = tmp_path / "cache"
+    first = build(src, tmp_path / "out", "-W", cache=cache)
+    assert first.returncode == 0, first.stderr
+    entries = sorted(p.name for p in cache.rglob("*.json"))
+    assert len(entries) == 1
+    (light, _dark) = objects((tmp_path / "out" / "index.html").read_text())
+    svg = (tmp_path / "out" / light[1]).read_text()
+    assert "llama-tiny — amp-fp32" in svg and 'id="module/model.layers.0.self_attn.q_proj"' in svg
+    # A fresh build (-E: every page re-read) draws the same figure from the cache.
+    second = build(src, tmp_path / "again", "-E", "-W", cache=cache)
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "again" / light[1]).read_text() == svg
+    assert sorted(p.name for p in cache.rglob("*.json")) == entries
