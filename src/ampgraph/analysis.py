@@ -22,7 +22,8 @@ from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
 from ampgraph.models import ModelInputs
 from ampgraph.policy import ACTIVE_RELEASE
-from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.errors import SettingError
+from ampgraph.records import PASSES, ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 
 SOURCE_KINDS = {"parameter", "buffer", "constant"}
@@ -200,12 +201,22 @@ def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, An
     return result, payload
 
 
-def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
+def analyze_capture(
+    cap: Capture,
+    *,
+    check: bool = True,
+    pass_: str = "forward",
+    loss: str | int | None = None,
+    backward_autocast: bool = False,
+) -> Report:
     """Annotate (and by default check) an existing capture.
 
     For large graphs on a machine with more than one core, the dispatcher check runs in a forked
     process while the annotation runs here: the two are independent replays of the same graph.
+    ``pass_`` ``backward`` or ``train`` adds the training step (:mod:`ampgraph.backward`).
     """
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
     import multiprocessing as mp
 
     unavailable = dispatcher_unavailable(cap.setting.device_type) if check else None
@@ -223,7 +234,7 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
     else:
         records = annotate(cap)
         summary = run_check(cap, records) if check else None
-    return Report(
+    report = Report(
         model=cap.model_name,
         setting=cap.setting.to_dict(),
         versions=versions(),
@@ -237,7 +248,18 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
         check=summary,
+        pass_=pass_,
     )
+    if pass_ != "forward":
+        from ampgraph.backward import backward_section, trace_joint
+
+        trace = trace_joint(cap, loss=loss, backward_autocast=backward_autocast)
+        report.backward = backward_section(trace)
+        if check and not report.backward.skipped:
+            from ampgraph.backward_check import check_backward
+
+            check_backward(trace, report.backward)
+    return report
 
 
 def analyze(
@@ -247,6 +269,9 @@ def analyze(
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     check: bool = True,
+    pass_: str = "forward",
+    loss: str | int | None = None,
+    backward_autocast: bool = False,
 ) -> Report:
     """Analyse one model in one setting.
 
@@ -255,6 +280,12 @@ def analyze(
     one tensor) and ``kwargs`` for one forward call (real, meta or fake tensors: only shapes and
     dtypes are used, and the module's own tensors are left untouched). ``setting`` is a
     :class:`~ampgraph.settings.Setting` or its name.
+
+    ``pass_`` is ``forward`` (the default), ``backward`` or ``train``: the latter two trace the
+    model in training mode and add ``report.backward``, the loss ``output.float().sum()`` of the
+    output ``loss`` names (a key or index; default the first floating output) and its backward,
+    run outside the autocast context as PyTorch's AMP recipe does, or inside it with
+    ``backward_autocast=True`` (see :mod:`ampgraph.backward`).
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -282,7 +313,12 @@ def analyze(
             "analyze() takes a model spec such as 'opt-125m', what load_model() returns, or an "
             f"nn.Module with args=(inputs...), not {type(model).__name__}"
         )
-    return analyze_capture(capture(model, setting), check=check)
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
+    cap = capture(model, setting, training=pass_ != "forward")
+    return analyze_capture(
+        cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
+    )
 
 
 # The model the forked workers analyse: set before the pool forks, inherited by the children,
