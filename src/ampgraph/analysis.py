@@ -326,13 +326,15 @@ def analyze(
 _WORKER_MODEL: ModelInputs | None = None
 
 
-def _analyze_in_worker(job: tuple[int, Setting, bool]) -> tuple[int, dict[str, Any]]:
+def _analyze_in_worker(
+    job: tuple[int, Setting, bool, dict[str, Any]],
+) -> tuple[int, dict[str, Any]]:
     import torch
 
     torch.set_num_threads(1)  # the workers already use every core between them
-    index, setting, check = job
+    index, setting, check, options = job
     assert _WORKER_MODEL is not None
-    return index, analyze(_WORKER_MODEL, setting, check=check).to_dict()
+    return index, analyze(_WORKER_MODEL, setting, check=check, **options).to_dict()
 
 
 def die_with_parent(parent: int) -> None:
@@ -373,11 +375,13 @@ def analyze_many(
     check: bool = True,
     workers: int | None = None,
     on_done: Any = None,
+    **options: Any,
 ) -> list[Report]:
     """Analyse one model in several settings, in parallel worker processes where that helps.
 
     Workers are forked after torch and the model are loaded, so each setting costs only its own
-    trace and replay. ``on_done(index, report)`` is called as each setting finishes.
+    trace and replay. ``on_done(index, report)`` is called as each setting finishes. ``options``
+    go to :func:`analyze` (``pass_``, ``loss``, ``backward_autocast``).
 
     >>> from ampgraph import load_model, seed_matrix
     >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix())   # doctest: +SKIP
@@ -394,7 +398,7 @@ def analyze_many(
 
     if workers <= 1 or "fork" not in mp.get_all_start_methods():
         for i, setting in enumerate(settings):
-            done(i, analyze(model, setting, check=check))
+            done(i, analyze(model, setting, check=check, **options))
         return [r for r in results if r is not None]
     global _WORKER_MODEL
     _WORKER_MODEL = model
@@ -404,7 +408,7 @@ def analyze_many(
         with mp.get_context("fork").Pool(
             workers, initializer=die_with_parent, initargs=(os.getpid(),)
         ) as pool:
-            jobs = [(i, s, check) for i, s in enumerate(settings)]
+            jobs = [(i, s, check, options) for i, s in enumerate(settings)]
             for index, data in pool.imap_unordered(_analyze_in_worker, jobs):
                 done(index, Report.from_dict(data))
     finally:

@@ -47,6 +47,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import proxy_tensor
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.annotate import AutocastAnnotator, InnerAutocast, _eligible
 from ampgraph.capture import Capture, autocast_state, dtype_name, torch_dtype
@@ -313,6 +314,59 @@ def _explicit_cast(state: TraceState, t: torch.Tensor, to: torch.dtype) -> torch
     return out
 
 
+#: CPU normalisations and the index of their weight: fed a 16-bit input with fp32 parameters
+#: ("mixed type", aten/src/ATen/native/mixed_dtypes.h), the real CPU kernels return their saved
+#: statistics (mean, rstd, ...) in fp32; the fake (meta) kernels return the input's dtype.
+CPU_MIXED_NORMS = {
+    torch.ops.aten.native_layer_norm.default: 2,
+    torch.ops.aten.native_group_norm.default: 1,
+    torch.ops.aten.native_batch_norm.default: 1,
+    torch.ops.aten._native_batch_norm_legit.default: 1,
+    torch.ops.aten._native_batch_norm_legit.no_stats: 1,
+}
+
+
+class CpuMixedNorms(TorchDispatchMode):
+    """Give the CPU's mixed-type normalisations the dtypes the real kernels return.
+
+    The statistics they save for backward are fp32 on a real CPU (read off the kernels in
+    tests/test_backward.py); the joint graph's nodes get those dtypes, so what is saved and what
+    the backward computes from them is as on the CPU.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        index = CPU_MIXED_NORMS.get(func)
+        if index is None or not _mixed(args, index):
+            return out
+        state = _state()
+        fixed = list(out)
+        for i, t in enumerate(out):
+            if i == 0 or not isinstance(t, torch.Tensor) or t.dtype == torch.float32:
+                continue
+            with proxy_tensor.disable_proxy_modes_tracing():
+                new = t.new_empty(t.shape, dtype=torch.float32)
+            slot = proxy_tensor.get_proxy_slot(t, state.tracer, None)
+            if slot is not None:
+                proxy_tensor.set_proxy_slot(new, state.tracer, slot)
+                slot.proxy.node.meta["val"] = new
+            fixed[i] = new
+        node = state.node_of(out[0])
+        if node is not None and node.args:
+            node.args[0].meta["val"] = tuple(fixed)
+        return tuple(fixed)
+
+
+def _mixed(args: tuple[Any, ...], weight: int) -> bool:
+    x = args[0]
+    w = args[weight] if len(args) > weight else None
+    return (
+        isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
+        and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
+        and w.dtype == torch.float32
+    )  # fmt: skip
+
+
 class BackwardAutocast(InnerAutocast):
     """Autocast on the backward's ops, for ``loss.backward()`` called inside the context.
 
@@ -438,6 +492,7 @@ def trace_joint(
 
         annotator = JointAnnotator(cap)
         with (
+            CpuMixedNorms(),
             StrictDtypeMode(setting.device_type),
             autocast_state("cpu", False, torch.get_autocast_dtype("cpu")),
             autocast_state("cuda", False, torch.get_autocast_dtype("cuda")),

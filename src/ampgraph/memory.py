@@ -28,31 +28,37 @@ from ampgraph.records import SavedTensor
 
 #: Kinds of saved tensor whose memory exists because autograd saved them.
 COUNTED_KINDS = ("activation", "parameter copy")
+ACTIVATION = ("activation",)
+PARAMETER_COPY = ("parameter copy",)
 
 
-def _counted(saved: Iterable[SavedTensor]) -> list[SavedTensor]:
+def _counted(
+    saved: Iterable[SavedTensor], kinds: Sequence[str] = COUNTED_KINDS
+) -> list[SavedTensor]:
     """Each counted storage once, at the first tensor saved in it."""
     seen: set[int] = set()
     out = []
     for t in saved:
-        if t.kind not in COUNTED_KINDS or t.storage in seen:
+        if t.kind not in kinds or t.storage in seen:
             continue
         seen.add(t.storage)
         out.append(t)
     return out
 
 
-def activation_bytes_by_dtype(saved: Sequence[SavedTensor]) -> dict[str, int]:
-    """Bytes kept alive for backward, per dtype (each storage once)."""
+def activation_bytes_by_dtype(
+    saved: Sequence[SavedTensor], kinds: Sequence[str] = COUNTED_KINDS
+) -> dict[str, int]:
+    """Bytes kept alive for backward, per dtype (each storage once), of the given kinds."""
     out: dict[str, int] = {}
-    for t in _counted(saved):
+    for t in _counted(saved, kinds):
         out[t.dtype] = out.get(t.dtype, 0) + t.storage_bytes
     return out
 
 
-def total_bytes(saved: Sequence[SavedTensor]) -> int:
-    """All bytes kept alive for backward (each storage once)."""
-    return sum(activation_bytes_by_dtype(saved).values())
+def total_bytes(saved: Sequence[SavedTensor], kinds: Sequence[str] = COUNTED_KINDS) -> int:
+    """All bytes kept alive for backward (each storage once), of the given kinds."""
+    return sum(activation_bytes_by_dtype(saved, kinds).values())
 
 
 def module_prefix(path: str | None, depth: int | None) -> str:
@@ -80,13 +86,17 @@ def module_prefix(path: str | None, depth: int | None) -> str:
     return ".".join(out)
 
 
-def by_module(saved: Sequence[SavedTensor], depth: int | None = None) -> dict[str, dict[str, int]]:
+def by_module(
+    saved: Sequence[SavedTensor],
+    depth: int | None = None,
+    kinds: Sequence[str] = COUNTED_KINDS,
+) -> dict[str, dict[str, int]]:
     """Bytes kept alive for backward per module (its path cut to ``depth``), then per dtype.
 
     A storage is counted for the module whose op saved it first.
     """
     out: dict[str, dict[str, int]] = {}
-    for t in _counted(saved):
+    for t in _counted(saved, kinds):
         row = out.setdefault(module_prefix(t.module, depth), {})
         row[t.dtype] = row.get(t.dtype, 0) + t.storage_bytes
     return out
@@ -107,6 +117,9 @@ def human_bytes(n: int) -> str:
 
 
 __all__ = [
+    "ACTIVATION",
+    "COUNTED_KINDS",
+    "PARAMETER_COPY",
     "activation_bytes_by_dtype",
     "by_module",
     "human_bytes",

@@ -41,6 +41,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampgraph.errors import first_line
 from ampgraph.capture import autocast_state, dtype_name, swapped_tensors, torch_dtype, training_mode
 from ampgraph.memory import activation_bytes_by_dtype
 from ampgraph.models import ModelInputs
@@ -393,15 +394,22 @@ def verify_train(
     seconds["analyze"] = time.perf_counter() - t0
     assert report.backward is not None
     t0 = time.perf_counter()
-    if report.backward.skipped:
-        figures = {k: Figure(0, 0) for k in ("gradients", "saved", "memory", "backward_ops")}
-        found: list[Disagreement] = []
-    else:
+    figures = {k: Figure(0, 0) for k in ("gradients", "saved", "memory", "backward_ops")}
+    found: list[Disagreement] = []
+    skipped = report.backward.skipped
+    try:
         real = run_step(
             model, setting, report.backward.loss["output"], dev,
             backward_autocast=backward_autocast, seed=seed,
         )  # fmt: skip
-        figures, found = compare_step(report, real)
+    except Exception as exc:  # noqa: BLE001 - the model's own error: predicted, or a finding
+        if not skipped:
+            found.append(Disagreement("step", "", "", "a backward", f"error: {first_line(exc)}"))
+    else:
+        if skipped:
+            found.append(Disagreement("step", "", "", f"no backward: {skipped}", "the step ran"))
+        else:
+            figures, found = compare_step(report, real)
     seconds["step"] = time.perf_counter() - t0
     return TrainVerifyResult(
         model=model.name,
