@@ -185,8 +185,8 @@ class TraceState:
     forward_records: list[NodeRecord] = field(default_factory=list)
     #: storage of each graph input -> its kind (parameter, buffer, input, constant).
     input_storages: dict[int, str] = field(default_factory=dict)
-    #: storages of the 16-bit copies autocast made of parameters and buffers.
-    copy_storages: set[int] = field(default_factory=set)
+    #: the dtype conversions of parameters and buffers made in the forward.
+    copies: Any = None
 
     def enter(self, owner: tuple[str, str | None]) -> None:
         self.stack.append(owner)
@@ -309,9 +309,29 @@ def _explicit_cast(state: TraceState, t: torch.Tensor, to: torch.dtype) -> torch
     node = state.node_of(out)
     if node is not None:
         node.meta[AUTOCAST_CAST] = True
-    if state.input_storages.get(t.untyped_storage()._cdata) in ("parameter", "buffer"):
-        state.copy_storages.add(out.untyped_storage()._cdata)
     return out
+
+
+class ParameterCopies(TorchDispatchMode):
+    """Note the storage of every dtype conversion of a parameter or buffer (autocast's 16-bit
+    copies of weights, a model's own ``weight.to(dtype)``): memory that exists only while it is
+    needed, unlike the parameter's. The copies are kept alive so no other tensor reuses their
+    storage while the step runs. :mod:`ampgraph.verify_train` watches the real step with it too.
+    """
+
+    def __init__(self, sources: set[int]) -> None:
+        super().__init__()
+        self.sources = sources
+        self.storages: set[int] = set()
+        self.keep: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and isinstance(out, torch.Tensor):
+            if args[0].untyped_storage()._cdata in self.sources:
+                self.storages.add(out.untyped_storage()._cdata)
+                self.keep.append(out)
+        return out
 
 
 #: CPU normalisations and the index of their weight: fed a 16-bit input with fp32 parameters
@@ -491,7 +511,12 @@ def trace_joint(
             return t
 
         annotator = JointAnnotator(cap)
+        copies = ParameterCopies(
+            {k for k, kind in state.input_storages.items() if kind in ("parameter", "buffer")}
+        )
+        state.copies = copies
         with (
+            copies,
             CpuMixedNorms(),
             StrictDtypeMode(setting.device_type),
             autocast_state("cpu", False, torch.get_autocast_dtype("cpu")),
@@ -695,7 +720,7 @@ def _saved(trace: JointTrace, forward: dict[str, NodeRecord]) -> list[SavedTenso
         key = storage._cdata
         number = storages.setdefault(key, len(storages))
         kind = kinds.get(key, "activation")
-        if kind == "activation" and key in state.copy_storages:
+        if kind == "activation" and key in state.copies.storages:
             kind = "parameter copy"
         fwd = forward.get(item.owner) if item.owner else None
         out.append(SavedTensor(

@@ -83,6 +83,8 @@ def cast_pairs(bw: Backward) -> Counter[tuple[str, str]]:
     """(from, to) of every cast in the backward: ``_to_copy`` nodes and autocast's casts."""
     out: Counter[tuple[str, str]] = Counter()
     for r in bw.nodes:
+        if r.kind != "op":
+            continue  # the loss's own forward (its .float())
         if is_cast(r):
             out[(r.inputs[0]["dtype"], r.outputs[0])] += 1
         for c in r.casts:

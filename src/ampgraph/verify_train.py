@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.errors import first_line
+from ampgraph.backward import ParameterCopies
 from ampgraph.capture import autocast_state, dtype_name, swapped_tensors, torch_dtype, training_mode
 from ampgraph.memory import activation_bytes_by_dtype
 from ampgraph.models import ModelInputs
@@ -204,7 +205,6 @@ def run_step(
     saved: list[tuple[torch.Tensor, str]] = []
     kinds: dict[int, str] = {}
     storages: dict[int, int] = {}
-    copies: set[int] = set()
     log = OpLog()
     amp_dtype = torch_dtype(setting.amp_dtype)
     with contextlib.ExitStack() as stack:
@@ -221,24 +221,14 @@ def run_step(
         ):
             for t in tensors:
                 kinds.setdefault(t.untyped_storage()._cdata, kind)
-        param_storages = {k for k, v in kinds.items() if v in ("parameter", "buffer")}
-
-        class CopyWatch(TorchDispatchMode):
-            """Note the storages of autocast's copies of parameters (a ``_to_copy`` of one)."""
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                out = func(*args, **(kwargs or {}))
-                if func is torch.ops.aten._to_copy.default and isinstance(out, torch.Tensor):
-                    if args[0].untyped_storage()._cdata in param_storages:
-                        copies.add(out.untyped_storage()._cdata)
-                return out
+        watch = ParameterCopies({k for k, v in kinds.items() if v in ("parameter", "buffer")})
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             saved.append((t, ""))
             return t
 
         autocast = torch.autocast(setting.device_type, dtype=amp_dtype, enabled=setting.autocast)
-        with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), CopyWatch():
+        with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watch:
             out = model.module(*args, **kwargs)
             chosen = _output_by_path(out, loss_path)
             if chosen is None:
@@ -260,14 +250,14 @@ def run_step(
         key = t.untyped_storage()._cdata
         number = storages.setdefault(key, len(storages))
         kind = kinds.get(key, "activation")
-        if kind == "activation" and key in copies:
+        if kind == "activation" and key in watch.storages:
             kind = "parameter copy"
         records.append(SavedTensor(
             node="", module=None, dtype=dtype_name(t.dtype), shape=list(t.shape),
             bytes=t.numel() * t.element_size(), storage=number,
             storage_bytes=t.untyped_storage().nbytes(), kind=kind,
         ))  # fmt: skip
-    del saved, out, loss
+    del saved, out, loss, watch
     return RealStep(saved=records, gradients=gradients, ops=log.ops)
 
 
