@@ -40,7 +40,7 @@ def test_table_json_is_a_versioned_report() -> None:
     code, out = run("table", "llama-tiny", "-s", "amp-fp32", "--format", "json")
     assert code == 0
     data = json.loads(out)
-    assert data["schema"] == SCHEMA and data["version"] == 1
+    assert data["schema"] == SCHEMA and data["version"] == 2
     assert data["setting"]["name"] == "amp-fp32"
     assert set(data["versions"]) >= {"ampgraph", "torch", "transformers", "policy_tables"}
     assert data["check"]["disagreements"] == 0

@@ -66,7 +66,7 @@ def test_a_file_that_is_no_report_is_a_usage_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "something else"}')
     code, out = run("render", "--report", str(bad), "--format", "dot", "--out", str(tmp_path))
-    assert code == 2 and "not an ampgraph.report v1 report" in out
+    assert code == 2 and "not an ampgraph.report v2 report" in out
 
 
 def test_help_teaches_with_examples() -> None:

@@ -20,9 +20,10 @@ from ampgraph.annotate import annotate
 from ampgraph.capture import DRAFT_EXPORT, Capture, ModuleInfo, capture
 from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
+from ampgraph.errors import SettingError
 from ampgraph.models import ModelInputs
 from ampgraph.policy import ACTIVE_RELEASE
-from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.records import PASSES, ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.specs import spec_tracer
 
@@ -199,12 +200,22 @@ def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, An
     return result, payload
 
 
-def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
+def analyze_capture(
+    cap: Capture,
+    *,
+    check: bool = True,
+    pass_: str = "forward",
+    loss: str | int | None = None,
+    backward_autocast: bool = False,
+) -> Report:
     """Annotate (and by default check) an existing capture.
 
     For large graphs on a machine with more than one core, the dispatcher check runs in a forked
     process while the annotation runs here: the two are independent replays of the same graph.
+    ``pass_`` ``backward`` or ``train`` adds the training step (:mod:`ampgraph.backward`).
     """
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
     import multiprocessing as mp
 
     unavailable = dispatcher_unavailable(cap.setting.device_type) if check else None
@@ -222,7 +233,7 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
     else:
         records = annotate(cap)
         summary = run_check(cap, records) if check else None
-    return Report(
+    report = Report(
         model=cap.model_name,
         setting=cap.setting.to_dict(),
         versions=versions(),
@@ -238,7 +249,18 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
         check=summary,
+        pass_=pass_,
     )
+    if pass_ != "forward":
+        from ampgraph.backward import backward_section, trace_joint
+
+        trace = trace_joint(cap, loss=loss, backward_autocast=backward_autocast)
+        report.backward = backward_section(trace)
+        if check and not report.backward.skipped:
+            from ampgraph.backward_check import check_backward
+
+            check_backward(trace, report.backward)
+    return report
 
 
 def analyze(
@@ -249,6 +271,9 @@ def analyze(
     kwargs: dict[str, Any] | None = None,
     check: bool = True,
     tracer: str | None = None,
+    pass_: str = "forward",
+    loss: str | int | None = None,
+    backward_autocast: bool = False,
 ) -> Report:
     """Analyse one model in one setting.
 
@@ -258,6 +283,12 @@ def analyze(
     dtypes are used, and the module's own tensors are left untouched). ``setting`` is a
     :class:`~ampgraph.settings.Setting` or its name. ``tracer`` turns the model into a
     graph (:mod:`ampgraph.tracers`; default: a spec's own, else ``export``).
+
+    ``pass_`` is ``forward`` (the default), ``backward`` or ``train``: the latter two trace the
+    model in training mode and add ``report.backward``, the loss ``output.float().sum()`` of the
+    output ``loss`` names (a key or index; default the first floating output) and its backward,
+    run outside the autocast context as PyTorch's AMP recipe does, or inside it with
+    ``backward_autocast=True`` (see :mod:`ampgraph.backward`).
 
     >>> import torch
     >>> from ampgraph import analyze
@@ -269,7 +300,12 @@ def analyze(
     if isinstance(model, str):
         tracer = tracer or spec_tracer(model)
     model = as_model_inputs(model, args, kwargs)
-    return analyze_capture(capture(trace(model, tracer), setting), check=check)
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
+    cap = capture(trace(model, tracer), setting, training=pass_ != "forward")
+    return analyze_capture(
+        cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
+    )
 
 
 def as_model_inputs(
@@ -318,13 +354,15 @@ def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
 _WORKER_MODEL: ModelInputs | None = None
 
 
-def _analyze_in_worker(job: tuple[int, Setting, bool]) -> tuple[int, dict[str, Any]]:
+def _analyze_in_worker(
+    job: tuple[int, Setting, bool, dict[str, Any]],
+) -> tuple[int, dict[str, Any]]:
     import torch
 
     torch.set_num_threads(1)  # the workers already use every core between them
-    index, setting, check = job
+    index, setting, check, options = job
     assert _WORKER_MODEL is not None
-    return index, analyze(_WORKER_MODEL, setting, check=check).to_dict()
+    return index, analyze(_WORKER_MODEL, setting, check=check, **options).to_dict()
 
 
 def die_with_parent(parent: int) -> None:
@@ -366,12 +404,14 @@ def analyze_many(
     workers: int | None = None,
     on_done: Any = None,
     tracer: str | None = None,
+    **options: Any,
 ) -> list[Report]:
     """Analyse one model in several settings, in parallel worker processes where that helps.
 
     Workers are forked after torch and the model are loaded (and traced once, for a ``tracer``
     other than ``export``), so each setting costs only its own capture and replay.
-    ``on_done(index, report)`` is called as each setting finishes.
+    ``on_done(index, report)`` is called as each setting finishes. ``options`` go to
+    :func:`analyze` (``pass_``, ``loss``, ``backward_autocast``).
 
     >>> from ampgraph import load_model, seed_matrix
     >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix()[:2], check=False)
@@ -391,7 +431,7 @@ def analyze_many(
 
     if workers <= 1 or "fork" not in mp.get_all_start_methods():
         for i, setting in enumerate(settings):
-            done(i, analyze(model, setting, check=check))
+            done(i, analyze(model, setting, check=check, **options))
         return [r for r in results if r is not None]
     global _WORKER_MODEL
     _WORKER_MODEL = model
@@ -401,7 +441,7 @@ def analyze_many(
         with mp.get_context("fork").Pool(
             workers, initializer=die_with_parent, initargs=(os.getpid(),)
         ) as pool:
-            jobs = [(i, s, check) for i, s in enumerate(settings)]
+            jobs = [(i, s, check, options) for i, s in enumerate(settings)]
             for index, data in pool.imap_unordered(_analyze_in_worker, jobs):
                 done(index, Report.from_dict(data))
     finally:

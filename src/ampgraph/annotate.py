@@ -244,7 +244,7 @@ class AutocastAnnotator(FakeReplay):
             )
         else:
             reason = "grad mode changes inside this region; autocast as around it"
-        child = AutocastAnnotator(
+        child = type(self)(  # a subclass's children are of its kind (backward's meta replay)
             self.capture,
             gm=region.body,
             state=state,
@@ -258,6 +258,14 @@ class AutocastAnnotator(FakeReplay):
             rec.skipped = value.node  # the body's failing node carries the error
         rec.outputs = dtype_names(value)
         return value
+
+    def trace_decomposition(self, trace: Any) -> fx.GraphModule:
+        """Run ``trace()``, which traces a composite op's decomposition into a small graph.
+
+        A hook for subclasses that are themselves being traced (:mod:`ampgraph.backward`): the
+        small graph must be made outside their own trace.
+        """
+        return trace()
 
     # -- policy -------------------------------------------------------------------------------------
     def _policy(
@@ -503,7 +511,9 @@ class Decomposed:
         # A composite that asks the GPU driver first (cuDNN RNNs) decomposes by its stand-in.
         table = {self.op: driverless.decomposition(self.op) or cpp_decomposition}
         try:
-            gm = make_fx(call_op, pre_dispatch=True, decomposition_table=table)(*tensors)
+            gm = self.annotator.trace_decomposition(
+                lambda: make_fx(call_op, pre_dispatch=True, decomposition_table=table)(*tensors)
+            )
         except Exception:  # noqa: BLE001 - not traceable this way: autocast as one level sees it
             fallback = InnerAutocast(self.annotator)
             value = fallback.call(op, args, kwargs)
@@ -512,7 +522,7 @@ class Decomposed:
                 _NO_POLICY_INSIDE.add(key)
             return value
         parent = self.annotator
-        child = AutocastAnnotator(
+        child = type(parent)(
             parent.capture, gm=gm, state=parent.state, records=[],
             prefix=f"{parent.prefix}{self.node.name}.", region=parent.region,
         )  # fmt: skip

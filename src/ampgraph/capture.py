@@ -92,6 +92,14 @@ class Capture:
     #: (``boxes.py:103 if boxes.numel() == 0: Eq(4*u1, 0) decided False``): the graph is the path
     #: those example values take, and the other side of each is not analysed.
     data_dependent: list[str] = field(default_factory=list)
+    #: Where each of the graph's outputs sits in what the model returns: ``logits``, ``0``,
+    #: ``past_key_values.0.1`` (a backward pass picks the output its loss reduces by it).
+    output_paths: list[str] = field(default_factory=list)
+    #: Traced with ``model.train()`` (dropout active, batch norm on batch statistics), as a
+    #: training step runs; the forward analysis traces the model as given (``eval()``).
+    training: bool = False
+    #: Tied parameters: each alias's name -> the name ``named_parameters()`` lists it under.
+    tied: dict[str, str] = field(default_factory=dict)
 
 
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
@@ -407,15 +415,32 @@ def _draft_export(model: ModelInputs) -> tuple[torch.export.ExportedProgram, lis
     return program, list(dict.fromkeys(_describe(f) for f in failures))
 
 
-def capture(model: ModelInputs, setting: Setting) -> Capture:
-    """Trace ``model`` in ``setting`` and return the graph with what replaying it needs."""
+@contextlib.contextmanager
+def training_mode(module: nn.Module, training: bool) -> Iterator[None]:
+    """``module.train(training)`` for a while; every submodule's own flag comes back after."""
+    flags = [(m, m.training) for m in module.modules()]
+    module.train(training)
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def capture(model: ModelInputs, setting: Setting, *, training: bool = False) -> Capture:
+    """Trace ``model`` in ``setting`` and return the graph with what replaying it needs.
+
+    ``training`` traces it in training mode (``model.train()``), as a training step runs it;
+    otherwise in the mode it is in (the bundled models are in ``eval()`` mode).
+    """
     param_dtype = torch_dtype(setting.param_dtype)
     method = EXPORT
     tracer, dtype_branches = _traced_by(model)
     data_dependent: list[str] = []
     recorder = ModuleIORecorder(model.module)
+    mode = training_mode(model.module, True) if training else contextlib.nullcontext()
     try:
-        with recorder:
+        with recorder, mode:
             if can_trace_fake(setting.device_type):
                 try:
                     program = _export(model, setting.device_type, param_dtype, setting)
@@ -469,4 +494,48 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         call_order=recorder.call_order(),
         dtype_branches=list(dtype_branches),
         data_dependent=data_dependent,
+        output_paths=output_paths(program),
+        training=training,
+        tied=tied_parameters(model.module),
     )
+
+
+def tied_parameters(module: nn.Module) -> dict[str, str]:
+    """Every alias of a tied parameter -> its first name, as ``named_parameters()`` gives it.
+
+    >>> m = nn.Sequential(nn.Embedding(3, 2), nn.Linear(2, 3, bias=False))
+    >>> m[1].weight = m[0].weight
+    >>> tied_parameters(m)
+    {'1.weight': '0.weight'}
+    """
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
+
+
+def output_paths(program: torch.export.ExportedProgram) -> list[str]:
+    """Each flat output's place in the model's return value, keys and indices joined by dots.
+
+    >>> class Two(nn.Module):
+    ...     def forward(self, x):
+    ...         return {"out": x + 1, "aux": (x * 2, x - 1)}
+    >>> output_paths(torch.export.export(Two(), (torch.ones(2),)))
+    ['out', 'aux.0', 'aux.1']
+    """
+    spec = program.call_spec.out_spec
+    if spec is None:
+        return []
+    structure = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    paths = []
+    for path, _leaf in pytree.tree_flatten_with_path(structure)[0]:
+        parts = []
+        for key in path:
+            part = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
+            parts.append(str(part))
+        paths.append(".".join(parts))
+    return paths

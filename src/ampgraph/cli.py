@@ -148,6 +148,45 @@ def setting_options(f: F) -> F:
     return f
 
 
+def pass_options(f: F) -> F:
+    """--pass, --loss and --backward-in-autocast: which pass of a training step to analyse."""
+    options = [
+        click.option(
+            "--pass", "pass_", type=click.Choice(["forward", "backward", "train"]),
+            default="forward", show_default=True,
+            help="forward: the model's forward as given (eval mode); backward: the backward of a "
+            "training step (model.train(), loss = output.float().sum(), loss.backward()); train: "
+            "both.",
+        ),
+        click.option(
+            "--loss", metavar="KEY|INDEX", default=None,
+            help="Which output the loss reduces, for --pass backward/train: an output key "
+            "('logits') or index ('0'). Default: the first floating-point output.",
+        ),
+        click.option(
+            "--backward-in-autocast", "backward_autocast", is_flag=True,
+            help="Call loss.backward() inside the autocast context, so autocast applies to the "
+            "backward's ops too. Default: outside, as PyTorch's AMP recipe does.",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def train_options(pass_: str, loss: str | None, backward_autocast: bool) -> dict[str, Any]:
+    """The analysis options of a --pass (empty for the forward: its cache keys stay as they were).
+
+    A usage error (exit 2) where --loss or --backward-in-autocast come without a backward.
+    """
+    if pass_ == "forward":
+        if loss is not None or backward_autocast:
+            given = "--loss" if loss is not None else "--backward-in-autocast"
+            raise click.UsageError(f"{given} needs --pass backward or --pass train")
+        return {}
+    return {"pass_": pass_, "loss": loss, "backward_autocast": backward_autocast}
+
+
 def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[Setting]:
     """Setting names from the command line, or the seed's four when none are given."""
     if not names:
@@ -179,17 +218,20 @@ def root_options() -> dict[str, Any]:
 
 def analysed(
     model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
-    *, check: bool = True, warn_unchecked: bool = True,
+    *, check: bool = True, warn_unchecked: bool = True, options: dict[str, Any] | None = None,
 ) -> list[Report]:  # fmt: skip
-    """:func:`ampgraph.pipeline.analyze_spec` with the command's options, and its warnings."""
+    """:func:`ampgraph.pipeline.analyze_spec` with the command's options, and its warnings.
+
+    ``options`` are :func:`train_options` (the pass, its loss and where backward runs).
+    """
     from ampgraph.pipeline import analyze_spec
     from ampgraph.text import data_dependent_warning, dtype_branches_warning
 
-    options = root_options()
+    root = root_options()
     reports = analyze_spec(
         model_spec, resolve_settings(settings, device, amp_dtype), seq_len=seq_len, check=check,
-        use_cache=not options["no_cache"], workers=options["jobs"], force=forced(),
-        progress=progress,
+        use_cache=not root["no_cache"], workers=root["jobs"], force=forced(),
+        progress=progress, options=options,
     )  # fmt: skip
     for warning in (dtype_branches_warning(reports[0]), data_dependent_warning(reports[0])):
         if warning:
@@ -258,9 +300,11 @@ def main(ctx: click.Context, no_cache: bool, jobs: int | None) -> None:
     help="text: the seed's hook lines; json: the full versioned report; markdown: a table.",
 )
 @click.option("--no-check", is_flag=True, help="Skip the dispatcher check (faster).")
+@pass_options
 def table(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    only: str | None, fmt: str, no_check: bool,
+    only: str | None, fmt: str, no_check: bool, pass_: str, loss: str | None,
+    backward_autocast: bool,
 ) -> None:  # fmt: skip
     """Print the dtype of every leaf-module call, as forward hooks would.
 
@@ -268,63 +312,93 @@ def table(
     '[model.decoder.layers.0.fc1] in=torch.float32 -> out=torch.bfloat16'.
     With several settings each block starts with a '# setting' line.
 
+    With --pass backward, one line per module in the order the backward runs: the ops that run
+    in 16 bits, the casts, what is saved for backward and the parameters' gradient dtypes;
+    --pass train prints the forward's lines, then the backward's.
+
     \b
     Examples:
       ampgraph table -s amp-fp32
       ampgraph table -s half --amp-dtype fp16 --only Linear
       ampgraph table --format markdown -s amp-half
+      ampgraph table --pass train -s amp-fp32 --format markdown
+      ampgraph table --pass backward --only Linear --backward-in-autocast
     """
     import json
 
     from ampgraph.text import hook_lines, markdown_table
+    from ampgraph.train_formats import backward_lines, markdown_train
 
+    options = train_options(pass_, loss, backward_autocast)
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
-    reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
+    reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
+                       options=options)  # fmt: skip
     if fmt == "json":
         payload: Any = reports[0].to_dict() if len(reports) == 1 else [r.to_dict() for r in reports]
         click.echo(json.dumps(payload, indent=1))
         return
     for i, report in enumerate(reports):
         if fmt == "markdown":
-            click.echo(("\n" if i else "") + markdown_table(report, classes))
+            parts = [] if pass_ == "backward" else [markdown_table(report, classes)]
+            if pass_ != "forward":
+                parts.append(markdown_train(report))
+            click.echo(("\n" if i else "") + "\n\n".join(parts))
             continue
         if len(reports) > 1:
             click.echo(f"{'' if i == 0 else chr(10)}# {report.model} {report.setting['name']}: "
                        f"{Setting.from_dict(report.setting).title}")  # fmt: skip
-        for line in hook_lines(report, classes):
+        lines = [] if pass_ == "backward" else hook_lines(report, classes)
+        if pass_ != "forward":
+            lines += backward_lines(report, classes)
+        for line in lines:
             click.echo(line)
 
 
 @main.command(name="check")
 @model_argument
 @setting_options
+@pass_options
 def check_command(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int
-) -> None:
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
+    pass_: str, loss: str | None, backward_autocast: bool,
+) -> None:  # fmt: skip
     """Check every annotation against the PyTorch dispatcher; exit 1 on any disagreement.
 
     The dispatcher check replays the graph with the real autocast kernels on fake tensors (no GPU
     needed, even for cuda) and compares each node's dtypes with ampgraph's prediction. Each
     disagreement is listed with its node, op, module and both answers.
 
+    With --pass backward or train, the joint graph of the training step (forward, loss and
+    backward) is replayed on fake tensors too: every backward node's dtypes against the
+    dispatcher's, with the real autocast kernels where backward runs inside the context.
+
     \b
     Examples:
       ampgraph check
       ampgraph check -s amp-fp32 --device cpu
       ampgraph check gpt2 --amp-dtype fp16
+      ampgraph check --pass train --backward-in-autocast
     """
     from ampgraph.text import check_summary, disagreement_lines
+    from ampgraph.train_formats import backward_check_lines
 
+    options = train_options(pass_, loss, backward_autocast)
     failed = 0
-    for report in analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False):
+    for report in analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False,
+                           options=options):  # fmt: skip
         if report.check is None:
             raise click.ClickException(
                 (report.capture or {}).get("check_unavailable") or "the check did not run"
             )
-        click.echo(check_summary(report))
-        for line in disagreement_lines(report):
-            click.echo(line)
-        failed += len(report.disagreements)
+        if pass_ != "backward":
+            click.echo(check_summary(report))
+            for line in disagreement_lines(report):
+                click.echo(line)
+            failed += len(report.disagreements)
+        if report.backward is not None:
+            for line in backward_check_lines(report):
+                click.echo(line)
+            failed += len(report.backward.disagreements)
     if failed:
         raise click.ClickException(
             f"{failed} node{'s' if failed != 1 else ''} disagree with the dispatcher"
@@ -588,9 +662,11 @@ def render(
     help="Random seed for the weights (values never change a dtype; the same random seed makes "
     "runs repeat).",
 )
+@pass_options
 def verify(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    record_path: Path | None, random_seed: int,
+    record_path: Path | None, random_seed: int, pass_: str, loss: str | None,
+    backward_autocast: bool,
 ) -> None:  # fmt: skip
     """Prove the annotations against real execution; exit 1 on any disagreement.
 
@@ -610,17 +686,28 @@ def verify(
     CPU autocast policy and runs anywhere; --device cuda needs a GPU (without one,
     'ampgraph check --device cuda' checks against the dispatcher instead).
 
+    With --pass backward, a real training step instead: the eager model in training mode,
+    forward under torch.autocast, loss = output.float().sum(), loss.backward(); compared are
+    every parameter's .grad dtype, every tensor autograd saved (dtype, shape, bytes, via
+    saved_tensors_hooks) and the activation memory per dtype, and every op the backward runs
+    with its dtypes. --pass train does the forward's checks and then these.
+
     \b
     Examples:
       ampgraph verify --device cpu                  # OPT-125M, the four settings
       ampgraph verify --device cpu -s amp-fp32 --amp-dtype fp16
       ampgraph verify --device cuda --record docs/verification/cuda.json
       ampgraph verify llama-tiny --device cpu
+      ampgraph verify --device cpu --pass train
+      ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
     from ampgraph.files import check_writable
     from ampgraph.pipeline import prepare
     from ampgraph.verify import resolve_device, write_record
     from ampgraph.verify import verify as verify_model
+    from ampgraph.verify_train import verify_train
+
+    options = train_options(pass_, loss, backward_autocast)
 
     resolved = resolve_settings(settings, device, amp_dtype)
     for setting in resolved:
@@ -631,13 +718,21 @@ def verify(
     built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
     results = []
     for i, setting in enumerate(resolved, 1):
-        result = verify_model(built, setting, random_seed=random_seed, force=forced())
+        step: list[Any] = []
+        if pass_ != "backward":
+            step.append(verify_model(built, setting, random_seed=random_seed, force=forced()))
+        if options:
+            step.append(verify_train(
+                built, setting, random_seed=random_seed, force=forced(), loss=loss,
+                backward_autocast=backward_autocast,
+            ))  # fmt: skip
         progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
                  f"{time.perf_counter() - start:.1f}s")  # fmt: skip
-        click.echo(result.summary_line())
-        for line in result.disagreement_lines():
-            click.echo(line)
-        results.append(result)
+        for result in step:
+            click.echo(result.summary_line())
+            for line in result.disagreement_lines():
+                click.echo(line)
+        results += step
     if record_path is not None:
         click.echo(f"record: {write_record(results, record_path)}")
     failed = sum(len(r.disagreements) for r in results)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ampgraph.records import Report
 from ampgraph.settings import Setting, seed_matrix
@@ -51,7 +51,12 @@ def prepare(
 
 
 def report_keys(
-    spec: str, settings: Sequence[Setting], *, seq_len: int, check: bool
+    spec: str,
+    settings: Sequence[Setting],
+    *,
+    seq_len: int,
+    check: bool,
+    options: dict[str, Any] | None = None,
 ) -> list[str | None]:
     """The cache key of ``spec``'s report in each setting; None where it is never cached (a
     ``package.module:factory`` spec runs arbitrary code).
@@ -67,11 +72,12 @@ def report_keys(
     if identity is None:
         return [None for _ in settings]
     tracer = spec_tracer(spec)
-    # Only a non-default tracer is part of the key, so export's entries stay valid.
-    tracer_key = {} if tracer == "export" else {"tracer": tracer}
+    # Only a non-default tracer or pass is part of the key, so the forward's entries stay valid.
+    extra = {} if tracer == "export" else {"tracer": tracer}
+    extra.update(options or {})
     return [
         cache.cache_key(
-            identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **tracer_key}
+            identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **extra}
         )
         for s in settings
     ]
@@ -101,6 +107,7 @@ def analyze_spec(
     workers: int | None = None,
     force: bool = False,
     progress: Progress = None,
+    options: dict[str, Any] | None = None,
 ) -> list[Report]:
     """The analysis of the model ``spec`` names in each setting, in order.
 
@@ -109,11 +116,12 @@ def analyze_spec(
     or names (default: the seed notebook's four). Reports are read from the cache where they are
     (``use_cache``); the rest are computed after building the model once, in up to ``workers``
     forked processes (default: one per core), and cached. ``force`` analyses a config beyond any
-    published model; ``progress`` receives notes on the way.
+    published model; ``progress`` receives notes on the way. ``options`` go to
+    :func:`ampgraph.analyze` (``pass_``, ``loss``, ``backward_autocast``) and into the cache key.
     """
     resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
     keys = (
-        report_keys(spec, resolved, seq_len=seq_len, check=check)
+        report_keys(spec, resolved, seq_len=seq_len, check=check, options=options)
         if use_cache
         else [None for _ in resolved]
     )
@@ -137,7 +145,12 @@ def analyze_spec(
             _say(progress, f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
 
         analyze_many(
-            model, [resolved[i] for i in missing], check=check, workers=workers, on_done=done
+            model,
+            [resolved[i] for i in missing],
+            check=check,
+            workers=workers,
+            on_done=done,
+            **(options or {}),
         )
     return [r for r in reports if r is not None]
 

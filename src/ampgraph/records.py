@@ -4,9 +4,9 @@ This module is torch-free. A :class:`Report` is what ``ampgraph table --format j
 what the renderer draws; it round-trips through JSON (:meth:`Report.to_json`,
 :meth:`Report.from_json`), so diagrams and later commands (diff, audit) can work from a saved file.
 
-JSON schema ``ampgraph.report`` version 1 (fields are added, never renamed, within a version):
+JSON schema ``ampgraph.report`` version 2 (fields are added, never renamed, within a version):
 
-* ``schema``, ``version``: ``"ampgraph.report"``, ``1``.
+* ``schema``, ``version``: ``"ampgraph.report"``, ``2`` (``1`` is still read).
 * ``model``: the spec analysed; ``setting``: ``{name, device_type, autocast, amp_dtype,
   param_dtype}``; ``versions``: ``{ampgraph, torch, transformers, policy_tables}``.
 * ``capture``: ``{method, trace_time_dtype_nodes, dtype_branches}``: how the graph was captured
@@ -26,6 +26,16 @@ JSON schema ``ampgraph.report`` version 1 (fields are added, never renamed, with
 * ``modules``: one record per leaf-module call in execution order (:class:`ModuleCall`): the hook
   view of the seed notebook, ``in`` and ``out`` dtypes.
 * ``check``: ``{oracle, nodes, compared, disagreements}`` once the dispatcher check ran, else null.
+
+Version 2 adds the training step (``ampgraph table --pass train``); a version 1 report reads as a
+forward-only one:
+
+* ``pass``: ``forward``, ``backward`` or ``train``, what was asked for.
+* ``backward``: null for a forward pass, else (:class:`Backward`) ``loss`` (which output, its
+  dtype, the expression), ``autocast`` (whether backward ran inside the autocast context),
+  ``nodes`` (the loss and backward ops, as node records with ``forward``: the forward node each
+  belongs to), ``gradients`` (every parameter's gradient dtype), ``saved`` (every tensor autograd
+  saves for backward: dtype, shape, bytes, storage, kind) and ``check``.
 """
 
 from __future__ import annotations
@@ -35,7 +45,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA = "ampgraph.report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions this ampgraph reads: a version 1 report is a forward pass without ``backward``.
+READABLE_VERSIONS = (1, 2)
+PASSES = ("forward", "backward", "train")
 
 #: Node kinds (:attr:`NodeRecord.kind`) whose value is the model's own state, not a computation:
 #: hooks and diagrams look past them to the activations.
@@ -82,6 +95,8 @@ class NodeRecord:
     #: Why ampgraph could not analyse this node here (a kernel that needs a GPU driver even on
     #: fake tensors), or None. Such a node is neither a prediction nor a disagreement.
     not_analysed: str | None = None
+    #: For a backward node, the forward node it is the backward of (None in the forward pass).
+    forward: str | None = None
 
     @property
     def out_dtype(self) -> str | None:
@@ -101,8 +116,9 @@ class NodeRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["casts"] = [c.to_dict() for c in self.casts]
-        if data["not_analysed"] is None:
-            del data["not_analysed"]  # reports of fully analysed graphs read as before
+        for key in ("not_analysed", "forward"):
+            if data[key] is None:
+                del data[key]  # reports of fully analysed forward graphs read as before
         return data
 
     @classmethod
@@ -146,6 +162,112 @@ class ModuleCall:
         return cls(**data)
 
 
+@dataclass
+class SavedTensor:
+    """One tensor autograd saves for backward, and the forward node that saved it.
+
+    ``storage`` numbers the memory the tensor lives in: tensors with the same number share it
+    (a view, or the same tensor saved by several ops), so memory is summed once per storage.
+    ``kind`` says whose memory it is: ``activation`` (made by the forward, alive until backward
+    because it is saved), ``parameter``, ``buffer`` or ``input`` (alive anyway).
+    """
+
+    node: str
+    module: str | None
+    dtype: str
+    shape: list[int]
+    bytes: int
+    storage: int
+    storage_bytes: int
+    kind: str
+    producer: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SavedTensor:
+        return cls(**data)
+
+
+@dataclass
+class Gradient:
+    """A parameter's gradient: its dtype, or None where the loss does not depend on it."""
+
+    parameter: str
+    param_dtype: str
+    dtype: str | None
+    shape: list[int]
+    node: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Gradient:
+        return cls(**data)
+
+
+@dataclass
+class Backward:
+    """The loss and backward pass of a training step (see the module docstring)."""
+
+    loss: dict[str, Any]
+    autocast: bool
+    nodes: list[NodeRecord]
+    gradients: list[Gradient]
+    saved: list[SavedTensor]
+    method: str = ""
+    check: dict[str, Any] | None = None
+    #: Why there is no backward (the forward raised, so a real run stops there), or None.
+    skipped: str | None = None
+
+    def node(self, name: str) -> NodeRecord:
+        for rec in self.nodes:
+            if rec.name == name:
+                return rec
+        raise KeyError(name)
+
+    @property
+    def casts(self) -> list[NodeRecord]:
+        """The backward's dtype-changing ``_to_copy`` nodes (autocast's, where backward runs
+        inside the context, are the ``casts`` of the ops they feed instead)."""
+        return [
+            r for r in self.nodes
+            if r.kind == "op" and r.op == "aten._to_copy.default"
+            and r.inputs and r.inputs[0]["dtype"] != r.out_dtype
+        ]  # fmt: skip
+
+    @property
+    def disagreements(self) -> list[NodeRecord]:
+        return [n for n in self.nodes if n.check is not None and not n.check.get("agree", True)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loss": self.loss,
+            "autocast": self.autocast,
+            "method": self.method,
+            "skipped": self.skipped,
+            "check": self.check,
+            "gradients": [g.to_dict() for g in self.gradients],
+            "saved": [t.to_dict() for t in self.saved],
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Backward:
+        return cls(
+            loss=_typed(data, "loss", dict),
+            autocast=bool(data["autocast"]),
+            method=data.get("method", ""),
+            check=data.get("check"),
+            skipped=data.get("skipped"),
+            gradients=[Gradient.from_dict(g) for g in _typed(data, "gradients", list)],
+            saved=[SavedTensor.from_dict(t) for t in _typed(data, "saved", list)],
+            nodes=[NodeRecord.from_dict(n) for n in _typed(data, "nodes", list)],
+        )
+
+
 _SETTING_FIELDS = ("name", "device_type", "autocast", "amp_dtype", "param_dtype")
 
 
@@ -167,6 +289,10 @@ class Report:
     nodes: list[NodeRecord]
     modules: list[ModuleCall]
     check: dict[str, Any] | None = None
+    #: ``forward``, ``backward`` or ``train``: which pass was asked for.
+    pass_: str = "forward"
+    #: The loss and backward pass, for ``backward`` and ``train``.
+    backward: Backward | None = None
 
     def node(self, name: str) -> NodeRecord:
         for rec in self.nodes:
@@ -191,8 +317,10 @@ class Report:
             "versions": self.versions,
             "capture": self.capture,
             "check": self.check,
+            "pass": self.pass_,
             "modules": [m.to_dict() for m in self.modules],
             "nodes": [n.to_dict() for n in self.nodes],
+            "backward": self.backward.to_dict() if self.backward is not None else None,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -211,7 +339,7 @@ class Report:
             raise ValueError(  # noqa: TRY004 - Report.from_dict raises ValueError for bad data
                 f"not an {SCHEMA}: a JSON object is expected, not {type(data).__name__}"
             )
-        if data.get("schema") != SCHEMA or data.get("version") != SCHEMA_VERSION:
+        if data.get("schema") != SCHEMA or data.get("version") not in READABLE_VERSIONS:
             raise ValueError(
                 f"not an {SCHEMA} v{SCHEMA_VERSION} report "
                 f"(found {data.get('schema')!r} v{data.get('version')!r}): write it again with "
@@ -230,9 +358,13 @@ class Report:
                 nodes=[NodeRecord.from_dict(n) for n in _typed(data, "nodes", list)],
                 modules=[ModuleCall.from_dict(m) for m in _typed(data, "modules", list)],
                 check=data.get("check"),
+                pass_=data.get("pass", "forward"),
+                backward=(Backward.from_dict(data["backward"]) if data.get("backward") else None),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"damaged {SCHEMA}: {type(exc).__name__} {exc}") from None
+        if report.pass_ not in PASSES:
+            raise ValueError(f"damaged {SCHEMA}: pass {report.pass_!r} is not one of {PASSES}")
         for rec in report.nodes:
             if not isinstance(rec.name, str) or not isinstance(rec.outputs, list):
                 raise ValueError(f"damaged {SCHEMA}: node {rec.name!r} has the wrong types")  # noqa: TRY004
