@@ -147,3 +147,24 @@ def test_a_full_disk_is_one_line() -> None:
         )  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.strip() == "Error: cannot write the output: No space left on device"
+
+
+def test_check_prints_json_and_markdown_too() -> None:
+    """Every command that prints takes --format (issue 9): check's figures as data and a table."""
+    code, out = run("check", "llama-tiny", "-s", "amp-fp32", "--device", "cpu", "--format", "json")
+    assert code == 0
+    (record,) = json.loads(out)
+    assert record["setting"] == "amp-fp32" and record["disagreements"] == []
+    assert record["check"]["compared"] > 0 and record["check"]["disagreements"] == 0
+    code, out = run(
+        "check", "llama-tiny", "-s", "amp-fp32", "--device", "cpu", "--format", "markdown"
+    )
+    assert code == 0 and out.splitlines()[0].startswith("| model | setting | nodes compared |")
+    assert f"| `llama-tiny` | amp-fp32 | {record['check']['compared']} | 0 | 0 | 0 |" in out
+
+
+def test_verify_prints_its_record_as_json() -> None:
+    code, out = run("verify", "llama-tiny", "-s", "fp32", "--device", "cpu", "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["schema"] == "ampgraph.verify" and data["ok"] is True
+    assert data["results"][0]["agreement"]["nodes"]["agree"] > 0

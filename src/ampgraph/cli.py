@@ -357,10 +357,16 @@ def table(
 @main.command(name="check")
 @model_argument
 @setting_options
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+    show_default=True,
+    help="text: a summary line per setting and a line per disagreement; json: each setting's "
+    "check and disagreements; markdown: a table for a pull request.",
+)  # fmt: skip
 @pass_options
 def check_command(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    pass_: str, loss: str | None, backward_autocast: bool,
+    fmt: str, pass_: str, loss: str | None, backward_autocast: bool,
 ) -> None:  # fmt: skip
     """Check every annotation against the PyTorch dispatcher; exit 1 on any disagreement.
 
@@ -379,26 +385,37 @@ def check_command(
       ampgraph check gpt2 --amp-dtype fp16
       ampgraph check --pass train --backward-in-autocast
     """
-    from ampgraph.text import check_summary, disagreement_lines
+    from ampgraph.text import check_markdown, check_record, check_summary, disagreement_lines
     from ampgraph.train_formats import backward_check_lines
 
     options = train_options(pass_, loss, backward_autocast)
     failed = 0
-    for report in analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False,
-                           options=options):  # fmt: skip
+    reports = analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False,
+                       options=options)  # fmt: skip
+    for report in reports:
         if report.check is None:
             raise click.ClickException(
                 (report.capture or {}).get("check_unavailable") or "the check did not run"
             )
         if pass_ != "backward":
+            failed += len(report.disagreements)
+        if report.backward is not None:
+            failed += len(report.backward.disagreements)
+        if fmt != "text":
+            continue
+        if pass_ != "backward":
             click.echo(check_summary(report))
             for line in disagreement_lines(report):
                 click.echo(line)
-            failed += len(report.disagreements)
         if report.backward is not None:
             for line in backward_check_lines(report):
                 click.echo(line)
-            failed += len(report.backward.disagreements)
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps([check_record(r) for r in reports], indent=1))
+    elif fmt == "markdown":
+        click.echo(check_markdown(reports))
     if failed:
         raise click.ClickException(
             f"{failed} node{'s' if failed != 1 else ''} disagree with the dispatcher"
@@ -662,10 +679,14 @@ def render(
     help="Random seed for the weights (values never change a dtype; the same random seed makes "
     "runs repeat).",
 )
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="text: a line per setting and per disagreement; json: the record --record writes.",
+)  # fmt: skip
 @pass_options
 def verify(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    record_path: Path | None, random_seed: int, pass_: str, loss: str | None,
+    record_path: Path | None, random_seed: int, fmt: str, pass_: str, loss: str | None,
     backward_autocast: bool,
 ) -> None:  # fmt: skip
     """Prove the annotations against real execution; exit 1 on any disagreement.
@@ -728,13 +749,21 @@ def verify(
             ))  # fmt: skip
         progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
                  f"{time.perf_counter() - start:.1f}s")  # fmt: skip
-        for result in step:
+        for result in step if fmt == "text" else ():
             click.echo(result.summary_line())
             for line in result.disagreement_lines():
                 click.echo(line)
         results += step
     if record_path is not None:
-        click.echo(f"record: {write_record(results, record_path)}")
+        written = write_record(results, record_path)
+        if fmt == "text":
+            click.echo(f"record: {written}")
+    if fmt == "json":
+        import json
+
+        from ampgraph.verify import verify_record
+
+        click.echo(json.dumps(verify_record(results), indent=1))
     failed = sum(len(r.disagreements) for r in results)
     if failed:
         raise click.ClickException(

@@ -172,6 +172,55 @@ def disagreement_lines(report: Report) -> list[str]:
     return lines
 
 
+def check_record(report: Report) -> dict[str, object]:
+    """The dispatcher check of one report as plain data (``ampgraph check --format json``).
+
+    >>> r = Report("m", {"name": "fp32"}, {}, {}, [], [], check={"compared": 3, "disagreements": 0})
+    >>> check_record(r)["setting"], check_record(r)["disagreements"]
+    ('fp32', [])
+    """
+    return {
+        "model": report.model,
+        "setting": report.setting.get("name"),
+        "check": report.check,
+        "disagreements": [
+            {
+                "node": rec.name,
+                "op": rec.op,
+                "module": rec.module,
+                "outputs": rec.outputs,
+                "error": rec.error,
+                "check": rec.check,
+            }
+            for rec in report.disagreements
+        ],
+    }
+
+
+def check_markdown(reports: Sequence[Report]) -> str:
+    """The dispatcher check as a Markdown table, for a pull request (``check --format markdown``).
+
+    >>> r = Report("m", {"name": "fp32"}, {}, {}, [], [], check={"compared": 3, "disagreements": 0})
+    >>> print(check_markdown([r]).splitlines()[2])
+    | `m` | fp32 | 3 | 0 | 0 | 0 |
+    """
+    rows = [
+        "| model | setting | nodes compared | disagreements | nodes that raise | not analysed |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    details: list[str] = []
+    for report in reports:
+        c = report.check or {}
+        rows.append(
+            f"| `{report.model}` | {report.setting.get('name')} | {c.get('compared', '-')} "
+            f"| {c.get('disagreements', '-')} | {len(report.errors)} | {c.get('not_analysed', 0)} |"
+        )
+        details += [f"- {report.setting.get('name')}:{line}" for line in disagreement_lines(report)]
+    if details:
+        rows += ["", "Disagreements:", "", *details]
+    return "\n".join(rows)
+
+
 def dtype_branches_warning(report: Report) -> str | None:
     """Where the tracer fixed a dtype-dependent branch once (hf-fx), as one warning; else None.
 
