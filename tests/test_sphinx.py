@@ -81,7 +81,8 @@ def build(
     }
     if cache is not None:
         env["AMPGRAPH_CACHE_DIR"] = str(cache)
-    flags = ["-q"] if quiet else []
+    # --no-color: CI runners may force colour on, and the tests read the warnings' text.
+    flags = ["--no-color", *(["-q"] if quiet else [])]
     return subprocess.run(
         [sys.executable, "-m", "sphinx", "-b", builder, *flags, *extra, str(src), str(out)],
         capture_output=True,
