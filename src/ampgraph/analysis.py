@@ -200,11 +200,14 @@ def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, An
     return result, payload
 
 
-def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
+def analyze_capture(
+    cap: Capture, *, check: bool = True, records: list[NodeRecord] | None = None
+) -> Report:
     """Annotate (and by default check) an existing capture.
 
     For large graphs on a machine with more than one core, the dispatcher check runs in a forked
     process while the annotation runs here: the two are independent replays of the same graph.
+    ``records`` is the capture's annotation where it was made already.
     """
     import multiprocessing as mp
 
@@ -212,6 +215,7 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
     check = check and unavailable is None
     parallel = (
         check
+        and records is None
         and len(cap.graph_module.graph.nodes) >= PARALLEL_CHECK_NODES
         and default_workers() > 1
         and "fork" in mp.get_all_start_methods()
@@ -221,7 +225,7 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
         records, oracle = _oracle_beside(cap, lambda: annotate(cap))
         summary = run_check(cap, records, oracle)
     else:
-        records = annotate(cap)
+        records = annotate(cap) if records is None else records
         summary = run_check(cap, records) if check else None
     return Report(
         model=cap.model_name,
@@ -233,6 +237,8 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
             "dtype_branches": cap.dtype_branches,
             # Why the check asked for did not run (a CPU-only torch and --device cuda).
             **({"check_unavailable": unavailable} if unavailable else {}),
+            # The setting whose trace this is, proven to be the one this setting would give.
+            **({"graph_of": cap.graph_of} if cap.graph_of else {}),
         },
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
@@ -240,8 +246,93 @@ def analyze_capture(cap: Capture, *, check: bool = True) -> Report:
     )
 
 
+def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeRecord]] | str:
+    """``base``'s graph for ``setting``, with its annotation there, if it is the graph a capture
+    in ``setting`` would give; else why not, in one line.
+
+    It is when both settings have one device type and one parameter dtype and everything the
+    traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.reads`). A
+    graph traced on the meta device was traced without autocast: the same for any such setting.
+    """
+    from dataclasses import replace
+
+    from ampgraph.capture import EXPORT, EXPORT_META_REPLAY
+    from ampgraph.reads import annotate_observing, serves
+
+    if (base.setting.device_type, base.setting.param_dtype) != (
+        setting.device_type,
+        setting.param_dtype,
+    ):
+        return "another device type or parameter dtype"
+    method = base.method.rsplit("+", 1)[-1]
+    if base.graph_of is not None or method not in (EXPORT, EXPORT_META_REPLAY):
+        return f"a graph captured by {base.method} serves only its own setting"
+    shared = replace(base, setting=setting, graph_of=base.setting.name)
+    if base.reads is None:
+        return shared, annotate(shared)
+    layout_nodes = {r.node for r in base.reads if r.kind == "layout" and r.node}
+    records, layouts = annotate_observing(shared, layout_nodes)
+    why = serves(base.reads, setting, records, layouts)
+    if why is None and any(r.error for r in records):
+        # A capture in this setting raises and is traced again (capture.EXPORT_RETYPED); so is
+        # this one, so that its report reads as it always has.
+        why = f"the forward raises in {setting.name}"
+    return why if why is not None else (shared, records)
+
+
+def analyze_group(
+    model: ModelInputs | nn.Module | str,
+    settings: Sequence[Setting | str],
+    *,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    check: bool = True,
+) -> list[Report]:
+    """Analyse one model in several settings, capturing only where a graph cannot be shared.
+
+    The first setting is captured; each later one reuses the first graph captured in its device
+    type and parameter dtype wherever :func:`shared_capture` proves it is the graph its own
+    capture would give, and is captured afresh otherwise. A shared graph's report says whose it
+    is (``capture.graph_of``); a refused one why (``capture.not_shared``). Same arguments as
+    :func:`analyze`.
+
+    >>> import torch
+    >>> from ampgraph import Setting
+    >>> reports = analyze_group(torch.nn.Linear(4, 4), ["fp32", "amp-fp32"],
+    ...                         args=(torch.randn(2, 4),), check=False)
+    >>> [(r.setting["name"], r.capture.get("graph_of"), r.node("linear").out_dtype) for r in reports]
+    [('fp32', None, 'float32'), ('amp-fp32', 'fp32', 'bfloat16')]
+    """
+    model = as_model_inputs(model, args, kwargs)
+    bases: list[Capture] = []
+    reports = []
+    for item in settings:
+        setting = Setting.parse(item)
+        refused = None
+        for base in bases:
+            shared = shared_capture(base, setting)
+            if isinstance(shared, str):
+                if (base.setting.device_type, base.setting.param_dtype) == (
+                    setting.device_type,
+                    setting.param_dtype,
+                ):
+                    refused = f"{base.setting.name}'s graph: {shared}"
+                continue
+            cap, records = shared
+            reports.append(analyze_capture(cap, check=check, records=records))
+            break
+        else:
+            cap = capture(model, setting)
+            report = analyze_capture(cap, check=check)
+            if refused:
+                report.capture["not_shared"] = refused
+            reports.append(report)
+            bases.append(cap)
+    return reports
+
+
 def analyze(
-    model: ModelInputs | nn.Module,
+    model: ModelInputs | nn.Module | str,
     setting: Setting | str = "amp-fp32",
     *,
     args: tuple[Any, ...] = (),
@@ -263,6 +354,15 @@ def analyze(
     [('input', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
     """
     setting = Setting.parse(setting)  # a Setting passes through; anything else says what to give
+    return analyze_capture(capture(as_model_inputs(model, args, kwargs), setting), check=check)
+
+
+def as_model_inputs(
+    model: ModelInputs | nn.Module | str,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> ModelInputs:
+    """What :func:`analyze` accepts as a model, as :class:`~ampgraph.models.ModelInputs`."""
     if isinstance(model, str):
         from ampgraph.models import load_model
 
@@ -282,7 +382,7 @@ def analyze(
             "analyze() takes a model spec such as 'opt-125m', what load_model() returns, or an "
             f"nn.Module with args=(inputs...), not {type(model).__name__}"
         )
-    return analyze_capture(capture(model, setting), check=check)
+    return model
 
 
 # The model the forked workers analyse: set before the pool forks, inherited by the children,
@@ -290,13 +390,37 @@ def analyze(
 _WORKER_MODEL: ModelInputs | None = None
 
 
-def _analyze_in_worker(job: tuple[int, Setting, bool]) -> tuple[int, dict[str, Any]]:
+def _analyze_in_worker(
+    job: tuple[list[int], list[Setting], bool],
+) -> list[tuple[int, dict[str, Any]]]:
     import torch
 
     torch.set_num_threads(1)  # the workers already use every core between them
-    index, setting, check = job
+    indices, settings, check = job
     assert _WORKER_MODEL is not None
-    return index, analyze(_WORKER_MODEL, setting, check=check).to_dict()
+    reports = analyze_group(_WORKER_MODEL, settings, check=check)
+    return [(i, r.to_dict()) for i, r in zip(indices, reports)]
+
+
+def plan_jobs(settings: Sequence[Setting], workers: int) -> list[list[int]]:
+    """Indices of ``settings`` in jobs for ``workers`` processes: one job per group of settings
+    that may share a graph (one device type and parameter dtype), split where that leaves a
+    worker idle, since a capture on an idle core costs no time.
+
+    >>> names = ["fp32", "half", "amp-half", "amp-fp32"]
+    >>> plan_jobs([Setting.parse(n) for n in names], 2)
+    [[0, 3], [1, 2]]
+    >>> plan_jobs([Setting.parse(n) for n in names], 4)
+    [[0], [1], [2], [3]]
+    """
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, s in enumerate(settings):
+        groups.setdefault((s.device_type, s.param_dtype), []).append(i)
+    jobs = list(groups.values())
+    while len(jobs) < workers and any(len(j) > 1 for j in jobs):
+        largest = max(jobs, key=len)
+        jobs.insert(jobs.index(largest) + 1, [largest.pop()])
+    return jobs
 
 
 def die_with_parent(parent: int) -> None:
@@ -341,7 +465,8 @@ def analyze_many(
     """Analyse one model in several settings, in parallel worker processes where that helps.
 
     Workers are forked after torch and the model are loaded, so each setting costs only its own
-    trace and replay. ``on_done(index, report)`` is called as each setting finishes.
+    replays, and its own trace where it cannot share one (:func:`analyze_group`, :func:`plan_jobs`).
+    ``on_done(index, report)`` is called as each setting finishes.
 
     >>> from ampgraph import load_model, seed_matrix
     >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix())   # doctest: +SKIP
@@ -356,9 +481,11 @@ def analyze_many(
         if on_done is not None:
             on_done(index, report)
 
+    jobs = plan_jobs(settings, workers)
     if workers <= 1 or "fork" not in mp.get_all_start_methods():
-        for i, setting in enumerate(settings):
-            done(i, analyze(model, setting, check=check))
+        for job in jobs:
+            for i, report in zip(job, analyze_group(model, [settings[i] for i in job], check=check)):
+                done(i, report)
         return [r for r in results if r is not None]
     global _WORKER_MODEL
     _WORKER_MODEL = model
@@ -368,9 +495,10 @@ def analyze_many(
         with mp.get_context("fork").Pool(
             workers, initializer=die_with_parent, initargs=(os.getpid(),)
         ) as pool:
-            jobs = [(i, s, check) for i, s in enumerate(settings)]
-            for index, data in pool.imap_unordered(_analyze_in_worker, jobs):
-                done(index, Report.from_dict(data))
+            work = [(job, [settings[i] for i in job], check) for job in jobs]
+            for finished in pool.imap_unordered(_analyze_in_worker, work):
+                for index, data in finished:
+                    done(index, Report.from_dict(data))
     finally:
         _WORKER_MODEL = None
     return [r for r in results if r is not None]

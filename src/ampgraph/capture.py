@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.errors import CaptureError, first_line
 from ampgraph.models import ModelInputs
+from ampgraph.reads import TraceReads
 from ampgraph.settings import Setting
 
 EXPORT = "export"
@@ -75,6 +76,12 @@ class Capture:
     #: the call added no node to the graph). An ``nn.Identity`` or an eval-mode
     #: ``StochasticDepth`` returns its input: a hook fires, yet the graph has nothing of it.
     call_order: list[tuple[str, int, bool]] = field(default_factory=list)
+    #: What the traced code read of the setting (:mod:`ampgraph.reads`), for deciding which other
+    #: settings this graph serves; None where no such log was kept (a meta-device capture).
+    reads: list[Any] | None = None
+    #: The setting the graph was traced in, where it serves another setting (see
+    #: :func:`ampgraph.analysis.analyze_group`); None for a graph traced in its own setting.
+    graph_of: str | None = None
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -238,7 +245,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _export(
-    model: ModelInputs, device: str, param_dtype: torch.dtype | None, setting: Setting | None
+    model: ModelInputs,
+    device: str,
+    param_dtype: torch.dtype | None,
+    setting: Setting | None,
+    reads: TraceReads | None = None,
 ) -> torch.export.ExportedProgram:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
 
@@ -262,6 +273,8 @@ def _export(
         quiet_logging(),
         _no_stack_traces(),
         _lift_scalar_constants(),
+        reads if reads is not None else contextlib.nullcontext(),
+        reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
     ):
         warnings.simplefilter("ignore")
         return torch.export.export(model.module, tuple(args), kwargs, strict=False)
@@ -374,7 +387,11 @@ def _raised_by_a_kernel(exc: BaseException) -> bool:
 
 
 def _retrace_neutral(
-    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, exc: Exception
+    model: ModelInputs,
+    setting: Setting,
+    recorder: ModuleIORecorder,
+    exc: Exception,
+    reads: TraceReads | None = None,
 ) -> torch.export.ExportedProgram:
     """Trace again with fp32 parameters and autocast off, when an op raised in ``setting``.
 
@@ -387,7 +404,9 @@ def _retrace_neutral(
         raise exc
     recorder.calls.clear()
     recorder.order.clear()
-    return _export(model, setting.device_type, torch.float32, None)
+    if reads is not None:
+        reads.clear()  # the failed trace's reads are not this graph's
+    return _export(model, setting.device_type, torch.float32, None, reads)
 
 
 def _retype_parameters(
@@ -414,16 +433,18 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
     param_dtype = torch_dtype(setting.param_dtype)
     method = EXPORT
     recorder = ModuleIORecorder(model.module)
+    reads: TraceReads | None = TraceReads()
     try:
         with recorder:
             if can_trace_fake(setting.device_type):
                 try:
-                    program = _export(model, setting.device_type, param_dtype, setting)
+                    program = _export(model, setting.device_type, param_dtype, setting, reads)
                 except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
-                    program = _retrace_neutral(model, setting, recorder, exc)
+                    program = _retrace_neutral(model, setting, recorder, exc, reads)
                     method = EXPORT_RETYPED
             else:
                 method = EXPORT_META_REPLAY
+                reads = None  # traced without autocast: the same graph for the whole group
                 # Traced on meta, but a torch.autocast("cuda") region in the model still means
                 # what it does on a GPU: do not let it disable itself for want of one.
                 with simulated_cuda_amp(setting.device_type):
@@ -462,4 +483,5 @@ def capture(model: ModelInputs, setting: Setting) -> Capture:
         module_io=recorder.resolve(gm),
         call_order=recorder.call_order(),
         dtype_branches=list(model.dtype_branches),
+        reads=reads.resolved(gm) if reads is not None else None,
     )
