@@ -126,20 +126,23 @@ def main() -> None:
     total_wall = time.perf_counter() - START_WALL
     total_cpu = time.process_time() + children_cpu()  # the interpreter's start-up included
     shared = sum(1 for r in reports if (r.capture or {}).get("graph_of"))
+    timed = {
+        name: {"wall_s": phases.wall[name], "cpu_s": phases.cpu[name], "calls": phases.calls[name]}
+        for name in phases.wall
+    }
+    # The interpreter's start-up and what ran between phases.
+    rest = {
+        "wall_s": total_wall - sum(phases.wall.values()),
+        "cpu_s": total_cpu - sum(phases.cpu.values()),
+    }
     json.dump(
         {
             "model": args.model,
             "settings": [s.name for s in settings],
             "captures": phases.calls.get("capture (torch.export)", 0),
             "shared": shared,
-            "phases": {
-                name: {"wall_s": phases.wall[name], "cpu_s": phases.cpu[name],
-                       "calls": phases.calls[name]}
-                for name in phases.wall
-            },  # fmt: skip
-            # The interpreter's start-up and what ran between phases.
-            "before_s": {"wall_s": total_wall - sum(phases.wall.values()),
-                         "cpu_s": total_cpu - sum(phases.cpu.values())},  # fmt: skip
+            "phases": timed,
+            "before_s": rest,
             "total": {"wall_s": total_wall, "cpu_s": total_cpu},
         },
         sys.stdout,

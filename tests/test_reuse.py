@@ -151,8 +151,13 @@ def test_a_graph_that_reads_nothing_is_shared(amp: str) -> None:
         (EagerAttention(), "dtype at linear read float32 when traced; it is bfloat16 in amp-fp32"),
         (CastLike(), "to() at linear read float32 when traced; it is bfloat16 in amp-fp32"),
         (TypeAs(), "type_as() at linear read float32 when traced; it is bfloat16 in amp-fp32"),
-        (DefaultDtypeRegion(), "torch.get_autocast_dtype() returned torch.float16 when traced; "
-                               "torch.bfloat16 in amp-fp32"),  # fmt: skip
+        (
+            DefaultDtypeRegion(),
+            (
+                "torch.get_autocast_dtype() returned torch.float16 when traced; "
+                "torch.bfloat16 in amp-fp32"
+            ),
+        ),
         (AskAutocast(), "torch.is_autocast_enabled() returned False when traced; True in amp-fp32"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else "",

@@ -484,7 +484,8 @@ def analyze_many(
     jobs = plan_jobs(settings, workers)
     if workers <= 1 or "fork" not in mp.get_all_start_methods():
         for job in jobs:
-            for i, report in zip(job, analyze_group(model, [settings[i] for i in job], check=check)):
+            reports = analyze_group(model, [settings[i] for i in job], check=check)
+            for i, report in zip(job, reports):
                 done(i, report)
         return [r for r in results if r is not None]
     global _WORKER_MODEL

@@ -72,15 +72,12 @@ CASTS = frozenset({
 })  # fmt: skip
 
 #: Autocast-state queries model code may make (those this torch has).
-AUTOCAST_QUERIES = tuple(
-    name
-    for name in (
-        "is_autocast_enabled", "get_autocast_dtype", "get_autocast_gpu_dtype",
-        "get_autocast_cpu_dtype", "is_autocast_cpu_enabled", "get_autocast_ipu_dtype",
-        "is_autocast_ipu_enabled", "get_autocast_xla_dtype", "is_autocast_xla_enabled",
-    )  # fmt: skip
-    if hasattr(torch, name)
-)
+_QUERIES = (
+    "is_autocast_enabled", "get_autocast_dtype", "get_autocast_gpu_dtype",
+    "get_autocast_cpu_dtype", "is_autocast_cpu_enabled", "get_autocast_ipu_dtype",
+    "is_autocast_ipu_enabled", "get_autocast_xla_dtype", "is_autocast_xla_enabled",
+)  # fmt: skip
+AUTOCAST_QUERIES = tuple(name for name in _QUERIES if hasattr(torch, name))
 
 
 @dataclass(frozen=True)
@@ -222,7 +219,7 @@ class TraceReads(TorchFunctionMode):
         """Log the autocast-state queries made while tracing (they are no torch functions)."""
         from unittest import mock
 
-        import torch.amp.autocast_mode as autocast_mode
+        from torch.amp import autocast_mode
 
         enter = autocast_mode.autocast.__enter__.__code__
         exit_ = autocast_mode.autocast.__exit__.__code__

@@ -13,7 +13,10 @@ JSON schema ``ampgraph.report`` version 1 (fields are added, never renamed, with
   (``export``, ``hf-fx+export``, ...), nodes whose dtypes were fixed at trace time (the CPU-only
   replay path), and module paths where the frontend decided a Python branch on a dtype once, in
   fp32 (``hf-fx``; empty for ``export``, which traces every setting); ``check_unavailable``, only
-  where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``).
+  where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``);
+  ``graph_of``, where the graph was captured in another setting and proven to be the one this
+  setting's capture would give (:mod:`ampgraph.reads`); ``not_shared``, where a graph of the same
+  parameter dtype was not, and why.
 * ``nodes``: one record per graph node in execution order (:class:`NodeRecord`), with ``policy``
   (``lower_precision_fp``, ``fp32``, ``fp32_set_opt_dtype``, ``fp32_append_dtype``, ``promote``,
   ``banned`` or null), ``inputs`` (producer node and dtype), ``casts`` (``{node, from, to}`` for each
