@@ -239,6 +239,33 @@ def test_loss_picks_an_output_by_key_or_index_default_the_first_floating() -> No
         grads(loss="c")
 
 
+class KeyedOutput(dict):
+    """A return type registered without key paths, as transformers < 4.50 registers
+    ``ModelOutput``: its keys are in the pytree spec's context only."""
+
+
+torch.utils._pytree.register_pytree_node(
+    KeyedOutput,
+    lambda o: (list(o.values()), list(o.keys())),
+    lambda values, keys: KeyedOutput(zip(keys, values)),
+)
+
+
+class KeyedOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> KeyedOutput:
+        return KeyedOutput(first=self.a(x), second=self.b(x))
+
+
+def test_loss_names_outputs_of_a_type_registered_without_key_paths() -> None:
+    m = ModelInputs("keyed", KeyedOutputs(), (torch.randn(2, 4),))
+    bw = analyze(m, CPU_AMP, pass_="backward", check=False, loss="second").backward
+    assert [g.parameter for g in bw.gradients if g.dtype is not None] == ["b.weight", "b.bias"]
+
+
 class NoFloat(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.argmax(-1)
