@@ -55,13 +55,14 @@ class Row:
     details: list[str] = field(default_factory=list)
     seconds: float = 0.0
     failure: str | None = None
+    captures: int = 0
 
 
 def run_model(name: str) -> Row:
     """Build one model and check it in all 16 settings."""
-    from ampgraph.analysis import analyze
+    from ampgraph.analysis import analyze, analyze_group
     from ampgraph.models import CatalogueEntry, bundled_models, count_parameters, load_model
-    from ampgraph.settings import Setting
+    from ampgraph.settings import Setting, short_dtype
     from ampgraph.text import disagreement_lines
 
     start = time.perf_counter()
@@ -75,22 +76,37 @@ def run_model(name: str) -> Row:
     row.architecture = type(model.module).__name__
     row.params = CatalogueEntry(name, "", "", count_parameters(model.module), "").params_text
     for device in DEVICES:
-        for amp in AMP_DTYPES:
-            cell = row.cells.setdefault(f"{device} {amp}", Cell())
-            for setting_name in SETTINGS:
-                setting = Setting.parse(setting_name, device_type=device, amp_dtype=amp)
+        # All eight settings of a device type at once: one capture per parameter dtype serves
+        # every setting it is proven to be the graph of (analyze_group).
+        settings = [
+            Setting.parse(setting_name, device_type=device, amp_dtype=amp)
+            for amp in AMP_DTYPES
+            for setting_name in SETTINGS
+        ]
+        try:
+            reports = analyze_group(model, settings)
+        except Exception:  # noqa: BLE001 - find the failing setting one by one
+            reports = []
+            for setting in settings:
                 try:
-                    rep = analyze(model, setting)
+                    reports.append(analyze(model, setting))
                 except Exception as exc:  # noqa: BLE001 - a failed setting is a finding
-                    cell.failures.append(f"{setting_name}: {type(exc).__name__}: {exc}")
-                    continue
-                assert rep.check is not None
-                cell.nodes.append(len(rep.nodes))
-                cell.compared += int(rep.check["compared"])
-                cell.disagreements += int(rep.check["disagreements"])
-                cell.errors += len(rep.errors)
-                for line in disagreement_lines(rep):
-                    row.details.append(f"{device} {amp} {setting_name}: {line}")
+                    reports.append(exc)
+        for setting, rep in zip(settings, reports):
+            amp, setting_name = short_dtype(setting.amp_dtype), setting.name
+            cell = row.cells.setdefault(f"{device} {amp}", Cell())
+            if isinstance(rep, Exception):
+                cell.failures.append(f"{setting_name}: {type(rep).__name__}: {rep}")
+                continue
+            if not rep.capture.get("graph_of"):
+                row.captures += 1
+            assert rep.check is not None
+            cell.nodes.append(len(rep.nodes))
+            cell.compared += int(rep.check["compared"])
+            cell.disagreements += int(rep.check["disagreements"])
+            cell.errors += len(rep.errors)
+            for line in disagreement_lines(rep):
+                row.details.append(f"{device} {amp} {setting_name}: {line}")
     row.seconds = time.perf_counter() - start
     return row
 
@@ -128,7 +144,9 @@ def markdown(rows: Sequence[Row], total: float) -> str:
             "amp-half, amp-fp32), for both autocast dtypes and both device types: 16 checked "
             "analyses per model. Each device/dtype column gives the disagreements summed over the "
             "four settings; *nodes* is the graph size (it varies by setting where casts are traced "
-            "in), *compared* the node checks summed over all 16 analyses. 0 everywhere is the "
+            "in), *compared* the node checks summed over all 16 analyses, *captures* how many of "
+            "the 16 traced a graph of their own (the others share one, proven to be the graph "
+            "their own capture would give: docs/graph-reuse.md). 0 everywhere is the "
             "acceptance. Where a model raises in a setting, the column says at how many nodes "
             "(resnet18 in `half`: fp32 images meet bf16 convolution weights, which a GPU "
             "refuses); the dispatcher agrees with each such prediction."
@@ -140,14 +158,16 @@ def markdown(rows: Sequence[Row], total: float) -> str:
             f"{os.cpu_count()} CPU cores and no GPU (seq_len 8); total {total:.0f} s wall."
         ),
         "",
-        "| model | architecture | params | nodes | compared | " + " | ".join(columns) + " | time |",
-        "|---|---|---:|---:|---:|" + "---:|" * len(columns) + "---:|",
+        "| model | architecture | params | nodes | compared | captures | "
+        + " | ".join(columns)
+        + " | time |",
+        "|---|---|---:|---:|---:|---:|" + "---:|" * len(columns) + "---:|",
     ]
     for row in rows:
         cells = [row.cells.get(c, Cell()) for c in columns]
         if row.failure:
             lines.append(
-                f"| `{row.name}` | {row.architecture} | {row.params} | - | - | "
+                f"| `{row.name}` | {row.architecture} | {row.params} | - | - | - | "
                 + " | ".join("**failed**" for _ in columns)
                 + f" | {row.seconds:.0f} s |"
             )
@@ -155,7 +175,9 @@ def markdown(rows: Sequence[Row], total: float) -> str:
         compared = sum(c.compared for c in cells)
         lines.append(
             f"| `{row.name}` | {row.architecture} | {row.params} | {_nodes(cells)} | "
-            f"{compared:,} | " + " | ".join(_cell(c) for c in cells) + f" | {row.seconds:.0f} s |"
+            f"{compared:,} | {row.captures} | "
+            + " | ".join(_cell(c) for c in cells)
+            + f" | {row.seconds:.0f} s |"
         )
     problems = [
         r for r in rows if r.failure or r.details or any(c.failures for c in r.cells.values())

@@ -207,12 +207,14 @@ def analyze_capture(
     pass_: str = "forward",
     loss: str | int | None = None,
     backward_autocast: bool = False,
+    records: list[NodeRecord] | None = None,
 ) -> Report:
     """Annotate (and by default check) an existing capture.
 
     For large graphs on a machine with more than one core, the dispatcher check runs in a forked
     process while the annotation runs here: the two are independent replays of the same graph.
     ``pass_`` ``backward`` or ``train`` adds the training step (:mod:`ampgraph.backward`).
+    ``records`` is the capture's annotation where it was made already (:func:`shared_capture`).
     """
     if pass_ not in PASSES:
         raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
@@ -227,7 +229,9 @@ def analyze_capture(
         and "fork" in mp.get_all_start_methods()
         and not mp.current_process().daemon  # pool workers may not have children
     )
-    if parallel:
+    if records is not None:
+        summary = run_check(cap, records) if check else None
+    elif parallel:
         records, oracle = _oracle_beside(cap, lambda: annotate(cap))
         summary = run_check(cap, records, oracle)
     else:
@@ -245,6 +249,8 @@ def analyze_capture(
             **({"data_dependent": cap.data_dependent} if cap.method == DRAFT_EXPORT else {}),
             # Why the check asked for did not run (a CPU-only torch and --device cuda).
             **({"check_unavailable": unavailable} if unavailable else {}),
+            # The setting whose trace this is, proven to be the one this setting would give.
+            **({"graph_of": cap.graph_of} if cap.graph_of else {}),
         },
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
@@ -261,6 +267,122 @@ def analyze_capture(
 
             check_backward(trace, report.backward)
     return report
+
+
+def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeRecord]] | str:
+    """``base``'s graph for ``setting``, with its annotation there, if it is the graph a capture
+    in ``setting`` would give; else why not, in one line.
+
+    It is when both settings have one device type and one parameter dtype and everything the
+    traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.reads`). A
+    graph traced on the meta device was traced without autocast: the same for any such setting.
+    """
+    from dataclasses import replace
+
+    from ampgraph.capture import EXPORT, EXPORT_META_REPLAY
+    from ampgraph.reads import serves
+
+    if (base.setting.device_type, base.setting.param_dtype) != (
+        setting.device_type,
+        setting.param_dtype,
+    ):
+        return "another device type or parameter dtype"
+    method = base.method.rsplit("+", 1)[-1]
+    if base.graph_of is not None or method not in (EXPORT, EXPORT_META_REPLAY):
+        return f"a graph captured by {base.method} serves only its own setting"
+    shared = replace(base, setting=setting, graph_of=base.setting.name)
+    if base.reads is None:
+        return shared, annotate(shared)
+    layout_nodes = {r.node for r in base.reads if r.kind == "layout" and r.node}
+    records, layouts = annotate_observing(shared, layout_nodes)
+    why = serves(base.reads, setting, records, layouts)
+    if why is None and any(r.error for r in records):
+        # A capture in this setting raises and is traced again (capture.EXPORT_RETYPED); so is
+        # this one, so that its report reads as it always has.
+        why = f"the forward raises in {setting.name}"
+    return why if why is not None else (shared, records)
+
+
+def annotate_observing(capture: Any, names: set[str]) -> tuple[list[NodeRecord], dict[str, str]]:
+    """Annotate ``capture`` (:func:`ampgraph.annotate.annotate`), noting the layout of the values
+    of the top-level nodes in ``names`` as the annotation computes them."""
+    from torch import fx
+
+    from ampgraph.annotate import AutocastAnnotator
+    from ampgraph.reads import layout_of
+    from ampgraph.replay import fake_session
+
+    layouts: dict[str, str] = {}
+
+    class Observing(AutocastAnnotator):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if n.name in names and isinstance(value, torch.Tensor):
+                layouts[n.name] = layout_of(value)
+            return value
+
+    annotator = Observing(capture)
+    with fake_session(capture.setting):
+        annotator.run_graph()
+    return annotator.records, layouts
+
+
+def analyze_group(
+    model: ModelInputs | nn.Module | str,
+    settings: Sequence[Setting | str],
+    *,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    check: bool = True,
+    tracer: str | None = None,
+    **options: Any,
+) -> list[Report]:
+    """Analyse one model in several settings, capturing only where a graph cannot be shared.
+
+    The first setting is captured; each later one reuses the first graph captured in its device
+    type and parameter dtype wherever :func:`shared_capture` proves it is the graph its own
+    capture would give, and is captured afresh otherwise. A shared graph's report says whose it
+    is (``capture.graph_of``); a refused one why (``capture.not_shared``). Same arguments as
+    :func:`analyze`; a training step (``pass_`` other than ``forward``) captures every setting.
+
+    >>> import torch
+    >>> from ampgraph import Setting
+    >>> reports = analyze_group(torch.nn.Linear(4, 4), ["fp32", "amp-fp32"],
+    ...                         args=(torch.randn(2, 4),), check=False)
+    >>> [(r.setting["name"], r.capture.get("graph_of"), r.node("linear").out_dtype) for r in reports]
+    [('fp32', None, 'float32'), ('amp-fp32', 'fp32', 'bfloat16')]
+    """
+    if isinstance(model, str):
+        tracer = tracer or spec_tracer(model)
+    model = trace(as_model_inputs(model, args, kwargs), tracer)
+    if options.get("pass_", "forward") != "forward":
+        # The joint graph is differentiated from each setting's own capture: nothing to share.
+        return [analyze(model, item, check=check, **options) for item in settings]
+    bases: list[Capture] = []
+    reports = []
+    for item in settings:
+        setting = Setting.parse(item)
+        refused = None
+        for base in bases:
+            shared = shared_capture(base, setting)
+            if isinstance(shared, str):
+                if (base.setting.device_type, base.setting.param_dtype) == (
+                    setting.device_type,
+                    setting.param_dtype,
+                ):
+                    refused = f"{base.setting.name}'s graph: {shared}"
+                continue
+            cap, records = shared
+            reports.append(analyze_capture(cap, check=check, records=records))
+            break
+        else:
+            cap = capture(model, setting)
+            report = analyze_capture(cap, check=check)
+            if refused:
+                report.capture["not_shared"] = refused
+            reports.append(report)
+            bases.append(cap)
+    return reports
 
 
 def analyze(
@@ -355,14 +477,36 @@ _WORKER_MODEL: ModelInputs | None = None
 
 
 def _analyze_in_worker(
-    job: tuple[int, Setting, bool, dict[str, Any]],
-) -> tuple[int, dict[str, Any]]:
+    job: tuple[list[int], list[Setting], bool, dict[str, Any]],
+) -> list[tuple[int, dict[str, Any]]]:
     import torch
 
     torch.set_num_threads(1)  # the workers already use every core between them
-    index, setting, check, options = job
+    indices, settings, check, options = job
     assert _WORKER_MODEL is not None
-    return index, analyze(_WORKER_MODEL, setting, check=check, **options).to_dict()
+    reports = analyze_group(_WORKER_MODEL, settings, check=check, **options)
+    return [(i, r.to_dict()) for i, r in zip(indices, reports, strict=True)]
+
+
+def plan_jobs(settings: Sequence[Setting], workers: int) -> list[list[int]]:
+    """Indices of ``settings`` in jobs for ``workers`` processes: one job per group of settings
+    that may share a graph (one device type and parameter dtype), split where that leaves a
+    worker idle, since a capture on an idle core costs no time.
+
+    >>> names = ["fp32", "half", "amp-half", "amp-fp32"]
+    >>> plan_jobs([Setting.parse(n) for n in names], 2)
+    [[0, 3], [1, 2]]
+    >>> plan_jobs([Setting.parse(n) for n in names], 4)
+    [[0], [3], [1], [2]]
+    """
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, s in enumerate(settings):
+        groups.setdefault((s.device_type, s.param_dtype), []).append(i)
+    jobs = list(groups.values())
+    while len(jobs) < workers and any(len(j) > 1 for j in jobs):
+        largest = max(jobs, key=len)
+        jobs.insert(jobs.index(largest) + 1, [largest.pop()])
+    return jobs
 
 
 def die_with_parent(parent: int) -> None:
@@ -409,7 +553,8 @@ def analyze_many(
     """Analyse one model in several settings, in parallel worker processes where that helps.
 
     Workers are forked after torch and the model are loaded (and traced once, for a ``tracer``
-    other than ``export``), so each setting costs only its own capture and replay.
+    other than ``export``), so each setting costs only its own replays, and its own capture where
+    it cannot share one (:func:`analyze_group`, :func:`plan_jobs`).
     ``on_done(index, report)`` is called as each setting finishes. ``options`` go to
     :func:`analyze` (``pass_``, ``loss``, ``backward_autocast``).
 
@@ -429,9 +574,12 @@ def analyze_many(
         if on_done is not None:
             on_done(index, report)
 
+    jobs = plan_jobs(settings, workers)
     if workers <= 1 or "fork" not in mp.get_all_start_methods():
-        for i, setting in enumerate(settings):
-            done(i, analyze(model, setting, check=check, **options))
+        for job in jobs:
+            reports = analyze_group(model, [settings[i] for i in job], check=check, **options)
+            for i, report in zip(job, reports, strict=True):
+                done(i, report)
         return [r for r in results if r is not None]
     global _WORKER_MODEL
     _WORKER_MODEL = model
@@ -441,9 +589,10 @@ def analyze_many(
         with mp.get_context("fork").Pool(
             workers, initializer=die_with_parent, initargs=(os.getpid(),)
         ) as pool:
-            jobs = [(i, s, check, options) for i, s in enumerate(settings)]
-            for index, data in pool.imap_unordered(_analyze_in_worker, jobs):
-                done(index, Report.from_dict(data))
+            work = [(job, [settings[i] for i in job], check, options) for job in jobs]
+            for finished in pool.imap_unordered(_analyze_in_worker, work):
+                for index, data in finished:
+                    done(index, Report.from_dict(data))
     finally:
         _WORKER_MODEL = None
     return [r for r in results if r is not None]

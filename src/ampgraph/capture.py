@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.errors import CaptureError, first_line
 from ampgraph.models import ModelInputs
+from ampgraph.reads import TraceReads
 from ampgraph.settings import Setting
 from ampgraph.torchutil import (
     autocast_state,
@@ -100,6 +101,12 @@ class Capture:
     training: bool = False
     #: Tied parameters: each alias's name -> the name ``named_parameters()`` lists it under.
     tied: dict[str, str] = field(default_factory=dict)
+    #: What the traced code read of the setting (:mod:`ampgraph.reads`), for deciding which other
+    #: settings this graph serves; None where no such log was kept (a meta-device capture).
+    reads: list[Any] | None = None
+    #: The setting the graph was traced in, where it serves another setting (see
+    #: :func:`ampgraph.analysis.analyze_group`); None for a graph traced in its own setting.
+    graph_of: str | None = None
 
 
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
@@ -168,7 +175,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _export(
-    model: ModelInputs, device: str, param_dtype: torch.dtype | None, setting: Setting | None
+    model: ModelInputs,
+    device: str,
+    param_dtype: torch.dtype | None,
+    setting: Setting | None,
+    reads: TraceReads | None = None,
 ) -> torch.export.ExportedProgram:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
 
@@ -192,6 +203,8 @@ def _export(
         quiet_logging(),
         _no_stack_traces(),
         _lift_scalar_constants(),
+        reads if reads is not None else contextlib.nullcontext(),
+        reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
     ):
         warnings.simplefilter("ignore")
         return torch.export.export(model.module, tuple(args), kwargs, strict=False)
@@ -304,7 +317,11 @@ def _raised_by_a_kernel(exc: BaseException) -> bool:
 
 
 def _retrace_neutral(
-    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, exc: Exception
+    model: ModelInputs,
+    setting: Setting,
+    recorder: ModuleIORecorder,
+    exc: Exception,
+    reads: TraceReads | None = None,
 ) -> torch.export.ExportedProgram:
     """Trace again with fp32 parameters and autocast off, when an op raised in ``setting``.
 
@@ -317,7 +334,9 @@ def _retrace_neutral(
         raise exc
     recorder.calls.clear()
     recorder.order.clear()
-    return _export(model, setting.device_type, torch.float32, None)
+    if reads is not None:
+        reads.clear()  # the failed trace's reads are not this graph's
+    return _export(model, setting.device_type, torch.float32, None, reads)
 
 
 def _retype_parameters(
@@ -439,22 +458,25 @@ def capture(model: ModelInputs, setting: Setting, *, training: bool = False) -> 
     data_dependent: list[str] = []
     recorder = ModuleIORecorder(model.module)
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
+    reads: TraceReads | None = TraceReads()
     try:
         with recorder, mode:
             if can_trace_fake(setting.device_type):
                 try:
-                    program = _export(model, setting.device_type, param_dtype, setting)
+                    program = _export(model, setting.device_type, param_dtype, setting, reads)
                 except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
                     if not _branches_on_data(exc):
-                        program = _retrace_neutral(model, setting, recorder, exc)
+                        program = _retrace_neutral(model, setting, recorder, exc, reads)
                         method = EXPORT_RETYPED
                     else:
                         recorder.calls.clear()
                         recorder.order.clear()
                         program, data_dependent = _draft_export(model)
                         method = DRAFT_EXPORT
+                        reads = None  # traced on real values: this graph serves its setting only
             else:
                 method = EXPORT_META_REPLAY
+                reads = None  # traced without autocast: the same graph for the whole group
                 # Traced on meta, but a torch.autocast("cuda") region in the model still means
                 # what it does on a GPU: do not let it disable itself for want of one.
                 with simulated_cuda_amp(setting.device_type):
@@ -497,6 +519,7 @@ def capture(model: ModelInputs, setting: Setting, *, training: bool = False) -> 
         output_paths=output_paths(program),
         training=training,
         tied=tied_parameters(model.module),
+        reads=reads.resolved(gm) if reads is not None else None,
     )
 
 

@@ -113,8 +113,8 @@ def dispatcher_results(capture: Capture) -> dict[str, dict[str, Any]]:
 
 def trace_results(capture: Capture) -> dict[str, list[str | None]]:
     """The dtypes torch.export recorded while tracing in the setting (top-level nodes only)."""
-    if capture.method != EXPORT:
-        return {}
+    if capture.method != EXPORT or capture.graph_of is not None:
+        return {}  # traced in another setting: what it recorded is that setting's
     out: dict[str, list[str | None]] = {}
     for node in capture.graph_module.graph.nodes:
         if node.op != "call_function" or "val" not in node.meta:

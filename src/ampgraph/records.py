@@ -17,7 +17,10 @@ JSON schema ``ampgraph.report`` version 2 (fields are added, never renamed, with
   fp32 (``hf-fx``; empty for ``export``, which traces every setting); ``check_unavailable``, only
   where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``);
   ``data_dependent``, only for method ``draft-export`` (a forward that branches on data values,
-  traced on seeded random values): each branch taken on data, whose other side is not analysed.
+  traced on seeded random values): each branch taken on data, whose other side is not analysed;
+  ``graph_of``, where the graph was captured in another setting and proven to be the one this
+  setting's capture would give (:mod:`ampgraph.reads`); ``not_shared``, where a graph of the same
+  parameter dtype was not, and why.
 * ``nodes``: one record per graph node in execution order (:class:`NodeRecord`), with ``policy``
   (``lower_precision_fp``, ``fp32``, ``fp32_set_opt_dtype``, ``fp32_append_dtype``, ``promote``,
   ``banned`` or null), ``inputs`` (producer node and dtype), ``casts`` (``{node, from, to}`` for each
