@@ -386,8 +386,11 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def diff_markdown(d: ReportDiff) -> str:
+def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
     """The diff as a pull-request comment: a summary table, the changes collapsed per module.
+
+    At most ``limit`` changes are listed (GitHub refuses comments over 65,536 characters); the
+    summary table counts them all.
 
     >>> print(diff_markdown(ReportDiff({"model": "m", "nodes": 3}, {"model": "m", "nodes": 3})))
     ... # doctest: +NORMALIZE_WHITESPACE
@@ -430,11 +433,13 @@ def diff_markdown(d: ReportDiff) -> str:
         "| module | node | op | change |",
         "|---|---|---|---|",
     ]
-    for head, changes in groups:
-        for ch in changes:
-            text = change_line(ch).split(": ", 1)[1]
-            mark = {"added": "added: ", "removed": "removed: "}.get(ch.change, "")
-            rows.append(f"| `{head}` | `{ch.name}` | `{ch.op}` | {_md_escape(mark + text)} |")
+    listed = [(head, ch) for head, changes in groups for ch in changes]
+    for head, ch in listed[:limit]:
+        text = change_line(ch).split(": ", 1)[1]
+        mark = {"added": "added: ", "removed": "removed: "}.get(ch.change, "")
+        rows.append(f"| `{head}` | `{ch.name}` | `{ch.op}` | {_md_escape(mark + text)} |")
+    if len(listed) > limit:
+        rows += ["", f"… and {len(listed) - limit} more: `ampgraph diff` (text or JSON) lists all."]
     rows += ["", "</details>"]
     return "\n".join(rows)
 
