@@ -313,7 +313,8 @@ def test_baseline_round_trip_is_lossless_for_the_diff(opt_pair: tuple[Report, Re
     a, b = opt_pair
     text = baseline_text(a)
     # One line per node, with no graph-position names in them.
-    assert len(text.splitlines()) == len(a.nodes) + 11  # a header of 8 fields, braces
+    lines = text.splitlines()
+    assert len(lines[lines.index(' "nodes": [') + 1 : lines.index(" ]")]) == len(a.nodes)
     assert '"linear_3"' not in text
     base = read_baseline(text)
     assert check_report(base, a).equal
@@ -382,3 +383,21 @@ def test_baseline_errors_are_one_line(tmp_path: Path, args: list[str], message: 
     assert result.exit_code == 1, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and message in errors[0], result.output
+
+
+def test_baseline_of_a_config_is_checked_against_its_next_revision(tmp_path: Path) -> None:
+    """The spec as given (a config path) is what the check analyses again, not the report's
+    display name; a revision that drops OPT's final layer norm (post-LN) is three removed nodes."""
+    config = tmp_path / "config.json"
+    source = Path(__file__).parent.parent / "src" / "ampgraph" / "configs" / "opt-125m.json"
+    data = json.loads(source.read_text())
+    config.write_text(json.dumps(data))
+    path = tmp_path / "opt.json"
+    assert invoke("baseline", "write", path, config, "-s", "amp-fp32").exit_code == 0
+    assert json.loads(path.read_text())["spec"] == str(config)
+    assert invoke("baseline", "check", path).exit_code == 0
+    config.write_text(json.dumps(data | {"do_layer_norm_before": False}))
+    failed = invoke("baseline", "check", path)
+    assert failed.exit_code == 1
+    assert "566 → 563 nodes: 0 changed, 0 added, 3 removed; casts +0 −0" in failed.stdout
+    assert "  - model.decoder.final_layer_norm.weight placeholder: out fp32" in failed.stdout

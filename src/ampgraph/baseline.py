@@ -46,6 +46,11 @@ class Baseline:
 
     report: Report
     seq_len: int
+    #: What to analyse again: the spec as given (a config path, where ``report.model`` is only
+    #: its display name), how it was given (:data:`ampgraph.specs.SPEC_KINDS`) and the tracer.
+    spec: str = ""
+    spec_kind: str = "auto"
+    tracer: str = "export"
 
     @property
     def title(self) -> str:
@@ -80,8 +85,18 @@ def _node_line(rec: NodeRecord) -> dict[str, Any]:
     return line
 
 
-def baseline_text(report: Report, *, seq_len: int = 8) -> str:
+def baseline_text(
+    report: Report,
+    *,
+    seq_len: int = 8,
+    spec: str | None = None,
+    spec_kind: str = "auto",
+    tracer: str = "export",
+) -> str:
     """The baseline of ``report``'s forward pass: JSON with one line per node, ending in a newline.
+
+    ``spec`` (its ``spec_kind`` and ``tracer``) is what ``baseline check`` analyses again; by
+    default the report's model name, which is the spec of a bundled model.
 
     >>> from ampgraph.records import Report
     >>> json.loads(baseline_text(Report("m", {"name": "fp32"}, {}, {}, [], [])))["schema"]
@@ -91,6 +106,9 @@ def baseline_text(report: Report, *, seq_len: int = 8) -> str:
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
         "model": report.model,
+        "spec": spec if spec is not None else report.model,
+        "spec_kind": spec_kind,
+        "tracer": tracer,
         "setting": report.setting,
         "seq_len": seq_len,
         "versions": report.versions,
@@ -103,8 +121,10 @@ def baseline_text(report: Report, *, seq_len: int = 8) -> str:
 
 
 def _record(i: int, data: dict[str, Any]) -> NodeRecord:
-    """A node record from a baseline line; inputs are named by position, as casts refer to them."""
-    name = f"#{i}"
+    """A node record from line ``i`` of a baseline; inputs are named by position, as its casts
+    refer to them."""
+    # Graph inputs by their target, the rest by their place in the file (names are not kept).
+    name = str(data["target"]) if data.get("target") else f"#{i}"
     inputs = [{"node": f"input {j}", "dtype": d} for j, d in enumerate(data.get("in", []))]
     casts = [
         Cast(f"input {where}" if isinstance(where, int) else str(where), src, dst)
@@ -161,9 +181,11 @@ def read_baseline(text: str, where: str = "the baseline") -> Baseline:
             modules=[],
         )
         seq_len = int(data.get("seq_len", 8))
+        spec = str(data.get("spec") or report.model)
+        spec_kind, tracer = str(data.get("spec_kind", "auto")), str(data.get("tracer", "export"))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BaselineError(f"{where} is a damaged baseline ({type(exc).__name__} {exc})") from None
-    return Baseline(report, seq_len)
+    return Baseline(report, seq_len, spec, spec_kind, tracer)
 
 
 def refuse_other(baseline: Baseline, model: str, setting: dict[str, Any], where: str) -> None:
@@ -177,7 +199,7 @@ def refuse_other(baseline: Baseline, model: str, setting: dict[str, Any], where:
     ampgraph.baseline.BaselineError: b.json is the baseline of m fp32, not of gpt2 fp32: check it without MODEL and --setting, or write another baseline
     """
     mine = baseline.report
-    if str(model) != mine.model or dict(setting) != mine.setting:
+    if str(model) not in (mine.model, baseline.spec) or dict(setting) != mine.setting:
         raise BaselineError(
             f"{where} is the baseline of {mine.model} {mine.setting.get('name')}, not of "
             f"{model} {setting.get('name')}: check it without MODEL and --setting, or write "

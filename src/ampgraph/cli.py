@@ -953,10 +953,14 @@ def baseline_write(
     """Write the dtype flow of MODEL (default OPT-125M) in one setting to FILE."""
     from ampgraph.baseline import baseline_text
     from ampgraph.files import atomic_write, check_writable
+    from ampgraph.specs import ModelSpec
 
     check_writable(file, "baseline")
     report = _baseline_report(model, setting, device, amp_dtype, seq_len)
-    atomic_write(file, baseline_text(report, seq_len=seq_len).encode())
+    spec = ModelSpec(model) if not isinstance(model, ModelSpec) else model
+    text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
+                         tracer=spec.tracer)  # fmt: skip
+    atomic_write(file, text.encode())
     click.echo(f"{file}: {len(report.nodes)} nodes of {report.model} {report.setting['name']}")
 
 
@@ -993,17 +997,24 @@ def baseline_check(
     if model is not None or setting is not None:
         wanted = resolve_settings([setting or s["name"]], s["device_type"], s["amp_dtype"])[0]
         refuse_other(base, model or base.report.model, wanted.to_dict(), str(file))
-    # The tracer that wrote it: the capture method names it ('hf-fx+export'), export by default.
-    method = str(base.report.capture.get("method") or "export")
-    spec = ModelSpec(base.report.model, tracer=method.split("+")[0] if "+" in method else "export")
+    spec = ModelSpec(base.spec, base.spec_kind, tracer=base.tracer)
     report = _baseline_report(spec, s["name"], s["device_type"], s["amp_dtype"], base.seq_len)
     result = check_report(base, report)
     if result.equal:
-        click.echo(f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} nodes)")
+        click.echo(
+            FORMATS[fmt](result)
+            if fmt != "text"  # a pull-request comment says "no changes" too
+            else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} nodes)"
+        )
         return
     click.echo(FORMATS[fmt](result))
+    if fmt == "markdown" and not update:
+        click.echo(f"\nAccept the new flow with `ampgraph baseline check {file} --update` and "
+                   "commit the file.")  # fmt: skip
     if update:
-        atomic_write(file, baseline_text(report, seq_len=base.seq_len).encode())
+        text = baseline_text(report, seq_len=base.seq_len, spec=base.spec,
+                             spec_kind=base.spec_kind, tracer=base.tracer)  # fmt: skip
+        atomic_write(file, text.encode())
         click.echo(f"{file}: updated to the new flow", err=True)
         return
     raise click.ClickException(
