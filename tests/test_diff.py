@@ -401,3 +401,26 @@ def test_baseline_of_a_config_is_checked_against_its_next_revision(tmp_path: Pat
     assert failed.exit_code == 1
     assert "566 → 563 nodes: 0 changed, 0 added, 3 removed; casts +0 −0" in failed.stdout
     assert "  - model.decoder.final_layer_norm.weight placeholder: out fp32" in failed.stdout
+
+
+def test_unwritable_baseline_and_one_saved_report_are_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = invoke("baseline", "write", blocker / "sub" / "b.json", "llama-tiny")
+    assert result.exit_code == 1 and "Error: cannot write the baseline to " in result.output
+    saved = save(tmp_path, "r.json", rep(node("r", "aten.relu")))
+    result = invoke("diff", saved, "--device", "cuda", "--device", "cpu")
+    assert result.exit_code == 2
+    assert (
+        f"Error: {saved} is a saved report: --device cannot change what it holds" in result.output
+    )
+
+
+def test_diff_and_baseline_import_no_torch() -> None:
+    """Both work on saved reports where torch is not installed (a CI job that only compares)."""
+    import subprocess
+    import sys
+
+    code = "import sys, ampgraph.diff, ampgraph.baseline; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

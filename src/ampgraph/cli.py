@@ -884,7 +884,10 @@ def diff_command(
         )
     given = [label for label, (a, _) in pairs.items() if a is not None]
     if all(r is not None for r in files) and given:
-        raise click.UsageError(f"A and B are saved reports: {', '.join(given)} cannot change them")
+        saved = (
+            "A and B are saved reports" if len(sources) == 2 else f"{sources[0]} is a saved report"
+        )
+        raise click.UsageError(f"{saved}: {', '.join(given)} cannot change what it holds")
     reports: list[Report | None] = list(files)
     for side, report in enumerate(files):
         if report is not None:
@@ -932,6 +935,18 @@ def baseline_group() -> None:
     """
 
 
+def _write_baseline(path: Path, text: str) -> None:
+    """Write a baseline atomically; a folder that takes no files is one ``Error:`` line."""
+    from ampgraph.files import atomic_write
+
+    try:
+        atomic_write(path, text.encode())
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write the baseline to {path}: {exc.strerror or exc}; choose another path"
+        ) from None
+
+
 def _baseline_report(model: str, setting: str, device: str, amp_dtype: str, seq_len: int) -> Report:
     return analysed(model, [setting], device, amp_dtype, seq_len, check=False)[0]
 
@@ -952,7 +967,7 @@ def baseline_write(
 ) -> None:
     """Write the dtype flow of MODEL (default OPT-125M) in one setting to FILE."""
     from ampgraph.baseline import baseline_text
-    from ampgraph.files import atomic_write, check_writable
+    from ampgraph.files import check_writable
     from ampgraph.specs import ModelSpec
 
     check_writable(file, "baseline")
@@ -960,7 +975,7 @@ def baseline_write(
     spec = ModelSpec(model) if not isinstance(model, ModelSpec) else model
     text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
                          tracer=spec.tracer)  # fmt: skip
-    atomic_write(file, text.encode())
+    _write_baseline(file, text)
     click.echo(f"{file}: {len(report.nodes)} nodes of {report.model} {report.setting['name']}")
 
 
@@ -984,7 +999,6 @@ def baseline_check(
     """
     from ampgraph.baseline import baseline_text, check_report, read_baseline, refuse_other
     from ampgraph.diff import FORMATS
-    from ampgraph.files import atomic_write
     from ampgraph.specs import ModelSpec
 
     if not file.is_file():
@@ -1014,7 +1028,7 @@ def baseline_check(
     if update:
         text = baseline_text(report, seq_len=base.seq_len, spec=base.spec,
                              spec_kind=base.spec_kind, tracer=base.tracer)  # fmt: skip
-        atomic_write(file, text.encode())
+        _write_baseline(file, text)
         click.echo(f"{file}: updated to the new flow", err=True)
         return
     raise click.ClickException(
