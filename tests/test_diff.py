@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ampgraph.baseline import baseline_text, check_report, read_baseline
 from ampgraph.cli import main
@@ -424,3 +427,42 @@ def test_diff_and_baseline_import_no_torch() -> None:
     code = "import sys, ampgraph.diff, ampgraph.baseline; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- hostile files: one line, never a traceback (as tests/test_fuzz_cli.py does for the others) --
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 64) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+NODE = st.fixed_dictionaries(
+    {"op": JSON | st.just("aten.relu"), "module": JSON | st.just("fc")},
+    optional={"in": JSON, "casts": JSON, "out": JSON, "kind": JSON, "target": JSON,
+              "policy": JSON, "promotion": JSON, "error": JSON},
+)  # fmt: skip
+
+
+@settings(max_examples=int(os.environ.get("AMPGRAPH_FUZZ_EXAMPLES", "25")), deadline=None,
+          derandomize="AMPGRAPH_FUZZ_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    kind=st.sampled_from(["ampgraph.report", "ampgraph.baseline"]),
+    nodes=st.lists(NODE, max_size=3) | JSON,
+    extra=st.dictionaries(st.sampled_from(["version", "setting", "model", "nodes"]), JSON),
+)
+def test_hostile_saved_files(tmp_path: Path, kind: str, nodes: object, extra: dict) -> None:
+    good = json.loads(baseline_text(rep(node("r", "aten.relu"))))
+    data = (good if kind == "ampgraph.baseline" else rep(node("r", "aten.relu")).to_dict()) | {
+        "nodes": nodes,
+        **extra,
+    }
+    path = save(tmp_path, "hostile.json", data)
+    result = invoke("diff", path, path)
+    assert result.exit_code in (0, 1), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
+    if result.exit_code == 1 and result.stdout == "":
+        assert result.output.strip().splitlines()[-1].startswith("Error: "), result.output

@@ -123,6 +123,8 @@ def baseline_text(
 def _record(i: int, data: dict[str, Any]) -> NodeRecord:
     """A node record from line ``i`` of a baseline; inputs are named by position, as its casts
     refer to them."""
+    if not isinstance(data, dict):
+        raise TypeError(f"node line {i} is a {type(data).__name__}, not an object")
     # Graph inputs by their target, the rest by their place in the file (names are not kept).
     name = str(data["target"]) if data.get("target") else f"#{i}"
     inputs = [{"node": f"input {j}", "dtype": d} for j, d in enumerate(data.get("in", []))]

@@ -266,6 +266,41 @@ def diff_nodes(
     return changes
 
 
+def _opt_str(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _malformed(rec: NodeRecord) -> str | None:
+    """What makes a node unreadable for the diff (a hand-edited or damaged file), or None."""
+    checks = {
+        "op": isinstance(rec.op, str),
+        "kind": isinstance(rec.kind, str),
+        "module": _opt_str(rec.module),
+        "target": _opt_str(rec.target),
+        "policy": _opt_str(rec.policy),
+        "error": _opt_str(rec.error),
+        "inputs": isinstance(rec.inputs, list)
+        and all(isinstance(i, dict) and _opt_str(i.get("dtype")) for i in rec.inputs),
+        "outputs": isinstance(rec.outputs, list) and all(_opt_str(o) for o in rec.outputs),
+        "casts": isinstance(rec.casts, list)
+        and all(
+            isinstance(c.node, str)
+            and isinstance(c.from_dtype, str)
+            and isinstance(c.to_dtype, str)
+            for c in rec.casts
+        ),
+        "promotion": rec.promotion is None
+        or (
+            isinstance(rec.promotion, dict)
+            and isinstance(rec.promotion.get("inputs", []), list)
+            and all(_opt_str(d) for d in rec.promotion.get("inputs", []))
+            and _opt_str(rec.promotion.get("to"))
+        ),
+    }
+    bad = [name for name, ok in checks.items() if not ok]
+    return f"node {rec.name!r} has a malformed {', '.join(bad)}" if bad else None
+
+
 def _side(report: Report) -> dict[str, Any]:
     return {
         "model": report.model,
@@ -299,13 +334,19 @@ def diff_reports(a: Report, b: Report) -> ReportDiff:
     """What changes from report ``a`` to report ``b`` (see the module docstring).
 
     Raises :class:`DiffError` for reports of different passes (a forward pass and a training
-    step); reports of schema versions 1 and 2 compare, both being forward passes.
+    step) and for a node whose fields have the wrong types (a damaged or hand-edited file);
+    reports of schema versions 1 and 2 compare, both being forward passes.
 
     >>> from ampgraph.records import NodeRecord, Report
     >>> r = Report("m", {"name": "fp32"}, {}, {}, [NodeRecord("n", "aten.relu", "op")], [])
     >>> diff_reports(r, r).equal
     True
     """
+    for label, report in (("A", a), ("B", b)):
+        nodes = [*report.nodes, *(report.backward.nodes if report.backward else [])]
+        problem = next((p for p in map(_malformed, nodes) if p), None)
+        if problem:
+            raise DiffError(f"{label} ({report.model}) is damaged: {problem}")
     if a.pass_ != b.pass_:
         raise DiffError(
             f"A is a {a.pass_} pass and B a {b.pass_} pass: analyse both with the same --pass"
