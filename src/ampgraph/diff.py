@@ -374,7 +374,9 @@ def _summary_line(d: ReportDiff) -> str:
     if d.equal:
         return f"no changes in the dtype flow ({d.b.get('nodes')} nodes)"
     parts = [f"{c['changed']} changed", f"{c['added']} added", f"{c['removed']} removed"]
-    what = [f"{c[f]} {f}" for f in ("policy", "inputs", "outputs", "promotion", "error") if c[f]]
+    labels = {"policy": "policies", "inputs": "input dtypes", "outputs": "output dtypes",
+              "promotion": "promotions", "error": "errors"}  # fmt: skip
+    what = [f"{c[f]} {label}" for f, label in labels.items() if c[f]]
     casts = f"casts +{c['casts_added']} −{c['casts_removed']}"
     return f"{d.a.get('nodes')} → {d.b.get('nodes')} nodes: {', '.join(parts)}; " + ", ".join(
         [*what, casts]
