@@ -466,3 +466,50 @@ def test_hostile_saved_files(tmp_path: Path, kind: str, nodes: object, extra: di
     )
     if result.exit_code == 1 and result.stdout == "":
         assert result.output.strip().splitlines()[-1].startswith("Error: "), result.output
+
+
+# -- what if: --keep-fp32 --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fc2_in_fp32() -> tuple[Report, Report]:
+    from ampgraph.whatif import preview_keep_fp32
+
+    return preview_keep_fp32("opt-125m", "amp-fp32", ["model.decoder.layers.*.fc2"])
+
+
+def test_keep_fp32_preview_of_opt_fc2(fc2_in_fp32: tuple[Report, Report]) -> None:
+    a, b = fc2_in_fp32
+    assert b.check is not None and b.check["disagreements"] == 0  # the dispatcher agrees
+    d = diff_reports(a, b)
+    counts = d.counts()
+    fc2 = [n for n in a.nodes if n.module and n.module.endswith(".fc2")]
+    assert len(fc2) == 12 and all(n.policy == "lower_precision_fp" for n in fc2)
+    # Each fc2 linear loses its policy and autocast's casts of its weight and bias (its input
+    # arrives in bf16 from fc1 and the relu; the region's own .float() is a node of its own).
+    assert counts["policy"] == len(fc2)
+    assert counts["casts_removed"] == sum(len(n.casts) for n in fc2) == 24
+    # Added: per region the wrap_with_autocast node, the .float() and the getitem of its result.
+    added = Counter(c.op for c in d.changes if c.change == "added")
+    assert added == {"higher_order.wrap_with_autocast": 12, "aten.to.dtype": 12, "getitem": 12}
+    assert counts["added"] == len(b.nodes) - len(a.nodes) and counts["removed"] == 0
+    # The residual add after fc2 no longer promotes: both of its inputs are fp32 now.
+    assert counts["promotion"] == sum(n.promotion is not None for n in a.nodes) // 2 == 12
+
+
+def test_cli_keep_fp32() -> None:
+    result = invoke("diff", "llama-tiny", "-s", "amp-half", "--keep-fp32", "model.norm")
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert (
+        lines[1]
+        == "B: llama-tiny [model.norm in fp32] amp-half (autocast cuda bf16, parameters bf16)"
+    )
+    assert "  + mul_22 higher_order.wrap_with_autocast: in bf16, bf16; out fp32" in lines
+    for args, message in [
+        (["--keep-fp32", "nothing", "llama-tiny"], "Error: no module matches 'nothing'"),
+        (["-s", "fp32", "--keep-fp32", "x"], "fp32 has no autocast to disable"),
+        (["-s", "amp-fp32", "-s", "amp-half", "--keep-fp32", "x"], "compares one model in one"),
+    ]:
+        failed = invoke("diff", *args)
+        assert failed.exit_code in (1, 2) and message in failed.output, failed.output

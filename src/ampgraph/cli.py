@@ -837,10 +837,18 @@ def _report_file(source: str) -> Report | None:
     help="text: a summary and a line per changed node; markdown: a pull-request comment (a "
     "summary table, details collapsed); json: schema ampgraph.diff.",
 )  # fmt: skip
+@click.option(
+    "--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
+    help="What if: B is A with the modules matching PATTERN (module paths, * and ? as "
+    "wildcards, e.g. 'model.decoder.layers.*.fc2'; repeatable) run in autocast-disabled "
+    "regions with fp32 inputs, as an fp32 wrapper would; B's region is checked against the "
+    "dispatcher.",
+)  # fmt: skip
 @click.pass_context
 def diff_command(
     ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
     devices: tuple[str, ...], amp_dtypes: tuple[str, ...], seq_len: int, fmt: str,
+    keep_fp32: tuple[str, ...],
 ) -> None:  # fmt: skip
     """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
 
@@ -863,9 +871,22 @@ def diff_command(
       ampgraph diff -s amp-half --amp-dtype bf16 --amp-dtype fp16
       ampgraph diff opt-125m gpt2 -s amp-fp32
       ampgraph diff before.json after.json --format markdown > comment.md
+      ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
     """
     from ampgraph.diff import FORMATS, diff_reports
     from ampgraph.specs import ModelSpec
+
+    if keep_fp32:
+        a, b = _keep_fp32_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32)
+        result = diff_reports(a, b)
+        click.echo(FORMATS[fmt](result))
+        if b.check is not None and b.disagreements:
+            raise click.ClickException(
+                f"{len(b.disagreements)} nodes of the fp32 preview disagree with the dispatcher"
+            )
+        if not result.equal:
+            ctx.exit(1)
+        return
 
     if len(sources) > 2:
         raise click.UsageError("give at most two models or reports: A and B")
@@ -915,6 +936,32 @@ def diff_command(
     click.echo(FORMATS[fmt](result))
     if not result.equal:
         ctx.exit(1)
+
+
+def _keep_fp32_pair(
+    sources: Sequence[str], settings: Sequence[str], devices: Sequence[str],
+    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str],
+) -> tuple[Report, Report]:  # fmt: skip
+    """``diff --keep-fp32``: one model in one setting, as it is (A) and with the modules kept in
+    fp32 (B). Never cached: the preview is the point, and a pattern is no model identity."""
+    from ampgraph.specs import ModelSpec
+    from ampgraph.whatif import preview_keep_fp32
+
+    if len(sources) > 1 or max(len(settings), len(devices), len(amp_dtypes)) > 1:
+        raise click.UsageError("--keep-fp32 compares one model in one setting with itself: give "
+                               "one MODEL and each option once")  # fmt: skip
+    if sources and _report_file(sources[0]) is not None:
+        raise click.UsageError("--keep-fp32 needs a model to analyse, not a saved report")
+    setting = resolve_settings(
+        [settings[0] if settings else "amp-fp32"],
+        devices[0] if devices else "cuda",
+        amp_dtypes[0] if amp_dtypes else "bf16",
+    )[0]
+    if not setting.autocast:
+        raise click.BadParameter(f"{setting.name} has no autocast to disable: use amp-fp32 or "
+                                 "amp-half", param_hint="'--setting'")  # fmt: skip
+    spec = ModelSpec(sources[0]) if sources else ModelSpec("opt-125m")
+    return preview_keep_fp32(spec, setting, patterns, seq_len=seq_len, force=forced())
 
 
 @main.group(name="baseline")

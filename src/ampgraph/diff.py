@@ -374,9 +374,10 @@ def _summary_line(d: ReportDiff) -> str:
     if d.equal:
         return f"no changes in the dtype flow ({d.b.get('nodes')} nodes)"
     parts = [f"{c['changed']} changed", f"{c['added']} added", f"{c['removed']} removed"]
-    labels = {"policy": "policies", "inputs": "input dtypes", "outputs": "output dtypes",
-              "promotion": "promotions", "error": "errors"}  # fmt: skip
-    what = [f"{c[f]} {label}" for f, label in labels.items() if c[f]]
+    labels = {"policy": ("policy", "policies"), "inputs": ("input dtype", "input dtypes"),
+              "outputs": ("output dtype", "output dtypes"),
+              "promotion": ("promotion", "promotions"), "error": ("error", "errors")}  # fmt: skip
+    what = [f"{c[f]} {label[c[f] != 1]}" for f, label in labels.items() if c[f]]
     casts = f"casts +{c['casts_added']} −{c['casts_removed']}"
     return f"{d.a.get('nodes')} → {d.b.get('nodes')} nodes: {', '.join(parts)}; " + ", ".join(
         [*what, casts]
