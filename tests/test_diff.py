@@ -471,6 +471,12 @@ def test_hostile_saved_files(tmp_path: Path, kind: str, nodes: object, extra: di
 # -- what if: --keep-fp32 --------------------------------------------------------------------
 
 
+#: The preview of a cuda setting needs a torch that traces fake CUDA tensors (DESIGN.md fact 4).
+needs_cuda_build = pytest.mark.skipif(
+    not __import__("torch").backends.cuda.is_built(), reason="a CPU-only build of torch"
+)
+
+
 @pytest.fixture(scope="module")
 def fc2_in_fp32() -> tuple[Report, Report]:
     from ampgraph.whatif import preview_keep_fp32
@@ -478,6 +484,7 @@ def fc2_in_fp32() -> tuple[Report, Report]:
     return preview_keep_fp32("opt-125m", "amp-fp32", ["model.decoder.layers.*.fc2"])
 
 
+@needs_cuda_build
 def test_keep_fp32_preview_of_opt_fc2(fc2_in_fp32: tuple[Report, Report]) -> None:
     a, b = fc2_in_fp32
     assert b.check is not None and b.check["disagreements"] == 0  # the dispatcher agrees
@@ -497,6 +504,7 @@ def test_keep_fp32_preview_of_opt_fc2(fc2_in_fp32: tuple[Report, Report]) -> Non
     assert counts["promotion"] == sum(n.promotion is not None for n in a.nodes) // 2 == 12
 
 
+@needs_cuda_build
 def test_cli_keep_fp32() -> None:
     result = invoke("diff", "llama-tiny", "-s", "amp-half", "--keep-fp32", "model.norm")
     assert result.exit_code == 1, result.output

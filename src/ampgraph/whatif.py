@@ -11,7 +11,7 @@ region written in a model's code. :func:`preview_keep_fp32` analyses a model wit
 >>> from ampgraph.analysis import analyze
 >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
 >>> with keep_fp32(net, ["1"]) as kept:
-...     r = analyze(net, "amp-fp32", args=(torch.randn(2, 4),), check=False)
+...     r = analyze(net, "autocast=on,device=cpu", args=(torch.randn(2, 4),), check=False)
 >>> kept, [n.policy for n in r.nodes if n.op == "aten.linear.default"]
 (['1'], ['lower_precision_fp', None])
 """
@@ -111,8 +111,16 @@ def preview_keep_fp32(
 
     model = prepare(spec, seq_len=seq_len, force=force)
     before = analyze(model, setting, check=False)  # the model as it is needs no new proof
-    with keep_fp32(model.module, patterns):
+    with keep_fp32(model.module, patterns) as names:
         after = analyze(model, setting, check=check)
+    if not any(n.op == "higher_order.wrap_with_autocast" for n in after.nodes):
+        # A torch that cannot trace fake CUDA tensors traces on meta, without autocast: the
+        # wrapper then has nothing to disable, and B would silently equal A.
+        raise AmpgraphError(
+            f"{', '.join(names)} traced without an autocast region here "
+            f"({(after.capture or {}).get('method')}): preview with --device cpu, or on a CUDA "
+            "build of torch"
+        )
     after.model = f"{before.model} [{' '.join(patterns)} in fp32]"
     return before, after
 
