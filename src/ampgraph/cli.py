@@ -772,6 +772,319 @@ def verify(
         )
 
 
+# -- diff and baseline: what changes between two analyses, and a committed snapshot as a gate --
+
+
+def _pick(values: Sequence[str], label: str) -> tuple[str | None, str | None]:
+    """Side A's and side B's value of an option given once (both) or twice (one each)."""
+    if len(values) > 2:
+        raise click.UsageError(f"give {label} at most twice: once for A, once for B")
+    if not values:
+        return None, None
+    return values[0], values[-1]
+
+
+def _report_file(source: str) -> Report | None:
+    """The report a source names when it is a saved ``ampgraph.report`` or baseline, else None
+    (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
+    import json
+
+    from ampgraph.baseline import SCHEMA as BASELINE
+    from ampgraph.baseline import read_baseline
+
+    path = Path(source)
+    if not path.is_file() or path.suffix != ".json":
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"{source}: cannot be read as JSON ({exc})") from None
+    if isinstance(data, dict) and data.get("schema") == BASELINE:
+        return read_baseline(path.read_text(encoding="utf-8"), source).report
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise click.ClickException(f"{source} holds {len(data)} reports: diff one setting "
+                                       "('ampgraph table -s NAME --format json')")  # fmt: skip
+        data = data[0]
+    if not (isinstance(data, dict) and str(data.get("schema", "")).startswith("ampgraph.")):
+        return None  # a Hugging Face config.json: a model to analyse
+    try:
+        return Report.from_dict(data)
+    except ValueError as exc:
+        raise click.ClickException(f"{source}: {exc}") from None
+
+
+@main.command(name="diff")
+@click.argument("sources", nargs=-1, metavar="[A] [B]")
+@click.option(
+    "--setting", "-s", "settings", multiple=True, metavar="NAME",
+    help="Setting of A, then of B (give it twice to compare two settings, once for both). "
+    f"Presets: {', '.join(PRESETS)}. Default: amp-fp32, or a saved report's setting.",
+)  # fmt: skip
+@click.option(
+    "--device", "devices", type=click.Choice(["cuda", "cpu"]), multiple=True,
+    help="Device type of A, then of B (twice to compare them). Default: cuda.",
+)  # fmt: skip
+@click.option(
+    "--amp-dtype", "amp_dtypes", type=click.Choice(["bf16", "fp16"]), multiple=True,
+    help="Autocast dtype of A, then of B (twice to compare them). Default: bf16.",
+)  # fmt: skip
+@click.option("--seq-len", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Length of the synthesised token ids for language models.")  # fmt: skip
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
+    show_default=True,
+    help="text: a summary and a line per changed node; markdown: a pull-request comment (a "
+    "summary table, details collapsed); json: schema ampgraph.diff.",
+)  # fmt: skip
+@click.option(
+    "--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
+    help="What if: B is A with the modules matching PATTERN (module paths, * and ? as "
+    "wildcards, e.g. 'model.decoder.layers.*.fc2'; repeatable) run in autocast-disabled "
+    "regions with fp32 inputs, as an fp32 wrapper would; B's region is checked against the "
+    "dispatcher.",
+)  # fmt: skip
+@click.pass_context
+def diff_command(
+    ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
+    devices: tuple[str, ...], amp_dtypes: tuple[str, ...], seq_len: int, fmt: str,
+    keep_fp32: tuple[str, ...],
+) -> None:  # fmt: skip
+    """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
+
+    A and B are models (as for 'ampgraph table', default OPT-125M) or saved reports
+    ('ampgraph table --format json > a.json', or a baseline file). Compare two settings, two
+    devices or two autocast dtypes of one model by giving the option twice, or two models,
+    two revisions of one model or two saved reports by giving A and B; a model compared with a
+    report is analysed in the report's setting.
+
+    Nodes are paired by module path and op, not by position in the graph: an op inserted in one
+    module is one added node. For each pair it reports the autocast policy, input and output
+    dtypes, the casts autocast adds or no longer adds, promotions and errors. Where the two
+    were analysed with different policy tables (two torch releases), it says so and points to
+    'ampgraph policy --since', which lists the table changes themselves.
+
+    \b
+    Examples:
+      ampgraph diff -s amp-fp32 -s amp-half          # OPT-125M, two settings
+      ampgraph diff llama-tiny --device cuda --device cpu
+      ampgraph diff -s amp-half --amp-dtype bf16 --amp-dtype fp16
+      ampgraph diff opt-125m gpt2 -s amp-fp32
+      ampgraph diff before.json after.json --format markdown > comment.md
+      ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
+    """
+    from ampgraph.diff import FORMATS, diff_reports
+    from ampgraph.specs import ModelSpec
+
+    if keep_fp32:
+        a, b = _keep_fp32_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32)
+        result = diff_reports(a, b)
+        click.echo(FORMATS[fmt](result))
+        if b.check is not None and b.disagreements:
+            raise click.ClickException(
+                f"{len(b.disagreements)} nodes of the fp32 preview disagree with the dispatcher"
+            )
+        if not result.equal:
+            ctx.exit(1)
+        return
+
+    if len(sources) > 2:
+        raise click.UsageError("give at most two models or reports: A and B")
+    pairs = {
+        "--setting": _pick(settings, "--setting"),
+        "--device": _pick(devices, "--device"),
+        "--amp-dtype": _pick(amp_dtypes, "--amp-dtype"),
+    }
+    named = [sources[0], sources[-1]] if sources else ["opt-125m", "opt-125m"]
+    files = [_report_file(s) for s in dict.fromkeys(named)]
+    files = [files[0], files[-1]]
+    if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes)) < 2:
+        raise click.UsageError(
+            "nothing to compare: give two models or reports (A B), or an option twice, e.g. "
+            "'ampgraph diff -s amp-fp32 -s amp-half'"
+        )
+    given = [label for label, (a, _) in pairs.items() if a is not None]
+    if all(r is not None for r in files) and given:
+        saved = (
+            "A and B are saved reports" if len(sources) == 2 else f"{sources[0]} is a saved report"
+        )
+        raise click.UsageError(f"{saved}: {', '.join(given)} cannot change what it holds")
+    reports: list[Report | None] = list(files)
+    for side, report in enumerate(files):
+        if report is not None:
+            continue
+        other = files[1 - side]
+        base = other.setting if other is not None else {}
+        name = pairs["--setting"][side] or base.get("name") or "amp-fp32"
+        device = pairs["--device"][side] or base.get("device_type") or "cuda"
+        amp = pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16"
+        setting = resolve_settings([name], device, amp)[0]
+        # One analysis call for both sides of one model, so the model is built once.
+        if side == 0 and files[1] is None and named[0] == named[1]:
+            name_b = pairs["--setting"][1] or "amp-fp32"
+            setting_b = resolve_settings(
+                [name_b], pairs["--device"][1] or "cuda", pairs["--amp-dtype"][1] or "bf16"
+            )[0]
+            reports = analysed(ModelSpec(named[0]), [setting, setting_b], device, amp, seq_len,
+                               check=False)  # fmt: skip
+            break
+        reports[side] = analysed(ModelSpec(named[side]), [setting], device, amp, seq_len,
+                                 check=False)[0]  # fmt: skip
+    a, b = reports
+    assert a is not None and b is not None
+    result = diff_reports(a, b)
+    click.echo(FORMATS[fmt](result))
+    if not result.equal:
+        ctx.exit(1)
+
+
+def _keep_fp32_pair(
+    sources: Sequence[str], settings: Sequence[str], devices: Sequence[str],
+    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str],
+) -> tuple[Report, Report]:  # fmt: skip
+    """``diff --keep-fp32``: one model in one setting, as it is (A) and with the modules kept in
+    fp32 (B). Never cached: the preview is the point, and a pattern is no model identity."""
+    from ampgraph.specs import ModelSpec
+    from ampgraph.whatif import preview_keep_fp32
+
+    if len(sources) > 1 or max(len(settings), len(devices), len(amp_dtypes)) > 1:
+        raise click.UsageError("--keep-fp32 compares one model in one setting with itself: give "
+                               "one MODEL and each option once")  # fmt: skip
+    if sources and _report_file(sources[0]) is not None:
+        raise click.UsageError("--keep-fp32 needs a model to analyse, not a saved report")
+    setting = resolve_settings(
+        [settings[0] if settings else "amp-fp32"],
+        devices[0] if devices else "cuda",
+        amp_dtypes[0] if amp_dtypes else "bf16",
+    )[0]
+    if not setting.autocast:
+        raise click.BadParameter(f"{setting.name} has no autocast to disable: use amp-fp32 or "
+                                 "amp-half", param_hint="'--setting'")  # fmt: skip
+    spec = ModelSpec(sources[0]) if sources else ModelSpec("opt-125m")
+    return preview_keep_fp32(spec, setting, patterns, seq_len=seq_len, force=forced())
+
+
+@main.group(name="baseline")
+def baseline_group() -> None:
+    """A committed snapshot of a model's dtype flow, and the check that it still holds.
+
+    'baseline write FILE MODEL -s SETTING' writes the snapshot (JSON, one line per node, made
+    to be read in a git diff); 'baseline check FILE' analyses the same model in the same setting
+    again and fails, printing the diff, when the flow no longer matches. Accept a change with
+    'baseline check FILE --update', as snapshot-testing tools do.
+
+    \b
+    Examples:
+      ampgraph baseline write ampgraph/opt-125m.json opt-125m -s amp-fp32
+      ampgraph baseline check ampgraph/opt-125m.json
+      ampgraph baseline check ampgraph/opt-125m.json --format markdown > comment.md
+      ampgraph baseline check ampgraph/opt-125m.json --update
+    """
+
+
+def _write_baseline(path: Path, text: str) -> None:
+    """Write a baseline atomically; a folder that takes no files is one ``Error:`` line."""
+    from ampgraph.files import atomic_write
+
+    try:
+        atomic_write(path, text.encode())
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write the baseline to {path}: {exc.strerror or exc}; choose another path"
+        ) from None
+
+
+def _baseline_report(model: str, setting: str, device: str, amp_dtype: str, seq_len: int) -> Report:
+    return analysed(model, [setting], device, amp_dtype, seq_len, check=False)[0]
+
+
+@baseline_group.command(name="write")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@model_argument
+@click.option("--setting", "-s", "setting", default="amp-fp32", show_default=True,
+              metavar="NAME", help=f"The setting to snapshot. Presets: {', '.join(PRESETS)}.")  # fmt: skip
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Device type whose autocast policy applies.")  # fmt: skip
+@click.option("--amp-dtype", type=click.Choice(["bf16", "fp16"]), default="bf16",
+              show_default=True, help="The 16-bit dtype autocast uses.")  # fmt: skip
+@click.option("--seq-len", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Length of the synthesised token ids for language models.")  # fmt: skip
+def baseline_write(
+    file: Path, model: str, setting: str, device: str, amp_dtype: str, seq_len: int
+) -> None:
+    """Write the dtype flow of MODEL (default OPT-125M) in one setting to FILE."""
+    from ampgraph.baseline import baseline_text
+    from ampgraph.files import check_writable
+    from ampgraph.specs import ModelSpec
+
+    check_writable(file, "baseline")
+    report = _baseline_report(model, setting, device, amp_dtype, seq_len)
+    spec = ModelSpec(model) if not isinstance(model, ModelSpec) else model
+    text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
+                         tracer=spec.tracer)  # fmt: skip
+    _write_baseline(file, text)
+    click.echo(f"{file}: {len(report.nodes)} nodes of {report.model} {report.setting['name']}")
+
+
+@baseline_group.command(name="check")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", required=False)
+@click.option("--setting", "-s", "setting", metavar="NAME",
+              help="The setting the baseline should be of (default: the baseline's own).")  # fmt: skip
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
+    show_default=True, help="How to print the diff: as 'ampgraph diff' does.",
+)  # fmt: skip
+@click.option("--update", is_flag=True,
+              help="Accept the new flow: rewrite FILE with it (exit 0).")  # fmt: skip
+def baseline_check(
+    file: Path, model: str | None, setting: str | None, fmt: str, update: bool
+) -> None:
+    """Analyse the baseline's model again; exit 1 with the diff when its flow changed.
+
+    MODEL and --setting are read from FILE; given, they must be the baseline's own.
+    """
+    from ampgraph.baseline import baseline_text, check_report, read_baseline, refuse_other
+    from ampgraph.diff import FORMATS
+    from ampgraph.specs import ModelSpec
+
+    if not file.is_file():
+        raise click.ClickException(
+            f"no baseline at {file}: write one with 'ampgraph baseline write {file} MODEL -s "
+            "SETTING'"
+        )
+    base = read_baseline(file.read_text(encoding="utf-8"), str(file))
+    s = base.report.setting
+    if model is not None or setting is not None:
+        wanted = resolve_settings([setting or s["name"]], s["device_type"], s["amp_dtype"])[0]
+        refuse_other(base, model or base.report.model, wanted.to_dict(), str(file))
+    spec = ModelSpec(base.spec, base.spec_kind, tracer=base.tracer)
+    report = _baseline_report(spec, s["name"], s["device_type"], s["amp_dtype"], base.seq_len)
+    result = check_report(base, report)
+    if result.equal:
+        click.echo(
+            FORMATS[fmt](result)
+            if fmt != "text"  # a pull-request comment says "no changes" too
+            else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} nodes)"
+        )
+        return
+    click.echo(FORMATS[fmt](result))
+    if fmt == "markdown" and not update:
+        click.echo(f"\nAccept the new flow with `ampgraph baseline check {file} --update` and "
+                   "commit the file.")  # fmt: skip
+    if update:
+        text = baseline_text(report, seq_len=base.seq_len, spec=base.spec,
+                             spec_kind=base.spec_kind, tracer=base.tracer)  # fmt: skip
+        _write_baseline(file, text)
+        click.echo(f"{file}: updated to the new flow", err=True)
+        return
+    raise click.ClickException(
+        f"the dtype flow of {base.title} no longer matches {file}: "
+        f"{len(result.changes)} change{'s' if len(result.changes) != 1 else ''}; accept it with "
+        f"'ampgraph baseline check {file} --update'"
+    )
+
+
 def run() -> None:
     """The console entry point: ``main`` with output errors said in one line.
 
@@ -782,8 +1095,11 @@ def run() -> None:
     import os
 
     try:
-        main(prog_name="ampgraph", standalone_mode=False)
+        # Without standalone mode click returns a command's ctx.exit(code) instead of exiting.
+        code = main(prog_name="ampgraph", standalone_mode=False)
         sys.stdout.flush()
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

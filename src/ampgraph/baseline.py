@@ -1,0 +1,226 @@
+"""A committed snapshot of a model's dtype flow, and the check that it still holds (a CI gate).
+
+Torch-free. A baseline (schema ``ampgraph.baseline``) is a JSON file written for git: a header
+(model, setting, sequence length, the versions that wrote it), then one line per node of the
+forward graph with what :mod:`ampgraph.diff` compares -- module path, op, policy, input dtypes,
+casts (by input position), output dtypes, promotion, error. Node names are left out on purpose:
+they are positions in one graph (``linear_3``), and one inserted op would rename every later node
+of its kind, so a one-op change would touch dozens of lines in review.
+
+``ampgraph baseline check FILE`` analyses the model again and diffs the baseline against it
+(:func:`check_report`); ``--update`` accepts the new flow, as snapshot-testing tools do.
+
+>>> from ampgraph.records import NodeRecord, Report
+>>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,
+...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
+>>> r = Report("m", setting, {}, {}, [NodeRecord("r", "aten.relu", "op", module="act",
+...            outputs=["float32"])], [])
+>>> text = baseline_text(r)
+>>> print(text.splitlines()[-3])
+ {"module": "act", "op": "aten.relu", "out": ["float32"]}
+>>> check_report(read_baseline(text), r).equal
+True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ampgraph.diff import ReportDiff, diff_reports
+from ampgraph.errors import AmpgraphError
+from ampgraph.records import PLACEHOLDER_KINDS, Cast, NodeRecord, Report
+
+SCHEMA = "ampgraph.baseline"
+SCHEMA_VERSION = 1
+
+
+class BaselineError(AmpgraphError, ValueError):
+    """A baseline file that cannot be read, or that belongs to another model or setting."""
+
+
+@dataclass
+class Baseline:
+    """A baseline read back: its header and its nodes as a report :mod:`ampgraph.diff` reads."""
+
+    report: Report
+    seq_len: int
+    #: What to analyse again: the spec as given (a config path, where ``report.model`` is only
+    #: its display name), how it was given (:data:`ampgraph.specs.SPEC_KINDS`) and the tracer.
+    spec: str = ""
+    spec_kind: str = "auto"
+    tracer: str = "export"
+
+    @property
+    def title(self) -> str:
+        """``opt-125m amp-fp32 (cuda bf16)``: whose flow the baseline holds."""
+        s = self.report.setting
+        amp = s.get("amp_dtype", "").replace("bfloat16", "bf16").replace("float16", "fp16")
+        return f"{self.report.model} {s.get('name')} ({s.get('device_type')} {amp})"
+
+
+def _node_line(rec: NodeRecord) -> dict[str, Any]:
+    """What the diff compares of a node; empty fields are left out so lines stay short."""
+    producers = [i.get("node") for i in rec.inputs]
+    line: dict[str, Any] = {"module": rec.module, "op": rec.op}
+    if rec.kind != "op":
+        line["kind"] = rec.kind
+    if rec.kind in PLACEHOLDER_KINDS:
+        line["target"] = rec.target
+    if rec.inputs:
+        line["in"] = [i.get("dtype") for i in rec.inputs]
+    if rec.policy:
+        line["policy"] = rec.policy
+    if rec.casts:
+        line["casts"] = [
+            [producers.index(c.node) if c.node in producers else c.node, c.from_dtype, c.to_dtype]
+            for c in rec.casts
+        ]
+    line["out"] = rec.outputs
+    if rec.promotion:
+        line["promotion"] = rec.promotion
+    if rec.error:
+        line["error"] = rec.error
+    return line
+
+
+def baseline_text(
+    report: Report,
+    *,
+    seq_len: int = 8,
+    spec: str | None = None,
+    spec_kind: str = "auto",
+    tracer: str = "export",
+) -> str:
+    """The baseline of ``report``'s forward pass: JSON with one line per node, ending in a newline.
+
+    ``spec`` (its ``spec_kind`` and ``tracer``) is what ``baseline check`` analyses again; by
+    default the report's model name, which is the spec of a bundled model.
+
+    >>> from ampgraph.records import Report
+    >>> json.loads(baseline_text(Report("m", {"name": "fp32"}, {}, {}, [], [])))["schema"]
+    'ampgraph.baseline'
+    """
+    head = {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "model": report.model,
+        "spec": spec if spec is not None else report.model,
+        "spec_kind": spec_kind,
+        "tracer": tracer,
+        "setting": report.setting,
+        "seq_len": seq_len,
+        "versions": report.versions,
+        "method": (report.capture or {}).get("method"),
+    }
+    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    nodes = [f" {json.dumps(_node_line(rec))}" for rec in report.nodes]
+    lines += [' "nodes": ['] + [",\n".join(nodes)] * bool(nodes) + [" ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _record(i: int, data: dict[str, Any]) -> NodeRecord:
+    """A node record from line ``i`` of a baseline; inputs are named by position, as its casts
+    refer to them."""
+    if not isinstance(data, dict):
+        raise TypeError(f"node line {i} is a {type(data).__name__}, not an object")
+    # Graph inputs by their target, the rest by their place in the file (names are not kept).
+    name = str(data["target"]) if data.get("target") else f"#{i}"
+    inputs = [{"node": f"input {j}", "dtype": d} for j, d in enumerate(data.get("in", []))]
+    casts = [
+        Cast(f"input {where}" if isinstance(where, int) else str(where), src, dst)
+        for where, src, dst in data.get("casts", [])
+    ]
+    return NodeRecord(
+        name=name,
+        op=data["op"],
+        kind=data.get("kind", "op"),
+        target=data.get("target"),
+        module=data.get("module"),
+        inputs=inputs,
+        policy=data.get("policy"),
+        casts=casts,
+        outputs=list(data.get("out", [])),
+        promotion=data.get("promotion"),
+        error=data.get("error"),
+    )
+
+
+def read_baseline(text: str, where: str = "the baseline") -> Baseline:
+    """A baseline from its text; :class:`BaselineError` in one line for anything else.
+
+    >>> read_baseline('{"schema": "ampgraph.report", "version": 2}', "b.json")
+    Traceback (most recent call last):
+    ...
+    ampgraph.baseline.BaselineError: b.json is an ampgraph.report, not a baseline: write one with 'ampgraph baseline write b.json MODEL -s SETTING'
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BaselineError(f"{where} is not JSON ({exc})") from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA:
+        what = f"an {schema}" if isinstance(schema, str) else "not an ampgraph file"
+        raise BaselineError(
+            f"{where} is {what}, not a baseline: write one with "
+            f"'ampgraph baseline write {where} MODEL -s SETTING'"
+        )
+    if data.get("version") != SCHEMA_VERSION:
+        raise BaselineError(
+            f"{where} is a baseline of version {data.get('version')!r}; this ampgraph reads "
+            f"version {SCHEMA_VERSION}: write it again with 'ampgraph baseline check {where} "
+            "--update'"
+        )
+    try:
+        nodes = [_record(i, n) for i, n in enumerate(data["nodes"])]
+        report = Report(
+            model=str(data["model"]),
+            setting=dict(data["setting"]),
+            versions=dict(data.get("versions") or {}),
+            capture={"method": data.get("method")},
+            nodes=nodes,
+            modules=[],
+        )
+        seq_len = int(data.get("seq_len", 8))
+        spec = str(data.get("spec") or report.model)
+        spec_kind, tracer = str(data.get("spec_kind", "auto")), str(data.get("tracer", "export"))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BaselineError(f"{where} is a damaged baseline ({type(exc).__name__} {exc})") from None
+    return Baseline(report, seq_len, spec, spec_kind, tracer)
+
+
+def refuse_other(baseline: Baseline, model: str, setting: dict[str, Any], where: str) -> None:
+    """:class:`BaselineError` unless the baseline is of ``model`` in ``setting``.
+
+    >>> b = read_baseline(baseline_text(Report("m", {"name": "fp32"}, {}, {}, [], [])))
+    >>> refuse_other(b, "m", {"name": "fp32"}, "b.json")
+    >>> refuse_other(b, "gpt2", {"name": "fp32"}, "b.json")
+    Traceback (most recent call last):
+    ...
+    ampgraph.baseline.BaselineError: b.json is the baseline of m fp32, not of gpt2 fp32: check it without MODEL and --setting, or write another baseline
+    """
+    mine = baseline.report
+    if str(model) not in (mine.model, baseline.spec) or dict(setting) != mine.setting:
+        raise BaselineError(
+            f"{where} is the baseline of {mine.model} {mine.setting.get('name')}, not of "
+            f"{model} {setting.get('name')}: check it without MODEL and --setting, or write "
+            "another baseline"
+        )
+
+
+def check_report(baseline: Baseline, report: Report) -> ReportDiff:
+    """The diff from the baseline's flow to ``report``'s (equal when the baseline holds)."""
+    if report.pass_ != "forward":
+        raise BaselineError(f"a baseline holds the forward pass, not a {report.pass_} pass")
+    return diff_reports(baseline.report, report)
+
+
+__all__ = [
+    "Baseline",
+    "BaselineError",
+    "baseline_text",
+    "check_report",
+    "read_baseline",
+    "refuse_other",
+]
