@@ -321,7 +321,7 @@ class _Auditor:
         # Entering: values made outside, converted inside (the body's own .float()).
         entry = [
             r for r in inside
-            if r.op == "aten._to_copy.default" and r.inputs
+            if r.op.startswith(("aten._to_copy.", "aten.to.")) and r.inputs
             and r.inputs[0]["node"] not in names and r.inputs[0]["dtype"] != r.out_dtype
         ]  # fmt: skip
         produced = names | {rec.name}
