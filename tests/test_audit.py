@@ -279,7 +279,8 @@ def test_cli_audits_a_saved_report(saved: Path) -> None:
     assert as_json["schema"] == "ampgraph.audit"
     assert len(as_json["audits"][0]["findings"]) == len(audit(residual()))
     sarif_out = runner.invoke(main, ["audit", "--report", str(saved), "--format", "sarif"])
-    assert json.loads(sarif_out.output)["version"] == "2.1.0"
+    assert json.loads(sarif_out.stdout)["version"] == "2.1.0"
+    assert "logical locations only" in sarif_out.stderr  # Residual names no file
     md = runner.invoke(main, ["audit", "--report", str(saved), "--format", "markdown"])
     assert md.output.startswith("### ampgraph audit:")
 

@@ -475,13 +475,17 @@ def markdown(report: Report, findings: Sequence[Finding] | None = None) -> str:
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
-def _model_file(model: str) -> str | None:
-    """The file a model spec names (``path/model.py:factory``, ``config.json``), else None."""
+def model_file(model: str) -> str | None:
+    """The file a model spec names (``path/model.py:factory``, ``config.json``), else None.
+
+    >>> model_file("models/mine.py:build"), model_file("opt-125m")
+    ('models/mine.py', None)
+    """
     head = model if model.endswith((".py", ".json")) else model.rsplit(":", 1)[0]
     return head if head.endswith((".py", ".json")) else None
 
 
-def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = _model_file) -> str:
+def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_file) -> str:
     """SARIF 2.1.0 for GitHub code scanning: one run, a rule per kind, a result per finding.
 
     Each result names its module and node as logical locations, and the file of the model's
@@ -533,6 +537,7 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = _model_f
 
 
 __all__ = [
-    "KINDS", "SEVERITIES", "Finding", "at_or_above", "audit", "markdown", "sarif", "summary",
+    "KINDS", "SEVERITIES", "Finding", "at_or_above", "audit", "markdown", "model_file", "sarif",
+    "summary",
     "text", "to_json",
 ]  # fmt: skip

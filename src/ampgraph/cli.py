@@ -711,6 +711,10 @@ def audit(
         click.echo(audit_lib.to_json(reports))
     elif fmt == "sarif":
         click.echo(audit_lib.sarif(reports))
+        unplaced = sorted({r.model for r in reports if audit_lib.model_file(r.model) is None})
+        if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
+            click.echo(f"warning: {', '.join(unplaced)} names no file of model code: the results "
+                       "have logical locations only (see docs/audit.md)", err=True)  # fmt: skip
     else:
         show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
         click.echo("\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True)))
