@@ -157,6 +157,11 @@ def fmt_bytes(n: int | None) -> str:
     raise AssertionError  # pragma: no cover
 
 
+def _n(count: int, word: str) -> str:
+    """``_n(1, "cast")`` -> ``'1 cast'``, ``_n(2, "cast")`` -> ``'2 casts'``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 def _where(rec: NodeRecord) -> str:
     op = rec.op.removeprefix("aten.").removesuffix(".default")
     return f"{op} in {rec.module or 'the top level'}"
@@ -233,18 +238,18 @@ class _Auditor:
         total = _sum(weights + activations)
         tips = []
         if weights:
-            tips.append(f"parameters kept in {'/'.join(to)} remove the {len(weights)} weight "
-                        "cast(s)")  # fmt: skip
+            tips.append(f"parameters kept in {'/'.join(to)} remove the "
+                        f"{_n(len(weights), 'weight cast')}")  # fmt: skip
         if from_inputs:
-            tips.append(f"an input passed in {'/'.join(to)} removes {from_inputs} cast(s)")
+            tips.append(f"an input passed in {'/'.join(to)} removes {_n(from_inputs, 'cast')}")
         if repeated:
             tips.append(f"{', '.join(sorted(set(repeated)))} is cast again for each op that "
                         "uses it (autocast caches only weight casts)")  # fmt: skip
         self.add(
             "autocast-cast", rec,
-            f"autocast casts {len(rec.casts)} tensor(s) to {'/'.join(to)} before {_where(rec)}: "
-            f"{len(weights)} weight(s) {fmt_bytes(_sum(weights))}, {len(activations)} "
-            f"activation(s) {fmt_bytes(_sum(activations))}",
+            f"autocast casts {_n(len(rec.casts), 'tensor')} to {'/'.join(to)} before "
+            f"{_where(rec)}: {_n(len(weights), 'weight')} {fmt_bytes(_sum(weights))}, "
+            f"{_n(len(activations), 'activation')} {fmt_bytes(_sum(activations))}",
             "; ".join(tips) or "expected under autocast",
             bytes=total,
             details={"casts": [c.to_dict() for c in rec.casts], "weights": len(weights),
@@ -340,9 +345,9 @@ class _Auditor:
         )
         self.add(
             "fp32-island", rec,
-            f"autocast is disabled in {rec.name} ({rec.module or 'top level'}): {ops} op(s) run "
-            f"as written; {len(entry)} conversion(s) on entry, {len(exit_casts)} autocast "
-            f"cast(s) of its results after it, {fmt_bytes(size)}",
+            f"autocast is disabled in {rec.name} ({rec.module or 'top level'}): "
+            f"{_n(ops, 'op')} run as written; {_n(len(entry), 'conversion')} on entry, "
+            f"{_n(len(exit_casts), 'autocast cast')} of its results after it, {fmt_bytes(size)}",
             "keep the region as small as the precision it protects needs; its inputs are 16-bit "
             "where autocast made them so",
             bytes=size,
