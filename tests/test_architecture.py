@@ -95,7 +95,7 @@ def test_torch_free_modules_import_no_torch() -> None:
     """The CLI, the cache, the pipeline and the renderer start without torch (a warm run)."""
     code = (
         "import sys, ampgraph.cli, ampgraph.pipeline, ampgraph.cache, ampgraph.render, "
-        "ampgraph.text, ampgraph.specs, ampgraph.policy; print('torch' in sys.modules)"
+        "ampgraph.text, ampgraph.specs, ampgraph.policy, ampgraph.audit; print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

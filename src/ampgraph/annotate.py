@@ -48,6 +48,7 @@ from ampgraph.replay import (
     not_analysable,
     op_name,
     region_args,
+    shape_lists,
     tensor_leaves,
 )
 from ampgraph.settings import Setting, short_dtype
@@ -155,6 +156,9 @@ class AutocastAnnotator(FakeReplay):
             self._record_placeholder(n, value)
         elif n.op == "output" and not self.prefix and not isinstance(value, Failed):
             self._record(n, kind="output", outputs=dtype_names(value), reason="graph output")
+        if self.records and self.records[-1].name == self.qualified(n):
+            # Shapes let the audit count bytes (cast, widened); the value is at hand only here.
+            self.records[-1].shapes = shape_lists(value)
         return value
 
     def _record_placeholder(self, n: fx.Node, value: Any) -> None:

@@ -662,6 +662,74 @@ def render(
 @model_argument
 @setting_options
 @click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "markdown", "sarif"]), default="text",
+    show_default=True,
+    help="text: a line per finding and the totals; json: schema ampgraph.audit; markdown: a "
+    "table for a pull request; sarif: SARIF 2.1.0 for GitHub code scanning.",
+)  # fmt: skip
+@click.option(
+    "--fail-on", type=click.Choice(["note", "warning", "error", "never"]), default="never",
+    show_default=True, help="Exit 1 when a finding of this severity or worse exists.",
+)  # fmt: skip
+@click.option(
+    "--report", "report_paths", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True, metavar="JSON",
+    help="Audit a saved report (ampgraph table --format json) instead of analysing MODEL; "
+    "repeat for several. Needs no torch.",
+)  # fmt: skip
+@click.option("--no-check", is_flag=True, help="Skip the dispatcher check (faster).")
+def audit(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int, fmt: str,
+    fail_on: str, report_paths: tuple[Path, ...], no_check: bool,
+) -> None:  # fmt: skip
+    """Findings where dtypes meet: promotions, autocast casts, hazards, 16-bit risks.
+
+    For each setting (all four by default), one finding per node that matters: mixed inputs
+    widened by type promotion (with the bytes widened), the tensors autocast casts (bytes of
+    weights and of activations, and what pre-cast parameters or inputs save), ops without an
+    autocast policy fed mixed dtypes, dtype errors (torch's message), numerically sensitive ops
+    running in 16 bits, fp16 range risks, and autocast-disabled regions with their border casts.
+    Each finding has a severity (note, warning, error) and a suggestion. See docs/audit.md.
+
+    \b
+    Examples:
+      ampgraph audit -s amp-fp32
+      ampgraph audit -s half --fail-on warning
+      ampgraph audit --module model.py:build -s amp-half --format sarif > audit.sarif
+      ampgraph table -s amp-fp32 --format json > r.json && ampgraph audit --report r.json
+    """
+    from ampgraph import audit as audit_lib
+
+    if report_paths:
+        if settings:
+            raise click.UsageError("--setting and --report exclude each other: a report has one")
+        reports = load_reports(report_paths)
+    else:
+        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
+    findings = [audit_lib.audit(r) for r in reports]
+    if fmt == "json":
+        click.echo(audit_lib.to_json(reports))
+    elif fmt == "sarif":
+        click.echo(audit_lib.sarif(reports))
+        unplaced = sorted({r.model for r in reports if audit_lib.model_file(r.model) is None})
+        if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
+            click.echo(f"warning: {', '.join(unplaced)} names no file of model code: the results "
+                       "have logical locations only (see docs/audit.md)", err=True)  # fmt: skip
+    else:
+        show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
+        click.echo("\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True)))
+    if fail_on != "never":
+        failing = sum(len(audit_lib.at_or_above(f, fail_on)) for f in findings)
+        if failing:
+            raise click.ClickException(
+                f"{failing} finding{'s' if failing != 1 else ''} at or above {fail_on}"
+            )
+
+
+@main.command()
+@model_argument
+@setting_options
+@click.option(
     "--record",
     "record_path",
     type=click.Path(dir_okay=False, path_type=Path),

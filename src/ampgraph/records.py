@@ -25,7 +25,9 @@ JSON schema ``ampgraph.report`` version 2 (fields are added, never renamed, with
   (``lower_precision_fp``, ``fp32``, ``fp32_set_opt_dtype``, ``fp32_append_dtype``, ``promote``,
   ``banned`` or null), ``inputs`` (producer node and dtype), ``casts`` (``{node, from, to}`` for each
   tensor autocast casts), ``outputs`` (dtypes), ``promotion`` (``{inputs, to}`` where ordinary type
-  promotion widened mixed inputs), ``reason``, ``error``, ``skipped`` and ``check``.
+  promotion widened mixed inputs), ``reason``, ``error``, ``skipped`` and ``check``; ``shapes``
+  (each output's shape, or null for a non-tensor output), absent from reports written before
+  ampgraph kept them.
 * ``modules``: one record per leaf-module call in execution order (:class:`ModuleCall`): the hook
   view of the seed notebook, ``in`` and ``out`` dtypes.
 * ``check``: ``{oracle, nodes, compared, disagreements}`` once the dispatcher check ran, else null.
@@ -100,6 +102,9 @@ class NodeRecord:
     not_analysed: str | None = None
     #: For a backward node, the forward node it is the backward of (None in the forward pass).
     forward: str | None = None
+    #: Each output's shape (None for a non-tensor output), where the annotator recorded them;
+    #: None in reports written before shapes were kept. ``ampgraph audit`` reads bytes from them.
+    shapes: list[list[int] | None] | None = None
 
     @property
     def out_dtype(self) -> str | None:
@@ -119,7 +124,7 @@ class NodeRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["casts"] = [c.to_dict() for c in self.casts]
-        for key in ("not_analysed", "forward"):
+        for key in ("not_analysed", "forward", "shapes"):
             if data[key] is None:
                 del data[key]  # reports of fully analysed forward graphs read as before
         return data

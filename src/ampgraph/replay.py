@@ -97,6 +97,29 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
     return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
 
 
+def shape_lists(value: Any) -> list[list[int] | None] | None:
+    """The shape of every leaf of a node's value, like :func:`dtype_names` (None for a leaf that
+    is not a tensor, or whose size is symbolic); None for a node that failed.
+
+    >>> shape_lists((torch.empty(2, 3), 3))
+    [[2, 3], None]
+    """
+    if isinstance(value, Failed):
+        return None
+    if value is None:
+        return []
+
+    def shape(v: Any) -> list[int] | None:
+        if not isinstance(v, torch.Tensor):
+            return None
+        try:
+            return [int(d) for d in v.shape]
+        except Exception:  # noqa: BLE001 - an unbacked symbolic size has no number to give
+            return None
+
+    return [shape(v) for v in pytree.tree_leaves(value)]
+
+
 def dtype_names(value: Any) -> list[str | None]:
     """The dtype name of every leaf of a node's value (None for a leaf that is not a tensor);
     nothing for a node that returned nothing or failed.
