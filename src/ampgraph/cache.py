@@ -48,9 +48,10 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-#: Code that draws or publishes reports but never changes one: left out of the digest, so that
-#: editing a diagram's style or the Sphinx directive keeps every cached analysis.
-PRESENTATION = frozenset({"render", "sphinx.py"})
+#: Code that draws, publishes or reads reports but never changes one: left out of the digest, so
+#: that editing a diagram's style, the Sphinx directive or a finding's wording keeps every cached
+#: analysis.
+PRESENTATION = frozenset({"render", "sphinx.py", "audit.py", "diff.py", "baseline.py"})
 
 
 def source_digest() -> str:
