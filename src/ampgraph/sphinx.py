@@ -227,9 +227,7 @@ class AmpgraphDirective(SphinxDirective):
         for name in themes:
             if len(reports) == 1 or pass_ == "backward":
                 # A backward has no overview: the first report's diagram (give one setting).
-                drawn: Diagram = diagram(
-                    reports[0], view=view, fold=fold, theme=name, pass_=pass_
-                )
+                drawn: Diagram = diagram(reports[0], view=view, fold=fold, theme=name, pass_=pass_)
             else:
                 drawn = overview_diagram(reports, view=view, fold=fold, theme=name)
             node = ampgraph_diagram()
