@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,27 @@ def test_opt_125m_backward_svg_keeps_ids_and_tooltips() -> None:
     assert 'id="module/model.decoder.layers.0.fc1"' in svg
     assert 'id="input/loss"' in svg and 'id="memory"' in svg
     assert "xlink:title" in svg
+
+
+@needs_dot
+def test_cli_render_pass_train_writes_both_diagrams(tmp_path: Path) -> None:
+    """``render --pass train --report`` draws the forward and, beside it, the backward."""
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    saved = tmp_path / "r.json"
+    saved.write_text(small_backward_report().to_json(), encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["render", "--report", str(saved), "--pass", "train", "--format", "svg", "--out"]
+    result = CliRunner().invoke(main, [*args, str(out)])
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "Sequential-cuda-bf16-amp-fp32-backward.svg",
+        "Sequential-cuda-bf16-amp-fp32.svg",
+    ]
+    assert "saved for backward" in (out / names[0]).read_text(encoding="utf-8")
+    # --loss belongs to an analysis, which a saved report has had already.
+    refused = CliRunner().invoke(main, [*args, str(out), "--loss", "0"])
+    assert refused.exit_code == 2 and "not --report" in refused.output
