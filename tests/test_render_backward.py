@@ -163,3 +163,27 @@ def test_cli_render_pass_train_writes_both_diagrams(tmp_path: Path) -> None:
     # --loss belongs to an analysis, which a saved report has had already.
     refused = CliRunner().invoke(main, [*args, str(out), "--loss", "0"])
     assert refused.exit_code == 2 and "not --report" in refused.output
+
+
+def test_backward_in_autocast_fills_boxes_by_policy() -> None:
+    """With backward inside the autocast context its ops have autocast's policies, and the boxes
+    are filled by them as in the forward; a cast that only feeds a gradient is not named by it."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from ampgraph import analyze
+
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    report = analyze(
+        mlp,
+        "amp-fp32",
+        args=(torch.randn(2, 4),),
+        pass_="backward",
+        check=False,
+        backward_autocast=True,
+    )
+    graph = build_graph(report, pass_="backward")
+    linear = graph.nodes["module/2"]
+    assert linear["policy"] == "lower_precision_fp"
+    assert linear["casts"][0] == ("grad", "float32", "bfloat16")
+    assert ("bias grad", "bfloat16", "float32") in linear["casts"]

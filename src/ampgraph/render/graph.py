@@ -892,7 +892,8 @@ def _mark_backward(ctx: _Context, graph: nx.MultiDiGraph) -> None:
                 sinks = [gradient_of[n] for n in _downstream_aliases(ctx, rec.name, gradient_of)]
                 name = f"{sinks[0]} grad" if sinks else "grad"
                 casts.append((name, src, rec.out_dtype))
-        data["casts"] = _dedupe(casts)
+        # Autocast's own casts (backward inside the context) stay, the gradients' come after.
+        data["casts"] = _dedupe([*data["casts"], *casts])
         data["matmuls"] = tuple(sorted(matmuls.items()))
         if data["kind"] == "module":
             data["in_dtypes"] = (
@@ -906,18 +907,26 @@ def _mark_backward(ctx: _Context, graph: nx.MultiDiGraph) -> None:
             )
 
 
+#: Ops that hand a value on unchanged: a cast's value reaches ``.grad`` through them.
+PASS_THROUGH_OPS: Final = frozenset({"alias", "view", "_unsafe_view", "reshape", "t", "detach"})
+
+
 def _downstream_aliases(ctx: _Context, name: str, sinks: dict[str, str | None]) -> list[str]:
-    """The gradient-sink producers reached from ``name`` through at most two ops (a cast's
-    value reaches ``.grad`` through an alias or two)."""
-    frontier, found = [name], []
+    """The gradient-sink producers ``name``'s value reaches unchanged (through aliases and
+    views, at most three): a cast is named by a parameter only where it makes that gradient,
+    not where the gradient is later computed from it."""
     consumers: dict[str, list[str]] = {}
     for rec in ctx.report.nodes:
         for i in rec.inputs:
             consumers.setdefault(i["node"], []).append(rec.name)
-    for _ in range(3):
+    frontier, found = [name], []
+    for _ in range(4):
         found += [n for n in frontier if n in sinks]
         frontier = [
-            c for n in frontier for c in consumers.get(n, []) if not c.startswith(GRAD_PREFIX)
+            c
+            for n in frontier
+            for c in consumers.get(n, [])
+            if c in ctx.records and op_parts(ctx.records[c].op)[0] in PASS_THROUGH_OPS
         ]
     return found
 
