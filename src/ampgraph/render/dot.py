@@ -340,7 +340,9 @@ def node_tooltip(graph: nx.MultiDiGraph, node: str) -> str:
         )
         if data["casts"]:
             casts = [f"{n} {src}{ARROW}{dst}" for n, src, dst in data["casts"]]
-            lines.append(f"autocast casts: {_listing(casts)}")
+            # In the backward most casts are autograd's (gradients cast to their input's dtype).
+            whose = "casts" if graph.graph.get("pass") == "backward" else "autocast casts"
+            lines.append(f"{whose}: {_listing(casts)}")
     if data["promotion"]:
         widened, to = data["promotion"]
         lines.append(f"type promotion: {' + '.join(d or 'unknown' for d in widened)} {ARROW} {to}")
