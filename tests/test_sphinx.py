@@ -211,3 +211,18 @@ def test_a_model_is_analysed_once_then_read_from_the_cache(tmp_path: Path) -> No
     assert second.returncode == 0, second.stderr
     assert (tmp_path / "again" / light[1]).read_text() == svg
     assert sorted(p.name for p in cache.rglob("*.json")) == entries
+
+
+def test_pass_backward_draws_the_backward_of_a_saved_report(tmp_path: Path) -> None:
+    """``:pass: backward`` draws the gradients and the saved-memory panel (issue 12)."""
+    from tests.test_render_backward import small_backward_report
+
+    page = "Backward\n========\n\n.. ampgraph::\n   :report: backward.json\n   :pass: backward\n"
+    src = make_project(tmp_path / "src", {"index.rst": page})
+    (src / "backward.json").write_text(small_backward_report().to_json(), encoding="utf-8")
+    proc = build(src, tmp_path / "out", "-W")
+    assert proc.returncode == 0, proc.stderr
+    found = objects((tmp_path / "out" / "index.html").read_text())
+    assert len(found) == 2  # light and dark
+    svg = (tmp_path / "out" / found[0][1]).read_text()
+    assert "backward of 2" in svg and "saved for backward" in svg and 'id="input/loss"' in svg

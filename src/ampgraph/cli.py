@@ -616,10 +616,12 @@ def load_reports(paths: Sequence[Path]) -> list[Any]:
     "repeat for several. Needs no torch.",
 )
 @click.option("--no-check", is_flag=True, help="Skip the dispatcher check (faster).")
+@pass_options
 def render(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
     out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool, theme: str,
-    report_paths: tuple[Path, ...], no_check: bool,
+    report_paths: tuple[Path, ...], no_check: bool, pass_: str, loss: str | None,
+    backward_autocast: bool,
 ) -> None:  # fmt: skip
     """Draw the dtype flow as Graphviz diagrams, one file per setting plus an overview.
 
@@ -633,6 +635,12 @@ def render(
     (bf16 + fp32 -> fp32) have a thick vermillion border; autocast-disabled regions are framed.
     Files are deterministic: the same report gives byte-identical files.
 
+    With --pass backward, the gradients from the loss to the parameters instead (files
+    MODEL-SLUG-backward.FORMAT): each box is the backward of a forward module, the casts
+    autograd makes and the 16-bit matmuls are written in it, each parameter's gradient ends in
+    a box with its dtype, and a panel gives the memory saved for backward per layer and dtype.
+    --pass train writes both diagrams.
+
     \b
     Examples:
       ampgraph render                              # four SVGs + overview in ampgraph-out/
@@ -641,6 +649,7 @@ def render(
       ampgraph render --theme dark --amp-dtype fp16
       ampgraph render --format dot                 # Graphviz source, no Graphviz needed
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
+      ampgraph render --pass backward -s amp-fp32 --format png
     """
     from ampgraph.render import render_files
     from ampgraph.render.files import check_formats
@@ -650,10 +659,17 @@ def render(
     if report_paths:
         if settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
+        if loss is not None or backward_autocast:
+            raise click.UsageError("--loss and --backward-in-autocast need MODEL, not --report")
         reports = load_reports(report_paths)
     else:
-        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
-    paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme)
+        options = train_options(pass_, loss, backward_autocast)
+        reports = analysed(
+            model, settings, device, amp_dtype, seq_len, check=not no_check, options=options
+        )
+    paths = render_files(
+        reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme, pass_=pass_
+    )
     for path in paths:
         click.echo(str(path))
 

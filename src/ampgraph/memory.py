@@ -23,8 +23,10 @@ inputs are alive anyway and are not counted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from ampgraph.records import SavedTensor
+if TYPE_CHECKING:  # only read: the records module imports the renderer, which reads this one
+    from ampgraph.records import SavedTensor
 
 #: Kinds of saved tensor whose memory exists because autograd saved them.
 COUNTED_KINDS = ("activation", "parameter copy")

@@ -24,6 +24,8 @@ report instead, without torch. Options:
 * ``:setting:`` -- setting names, separated by commas or spaces (default: the seed's four,
   drawn as the 2x2 overview); one setting draws its full diagram, several the overview.
 * ``:view:`` -- ``modules`` (default) or ``ops``; ``:unfold:`` draws every repeated layer.
+* ``:pass:`` -- ``forward`` (default) or ``backward``: the gradients of a training step, with the
+  memory saved for backward (one setting: a backward has no overview).
 * ``:theme:`` -- ``auto`` (default): a light and a dark figure, of which the page shows the one
   that matches its theme (the ``only-light``/``only-dark`` classes that furo and
   pydata-sphinx-theme switch; ``prefers-color-scheme`` elsewhere); ``light`` or ``dark``: that
@@ -112,15 +114,24 @@ def analysis_reports(
     seq_len: int,
     check: bool,
     workers: int | None,
+    pass_: str = "forward",
 ) -> list[Report]:
-    """The reports of ``spec`` in ``settings``, through ampgraph's cache (computed on a miss)."""
+    """The reports of ``spec`` in ``settings``, through ampgraph's cache (computed on a miss);
+    ``pass_`` ``backward`` analyses a training step (its default loss, backward outside
+    autocast) as ``ampgraph render --pass backward`` does."""
     from ampgraph.pipeline import analyze_spec
     from ampgraph.settings import Setting, seed_matrix
 
     resolved = [Setting.parse(s, device_type=device, amp_dtype=amp_dtype) for s in settings] or (
         seed_matrix(device, amp_dtype)
     )
-    return analyze_spec(spec, resolved, seq_len=seq_len, check=check, workers=workers)
+    # The forward keeps empty options, so its cache keys stay as they were (cli.train_options).
+    options = (
+        {} if pass_ == "forward" else {"pass_": pass_, "loss": None, "backward_autocast": False}
+    )
+    return analyze_spec(
+        spec, resolved, seq_len=seq_len, check=check, workers=workers, options=options
+    )
 
 
 class AmpgraphDirective(SphinxDirective):
@@ -135,6 +146,7 @@ class AmpgraphDirective(SphinxDirective):
         "settings": directives.unchanged,
         "report": directives.path,
         "view": _choice(("modules", "ops")),
+        "pass": _choice(("forward", "backward")),
         "unfold": directives.flag,
         "theme": _choice(THEMES),
         "amp-dtype": _choice(("bf16", "fp16", "bfloat16", "float16")),
@@ -200,19 +212,22 @@ class AmpgraphDirective(SphinxDirective):
             seq_len=self.options.get("seq-len", 8),
             check=config.ampgraph_check and "no-check" not in self.options,
             workers=config.ampgraph_jobs,
+            pass_=self.options.get("pass", "forward"),
         )
 
     def _figures(self, reports: list[Report]) -> list[ampgraph_diagram]:
         from ampgraph.render import diagram, overview_diagram
 
         view = self.options.get("view", "modules")
+        pass_ = self.options.get("pass", "forward")
         fold = "unfold" not in self.options
         theme = self.options.get("theme", self.config.ampgraph_theme)
         themes = ("light", "dark") if theme == "auto" else (theme,)
         figures = []
         for name in themes:
-            if len(reports) == 1:
-                drawn: Diagram = diagram(reports[0], view=view, fold=fold, theme=name)
+            if len(reports) == 1 or pass_ == "backward":
+                # A backward has no overview: the first report's diagram (give one setting).
+                drawn: Diagram = diagram(reports[0], view=view, fold=fold, theme=name, pass_=pass_)
             else:
                 drawn = overview_diagram(reports, view=view, fold=fold, theme=name)
             node = ampgraph_diagram()

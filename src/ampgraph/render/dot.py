@@ -25,6 +25,7 @@ import graphviz
 import networkx as nx
 
 from ampgraph.errors import RenderError
+from ampgraph.memory import human_bytes
 from ampgraph.policy import CATEGORY_LABEL
 from ampgraph.render.graph import build_graph
 from ampgraph.render.style import (
@@ -161,6 +162,13 @@ def node_label(data: dict[str, Any], theme: Theme, *, compact: bool = False) -> 
     rows.append(flow)
     if data["casts"]:
         rows.append(_font(_h(casts_text(data["casts"])), colour=theme.muted, size=SMALL_FONT_SIZE))
+    if data.get("matmuls"):
+        # The backward's 16-bit matmuls (grad_input and grad_weight of a Linear): where the
+        # backward's precision is lost or kept.
+        counts = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in data["matmuls"])
+        rows.append(
+            _font(_h(f"16-bit matmuls: {counts}"), colour=theme.muted, size=SMALL_FONT_SIZE)
+        )
     if data["promotion"]:
         widened, to = data["promotion"]
         text = f"promotion to {short_dtype(to)}"
@@ -332,7 +340,9 @@ def node_tooltip(graph: nx.MultiDiGraph, node: str) -> str:
         )
         if data["casts"]:
             casts = [f"{n} {src}{ARROW}{dst}" for n, src, dst in data["casts"]]
-            lines.append(f"autocast casts: {_listing(casts)}")
+            # In the backward most casts are autograd's (gradients cast to their input's dtype).
+            whose = "casts" if graph.graph.get("pass") == "backward" else "autocast casts"
+            lines.append(f"{whose}: {_listing(casts)}")
     if data["promotion"]:
         widened, to = data["promotion"]
         lines.append(f"type promotion: {' + '.join(d or 'unknown' for d in widened)} {ARROW} {to}")
@@ -416,6 +426,8 @@ def title_text(graph: nx.MultiDiGraph) -> str:
     except Exception:  # noqa: BLE001 - a hand-made report may carry an odd setting: show its name
         caption = ""
     name = setting.get("name", "")
+    if graph.graph.get("pass") == "backward":
+        name = f"{name} backward" if name else "backward"
     return (
         f"{graph.graph['model']} — {name}: {caption}"
         if caption
@@ -426,6 +438,8 @@ def title_text(graph: nx.MultiDiGraph) -> str:
 def subtitle_text(graph: nx.MultiDiGraph) -> str:
     """What the view shows, and what proved it."""
     parts = ["module view" if graph.graph["view"] == "modules" else "op view (every ATen node)"]
+    if graph.graph.get("pass") == "backward":
+        parts.insert(0, "gradients from the loss to the parameters")
     folded = [c for c in graph.graph["clusters"].values() if c["kind"] == "fold" and c["count"] > 1]
     if folded:
         parts.append("identical layers drawn once")
@@ -773,11 +787,80 @@ def graph_to_dot(graph: nx.MultiDiGraph, *, theme: str = "light", name: str = "a
     emitter.inputs_on_top(dot)
     last = emitter.last()
     _add_legend(dot, LegendFacts.of([graph]), th, [last] if last else [])
+    if graph.graph.get("memory"):
+        _add_memory_panel(dot, graph.graph["memory"], th)
     return dot.source
 
 
+#: Column order of the memory panel: fp32 first, the 16-bit dtypes, then anything else.
+MEMORY_DTYPES: Final = ("float32", "bfloat16", "float16")
+
+
+def memory_label(rows: Sequence[tuple[str, dict[str, int]]], theme: Theme) -> str:
+    """The saved-for-backward panel: one row per layer, one column per dtype, and a total.
+
+    Consecutive layers that save the same (OPT's twelve decoder layers) share one row, so the
+    panel stays short and still says how much each one keeps.
+    """
+    dtypes = [d for d in MEMORY_DTYPES if any(d in r for _, r in rows)]
+    dtypes += sorted({d for _, r in rows for d in r} - set(dtypes))
+    merged: list[tuple[str, dict[str, int], int, str]] = []
+    for name, row in rows:
+        if merged and merged[-1][1] == row and _same_list(merged[-1][0], name):
+            first, _, count, _ = merged[-1]
+            merged[-1] = (first, row, count + 1, name)
+        else:
+            merged.append((name, row, 1, name))
+    head = "".join(f"<TD><B>{_h(short_dtype(d))}</B></TD>" for d in dtypes)
+    cells = [
+        f'<TR><TD COLSPAN="{len(dtypes) + 1}"><B>saved for backward</B></TD></TR>',
+        f'<TR><TD ALIGN="LEFT"><B>layer</B></TD>{head}</TR>',
+    ]
+    for name, row, count, last in merged:
+        # "layers.0–11, each": the range of identical layers, and that the bytes are per layer.
+        label = name if count == 1 else f"{name}–{last.rpartition('.')[2]}, each"
+        values = "".join(
+            f'<TD ALIGN="RIGHT">{_h(human_bytes(row[d])) if d in row else "–"}</TD>' for d in dtypes
+        )
+        cells.append(f'<TR><TD ALIGN="LEFT">{_h(label)}</TD>{values}</TR>')
+    totals = {d: sum(r.get(d, 0) for _, r in rows) for d in dtypes}
+    values = "".join(f'<TD ALIGN="RIGHT"><B>{_h(human_bytes(totals[d]))}</B></TD>' for d in dtypes)
+    cells.append(f'<TR><TD ALIGN="LEFT"><B>total</B></TD>{values}</TR>')
+    return (
+        f'<<TABLE BORDER="1" CELLBORDER="0" CELLSPACING="0" CELLPADDING="3" '
+        f'COLOR="{theme.muted}">{"".join(cells)}</TABLE>>'
+    )
+
+
+def _same_list(first: str, name: str) -> bool:
+    """Whether two layer names are items of one list (``layers.0``, ``layers.1``)."""
+    return first.rpartition(".")[0] == name.rpartition(".")[0] and name.rpartition(".")[2].isdigit()
+
+
+def _add_memory_panel(
+    dot: graphviz.Digraph, rows: Sequence[tuple[str, dict[str, int]]], theme: Theme
+) -> None:
+    """The saved-activation memory per layer and dtype, a table node beside the legend."""
+    dot.node(
+        "memory",
+        id="memory",
+        label=memory_label(rows, theme),
+        tooltip="memory autograd keeps for backward (activations and 16-bit parameter copies), "
+        "per layer and dtype, each storage counted once",
+        shape="plain",
+        fontcolor=theme.text,
+        fontsize=str(SMALL_FONT_SIZE + 1),
+    )
+    dot.edge("legend", "memory", style="invis")
+
+
 def diagram(
-    report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
+    report: Report,
+    *,
+    view: str = "modules",
+    fold: bool = True,
+    theme: str = "light",
+    pass_: str = "forward",
 ) -> Diagram:
     """:func:`to_dot`'s source with the diagram's title and description.
 
@@ -787,14 +870,19 @@ def diagram(
     'opt-125m — amp-fp32: autocast cuda bf16, parameters fp32'
     """
     _check_theme(theme)
-    graph = build_graph(report, view=view, fold=fold)
+    graph = build_graph(report, view=view, fold=fold, pass_=pass_)
     return Diagram(
         graph_to_dot(graph, theme=theme, name=report.model), title_text(graph), describe(graph)
     )
 
 
 def to_dot(
-    report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
+    report: Report,
+    *,
+    view: str = "modules",
+    fold: bool = True,
+    theme: str = "light",
+    pass_: str = "forward",
 ) -> str:
     """Graphviz source of a report's dtype-flow diagram; needs no Graphviz installation.
 
@@ -810,7 +898,7 @@ def to_dot(
     >>> print(to_dot(report).splitlines()[0])
     digraph Linear {
     """
-    return diagram(report, view=view, fold=fold, theme=theme).source
+    return diagram(report, view=view, fold=fold, theme=theme, pass_=pass_).source
 
 
 def _check_theme(theme: str) -> None:

@@ -134,7 +134,12 @@ def safe_name(text: str) -> str:
 
 
 def render_svg(
-    report: Report, *, view: str = "modules", fold: bool = True, theme: str = "light"
+    report: Report,
+    *,
+    view: str = "modules",
+    fold: bool = True,
+    theme: str = "light",
+    pass_: str = "forward",
 ) -> str:
     """The report's diagram as SVG text (needs Graphviz's ``dot``), with a title and description
     for screen readers (:func:`ampgraph.render.svg.accessible`).
@@ -145,7 +150,8 @@ def render_svg(
     >>> render_svg(report).startswith("<?xml")
     True
     """
-    return lay_out(diagram(report, view=view, fold=fold, theme=theme), "svg").decode("utf-8")
+    figure = diagram(report, view=view, fold=fold, theme=theme, pass_=pass_)
+    return lay_out(figure, "svg").decode("utf-8")
 
 
 def lay_out(figure: Diagram, fmt: str) -> bytes:
@@ -157,7 +163,9 @@ def lay_out(figure: Diagram, fmt: str) -> bytes:
     return accessible_bytes(data, figure.title, figure.description) if fmt == "svg" else data
 
 
-def diagram_stem(report: Report, *, view: str, fold: bool, theme: str) -> str:
+def diagram_stem(
+    report: Report, *, view: str, fold: bool, theme: str, pass_: str = "forward"
+) -> str:
     """File name (without extension): model, setting slug, and what differs from the default.
 
     >>> from ampgraph.records import Report
@@ -169,7 +177,9 @@ def diagram_stem(report: Report, *, view: str, fold: bool, theme: str) -> str:
     'opt-125m-cuda-bf16-amp-fp32-ops-unfolded-dark'
     """
     slug = Setting.from_dict(report.setting).slug
-    return safe_name(f"{report.model}-{slug}") + _variant(view, fold, theme)
+    # The backward's files sit beside the forward's: same stem, "-backward" added.
+    suffix = "-backward" if pass_ == "backward" else ""
+    return safe_name(f"{report.model}-{slug}") + suffix + _variant(view, fold, theme)
 
 
 def _variant(view: str, fold: bool, theme: str) -> str:
@@ -188,6 +198,7 @@ def render_files(
     view: str = "modules",
     fold: bool = True,
     theme: str = "light",
+    pass_: str = "forward",
 ) -> list[Path]:
     """Write each report's diagram in each format, plus an overview of several; return the paths.
 
@@ -195,6 +206,10 @@ def render_files(
     :attr:`Setting.slug <ampgraph.settings.Setting.slug>`; with more than one report an overview
     (``MODEL-DEVICE-DTYPE-overview...``) shows them side by side, as a 2x2 matrix for the seed's
     four settings. Formats are ``svg``, ``png``, ``pdf`` (need Graphviz's ``dot``) and ``dot``.
+
+    ``pass_`` is ``forward``, ``backward`` (the gradients from the loss to the parameters, with
+    the saved-activation memory per layer; files ``MODEL-SLUG-backward...``; the reports must
+    come from a backward or train analysis) or ``train`` (both diagrams of each report).
 
     >>> import tempfile
     >>> import torch
@@ -212,7 +227,12 @@ def render_files(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RenderError(f"cannot create the output folder {out}: {exc.strerror}") from None
-    stems = [diagram_stem(r, view=view, fold=fold, theme=theme) for r in reports]
+    if pass_ not in ("forward", "backward", "train"):
+        raise RenderError(f"unknown pass {pass_!r}: use forward, backward or train")
+    passes = ("forward", "backward") if pass_ == "train" else (pass_,)
+    stems = [
+        diagram_stem(r, view=view, fold=fold, theme=theme, pass_=p) for p in passes for r in reports
+    ]
     duplicates = sorted({s for s in stems if stems.count(s) > 1})
     if duplicates:
         raise RenderError(
@@ -220,12 +240,14 @@ def render_files(
         )
     jobs: list[tuple[str, Diagram]] = [
         (
-            diagram_stem(r, view=view, fold=fold, theme=theme),
-            diagram(r, view=view, fold=fold, theme=theme),
+            diagram_stem(r, view=view, fold=fold, theme=theme, pass_=p),
+            diagram(r, view=view, fold=fold, theme=theme, pass_=p),
         )
         for r in reports
+        for p in passes
     ]
-    if len(reports) > 1:
+    # The overview compares forward diagrams; a backward's settings are compared file by file.
+    if len(reports) > 1 and "forward" in passes:
         jobs.append(
             (overview_stem(reports, view=view, fold=fold, theme=theme),
              overview_diagram(reports, view=view, fold=fold, theme=theme))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import networkx as nx
@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # only read: the records module imports the renderer for note
     from ampgraph.records import ModuleCall, NodeRecord, Report
 
 VIEWS: Final = ("modules", "ops")
+#: Which pass of a training step a diagram draws (``train`` draws both, as two diagrams).
+PASSES: Final = ("forward", "backward")
 
 
 #: Free ops drawn in the module view whenever a floating value goes in.
@@ -359,7 +361,9 @@ def _region_sinks(body: Sequence[NodeRecord]) -> list[NodeRecord]:
     return [r for r in body if r.name not in consumed and r.region == body[0].region]
 
 
-def build_graph(report: Report, *, view: str = "modules", fold: bool = True) -> nx.MultiDiGraph:
+def build_graph(
+    report: Report, *, view: str = "modules", fold: bool = True, pass_: str = "forward"
+) -> nx.MultiDiGraph:
     """The diagram's graph: nodes with plain-data attributes, edges keyed by the dtype they carry.
 
     Node attributes: ``kind`` (input, output, module, op, region), ``id`` (stable, from module
@@ -382,6 +386,11 @@ def build_graph(report: Report, *, view: str = "modules", fold: bool = True) -> 
     """
     if view not in VIEWS:
         raise RenderError(f"unknown view {view!r}: use one of {', '.join(VIEWS)}")
+    if pass_ not in PASSES:
+        raise RenderError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
+    source = report
+    if pass_ == "backward":
+        report = backward_report(report)
     ctx = _Context.of(report)
     graph = nx.MultiDiGraph(
         model=report.model,
@@ -396,13 +405,19 @@ def build_graph(report: Report, *, view: str = "modules", fold: bool = True) -> 
             "promotions": sum(1 for r in report.nodes if r.promotion),
         },
     )
+    graph.graph["pass"] = pass_
     owner = _place_nodes(ctx, graph, view)
+    if pass_ == "backward":
+        _mark_backward(ctx, graph)
     _connect(ctx, graph, owner)
     _drop_unused_inputs(graph)
     _mark_residuals(graph)
     _fold_layers(graph, fold)
     _add_region_clusters(ctx, graph)
     _finish_titles(graph)
+    if pass_ == "backward":
+        _backward_titles(graph)
+        graph.graph["memory"] = memory_rows(source)
     _assign_ids(graph)
     return graph
 
@@ -757,3 +772,210 @@ def _assign_ids(graph: nx.MultiDiGraph) -> None:
     for node in sorted(graph.nodes, key=lambda n: graph.nodes[n]["order"]):
         data = graph.nodes[node]
         data["id"] = ids.next(element_id(data, clusters))
+
+
+# -- the backward pass -----------------------------------------------------------------------------
+
+#: Prefix of the node names given to gradient sinks (no ATen node is named so).
+GRAD_PREFIX: Final = "grad."
+
+
+def backward_report(report: Report) -> Report:
+    """The backward of a training step as a report the builders read like a forward one.
+
+    Its nodes are the backward's records in the order autograd ran them, with the loss as the
+    one input (the gradient starts there) and one output per parameter gradient, placed in the
+    parameter's module so that folded layers keep their gradients. Its module calls are the
+    forward's, each holding the backward ops autograd ran for it: a box is "the backward of
+    fc1". Values the backward reads from the forward (saved activations, parameters) have no
+    record here and are treated like parameters: not drawn, as the forward view draws none.
+    """
+    backward = report.backward
+    if backward is None or backward.skipped or not backward.nodes:
+        why = "it is a forward pass" if backward is None else backward.skipped or "no backward ops"
+        raise RenderError(
+            f"no backward to draw in the report of {report.model}: {why} "
+            "(analyse with --pass backward or --pass train)"
+        )
+    # ampgraph.records imports the renderer (a report draws itself in a notebook), so records
+    # are made here from the classes of the ones given, not imported.
+    record = type(backward.nodes[0])
+    losses = [r for r in backward.nodes if r.kind == "loss"]
+    nodes: list[NodeRecord] = []
+    if losses:
+        last = losses[-1]
+        # The loss stands for the whole reduction: the gradient flows from it.
+        nodes.append(
+            record(
+                name="loss", op="loss", kind="input",
+                target=f"loss = {backward.loss.get('expression', 'loss')}",
+                outputs=list(last.outputs),
+            )
+        )  # fmt: skip
+    # The loss's element id is "input/loss", not its traced node's name (which numbering moves).
+    loss_name = losses[-1].name if losses else None
+    for rec in backward.nodes:
+        if rec.kind == "loss":
+            continue
+        if any(i["node"] == loss_name for i in rec.inputs):
+            inputs = [{**i, "node": "loss"} if i["node"] == loss_name else i for i in rec.inputs]
+            rec = replace(rec, inputs=inputs)
+        nodes.append(rec)
+    # A gradient sits in its parameter's module, with that module's stack: layers fold with it.
+    stacks: dict[str, list[str]] = {}
+    for rec in report.nodes:
+        if rec.module is not None:
+            stacks.setdefault(rec.module, list(rec.stack))
+    for grad in backward.gradients:
+        if grad.node is None:
+            continue
+        module, _, short = grad.parameter.rpartition(".")
+        nodes.append(
+            record(
+                name=f"{GRAD_PREFIX}{grad.parameter}", op="gradient", kind="output",
+                target=short, module=module, stack=stacks.get(module, []),
+                inputs=[{"node": grad.node, "dtype": grad.dtype}],
+                outputs=[grad.dtype], reason=f"gradient of {grad.parameter} ({grad.param_dtype})",
+            )
+        )  # fmt: skip
+    names = {r.name for r in nodes}
+    calls = []
+    for call in report.modules:
+        members = [r.name for r in nodes if r.module_call == call.call and r.kind == "op"]
+        if not members:
+            continue
+        first, final = (
+            next(r for r in nodes if r.name == members[0]),
+            next(r for r in nodes if r.name == members[-1]),
+        )
+        calls.append(
+            replace(
+                call, type=call.type, bases=list(call.bases), call=call.call,
+                in_dtype=next(
+                    (i["dtype"] for i in first.inputs if i["node"] in names), first.out_dtype
+                ),
+                out_dtype=final.out_dtype, nodes=members,
+            )
+        )  # fmt: skip
+    # Boxes are ordered by their first op: the backward's order, from the loss to the inputs.
+    calls.sort(key=lambda c: [r.name for r in nodes].index(c.nodes[0]))
+    return replace(
+        report, nodes=nodes, modules=calls, check=backward.check, pass_="backward", backward=None
+    )
+
+
+#: 16-bit dtypes: a backward matmul in one of them is worth a line in its box.
+HALF_DTYPES: Final = frozenset({"bfloat16", "float16"})
+
+
+def _mark_backward(ctx: _Context, graph: nx.MultiDiGraph) -> None:
+    """Name the backward's casts and count its 16-bit matmuls, in each box, before folding (so
+    that layers fold only where these agree too)."""
+    gradient_of = {
+        r.inputs[0]["node"]: r.target for r in ctx.report.nodes if r.name.startswith(GRAD_PREFIX)
+    }
+    for _, data in graph.nodes(data=True):
+        if data["kind"] not in ("module", "op"):
+            continue
+        records = [ctx.records[m] for m in data["members"] if m in ctx.records]
+        casts = []
+        matmuls: dict[str, int] = {}
+        for rec in records:
+            short, _ = op_parts(rec.op)
+            if short in MATMUL_OPS and rec.out_dtype in HALF_DTYPES:
+                matmuls[short] = matmuls.get(short, 0) + 1
+            src = rec.inputs[0]["dtype"] if rec.inputs else None
+            if short in CAST_OPS and src != rec.out_dtype and src and rec.out_dtype:
+                # A dtype change in the backward is autograd casting a gradient
+                # (ToCopyBackward, or the engine matching a parameter's dtype); named by the
+                # parameter whose gradient it makes, where it ends in one.
+                sinks = [gradient_of[n] for n in _downstream_aliases(ctx, rec.name, gradient_of)]
+                name = f"{sinks[0]} grad" if sinks else "grad"
+                casts.append((name, src, rec.out_dtype))
+        # Autocast's own casts (backward inside the context) stay, the gradients' come after.
+        data["casts"] = _dedupe([*data["casts"], *casts])
+        data["matmuls"] = tuple(sorted(matmuls.items()))
+        if data["kind"] == "module":
+            data["in_dtypes"] = (
+                _dedupe(
+                    i["dtype"]
+                    for r in records
+                    for i in r.inputs
+                    if i["node"] in ctx.records and i["node"] not in data["members"]
+                )
+                or data["in_dtypes"]
+            )
+
+
+#: Ops that hand a value on unchanged: a cast's value reaches ``.grad`` through them.
+PASS_THROUGH_OPS: Final = frozenset({"alias", "view", "_unsafe_view", "reshape", "t", "detach"})
+
+
+def _downstream_aliases(ctx: _Context, name: str, sinks: dict[str, str | None]) -> list[str]:
+    """The gradient-sink producers ``name``'s value reaches unchanged (through aliases and
+    views, at most three): a cast is named by a parameter only where it makes that gradient,
+    not where the gradient is later computed from it."""
+    consumers: dict[str, list[str]] = {}
+    for rec in ctx.report.nodes:
+        for i in rec.inputs:
+            consumers.setdefault(i["node"], []).append(rec.name)
+    frontier, found = [name], []
+    for _ in range(4):
+        found += [n for n in frontier if n in sinks]
+        frontier = [
+            c
+            for n in frontier
+            for c in consumers.get(n, [])
+            if c in ctx.records and op_parts(ctx.records[c].op)[0] in PASS_THROUGH_OPS
+        ]
+    return found
+
+
+def _backward_titles(graph: nx.MultiDiGraph) -> None:
+    """Every backward box says which forward module it is the backward of; gradients say whose."""
+    clusters = graph.graph["clusters"]
+    for _, data in graph.nodes(data=True):
+        if data["kind"] == "module":
+            data["title"] = f"backward of {data['title']}"
+        elif data["kind"] == "op" and data["subtitle"]:
+            data["subtitle"] = f"backward of {data['subtitle']}"
+        elif data["kind"] == "output":
+            base = None
+            for cid in data["chain"]:
+                if clusters[cid]["kind"] == "fold":
+                    base = clusters[cid]["path"]
+            rel = relative_path(data["path"], base)
+            data["title"] = f"{rel}.{data['cls']}.grad" if rel else f"{data['cls']}.grad"
+            data["subtitle"] = "parameter gradient"
+        elif data["kind"] == "input":
+            data["subtitle"] = "the gradient starts here"
+
+
+def memory_rows(report: Report) -> list[tuple[str, dict[str, int]]]:
+    """Saved-for-backward bytes per layer and dtype (a panel beside the backward diagram).
+
+    A layer is a module path up to its first list index (``model.decoder.layers.3``), or the
+    whole path of a module outside every list; rows keep the order the forward saved them in.
+    """
+    from ampgraph.memory import by_module
+
+    backward = report.backward
+    if backward is None:
+        return []
+    rows: dict[str, dict[str, int]] = {}
+    for path, dtypes in by_module(backward.saved).items():
+        layer = _layer_of(path)
+        row = rows.setdefault(layer, {})
+        for dtype, n in dtypes.items():
+            row[dtype] = row.get(dtype, 0) + n
+    return list(rows.items())
+
+
+def _layer_of(path: str) -> str:
+    """``model.decoder.layers.3.fc1`` -> ``model.decoder.layers.3``; a path without an index
+    stays whole."""
+    parts = path.split(".")
+    for k, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: k + 1])
+    return path
