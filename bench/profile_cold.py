@@ -116,8 +116,8 @@ def main() -> None:
     phases.wrap(analysis, "run_check", "check (dispatcher)")
     phases.wrap(analysis, "module_calls", "module view")
     phases.wrap(files, "run_dot", "layout (dot)")
-    phases.wrap(files, "to_dot", "diagram source")
-    phases.wrap(files, "overview_dot", "diagram source")
+    phases.wrap(files, "diagram", "diagram source")
+    phases.wrap(files, "overview_diagram", "diagram source")
     del capture
     with phases.phase("other"):
         reports = analysis.analyze_many(model, settings, check=not args.no_check, workers=1)
