@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ampgraph.baseline import baseline_text, check_report, read_baseline
 from ampgraph.cli import main
-from ampgraph.diff import diff_markdown, diff_reports, diff_text
+from ampgraph.diff import diff_json, diff_markdown, diff_reports, diff_text
 from ampgraph.records import Cast, NodeRecord, Report
 
 from .conftest import report as analysed_report
@@ -200,6 +200,21 @@ def test_opt_amp_fp32_against_amp_half(opt_pair: tuple[Report, Report]) -> None:
     assert params == 197
     assert counts["promotion"] == sum(n.promotion is not None for n in a.nodes) == 24
     assert counts["policy"] == 0 and counts["error"] == 0
+
+
+def test_parameters_that_change_alike_are_one_line(opt_pair: tuple[Report, Report]) -> None:
+    d = diff_reports(*opt_pair)
+    text = diff_text(d).splitlines()
+    head = text.index("graph inputs")
+    first = next(n.name for n in opt_pair[0].nodes if n.kind == "parameter")
+    assert text[head + 1] == (
+        f"  ~ 197 graph inputs ({first} … p_lm_head_weight) placeholder: outputs fp32 → bf16"
+    )
+    assert not text[head + 2].startswith("  ~ p_")  # the next line is a module's, not an input's
+    markdown = diff_markdown(d)
+    assert markdown.count("| `graph inputs` |") == 1
+    # The JSON keeps every change, one per node.
+    assert sum(c["op"] == "placeholder" for c in json.loads(diff_json(d))["changes"]) == 197
 
 
 def test_opt_one_op_removed_from_one_module(opt_pair: tuple[Report, Report]) -> None:

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
-from typing import Any
+from typing import Any, Final
 
 from ampgraph.errors import AmpgraphError
 from ampgraph.records import PLACEHOLDER_KINDS, NodeRecord, Report
@@ -416,13 +416,49 @@ def _grouped(d: ReportDiff) -> list[tuple[str, list[NodeChange]]]:
     return list(groups.items())
 
 
+#: Graph inputs that change alike are listed as one line from this many on: a change of the
+#: parameter dtype changes every parameter the same way, and 196 lines of it bury the ops.
+FOLD_INPUTS_FROM: Final = 4
+
+
+def _folded(changes: Sequence[NodeChange]) -> list[NodeChange | tuple[list[NodeChange], str]]:
+    """``changes`` with the graph inputs that change alike (same fields, no casts) gathered into
+    one ``(changes, text)`` entry where there are :data:`FOLD_INPUTS_FROM` or more of them."""
+    alike: dict[str, list[NodeChange]] = {}
+    for c in changes:
+        if c.op == "placeholder" and c.change == "changed":
+            alike.setdefault(change_line(c).split(": ", 1)[1], []).append(c)
+    out: list[NodeChange | tuple[list[NodeChange], str]] = []
+    for c in changes:
+        text = change_line(c).split(": ", 1)[1] if c.op == "placeholder" else None
+        group = alike.get(text or "", [])
+        if c.change != "changed" or len(group) < FOLD_INPUTS_FROM:
+            out.append(c)
+        elif group[0] is c:
+            out.append((group, text or ""))
+    return out
+
+
+def _fold_name(group: Sequence[NodeChange]) -> str:
+    return f"{len(group)} graph inputs ({group[0].name} … {group[-1].name})"
+
+
 def diff_text(d: ReportDiff) -> str:
-    """The diff as plain text: who is compared, a summary line, then the changes by module."""
+    """The diff as plain text: who is compared, a summary line, then the changes by module.
+
+    Graph inputs that change alike (every parameter when the parameter dtype changes) are one
+    line; ``--format json`` lists each.
+    """
     lines = [f"A: {describe(d.a)}", f"B: {describe(d.b)}", _summary_line(d)]
     lines += [f"note: {n}" for n in d.notes]
     for head, changes in _grouped(d):
         lines.append(head)
-        lines += [f"  {change_line(c)}" for c in changes]
+        for entry in _folded(changes):
+            if isinstance(entry, tuple):
+                group, text = entry
+                lines.append(f"  ~ {_fold_name(group)} placeholder: {text}")
+            else:
+                lines.append(f"  {change_line(entry)}")
     return "\n".join(lines)
 
 
@@ -477,11 +513,17 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
         "| module | node | op | change |",
         "|---|---|---|---|",
     ]
-    listed = [(head, ch) for head, changes in groups for ch in changes]
-    for head, ch in listed[:limit]:
-        text = change_line(ch).split(": ", 1)[1]
-        mark = {"added": "added: ", "removed": "removed: "}.get(ch.change, "")
-        rows.append(f"| `{head}` | `{ch.name}` | `{ch.op}` | {_md_escape(mark + text)} |")
+    listed = [(head, entry) for head, changes in groups for entry in _folded(changes)]
+    for head, entry in listed[:limit]:
+        if isinstance(entry, tuple):
+            group, text = entry
+            rows.append(
+                f"| `{head}` | {_md_escape(_fold_name(group))} | `placeholder` | {_md_escape(text)} |"
+            )
+            continue
+        text = change_line(entry).split(": ", 1)[1]
+        mark = {"added": "added: ", "removed": "removed: "}.get(entry.change, "")
+        rows.append(f"| `{head}` | `{entry.name}` | `{entry.op}` | {_md_escape(mark + text)} |")
     if len(listed) > limit:
         rows += ["", f"… and {len(listed) - limit} more: `ampgraph diff` (text or JSON) lists all."]
     rows += ["", "</details>"]
