@@ -303,7 +303,9 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
     return why if why is not None else (shared, records)
 
 
-def annotate_observing(capture: Capture, names: set[str]) -> tuple[list[NodeRecord], dict[str, str]]:
+def annotate_observing(
+    capture: Capture, names: set[str]
+) -> tuple[list[NodeRecord], dict[str, str]]:
     """Annotate ``capture`` (:func:`ampgraph.annotate.annotate`), noting the layout of the values
     of the top-level nodes in ``names`` as the annotation computes them."""
     from torch import fx
