@@ -278,6 +278,9 @@ def main(ctx: click.Context, no_cache: bool, jobs: int | None) -> None:
       ampgraph table --format json > report.json
       ampgraph check llama-3-8b --device cpu
       ampgraph table --config path/to/config.json -s amp-fp32
+      ampgraph audit -s amp-fp32 --fail-on warning   # findings for a reviewer or CI
+      ampgraph diff -s amp-fp32 -s amp-half          # what changes between two settings
+      ampgraph render --pass backward -s amp-fp32    # the gradients' dtypes, saved memory
     """
     ctx.obj = {"no_cache": no_cache, "jobs": jobs}
 
