@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ampgraph import policy as P  # noqa: E402
+from ampgraph import policy as P
 
 DEVICES = ("cuda", "cpu")
 UNKNOWN = "unknown"
