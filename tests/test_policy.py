@@ -7,6 +7,9 @@ behave as their category says when the real autocast kernels run on fake tensors
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -84,3 +87,30 @@ def test_lookup_by_overload() -> None:
     assert P.lookup("cpu", "aten::cat", "") == P.PROMOTE
     assert P.lookup("cuda", "aten::cat", "") is None
     assert P.lookup("cuda", "prims::mul", "") is None
+
+
+RELEASE_DUMPS = sorted((Path(__file__).parent / "data" / "policy").glob("torch-*.json"))
+
+
+@pytest.mark.parametrize("path", RELEASE_DUMPS, ids=lambda p: p.stem)
+def test_history_reproduces_each_releases_dispatcher(path: Path) -> None:
+    """``tables_for`` equals the lists dumped from that release's own dispatcher.
+
+    The dumps are ``scripts/policy_history.py dump`` run under each torch, installed aside.
+    """
+    dump = json.loads(path.read_text())
+    assert P._release(dump["torch"]) >= P._release(P.HISTORY_FROM)
+    expected = {
+        device: {category: sorted(entries) for category, entries in table.items() if entries}
+        for device, table in dump["tables"].items()
+    }
+    got = {
+        device: {category: sorted(entries) for category, entries in table.items() if entries}
+        for device, table in P.tables_for(dump["torch"]).items()
+    }
+    assert got == expected
+
+
+def test_history_reaches_back_to_the_oldest_dump() -> None:
+    oldest = min((json.loads(p.read_text())["torch"] for p in RELEASE_DUMPS), key=P._release)
+    assert P._release(oldest) == P._release(P.HISTORY_FROM)

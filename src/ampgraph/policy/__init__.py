@@ -213,19 +213,33 @@ TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
 
 #: How the lists changed, newest release first: (release, device type, category, entry, change).
 #: For an older installed torch the changes of every newer release are undone, so the tables match
-#: the dispatcher of the torch that runs (tests/test_policy.py proves it for the one installed).
+#: the dispatcher of the torch that runs (tests/test_policy.py proves it for the one installed, and
+#: proves every release back to :data:`HISTORY_FROM` against the dump of its own dispatcher in
+#: tests/data/policy/). ``scripts/policy_history.py`` dumps a release and prints its rows.
 TABLE_HISTORY: Final[tuple[tuple[str, str, str, str, str], ...]] = (
-    ("2.14", "cuda", FP16, "_cudnn_rnn", "added"),
     ("2.14", "cuda", FP32, "linalg_matrix_sqrth", "added"),
     ("2.14", "cpu", FP32, "linalg_matrix_sqrth", "added"),
     ("2.14", "cpu", FP32, "cholesky", "removed"),
     ("2.14", "cpu", FP32, "qr", "removed"),
+    ("2.13", "cuda", FP32_SET_OPT_DTYPE, "cumprod.dimname", "removed"),
+    ("2.13", "cuda", FP32_SET_OPT_DTYPE, "cumsum.dimname", "removed"),
+    ("2.13", "cuda", FP32_SET_OPT_DTYPE, "log_softmax.Dimname", "removed"),
+    ("2.13", "cuda", FP32_SET_OPT_DTYPE, "prod.dim_Dimname", "removed"),
+    ("2.13", "cuda", FP32_SET_OPT_DTYPE, "softmax.Dimname", "removed"),
+    ("2.13", "cuda", FP32_SET_OPT_DTYPE, "sum.dim_DimnameList", "removed"),
+    ("2.13", "cuda", FP32_APPEND_DTYPE, "norm.names_ScalarOpt_dim", "removed"),
+    ("2.13", "cpu", FP32, "prod.dim_Dimname", "removed"),
+    ("2.13", "cpu", PROMOTE, "index_copy.dimname", "removed"),
+    ("2.12", "cuda", FP32, "rms_norm", "added"),
 )
 
+#: Entries a CPU-only build (``2.13.0+cpu``) does not register in any release: AutocastRNN.cpp
+#: registers ``_cudnn_rnn`` for CUDA only where torch was built with cuDNN.
+CUDNN_ONLY: Final[tuple[tuple[str, str, str], ...]] = (("cuda", FP16, "_cudnn_rnn"),)
 
 #: The oldest release whose lists :func:`tables_for` reproduces: the history below reaches back
-#: to it (the suite proves the tables against a torch 2.13 build's dispatcher too).
-HISTORY_FROM: Final = "2.13"
+#: to it (tests/test_policy.py proves each release from 2.11 on against its dispatcher's dump).
+HISTORY_FROM: Final = "2.11"
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -237,8 +251,15 @@ def _release(version: str) -> tuple[int, int]:
 def tables_for(version: str) -> dict[str, dict[str, tuple[str, ...]]]:
     """The lists as torch ``version`` (``"2.13.0+cpu"``, ``"2.14"``) registers them.
 
+    Reproduces every release from :data:`HISTORY_FROM` on; a CPU-only build (``+cpu``) lacks
+    the cuDNN kernels (:data:`CUDNN_ONLY`).
+
     >>> "qr" in tables_for("2.13.0")["cpu"][FP32], "qr" in tables_for("2.14.1")["cpu"][FP32]
     (True, False)
+    >>> "rms_norm" in tables_for("2.11.0")["cuda"][FP32], "rms_norm" in tables_for("2.12")["cuda"][FP32]
+    (False, True)
+    >>> "_cudnn_rnn" in tables_for("2.13.0+cpu")["cuda"][FP16]
+    False
     """
     out = {device: {cat: list(entries) for cat, entries in table.items()}
            for device, table in TABLES.items()}  # fmt: skip
@@ -250,6 +271,9 @@ def tables_for(version: str) -> dict[str, dict[str, tuple[str, ...]]]:
             entries.remove(entry)
         else:
             entries.append(entry)
+    if version.partition("+")[2] == "cpu":
+        for device, category, entry in CUDNN_ONLY:
+            out[device][category].remove(entry)
     return {device: {cat: tuple(e) for cat, e in table.items()} for device, table in out.items()}
 
 
