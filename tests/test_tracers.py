@@ -159,13 +159,13 @@ def test_cache_keys_tell_tracers_apart() -> None:
     settings = [Setting.parse("fp32")]
     keys = {
         tracer: report_keys(ModelSpec("opt-125m", tracer=tracer), settings, seq_len=8, check=True)
-        for tracer in ("export", "hf-fx", "fx")
+        for tracer in ("make-fx", "export", "hf-fx", "fx")
     }
-    assert len({k[0] for k in keys.values()}) == 3
-    assert report_keys("opt-125m", settings, seq_len=8, check=True) == keys["export"]
-    # Export's key has no tracer in it, so entries cached before --tracer existed stay valid.
+    assert len({k[0] for k in keys.values()}) == 4
+    assert report_keys("opt-125m", settings, seq_len=8, check=True) == keys["make-fx"]
+    # The default tracer's key has no tracer in it: the key of the analysis as requested.
     request = {"seq_len": 8, "setting": settings[0].to_dict(), "check": True}
-    assert keys["export"] == [cache.cache_key(cache.model_identity("opt-125m"), request)]
+    assert keys["make-fx"] == [cache.cache_key(cache.model_identity("opt-125m"), request)]
 
 
 # -- Hugging Face's FX tracer (transformers < 4.50) --------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -277,9 +278,7 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
     traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.reads`). A
     graph traced on the meta device was traced without autocast: the same for any such setting.
     """
-    from dataclasses import replace
-
-    from ampgraph.capture import EXPORT, EXPORT_META_REPLAY
+    from ampgraph.capture import EXPORT_META_REPLAY, IN_SETTING
     from ampgraph.reads import serves
 
     if (base.setting.device_type, base.setting.param_dtype) != (
@@ -288,7 +287,7 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
     ):
         return "another device type or parameter dtype"
     method = base.method.rsplit("+", 1)[-1]
-    if base.graph_of is not None or method not in (EXPORT, EXPORT_META_REPLAY):
+    if base.graph_of is not None or method not in (*IN_SETTING, EXPORT_META_REPLAY):
         return f"a graph captured by {base.method} serves only its own setting"
     shared = replace(base, setting=setting, graph_of=base.setting.name)
     if base.reads is None:
@@ -406,7 +405,7 @@ def analyze(
     one tensor) and ``kwargs`` for one forward call (real, meta or fake tensors: only shapes and
     dtypes are used, and the module's own tensors are left untouched). ``setting`` is a
     :class:`~ampgraph.settings.Setting` or its name. ``tracer`` turns the model into a
-    graph (:mod:`ampgraph.tracers`; default: a spec's own, else ``export``).
+    graph (:mod:`ampgraph.tracers`; default: a spec's own, else ``make-fx``).
 
     ``pass_`` is ``forward`` (the default), ``backward`` or ``train``: the latter two trace the
     model in training mode and add ``report.backward``, the loss ``output.float().sum()`` of the
@@ -463,11 +462,14 @@ def as_model_inputs(
 def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
     """The model as ``tracer`` (see :mod:`ampgraph.tracers`) gives it to the capture.
 
-    ``export`` (the default) traces the model itself in each setting, so the model is returned as
-    it is; another tracer traces it once, here, and every setting is captured from that graph.
+    ``make-fx`` (the default) and ``export`` trace the model itself in each setting, so the
+    model is returned as it is, saying which of the two; another tracer traces it once, here, and
+    every setting is captured from that graph.
     """
-    if tracer is None or tracer == "export":
+    if tracer is None or tracer == "make-fx":
         return model
+    if tracer == "export":
+        return replace(model, engine="export")
     from ampgraph.tracers import apply_tracer  # only for a tracer other than export
 
     return apply_tracer(model, tracer)

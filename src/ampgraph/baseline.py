@@ -31,6 +31,7 @@ from typing import Any
 from ampgraph.diff import ReportDiff, diff_reports
 from ampgraph.errors import AmpgraphError
 from ampgraph.records import PLACEHOLDER_KINDS, Cast, NodeRecord, Report
+from ampgraph.specs import DEFAULT_TRACER
 
 SCHEMA = "ampgraph.baseline"
 SCHEMA_VERSION = 1
@@ -50,7 +51,7 @@ class Baseline:
     #: its display name), how it was given (:data:`ampgraph.specs.SPEC_KINDS`) and the tracer.
     spec: str = ""
     spec_kind: str = "auto"
-    tracer: str = "export"
+    tracer: str = DEFAULT_TRACER
 
     @property
     def title(self) -> str:
@@ -91,7 +92,7 @@ def baseline_text(
     seq_len: int = 8,
     spec: str | None = None,
     spec_kind: str = "auto",
-    tracer: str = "export",
+    tracer: str = DEFAULT_TRACER,
 ) -> str:
     """The baseline of ``report``'s forward pass: JSON with one line per node, ending in a newline.
 
@@ -184,7 +185,10 @@ def read_baseline(text: str, where: str = "the baseline") -> Baseline:
         )
         seq_len = int(data.get("seq_len", 8))
         spec = str(data.get("spec") or report.model)
-        spec_kind, tracer = str(data.get("spec_kind", "auto")), str(data.get("tracer", "export"))
+        spec_kind, tracer = (
+            str(data.get("spec_kind", "auto")),
+            str(data.get("tracer", DEFAULT_TRACER)),
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BaselineError(f"{where} is a damaged baseline ({type(exc).__name__} {exc})") from None
     return Baseline(report, seq_len, spec, spec_kind, tracer)

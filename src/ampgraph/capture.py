@@ -14,12 +14,13 @@ listed in :attr:`Capture.trace_time_dtype_nodes`: their dtypes are those of the 
 >>> from ampgraph.settings import Setting
 >>> cap = capture(load_model("llama-tiny"), Setting.parse("amp-fp32"))
 >>> cap.method, len(cap.graph_module.graph.nodes)
-('export', 205)
+('make-fx', 192)
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import warnings
 from collections.abc import Iterator
@@ -45,6 +46,12 @@ from ampgraph.torchutil import (
 )
 
 EXPORT = "export"
+#: The default: the graph ``torch.export`` makes, traced by ``make_fx`` with export's own passes
+#: and without the rest of export (see :func:`_make_fx`), in about half the time.
+MAKE_FX = "make-fx"
+#: The methods that trace the model in its setting, so that trace-time dtype reads are the
+#: setting's own; the other methods trace once in a neutral setting and replay.
+IN_SETTING = (MAKE_FX, EXPORT)
 EXPORT_META_REPLAY = "export-meta-replay"
 #: Traced with fp32 parameters and no autocast because the model raises in its setting (the
 #: ``half`` setting of a model fed fp32 inputs, an op autocast does not cover fed mixed dtypes),
@@ -174,15 +181,18 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc, default='')}".rstrip(": ")
 
 
-def _export(
-    model: ModelInputs,
-    device: str,
-    param_dtype: torch.dtype | None,
-    setting: Setting | None,
-    reads: TraceReads | None = None,
-) -> torch.export.ExportedProgram:
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+@dataclass
+class Traced:
+    """What a tracing engine gives the capture: the graph, its inputs' kinds and outputs' tree."""
 
+    graph_module: fx.GraphModule
+    signature: Any  # torch.export.ExportGraphSignature
+    out_spec: pytree.TreeSpec | None
+
+
+def _fake_inputs(
+    model: ModelInputs, fake_mode: FakeTensorMode, device: str, param_dtype: torch.dtype | None
+) -> Any:
     def param_dtype_for(t: torch.Tensor) -> torch.dtype:
         # Module.to(dtype) converts floating-point parameters and buffers only.
         return param_dtype if (param_dtype is not None and t.is_floating_point()) else t.dtype
@@ -190,6 +200,18 @@ def _export(
     make_param = _fake_like(fake_mode, device, param_dtype_for)
     make_input = _fake_like(fake_mode, device, lambda t: t.dtype)
     args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
+    return make_param, tuple(args), kwargs
+
+
+@contextlib.contextmanager
+def _tracing_context(
+    model: ModelInputs,
+    device: str,
+    setting: Setting | None,
+    reads: TraceReads | None,
+    make_param: Any,
+) -> Iterator[None]:
+    """Everything both engines trace under: the setting's fake tensors and autocast state."""
     autocast = (
         autocast_state(device, True, torch_dtype(setting.amp_dtype))
         if setting is not None and setting.autocast
@@ -207,7 +229,135 @@ def _export(
         reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
     ):
         warnings.simplefilter("ignore")
-        return torch.export.export(model.module, tuple(args), kwargs, strict=False)
+        yield
+
+
+def _export(
+    model: ModelInputs,
+    device: str,
+    param_dtype: torch.dtype | None,
+    setting: Setting | None,
+    reads: TraceReads | None = None,
+) -> Traced:
+    """``torch.export.export`` in the setting (the ``export`` tracer)."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype)
+    with _tracing_context(model, device, setting, reads, make_param):
+        program = torch.export.export(model.module, args, kwargs, strict=False)
+    return Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
+
+
+def _make_fx(
+    model: ModelInputs,
+    device: str,
+    param_dtype: torch.dtype | None,
+    setting: Setting | None,
+    reads: TraceReads | None = None,
+) -> Traced:
+    """The graph ``torch.export`` makes, traced by ``make_fx`` and export's own passes.
+
+    Non-strict export is pre-dispatch ``make_fx`` over a functional call of the module, with
+    module stacks recorded, followed by passes that lift constants, turn autocast and grad-mode
+    regions into higher-order ops and name the placeholders. Here the same trace and the same
+    passes run without the rest of export's machinery (its torch-function handler, guards,
+    verifier and program object), which costs as much again as the trace: the graph is the
+    same, node for node (``tests/test_capture_engines.py``), minus export's
+    ``_assert_tensor_metadata`` checks, which the replay skips anyway.
+    """
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.passes.lift_constants_pass import ConstantAttrMap, lift_constants_pass
+    from torch._export.passes.replace_autocast_with_hop_pass import replace_autocast_with_hop_pass
+    from torch._export.passes.replace_set_grad_with_hop_pass import replace_set_grad_with_hop_pass
+    from torch._export.utils import _compiling_state_context, placeholder_naming_pass
+    from torch.export import graph_signature as sig
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    # A shape environment, as export has, so that ops with data-dependent output sizes
+    # (nonzero, a boolean-mask index) trace with unbacked sizes instead of failing.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype)
+    module = model.module
+    with _tracing_context(model, device, setting, reads, make_param):
+        params = dict(module.named_parameters(remove_duplicate=False))
+        buffers = dict(module.named_buffers(remove_duplicate=False))
+        names = [*params, *buffers]
+        # A tied parameter is one tensor under two names, so every use reads the last alias's
+        # placeholder (OPT's embedding reads ``p_lm_head_weight``), as in export's graph.
+        state = [*params.values(), *buffers.values()]
+        flat_inputs, in_spec = pytree.tree_flatten((args, kwargs))
+        out_specs: list[pytree.TreeSpec] = []
+
+        def forward(*flat: Any) -> tuple[Any, ...]:
+            call_args, call_kwargs = pytree.tree_unflatten(list(flat[len(names) :]), in_spec)
+            tensors = dict(zip(names, flat[: len(names)]))
+            with _reparametrize_module(module, tensors, tie_weights=False, strict=False):
+                out = module(*call_args, **call_kwargs)
+            leaves, spec = pytree.tree_flatten(out)
+            out_specs.append(spec)
+            return tuple(leaves)
+
+        forward._orig_mod = module  # type: ignore[attr-defined] # make_fx's module-stack root
+        # Model code that asks torch.compiler.is_exporting() (transformers' mask builders)
+        # takes export's path, as under export.
+        with fake_mode, enable_python_dispatcher(), _compiling_state_context():
+            gm = make_fx(forward, record_module_stack=True, pre_dispatch=True)(*state, *flat_inputs)
+
+    _runtime_asserts(gm, fake_mode)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = []
+    for i, node in enumerate(placeholders):
+        if i < len(params):
+            inputs.append(
+                sig.InputSpec(sig.InputKind.PARAMETER, sig.TensorArgument(node.name), names[i])
+            )
+        elif i < len(names):
+            inputs.append(
+                sig.InputSpec(
+                    sig.InputKind.BUFFER, sig.TensorArgument(node.name), names[i], persistent=True
+                )
+            )
+        else:
+            value = flat_inputs[i - len(names)]
+            arg = (
+                sig.TensorArgument(node.name)
+                if isinstance(value, torch.Tensor)
+                else sig.ConstantArgument(node.name, value)
+            )
+            inputs.append(sig.InputSpec(sig.InputKind.USER_INPUT, arg, None))
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outputs = [
+        sig.OutputSpec(
+            sig.OutputKind.USER_OUTPUT,
+            sig.TensorArgument(a.name) if isinstance(a, fx.Node) else sig.ConstantArgument("", a),
+            None,
+        )
+        for a in pytree.tree_leaves(output.args)
+    ]
+    signature = sig.ExportGraphSignature(inputs, outputs)
+    constants = lift_constants_pass(gm, signature, ConstantAttrMap())
+    gm, signature = replace_set_grad_with_hop_pass(gm, signature)
+    gm, signature = replace_autocast_with_hop_pass(gm, signature)
+    # The region passes share meta dicts between graphs: rename each dict once (the old one is
+    # kept alive here, so that its id is not reused while this runs).
+    renamed: dict[int, tuple[Any, dict[str, Any]]] = {}
+    for sub in gm.modules():
+        for node in sub.graph.nodes if isinstance(sub, fx.GraphModule) else ():
+            if node.op in ("placeholder", "output"):
+                node.meta.pop("nn_module_stack", None)
+            elif (stack := node.meta.get("nn_module_stack")) and id(stack) not in renamed:
+                # export's keys name the root ``L__self__``; make_fx's name it "".
+                new = {f"L__self__{k}": v for k, v in stack.items()}
+                renamed[id(stack)] = renamed[id(new)] = (stack, new)
+                node.meta["nn_module_stack"] = new
+            elif stack:
+                node.meta["nn_module_stack"] = renamed[id(stack)][1]
+    with fake_mode:
+        placeholder_naming_pass(
+            gm, signature, module, args, kwargs, dict(zip(names, state)), constants
+        )
+    return Traced(gm, signature, out_specs[-1] if out_specs else None)
 
 
 class ModuleIORecorder:
@@ -305,6 +455,58 @@ def _dtype_constant_nodes(gm: fx.GraphModule) -> list[str]:
     return names
 
 
+def _runtime_asserts(gm: fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+    """Export's checks on data-dependent sizes (``_assert_scalar`` on an unbacked size), placed
+    as export places them: they are nodes of its graph."""
+    from torch._export.passes._node_metadata_hook import (
+        _node_metadata_hook,
+        _set_node_metadata_hook,
+    )
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+    from torch.fx._utils import first_call_function_nn_module_stack
+
+    shape_env = fake_mode.shape_env
+    if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
+        return
+    where = 'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
+    hook = functools.partial(_node_metadata_hook, metadata={"stack_trace": where})
+    with _set_node_metadata_hook(gm, hook):
+        insert_deferred_runtime_asserts(
+            gm,
+            shape_env,
+            f"exported program: {first_call_function_nn_module_stack(gm.graph)}",
+            export=True,
+        )
+
+
+@functools.cache
+def make_fx_available() -> bool:
+    """Whether this torch has the export passes :func:`_make_fx` runs (private modules that may
+    move between releases); where it does not, the capture uses ``torch.export.export``."""
+    try:
+        from torch._export.passes._node_metadata_hook import _node_metadata_hook  # noqa: F401
+        from torch._export.passes.lift_constants_pass import lift_constants_pass  # noqa: F401
+        from torch._export.passes.replace_autocast_with_hop_pass import (  # noqa: F401
+            replace_autocast_with_hop_pass,
+        )
+        from torch._export.passes.replace_set_grad_with_hop_pass import (  # noqa: F401
+            replace_set_grad_with_hop_pass,
+        )
+        from torch._export.utils import (  # noqa: F401
+            _compiling_state_context,
+            placeholder_naming_pass,
+        )
+        from torch.fx._utils import first_call_function_nn_module_stack  # noqa: F401
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: How a model is traced in a setting: ``--tracer make-fx`` (the default) or ``--tracer export``.
+ENGINES = {MAKE_FX: _make_fx, EXPORT: _export}
+
+
 def _raised_by_a_kernel(exc: BaseException) -> bool:
     """Whether export failed because an op raised (a dtype error), not because of tracing."""
     seen: set[int] = set()
@@ -322,7 +524,8 @@ def _retrace_neutral(
     recorder: ModuleIORecorder,
     exc: Exception,
     reads: TraceReads | None = None,
-) -> torch.export.ExportedProgram:
+    engine: str = MAKE_FX,
+) -> Traced:
     """Trace again with fp32 parameters and autocast off, when an op raised in ``setting``.
 
     The forward of the ``half`` setting of a model fed fp32 inputs raises at its first layer on a
@@ -336,7 +539,7 @@ def _retrace_neutral(
     recorder.order.clear()
     if reads is not None:
         reads.clear()  # the failed trace's reads are not this graph's
-    return _export(model, setting.device_type, torch.float32, None, reads)
+    return ENGINES[engine](model, setting.device_type, torch.float32, None, reads)
 
 
 def _retype_parameters(
@@ -402,7 +605,7 @@ def _describe(failure: Any) -> str:
     )
 
 
-def _draft_export(model: ModelInputs) -> tuple[torch.export.ExportedProgram, list[str]]:
+def _draft_export(model: ModelInputs) -> tuple[Traced, list[str]]:
     """Trace along the path seeded random values take (see :data:`DRAFT_EXPORT`)."""
     generator = torch.Generator().manual_seed(0)
 
@@ -431,7 +634,8 @@ def _draft_export(model: ModelInputs) -> tuple[torch.export.ExportedProgram, lis
         program = torch.export.draft_export(model.module, tuple(args), kwargs, strict=False)
     report = getattr(program, "_report", None)
     failures = list(getattr(report, "failures", []) or [])
-    return program, list(dict.fromkeys(_describe(f) for f in failures))
+    traced = Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
+    return traced, list(dict.fromkeys(_describe(f) for f in failures))
 
 
 @contextlib.contextmanager
@@ -446,15 +650,29 @@ def training_mode(module: nn.Module, training: bool) -> Iterator[None]:
             m.training = flag
 
 
-def capture(model: ModelInputs, setting: Setting, *, training: bool = False) -> Capture:
+def capture(
+    model: ModelInputs, setting: Setting, *, training: bool = False, engine: str | None = None
+) -> Capture:
     """Trace ``model`` in ``setting`` and return the graph with what replaying it needs.
 
     ``training`` traces it in training mode (``model.train()``), as a training step runs it;
-    otherwise in the mode it is in (the bundled models are in ``eval()`` mode).
+    otherwise in the mode it is in (the bundled models are in ``eval()`` mode). ``engine`` (default:
+    the model's own, ``make-fx`` unless :func:`ampgraph.analysis.trace` said otherwise) is
+    ``make-fx`` or ``export``: the same graph, traced by ``make_fx`` with export's passes or by
+    ``torch.export.export`` itself (``--tracer export``). A graph an FX tracer made is always
+    lowered by export.
     """
+    engine = engine or model.engine
+    if engine not in ENGINES:
+        raise CaptureError(f"unknown capture engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if engine == MAKE_FX and not make_fx_available():
+        engine = EXPORT
     param_dtype = torch_dtype(setting.param_dtype)
-    method = EXPORT
     tracer, dtype_branches = _traced_by(model)
+    if tracer != EXPORT:
+        engine = EXPORT
+    method = engine
+    trace_in_setting = ENGINES[engine]
     data_dependent: list[str] = []
     recorder = ModuleIORecorder(model.module)
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
@@ -463,10 +681,12 @@ def capture(model: ModelInputs, setting: Setting, *, training: bool = False) -> 
         with recorder, mode:
             if can_trace_fake(setting.device_type):
                 try:
-                    program = _export(model, setting.device_type, param_dtype, setting, reads)
+                    program = trace_in_setting(
+                        model, setting.device_type, param_dtype, setting, reads
+                    )
                 except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
                     if not _branches_on_data(exc):
-                        program = _retrace_neutral(model, setting, recorder, exc, reads)
+                        program = _retrace_neutral(model, setting, recorder, exc, reads, engine)
                         method = EXPORT_RETYPED
                     else:
                         recorder.calls.clear()
@@ -489,7 +709,7 @@ def capture(model: ModelInputs, setting: Setting, *, training: bool = False) -> 
             "(make the forward traceable, or pass example inputs it accepts)"
         ) from exc
     kinds: dict[str, tuple[str, str]] = {}
-    for spec in program.graph_signature.input_specs:
+    for spec in program.signature.input_specs:
         arg_name = getattr(spec.arg, "name", None)
         if arg_name is None:
             continue
@@ -511,12 +731,12 @@ def capture(model: ModelInputs, setting: Setting, *, training: bool = False) -> 
         method=method if tracer == EXPORT else f"{tracer}+{method}",
         input_kinds=kinds,
         modules=module_table(model.module),
-        trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method != EXPORT else [],
+        trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method not in IN_SETTING else [],
         module_io=recorder.resolve(gm),
         call_order=recorder.call_order(),
         dtype_branches=list(dtype_branches),
         data_dependent=data_dependent,
-        output_paths=output_paths(program),
+        output_paths=output_paths(program.out_spec),
         training=training,
         tied=tied_parameters(model.module),
         reads=reads.resolved(gm) if reads is not None else None,
@@ -541,16 +761,16 @@ def tied_parameters(module: nn.Module) -> dict[str, str]:
     return out
 
 
-def output_paths(program: torch.export.ExportedProgram) -> list[str]:
-    """Each flat output's place in the model's return value, keys and indices joined by dots.
+def output_paths(spec: pytree.TreeSpec | None) -> list[str]:
+    """Each flat output's place in the model's return value (``spec``, the tree of its
+    outputs), keys and indices joined by dots.
 
     >>> class Two(nn.Module):
     ...     def forward(self, x):
     ...         return {"out": x + 1, "aux": (x * 2, x - 1)}
-    >>> output_paths(torch.export.export(Two(), (torch.ones(2),)))
+    >>> output_paths(torch.export.export(Two(), (torch.ones(2),)).call_spec.out_spec)
     ['out', 'aux.0', 'aux.1']
     """
-    spec = program.call_spec.out_spec
     if spec is None:
         return []
     structure = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)

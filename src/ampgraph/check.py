@@ -5,8 +5,8 @@ state the C++ autocast keys read, so CUDA's kernels run without a GPU), and reco
 node returns. Nothing of the annotator is used: where the two disagree, ampgraph's tables or its
 reading of them are wrong, and the node is reported.
 
-Where the graph was captured in the setting itself (``Capture.method == "export"``), the dtypes
-``torch.export`` recorded at trace time (``node.meta["val"]``) are a second, independent oracle
+Where the graph was captured in the setting itself (``Capture.method`` ``make-fx`` or
+``export``), the dtypes the trace recorded (``node.meta["val"]``) are a second, independent oracle
 for the top-level nodes.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ampgraph.capture import EXPORT, Capture
+from ampgraph.capture import IN_SETTING, Capture
 from ampgraph.records import NodeRecord
 from ampgraph.replay import (
     Failed,
@@ -112,8 +112,9 @@ def dispatcher_results(capture: Capture) -> dict[str, dict[str, Any]]:
 
 
 def trace_results(capture: Capture) -> dict[str, list[str | None]]:
-    """The dtypes torch.export recorded while tracing in the setting (top-level nodes only)."""
-    if capture.method != EXPORT or capture.graph_of is not None:
+    """The dtypes the trace recorded in the setting (top-level nodes only): make_fx and export
+    trace on fake tensors under the setting's autocast, so they are the dispatcher's too."""
+    if capture.method not in IN_SETTING or capture.graph_of is not None:
         return {}  # traced in another setting: what it recorded is that setting's
     out: dict[str, list[str | None]] = {}
     for node in capture.graph_module.graph.nodes:

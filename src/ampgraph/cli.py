@@ -47,7 +47,7 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     """One :class:`~ampgraph.specs.ModelSpec` (a str) from MODEL or the option that names it."""
-    from ampgraph.specs import ModelSpec
+    from ampgraph.specs import DEFAULT_TRACER, ModelSpec
 
     given = {
         label: (kind, ctx.meta.get(f"ampgraph.{key}"))
@@ -63,13 +63,13 @@ def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None
     if len(given) > 1:
         raise click.UsageError(f"give one model, not {' and '.join(given)}", ctx)
     kind, spec = next(iter(given.values()), ("auto", "opt-125m"))
-    return ModelSpec(spec, kind, tracer=ctx.meta.get("ampgraph.tracer") or "export")
+    return ModelSpec(spec, kind, tracer=ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER)
 
 
 def model_argument(f: F) -> F:
     """MODEL, or one of --config/--model-dir/--module, and --tracer: the command receives them as
     one ``model`` value, a :class:`~ampgraph.specs.ModelSpec` (a str)."""
-    from ampgraph.specs import TRACERS
+    from ampgraph.specs import DEFAULT_TRACER, TRACERS
 
     # Eager, so that they are known when MODEL's callback combines them whatever their order.
     params = [
@@ -90,11 +90,12 @@ def model_argument(f: F) -> F:
             "keyword inputs; shapes and dtypes are what matter -- or (module, args, kwargs).",
         ),
         click.option(
-            "--tracer", type=click.Choice(TRACERS), default="export", show_default=True,
+            "--tracer", type=click.Choice(TRACERS), default=DEFAULT_TRACER, show_default=True,
             is_eager=True, expose_value=False, callback=_remember,
-            help="Tracer: torch.export; hf-fx, Hugging Face's FX tracer (transformers < 4.50); "
-            "fx, torch.fx.symbolic_trace for simple modules. Both FX graphs are lowered by "
-            "torch.export.",
+            help="Tracer: make-fx, torch.export's graph traced by make_fx and export's own "
+            "passes (twice as fast); export, torch.export.export itself (the same graph); "
+            "hf-fx, Hugging Face's FX tracer (transformers < 4.50); fx, torch.fx.symbolic_trace "
+            "for simple modules. Both FX graphs are lowered by torch.export.",
         ),
     ]  # fmt: skip
     for param in reversed(params):

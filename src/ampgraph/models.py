@@ -59,6 +59,9 @@ class ModelInputs:
     module: nn.Module
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: How the capture traces the module in each setting: ``make-fx`` (the default) or
+    #: ``export`` (``--tracer export``), set by :func:`ampgraph.analysis.trace`.
+    engine: str = "make-fx"
 
 
 # -- Hugging Face architectures: how to build and feed each model type (data, not branches) ------

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ampgraph.records import Report
 from ampgraph.settings import Setting, seed_matrix
-from ampgraph.specs import spec_tracer
+from ampgraph.specs import DEFAULT_TRACER, spec_tracer
 
 if TYPE_CHECKING:
     from ampgraph.models import ModelInputs
@@ -73,7 +73,7 @@ def report_keys(
         return [None for _ in settings]
     tracer = spec_tracer(spec)
     # Only a non-default tracer or pass is part of the key, so the forward's entries stay valid.
-    extra = {} if tracer == "export" else {"tracer": tracer}
+    extra = {} if tracer == DEFAULT_TRACER else {"tracer": tracer}
     extra.update(options or {})
     return [
         cache.cache_key(

@@ -21,7 +21,9 @@ from ampgraph.errors import ModelSpecError
 #: How a spec was given: ``auto`` is the positional MODEL, recognised by its form.
 SPEC_KINDS = ("auto", "bundled", "config", "dir", "module")
 #: The tracers of :mod:`ampgraph.tracers` (kept here too: that module imports torch).
-TRACERS = ("export", "hf-fx", "fx")
+TRACERS = ("make-fx", "export", "hf-fx", "fx")
+#: The graph torch.export makes, traced faster (see :data:`ampgraph.capture.MAKE_FX`).
+DEFAULT_TRACER = "make-fx"
 
 
 class ModelSpec(str):
@@ -31,14 +33,14 @@ class ModelSpec(str):
     folder or ``package.module:factory``, recognised by its form), ``"bundled"``, ``"config"``
     (``--config``), ``"dir"`` (``--model-dir``) or ``"module"`` (``--module``). ``tracer`` is the
     tracer (``--tracer``). It is a ``str``, so code that prints specs or passes them along needs
-    to know nothing of it; a plain ``str`` reads as kind ``auto``, tracer ``export``.
+    to know nothing of it; a plain ``str`` reads as kind ``auto``, tracer ``make-fx``.
     """
 
     kind: str
     tracer: str
 
     def __new__(  # noqa: PYI034 - Self needs Python 3.11
-        cls, value: str, kind: str = "auto", tracer: str = "export"
+        cls, value: str, kind: str = "auto", tracer: str = DEFAULT_TRACER
     ) -> ModelSpec:
         if kind not in SPEC_KINDS:
             raise ValueError(f"unknown spec kind {kind!r}: use one of {', '.join(SPEC_KINDS)}")
@@ -63,12 +65,12 @@ def spec_kind(spec: str) -> str:
 
 
 def spec_tracer(spec: str) -> str:
-    """The tracer a spec asks for: its own for a :class:`ModelSpec`, ``export`` otherwise.
+    """The tracer a spec asks for: its own for a :class:`ModelSpec`, the default otherwise.
 
     >>> spec_tracer("opt-125m")
-    'export'
+    'make-fx'
     """
-    return getattr(spec, "tracer", "export")
+    return getattr(spec, "tracer", DEFAULT_TRACER)
 
 
 #: Short family names for bundled configs: what the issue and people call them.
@@ -179,6 +181,7 @@ def resolve_config(spec: str) -> ConfigSource | None:
 
 __all__ = [
     "ALIASES",
+    "DEFAULT_TRACER",
     "SPEC_KINDS",
     "TRACERS",
     "ConfigSource",

@@ -3,8 +3,10 @@
 ========== ================================================================================
 tracer     what it does
 ========== ================================================================================
-export     ``torch.export`` on the model itself, in each setting (the default; see
+make-fx    the graph ``torch.export`` makes of the model itself, in each setting, traced by
+           ``make_fx`` and export's own passes in half the time (the default; see
            :mod:`ampgraph.capture`).
+export     ``torch.export.export`` on the model itself, in each setting: the same graph.
 hf-fx      Hugging Face's FX tracer (``transformers.utils.fx.symbolic_trace``; transformers
            before 4.50 only), once per model, then lowered to ATen by ``torch.export``.
 fx         ``torch.fx.symbolic_trace``, once per model, then lowered the same way: for simple
@@ -54,6 +56,7 @@ from ampgraph.errors import CaptureError, first_line
 from ampgraph.models import ModelInputs
 from ampgraph.torchutil import quiet_logging, simulated_cuda_amp
 
+MAKE_FX = "make-fx"
 EXPORT = "export"
 HF_FX = "hf-fx"
 FX = "fx"
@@ -292,7 +295,10 @@ def trace_fx(model: ModelInputs) -> fx.GraphModule:
 
 
 TRACERS: dict[str, Tracer] = {
-    EXPORT: Tracer(EXPORT, "torch.export in each setting (default)", None),
+    MAKE_FX: Tracer(
+        MAKE_FX, "torch.export's graph, traced by make_fx and export's passes (default)", None
+    ),
+    EXPORT: Tracer(EXPORT, "torch.export.export in each setting", None),
     HF_FX: Tracer(
         HF_FX, "Hugging Face's FX tracer (transformers < 4.50), lowered by export", trace_hf_fx
     ),
@@ -463,8 +469,10 @@ def apply_tracer(model: ModelInputs, tracer: str = EXPORT) -> ModelInputs:
     if tracer not in TRACERS:
         raise CaptureError(f"unknown tracer {tracer!r}: use one of {', '.join(TRACERS)}")
     chosen = TRACERS[tracer]
-    if chosen.trace is None or isinstance(model.module, GraphForward):
-        return model  # export traces in each setting; a tracer's graph is traced once
+    if isinstance(model.module, GraphForward):
+        return model  # a tracer's graph is traced once
+    if chosen.trace is None:
+        return replace(model, engine=tracer)  # make-fx and export trace in each setting
     traced = chosen.trace(model)
     number_module_calls(traced.graph)
     inputs = _bound_inputs(model, traced)
