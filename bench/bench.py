@@ -7,6 +7,8 @@ time and the peak resident memory of each, with the ratios the budgets are writt
 * ``ampgraph cold``: ``ampgraph render`` of OPT-125M in the four settings, with the dispatcher
   check, into a fresh output folder, with an empty cache;
 * ``ampgraph cold 1``: the same in one setting (``-s amp-fp32``);
+* ``cold 1 export``: the same with ``--tracer export`` (``torch.export.export`` instead of the
+  default make-fx capture of the same graph);
 * ``ampgraph warm``: the four settings with the cache filled by a previous run;
 * ``torchview``: ``torchview.draw_graph`` of the same OPT-125M on the meta device, rendered to SVG
   (the reference peer; installed for the benchmark only, into ``bench/.deps``);
@@ -190,7 +192,7 @@ def supports_train_pass() -> bool:
 PROFILE_ORDER = (
     "import ampgraph (no torch)", "import torch", "import ampgraph's analysis",
     "import the model's code (transformers)", "build the model on meta",
-    "capture (torch.export)", "annotate", "annotate (+ proof a graph is shared)",
+    "capture", "annotate", "annotate (+ proof a graph is shared)",
     "check (dispatcher)", "module view", "diagram source", "layout (dot)", "other",
 )  # fmt: skip
 
@@ -224,7 +226,8 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="ampgraph-bench-"))
-    names = ["ampgraph cold", "ampgraph cold 1", "ampgraph warm", "torchview", "export floor"]
+    names = ["ampgraph cold", "ampgraph cold 1", "cold 1 export", "ampgraph warm", "torchview",
+             "export floor"]  # fmt: skip
     train = supports_train_pass()
     if train:
         names.append("train")
@@ -247,6 +250,8 @@ def main() -> None:
             ("ampgraph cold", render, env),
             ("ampgraph cold 1", [*AMPGRAPH, "render", "-s", "amp-fp32", "--out",
                                  str(work / f"one-{i}")], fresh("one")),
+            ("cold 1 export", [*AMPGRAPH, "render", "-s", "amp-fp32", "--tracer", "export",
+                               "--out", str(work / f"onex-{i}")], fresh("onex")),
             ("ampgraph warm", [*AMPGRAPH, "render", "--out", str(work / f"warm-{i}")], env),
             ("torchview", [PYTHON, "-c", TORCHVIEW_SCRIPT, config_path("opt-125m"),
                            str(work / f"tv-{i}")], tv_env),

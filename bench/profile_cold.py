@@ -109,7 +109,7 @@ def main() -> None:
         model = load_model(args.model)
 
     settings = [Setting.parse(s) for s in args.setting] if args.setting else seed_matrix()
-    phases.wrap(analysis, "capture", "capture (torch.export)")
+    phases.wrap(analysis, "capture", "capture")
     phases.wrap(analysis, "annotate", "annotate")
     phases.wrap(analysis, "annotate_observing", "annotate (+ proof a graph is shared)")
     phases.wrap(reads, "serves", "annotate (+ proof a graph is shared)")
@@ -139,7 +139,7 @@ def main() -> None:
         {
             "model": args.model,
             "settings": [s.name for s in settings],
-            "captures": phases.calls.get("capture (torch.export)", 0),
+            "captures": phases.calls.get("capture", 0),
             "shared": shared,
             "phases": timed,
             "before_s": rest,
