@@ -22,7 +22,7 @@ from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
 from ampgraph.errors import SettingError
 from ampgraph.models import ModelInputs
-from ampgraph.policy import ACTIVE_RELEASE
+from ampgraph.policy import release_in_use
 from ampgraph.records import PASSES, ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.specs import spec_tracer
@@ -35,7 +35,7 @@ def versions() -> dict[str, str]:
     out = {
         "ampgraph": __version__,
         "torch": torch.__version__,
-        "policy_tables": ACTIVE_RELEASE,
+        "policy_tables": release_in_use(),
     }
     transformers = sys.modules.get("transformers")
     if transformers is None:

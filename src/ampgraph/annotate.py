@@ -283,7 +283,11 @@ class AutocastAnnotator(FakeReplay):
             if not enabled:
                 continue
             category = P.lookup(device_type, op._schema.name, op._overloadname)
-            if category is None and P.has_autocast_kernel(device_type, op.name()):
+            if (
+                category is None
+                and not P.decided(device_type, op._schema.name, op._overloadname)
+                and P.has_autocast_kernel(device_type, op.name())
+            ):
                 category = P.OPAQUE  # a kernel is there, but not one ampgraph knows
             if category is not None:
                 return category, device_type
@@ -444,7 +448,7 @@ def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
     if op.namespace == "aten":
         return (
             f"opaque autocast kernel: ATen registers an autocast kernel for {op.name()} on "
-            f"{device_type} that ampgraph's tables (torch {P.ACTIVE_RELEASE}) lack; its dtypes "
+            f"{device_type} that ampgraph's tables (torch {P.release_in_use()}) lack; its dtypes "
             "are what that kernel returned, not a prediction"
         )
     rule = P.library_rule(device_type, op.name())

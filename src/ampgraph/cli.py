@@ -931,11 +931,18 @@ def _report_file(source: str) -> Report | None:
     "regions with fp32 inputs, as an fp32 wrapper would; B's region is checked against the "
     "dispatcher.",
 )  # fmt: skip
+@click.option(
+    "--move-op", "move_ops", multiple=True, metavar="OP=LIST",
+    help="What if: B is A with the op OP (an ATen op such as softmax or softmax.int, or "
+    "ns::op) on another of autocast's lists of the setting's device: lower_precision_fp, fp32, "
+    "fp32_set_opt_dtype, promote or none (repeatable). For B's check the dispatcher runs, for "
+    "the preview only, an autocast kernel for OP that does what LIST does.",
+)  # fmt: skip
 @click.pass_context
 def diff_command(
     ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
     devices: tuple[str, ...], amp_dtypes: tuple[str, ...], seq_len: int, fmt: str,
-    keep_fp32: tuple[str, ...],
+    keep_fp32: tuple[str, ...], move_ops: tuple[str, ...],
 ) -> None:  # fmt: skip
     """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
 
@@ -959,17 +966,21 @@ def diff_command(
       ampgraph diff opt-125m gpt2 -s amp-fp32
       ampgraph diff before.json after.json --format markdown > comment.md
       ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
+      ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
     """
     from ampgraph.diff import FORMATS, diff_reports
     from ampgraph.specs import ModelSpec
 
-    if keep_fp32:
-        a, b = _keep_fp32_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32)
+    if keep_fp32 or move_ops:
+        from ampgraph.whatif import checked_note, findings_note
+
+        a, b = _whatif_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32, move_ops)
         result = diff_reports(a, b)
+        result.notes += [n for n in (findings_note(a, b), checked_note(b, bool(move_ops))) if n]
         click.echo(FORMATS[fmt](result))
         if b.check is not None and b.disagreements:
             raise click.ClickException(
-                f"{len(b.disagreements)} nodes of the fp32 preview disagree with the dispatcher"
+                f"{len(b.disagreements)} nodes of the preview disagree with the dispatcher"
             )
         if not result.equal:
             ctx.exit(1)
@@ -1025,30 +1036,32 @@ def diff_command(
         ctx.exit(1)
 
 
-def _keep_fp32_pair(
+def _whatif_pair(
     sources: Sequence[str], settings: Sequence[str], devices: Sequence[str],
-    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str],
+    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str], moves: Sequence[str],
 ) -> tuple[Report, Report]:  # fmt: skip
-    """``diff --keep-fp32``: one model in one setting, as it is (A) and with the modules kept in
-    fp32 (B). Never cached: the preview is the point, and a pattern is no model identity."""
+    """``diff --keep-fp32`` / ``--move-op``: one model in one setting, as it is (A) and with the
+    change (B). Never cached: the preview is the point, and a change is no model identity."""
     from ampgraph.specs import ModelSpec
-    from ampgraph.whatif import preview_keep_fp32
+    from ampgraph.whatif import preview
 
+    what = "--keep-fp32" if patterns else "--move-op"
     if len(sources) > 1 or max(len(settings), len(devices), len(amp_dtypes)) > 1:
-        raise click.UsageError("--keep-fp32 compares one model in one setting with itself: give "
+        raise click.UsageError(f"{what} compares one model in one setting with itself: give "
                                "one MODEL and each option once")  # fmt: skip
     if sources and _report_file(sources[0]) is not None:
-        raise click.UsageError("--keep-fp32 needs a model to analyse, not a saved report")
+        raise click.UsageError(f"{what} needs a model to analyse, not a saved report")
     setting = resolve_settings(
         [settings[0] if settings else "amp-fp32"],
         devices[0] if devices else "cuda",
         amp_dtypes[0] if amp_dtypes else "bf16",
     )[0]
     if not setting.autocast:
-        raise click.BadParameter(f"{setting.name} has no autocast to disable: use amp-fp32 or "
+        change = "to disable" if patterns else "whose lists to change"
+        raise click.BadParameter(f"{setting.name} has no autocast {change}: use amp-fp32 or "
                                  "amp-half", param_hint="'--setting'")  # fmt: skip
     spec = ModelSpec(sources[0]) if sources else ModelSpec("opt-125m")
-    return preview_keep_fp32(spec, setting, patterns, seq_len=seq_len, force=forced())
+    return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=forced())
 
 
 @main.group(name="baseline")
