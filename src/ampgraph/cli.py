@@ -871,6 +871,20 @@ def _pick(values: Sequence[str], label: str) -> tuple[str | None, str | None]:
     return values[0], values[-1]
 
 
+def _release(value: str | None) -> str | None:
+    """``--tables``'s value as the release whose lists it means; None for the installed torch's
+    (so that its analyses share the cache with the default's)."""
+    from ampgraph.policy import ACTIVE_RELEASE, release_name
+
+    if value is None:
+        return None
+    try:
+        release = release_name(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tables'") from None
+    return None if release == ACTIVE_RELEASE else release
+
+
 def _report_file(source: str) -> Report | None:
     """The report a source names when it is a saved ``ampgraph.report`` or baseline, else None
     (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
@@ -932,6 +946,12 @@ def _report_file(source: str) -> Report | None:
     "dispatcher.",
 )  # fmt: skip
 @click.option(
+    "--tables", "tables", multiple=True, metavar="RELEASE",
+    help="Annotate with the policy tables of torch RELEASE (2.11 to 2.14; default: the installed "
+    "torch's), for A, then for B: twice to see how a model fares under two releases' autocast "
+    "lists. Another release's side is a prediction for it, not checked against this dispatcher.",
+)  # fmt: skip
+@click.option(
     "--move-op", "move_ops", multiple=True, metavar="OP=LIST",
     help="What if: B is A with the op OP (an ATen op such as softmax or softmax.int, or "
     "ns::op) on another of autocast's lists of the setting's device: lower_precision_fp, fp32, "
@@ -942,7 +962,7 @@ def _report_file(source: str) -> Report | None:
 def diff_command(
     ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
     devices: tuple[str, ...], amp_dtypes: tuple[str, ...], seq_len: int, fmt: str,
-    keep_fp32: tuple[str, ...], move_ops: tuple[str, ...],
+    tables: tuple[str, ...], keep_fp32: tuple[str, ...], move_ops: tuple[str, ...],
 ) -> None:  # fmt: skip
     """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
 
@@ -958,6 +978,10 @@ def diff_command(
     were analysed with different policy tables (two torch releases), it says so and points to
     'ampgraph policy --since', which lists the table changes themselves.
 
+    Policy drift between torch releases: '--tables 2.11 --tables 2.14' analyses the model with
+    the autocast lists of torch 2.11 (A) and 2.14 (B), both traced by the installed torch; the
+    side whose release is not the installed one is a prediction for that release, not checked.
+
     \b
     Examples:
       ampgraph diff -s amp-fp32 -s amp-half          # OPT-125M, two settings
@@ -967,12 +991,17 @@ def diff_command(
       ampgraph diff before.json after.json --format markdown > comment.md
       ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
       ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
+      ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
     from ampgraph.diff import FORMATS, diff_reports
     from ampgraph.specs import ModelSpec
 
     if keep_fp32 or move_ops:
         from ampgraph.whatif import checked_note, findings_note
+
+        if tables:
+            raise click.UsageError("--tables compares two releases' lists: preview a change "
+                                   "with the installed torch's, without --tables")  # fmt: skip
 
         a, b = _whatif_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32, move_ops)
         result = diff_reports(a, b)
@@ -992,11 +1021,13 @@ def diff_command(
         "--setting": _pick(settings, "--setting"),
         "--device": _pick(devices, "--device"),
         "--amp-dtype": _pick(amp_dtypes, "--amp-dtype"),
+        "--tables": _pick(tables, "--tables"),
     }
+    releases = [_release(t) for t in pairs["--tables"]]
     named = [sources[0], sources[-1]] if sources else ["opt-125m", "opt-125m"]
     files = [_report_file(s) for s in dict.fromkeys(named)]
     files = [files[0], files[-1]]
-    if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes)) < 2:
+    if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes), len(tables)) < 2:
         raise click.UsageError(
             "nothing to compare: give two models or reports (A B), or an option twice, e.g. "
             "'ampgraph diff -s amp-fp32 -s amp-half'"
@@ -1017,20 +1048,30 @@ def diff_command(
         device = pairs["--device"][side] or base.get("device_type") or "cuda"
         amp = pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16"
         setting = resolve_settings([name], device, amp)[0]
+        options = {"tables": releases[side]} if releases[side] else None
         # One analysis call for both sides of one model, so the model is built once.
-        if side == 0 and files[1] is None and named[0] == named[1]:
+        if side == 0 and files[1] is None and named[0] == named[1] and len(set(releases)) == 1:
             name_b = pairs["--setting"][1] or "amp-fp32"
             setting_b = resolve_settings(
                 [name_b], pairs["--device"][1] or "cuda", pairs["--amp-dtype"][1] or "bf16"
             )[0]
             reports = analysed(ModelSpec(named[0]), [setting, setting_b], device, amp, seq_len,
-                               check=False)  # fmt: skip
+                               check=False, options=options)  # fmt: skip
             break
         reports[side] = analysed(ModelSpec(named[side]), [setting], device, amp, seq_len,
-                                 check=False)[0]  # fmt: skip
+                                 check=False, options=options)[0]  # fmt: skip
     a, b = reports
     assert a is not None and b is not None
     result = diff_reports(a, b)
+    for label, release in zip("AB", releases, strict=True):
+        if release and files["AB".index(label)] is None:
+            import torch
+
+            result.notes.append(
+                f"{label} is a prediction for torch {release}: annotated with its autocast lists "
+                f"on a graph traced by this torch {torch.__version__}, and not checked against "
+                "a dispatcher"
+            )
     click.echo(FORMATS[fmt](result))
     if not result.equal:
         ctx.exit(1)

@@ -279,6 +279,29 @@ def tables_for(version: str) -> dict[str, dict[str, tuple[str, ...]]]:
     return {device: {cat: tuple(e) for cat, e in table.items()} for device, table in out.items()}
 
 
+def release_name(version: str) -> str:
+    """``version`` as a release whose lists :func:`tables_for` reproduces (``"2.11.0"`` ->
+    ``"2.11"``); :class:`ValueError` in one line for one it does not.
+
+    >>> release_name("2.12.1")
+    '2.12'
+    >>> release_name("2.9")
+    Traceback (most recent call last):
+    ...
+    ValueError: ampgraph's tables reach back to torch 2.11 and up to 2.14, not 2.9
+    """
+    try:
+        release = _release(version)
+    except ValueError:
+        raise ValueError(f"{version!r} is no torch release: give one such as 2.11") from None
+    if not _release(HISTORY_FROM) <= release <= _release(TABLE_TORCH_VERSION):
+        raise ValueError(
+            f"ampgraph's tables reach back to torch {HISTORY_FROM} and up to "
+            f"{TABLE_TORCH_VERSION}, not {version}"
+        )
+    return "{}.{}".format(*release)
+
+
 def installed_torch() -> str:
     """The installed torch's version, read from its metadata (this module never imports torch)."""
     try:
