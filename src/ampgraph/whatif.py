@@ -315,20 +315,11 @@ def moved_kernels(moves: Sequence[Move], device_type: str) -> Iterator[None]:
         P.registrations_changed()
 
 
-def _moved_tables(moves: Sequence[Move], device_type: str) -> dict[str, dict[str, tuple[str, ...]]]:
-    current: dict[str, dict[str, list[str]]] = {}
-    for (device, entry), category in P._INDEX.items():
-        if category is not None:
-            current.setdefault(device, {}).setdefault(category, []).append(entry)
-    tables = {d: {c: tuple(e) for c, e in t.items()} for d, t in current.items()}
-    return P.moved(tables, device_type, {m.entry: m.target for m in moves})
-
-
 @contextlib.contextmanager
 def moved_ops(moves: Sequence[Move], device_type: str) -> Iterator[None]:
     """Analyse as if ``moves`` were made, on both sides: the annotator's tables and the
     dispatcher's kernels (:func:`moved_kernels`), so that the check stays a proof."""
-    tables = _moved_tables(moves, device_type)
+    tables = P.moved(P.current_tables(), device_type, {m.entry: m.target for m in moves})
     with P.tables_in_use(tables, P.release_in_use()), moved_kernels(moves, device_type):
         yield
 

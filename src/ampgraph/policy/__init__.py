@@ -396,6 +396,19 @@ def tables_in_use(tables: Tables, release: str) -> Iterator[None]:
         _INDEX, _RELEASE_IN_USE = previous
 
 
+def current_tables() -> dict[str, dict[str, tuple[str, ...]]]:
+    """The lists :func:`lookup` reads now, as tables (what :func:`moved` moves entries in).
+
+    >>> "layer_norm" in current_tables()["cuda"][FP32]
+    True
+    """
+    out: dict[str, dict[str, list[str]]] = {}
+    for (device_type, entry), category in _INDEX.items():
+        if category is not None:
+            out.setdefault(device_type, {}).setdefault(category, []).append(entry)
+    return {d: {c: tuple(e) for c, e in table.items()} for d, table in out.items()}
+
+
 #: Where :func:`moved` can put an entry: the lists whose rule a preview can apply to any op, and
 #: none (off every list).
 MOVE_TARGETS: Final = (LOWER_PRECISION_FP, FP32, FP32_SET_OPT_DTYPE, PROMOTE, "none")
