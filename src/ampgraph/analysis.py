@@ -19,7 +19,7 @@ from torch import nn
 from ampgraph import __version__
 from ampgraph import policy as P
 from ampgraph.annotate import annotate
-from ampgraph.capture import DRAFT_EXPORT, Capture, ModuleInfo, capture
+from ampgraph.capture import DRAFT_EXPORT, Capture, ModuleInfo, capture, keeping_stack_traces
 from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
 from ampgraph.errors import SettingError
@@ -67,6 +67,10 @@ def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
     if name == P.ACTIVE_RELEASE:
         return contextlib.nullcontext()
     return P.tables_in_use(P.tables_for(name), name)
+
+
+def _stack_traces(sources: bool) -> contextlib.AbstractContextManager[None]:
+    return keeping_stack_traces() if sources else contextlib.nullcontext()
 
 
 def _other_tables() -> str | None:
@@ -372,6 +376,7 @@ def analyze_group(
     check: bool = True,
     tracer: str | None = None,
     tables: str | None = None,
+    sources: bool = False,
     **options: Any,
 ) -> list[Report]:
     """Analyse one model in several settings, capturing only where a graph cannot be shared.
@@ -394,8 +399,11 @@ def analyze_group(
     model = trace(as_model_inputs(model, args, kwargs), tracer)
     if options.get("pass_", "forward") != "forward":
         # The joint graph is differentiated from each setting's own capture: nothing to share.
-        return [analyze(model, item, check=check, tables=tables, **options) for item in settings]
-    with tables_of(tables):
+        return [
+            analyze(model, item, check=check, tables=tables, sources=sources, **options)
+            for item in settings
+        ]
+    with tables_of(tables), _stack_traces(sources):
         return _analyze_sharing(model, settings, check)
 
 
@@ -441,6 +449,7 @@ def analyze(
     loss: str | int | None = None,
     backward_autocast: bool = False,
     tables: str | None = None,
+    sources: bool = False,
 ) -> Report:
     """Analyse one model in one setting.
 
@@ -462,6 +471,10 @@ def analyze(
     which the installed dispatcher cannot check, so the report says it is not checked
     (``capture.check_unavailable``). The graph is still traced by the installed torch.
 
+    ``sources`` records where in the model's code each node was made (``NodeRecord.source``,
+    file and line; what ``ampgraph audit`` shows): the capture then keeps Python stack traces,
+    which makes it slower, so it is off by default.
+
     >>> import torch
     >>> from ampgraph import analyze
     >>> r = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),))
@@ -475,7 +488,8 @@ def analyze(
     if pass_ not in PASSES:
         raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
     scope = tables_of(tables)  # a release the history does not reach fails before the capture
-    cap = capture(trace(model, tracer), setting, training=pass_ != "forward")
+    with _stack_traces(sources):
+        cap = capture(trace(model, tracer), setting, training=pass_ != "forward")
     with scope:
         return analyze_capture(
             cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast

@@ -52,6 +52,7 @@ from ampgraph.replay import (
     tensor_leaves,
 )
 from ampgraph.settings import Setting, short_dtype
+from ampgraph.sources import source_of
 from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
 
 
@@ -117,6 +118,7 @@ class AutocastAnnotator(FakeReplay):
             autocast=self.state.states[self.setting.device_type][0],
             inputs=inputs,
             trace_time_dtype=n.name in self.trace_time,
+            source=source_of(n.meta.get("stack_trace")),
             **fields,
         )
         self.records.append(rec)

@@ -724,16 +724,22 @@ def audit(
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         reports = load_reports(report_paths)
     else:
-        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
+        # Source lines for the findings: the capture keeps stack traces, for audit alone.
+        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
+                           options={"sources": True})  # fmt: skip
     findings = [audit_lib.audit(r) for r in reports]
     if fmt == "json":
         click.echo(audit_lib.to_json(reports))
     elif fmt == "sarif":
         click.echo(audit_lib.sarif(reports))
-        unplaced = sorted({r.model for r in reports if audit_lib.model_file(r.model) is None})
+        unplaced = sorted({
+            r.model for r, found in zip(reports, findings, strict=True)
+            if audit_lib.model_file(r.model) is None and any(f.source is None for f in found)
+        })  # fmt: skip
         if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
-            click.echo(f"warning: {', '.join(unplaced)} names no file of model code: the results "
-                       "have logical locations only (see docs/audit.md)", err=True)  # fmt: skip
+            click.echo(f"warning: {', '.join(unplaced)}: some results have no source line and "
+                       "the model names no file of model code, so they have logical locations "
+                       "only (see docs/audit.md)", err=True)  # fmt: skip
     else:
         show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
         click.echo("\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True)))
