@@ -306,3 +306,82 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, saved: Path) -> None:
     assert both.exit_code == 2 and "exclude each other" in both.output
     wrong = runner.invoke(main, ["audit", "--report", str(saved), "--fail-on", "fatal"])
     assert wrong.exit_code == 2
+
+
+# -- source lines --------------------------------------------------------------------------------
+
+
+class Sourced(nn.Module):
+    """A Linear whose bf16 output meets an fp32 residual: a cast and a promotion to place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)  # the line of the linear's cast
+        return x + h  # the line of the promotion
+
+
+def _line(text: str) -> int:
+    """The line of this file that holds ``text`` (the test's expectations, not hard-coded)."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_findings_carry_the_line_of_the_model_code_that_made_them() -> None:
+    plain = analyze(Sourced(), "amp-fp32", args=(torch.randn(2, 8),), check=False)
+    assert all(n.source is None for n in plain.nodes)  # by default no stack traces are kept
+    r = analyze(Sourced(), "amp-fp32", args=(torch.randn(2, 8),), check=False, sources=True)
+    here = Path(__file__).resolve().relative_to(Path.cwd()).as_posix()
+    # The linear's frame is torch's Linear.forward; the model's code is the call of self.fc.
+    assert r.node("linear").source == {"file": here, "line": _line("h = self.fc(x)  # the")}
+    assert r.node("add").source == {"file": here, "line": _line("return x + h  # the")}
+    assert r.node("x").source is None  # a graph input was made by no line
+    found = {f.kind: f.source for f in audit(r)}
+    assert found == {"autocast-cast": r.node("linear").source, "promotion": r.node("add").source}
+    # SARIF's physical locations: the path relative to the working directory, with the line.
+    doc = json.loads(sarif([r]))
+    regions = {res["ruleId"]: res["locations"][0]["physicalLocation"]
+               for res in doc["runs"][0]["results"]}  # fmt: skip
+    assert regions["promotion"] == {
+        "artifactLocation": {"uri": here},
+        "region": {"startLine": _line("return x + h  # the")},
+    }
+    # The report keeps them through JSON (a saved report's audit still has them).
+    again = Report.from_dict(json.loads(r.to_json()))
+    assert again.node("add").source == r.node("add").source
+    assert "source" not in plain.node("add").to_dict()  # reports without them read as before
+
+
+def test_source_lines_are_part_of_the_cache_key() -> None:
+    from ampgraph.pipeline import report_keys
+
+    s = [Setting.parse("amp-fp32")]
+    plain = report_keys("opt-125m", s, seq_len=8, check=False)
+    sourced = report_keys("opt-125m", s, seq_len=8, check=False, options={"sources": True})
+    assert plain != sourced
+
+
+@pytest.mark.slow
+def test_opt_sarif_points_into_transformers_modelling_code() -> None:
+    result = CliRunner().invoke(
+        main, ["--no-cache", "audit", "-s", "amp-fp32", "--no-check", "--format", "sarif"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "logical locations only" not in result.stderr  # every result has a line now
+    results = json.loads(result.stdout)["runs"][0]["results"]
+    assert len(results) == 24 + 73  # 24 promotions, 73 ops whose inputs autocast casts
+    import transformers.models.opt.modeling_opt as opt
+
+    modelling = Path(opt.__file__).resolve()
+    lines = modelling.read_text().splitlines()
+    for res in results:
+        where = res["locations"][0]["physicalLocation"]
+        assert where["artifactLocation"]["uri"] == modelling.as_uri()
+        assert 1 <= where["region"]["startLine"] <= len(lines)
+    q_proj = next(r for r in results
+                  if r["locations"][0]["logicalLocations"][0]["fullyQualifiedName"]
+                  == "model.decoder.layers.0.self_attn.q_proj/linear")  # fmt: skip
+    line = q_proj["locations"][0]["physicalLocation"]["region"]["startLine"]
+    assert "self.q_proj(hidden_states)" in lines[line - 1]

@@ -536,3 +536,84 @@ def test_cli_keep_fp32() -> None:
     ]:
         failed = invoke("diff", *args)
         assert failed.exit_code in (1, 2) and message in failed.output, failed.output
+
+
+# -- policy drift: --tables RELEASE ------------------------------------------------------------
+
+
+def norm_after_linear():  # type: ignore[no-untyped-def]
+    """A Linear's bf16 output into torch's own RMSNorm: what torch 2.12's fp32 entry changes."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RMSNorm(8))
+
+
+@needs_cuda_build
+def test_rms_norm_under_the_tables_of_torch_2_11_and_2_14() -> None:
+    import torch
+
+    from ampgraph.analysis import analyze
+
+    old, new = (
+        analyze(norm_after_linear(), "amp-fp32", args=(torch.randn(2, 8),), tables=t)
+        for t in ("2.11", "2.14")
+    )
+    a, b = old.node("rms_norm"), new.node("rms_norm")
+    # 2.11 has no entry for rms_norm: it runs in its bf16 input's dtype; 2.14 casts the input
+    # to fp32 (the weight is fp32 already).
+    assert (a.outputs, [c.node for c in a.casts]) == (["bfloat16"], [])
+    assert (b.outputs, [c.node for c in b.casts]) == (["float32"], ["linear"])
+    assert (old.versions["policy_tables"], new.versions["policy_tables"]) == ("2.11", "2.14")
+    # The older side is a prediction for 2.11: this dispatcher is 2.14's, so it is not checked.
+    assert old.check is None and "policy tables of torch 2.11" in old.capture["check_unavailable"]
+    assert new.check is not None and new.check["disagreements"] == 0
+    d = diff_reports(old, new)
+    assert [c.op for c in d.changes] == ["aten.rms_norm.default", "output"]
+    assert d.a["tables"] == "2.11" and "torch 2.11's lists" in diff_text(d).splitlines()[0]
+
+
+def test_tables_of_a_release_the_history_does_not_reach() -> None:
+    import torch
+
+    from ampgraph.analysis import analyze
+    from ampgraph.errors import SettingError
+
+    with pytest.raises(SettingError, match="reach back to torch 2.11 and up to 2.14, not 2.9"):
+        analyze(torch.nn.Linear(2, 2), "amp-fp32", args=(torch.randn(1, 2),), tables="2.9")
+    result = invoke("diff", "--tables", "2.9", "--tables", "2.14")
+    assert result.exit_code == 2 and "not 2.9" in result.output
+    result = invoke("diff", "--tables", "2.11", "--move-op", "gelu=fp32")
+    assert result.exit_code == 2 and "--tables compares two releases' lists" in result.output
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("setting", ["amp-fp32", "amp-half"])
+def test_hugging_face_llama_is_immune_to_the_rms_norm_drift(setting: str) -> None:
+    # transformers' LlamaRMSNorm computes in fp32 by hand (pow, mean, rsqrt): no aten.rms_norm.
+    result = invoke("--no-cache", "diff", "llama-tiny", "-s", setting, "--tables", "2.11",
+                    "--tables", "2.14")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[2] == "no changes in the dtype flow (202 nodes)"
+    assert lines[0].endswith("torch 2.11's lists)") and lines[1].endswith("torch 2.14's lists)")
+    assert "note: A is a prediction for torch 2.11" in result.stdout
+
+
+@needs_cuda_build
+def test_llama_with_torch_rms_norm_moves_to_fp32_between_2_11_and_2_14() -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "llama_torch_rmsnorm.py"
+    result = invoke("diff", f"{example}:build", "-s", "amp-half", "--tables", "2.11",
+                    "--tables", "2.14", "--format", "json")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    counts = data["counts"]
+    assert (counts["changed"], counts["added"], counts["removed"]) == (17, 0, 0)
+    norms = [c for c in data["changes"] if c["op"] == "aten.rms_norm.default"]
+    # The five RMSNorms: bf16 under 2.11's lists, fp32 under 2.14's (input and weight cast).
+    assert len(norms) == 5
+    assert all({"field": "outputs", "before": "bf16", "after": "fp32"} in c["fields"]
+               for c in norms)  # fmt: skip
+    # 21 casts: each norm's input and weight (10), and the fp32 result back to bf16 at the ten
+    # projections after a norm (q, k, v, gate, up in two layers) and lm_head.
+    assert (counts["casts_added"], counts["casts_removed"]) == (21, 0)
+    assert sum(len(c["casts_added"]) for c in norms) == 10

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,13 +18,14 @@ import torch
 from torch import nn
 
 from ampgraph import __version__
+from ampgraph import policy as P
 from ampgraph.annotate import annotate
-from ampgraph.capture import DRAFT_EXPORT, Capture, ModuleInfo, capture
+from ampgraph.capture import DRAFT_EXPORT, Capture, ModuleInfo, capture, keeping_stack_traces
 from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
 from ampgraph.errors import SettingError
 from ampgraph.models import ModelInputs
-from ampgraph.policy import ACTIVE_RELEASE
+from ampgraph.policy import release_in_use
 from ampgraph.records import PASSES, ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.specs import spec_tracer
@@ -36,7 +38,7 @@ def versions() -> dict[str, str]:
     out = {
         "ampgraph": __version__,
         "torch": torch.__version__,
-        "policy_tables": ACTIVE_RELEASE,
+        "policy_tables": release_in_use(),
     }
     transformers = sys.modules.get("transformers")
     if transformers is None:
@@ -46,6 +48,40 @@ def versions() -> dict[str, str]:
             transformers = None
     out["transformers"] = getattr(transformers, "__version__", "not installed")
     return out
+
+
+def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
+    """Annotate with the policy tables of torch ``release`` while it lasts (``"2.11"``; None or
+    the installed torch's release: its own). :class:`~ampgraph.errors.SettingError` for a
+    release the history does not reach.
+
+    >>> from ampgraph.policy import lookup
+    >>> with tables_of("2.11"):
+    ...     lookup("cuda", "aten::rms_norm", "")
+    """
+    if release is None:
+        return contextlib.nullcontext()
+    try:
+        name = P.release_name(release)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+    if name == P.ACTIVE_RELEASE:
+        return contextlib.nullcontext()
+    return P.tables_in_use(P.tables_for(name), name)
+
+
+def _stack_traces(sources: bool) -> contextlib.AbstractContextManager[None]:
+    return keeping_stack_traces() if sources else contextlib.nullcontext()
+
+
+def _other_tables() -> str | None:
+    """Why the check cannot judge the annotation: it read another torch release's tables."""
+    if release_in_use() == P.ACTIVE_RELEASE:
+        return None
+    return (
+        f"annotated with the policy tables of torch {release_in_use()}, a prediction for that "
+        f"release that this torch {torch.__version__}'s dispatcher cannot check"
+    )
 
 
 def module_calls(
@@ -221,7 +257,9 @@ def analyze_capture(
         raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
     import multiprocessing as mp
 
-    unavailable = dispatcher_unavailable(cap.setting.device_type) if check else None
+    unavailable = (
+        (dispatcher_unavailable(cap.setting.device_type) or _other_tables()) if check else None
+    )
     check = check and unavailable is None
     parallel = (
         check
@@ -336,6 +374,8 @@ def analyze_group(
     kwargs: dict[str, Any] | None = None,
     check: bool = True,
     tracer: str | None = None,
+    tables: str | None = None,
+    sources: bool = False,
     **options: Any,
 ) -> list[Report]:
     """Analyse one model in several settings, capturing only where a graph cannot be shared.
@@ -358,7 +398,17 @@ def analyze_group(
     model = trace(as_model_inputs(model, args, kwargs), tracer)
     if options.get("pass_", "forward") != "forward":
         # The joint graph is differentiated from each setting's own capture: nothing to share.
-        return [analyze(model, item, check=check, **options) for item in settings]
+        return [
+            analyze(model, item, check=check, tables=tables, sources=sources, **options)
+            for item in settings
+        ]
+    with tables_of(tables), _stack_traces(sources):
+        return _analyze_sharing(model, settings, check)
+
+
+def _analyze_sharing(
+    model: ModelInputs, settings: Sequence[Setting | str], check: bool
+) -> list[Report]:
     bases: list[Capture] = []
     reports = []
     for item in settings:
@@ -397,6 +447,8 @@ def analyze(
     pass_: str = "forward",
     loss: str | int | None = None,
     backward_autocast: bool = False,
+    tables: str | None = None,
+    sources: bool = False,
 ) -> Report:
     """Analyse one model in one setting.
 
@@ -413,6 +465,15 @@ def analyze(
     run outside the autocast context as PyTorch's AMP recipe does, or inside it with
     ``backward_autocast=True`` (see :mod:`ampgraph.backward`).
 
+    ``tables`` annotates with the policy tables of another torch release (``"2.11"``, back to
+    :data:`ampgraph.policy.HISTORY_FROM`; :func:`tables_of`): a prediction for that release,
+    which the installed dispatcher cannot check, so the report says it is not checked
+    (``capture.check_unavailable``). The graph is still traced by the installed torch.
+
+    ``sources`` records where in the model's code each node was made (``NodeRecord.source``,
+    file and line; what ``ampgraph audit`` shows): the capture then keeps Python stack traces,
+    which makes it slower, so it is off by default.
+
     >>> import torch
     >>> from ampgraph import analyze
     >>> r = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),))
@@ -425,10 +486,13 @@ def analyze(
     model = as_model_inputs(model, args, kwargs)
     if pass_ not in PASSES:
         raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
-    cap = capture(trace(model, tracer), setting, training=pass_ != "forward")
-    return analyze_capture(
-        cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
-    )
+    scope = tables_of(tables)  # a release the history does not reach fails before the capture
+    with _stack_traces(sources):
+        cap = capture(trace(model, tracer), setting, training=pass_ != "forward")
+    with scope:
+        return analyze_capture(
+            cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
+        )
 
 
 def as_model_inputs(

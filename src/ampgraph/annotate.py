@@ -52,6 +52,7 @@ from ampgraph.replay import (
     tensor_leaves,
 )
 from ampgraph.settings import Setting, short_dtype
+from ampgraph.sources import source_of
 from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
 
 
@@ -117,6 +118,7 @@ class AutocastAnnotator(FakeReplay):
             autocast=self.state.states[self.setting.device_type][0],
             inputs=inputs,
             trace_time_dtype=n.name in self.trace_time,
+            source=source_of(n.meta.get("stack_trace")),
             **fields,
         )
         self.records.append(rec)
@@ -283,7 +285,11 @@ class AutocastAnnotator(FakeReplay):
             if not enabled:
                 continue
             category = P.lookup(device_type, op._schema.name, op._overloadname)
-            if category is None and P.has_autocast_kernel(device_type, op.name()):
+            if (
+                category is None
+                and not P.decided(device_type, op._schema.name, op._overloadname)
+                and P.has_autocast_kernel(device_type, op.name())
+            ):
                 category = P.OPAQUE  # a kernel is there, but not one ampgraph knows
             if category is not None:
                 return category, device_type
@@ -444,7 +450,7 @@ def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
     if op.namespace == "aten":
         return (
             f"opaque autocast kernel: ATen registers an autocast kernel for {op.name()} on "
-            f"{device_type} that ampgraph's tables (torch {P.ACTIVE_RELEASE}) lack; its dtypes "
+            f"{device_type} that ampgraph's tables (torch {P.release_in_use()}) lack; its dtypes "
             "are what that kernel returned, not a prediction"
         )
     rule = P.library_rule(device_type, op.name())

@@ -40,6 +40,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ampgraph import policy as P
@@ -98,7 +99,8 @@ class Finding:
     bytes: int | None = None
     #: Kind-specific numbers (the casts and their split, a region's border casts, ...).
     details: dict[str, Any] = field(default_factory=dict)
-    #: ``{"file", "line"}`` in the model's code, where the records know it (they do not yet).
+    #: ``{"file", "line"}`` in the model's code, where the records know it (an analysis with
+    #: ``sources=True``, as ``ampgraph audit`` makes; not a report saved by ``ampgraph table``).
     source: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,7 +181,7 @@ class _Auditor:
 
     def add(self, kind: str, rec: NodeRecord, message: str, suggestion: str, **extra: Any) -> None:
         self.findings.append(Finding(kind, KINDS[kind][0], rec.name, rec.op, rec.module, message,
-                                     suggestion, **extra))  # fmt: skip
+                                     suggestion, source=rec.source, **extra))  # fmt: skip
 
     def run(self) -> list[Finding]:
         for rec in self.report.nodes:
@@ -435,12 +437,15 @@ def _summary_lines(report: Report, findings: Sequence[Finding]) -> list[str]:
 
 
 def text(report: Report, findings: Sequence[Finding] | None = None) -> str:
-    """Plain text: a heading, one line per finding with its suggestion under it, the totals."""
+    """Plain text: a heading, one line per finding with its suggestion (and its source line,
+    where the records know it) under it, the totals."""
     findings = audit(report) if findings is None else findings
     lines = [f"# audit of {_title(report)}"]
     for f in findings:
         lines.append(f"{f.severity:<7} {f.kind:<20} {f.node}: {f.message}")
         lines.append(f"{'':<28} suggestion: {f.suggestion}")
+        if f.source is not None:
+            lines.append(f"{'':<28} at {f.source['file']}:{f.source['line']}")
     return "\n".join([*lines, *_summary_lines(report, findings)])
 
 
@@ -461,6 +466,12 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _at(f: Finding) -> str:
+    """`` at `modeling_opt.py:389` `` for a finding with a source line (the file's name only:
+    the table stays narrow; text, JSON and SARIF give the path)."""
+    return f" at `{Path(f.source['file']).name}:{f.source['line']}`" if f.source else ""
+
+
 def markdown(report: Report, findings: Sequence[Finding] | None = None) -> str:
     """A Markdown section for a pull request: the totals, then a table of findings."""
     findings = audit(report) if findings is None else findings
@@ -470,7 +481,7 @@ def markdown(report: Report, findings: Sequence[Finding] | None = None) -> str:
         rows += ["", "| severity | kind | module | node | finding | suggestion |",
                  "|---|---|---|---|---|---|"]  # fmt: skip
         rows += [
-            f"| {f.severity} | {f.kind} | `{f.module or '-'}` | `{f.node}` | {_md(f.message)} "
+            f"| {f.severity} | {f.kind} | `{f.module or '-'}` | `{f.node}`{_at(f)} | {_md(f.message)} "
             f"| {_md(f.suggestion)} |"
             for f in findings
         ]
@@ -493,11 +504,11 @@ def model_file(model: str) -> str | None:
 def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_file) -> str:
     """SARIF 2.1.0 for GitHub code scanning: one run, a rule per kind, a result per finding.
 
-    Each result names its module and node as logical locations, and the file of the model's
-    code as its physical location where one is known: the records keep no source lines, so
-    that is the model's own file (``--module path/model.py:factory``, a ``config.json``), at
-    line 1. Findings of a bundled model have no file; GitHub's upload needs one, so audit such a
-    model through a file of your own (see docs/audit.md).
+    Each result names its module and node as logical locations, and a physical location where
+    one is known: the finding's source line (the records' ``source``, the model's code that made
+    the node: a path relative to the working directory where the file lies under it, else a
+    ``file://`` URI); for records without source lines (a report saved by ``ampgraph table``)
+    the model's own file (``--module path/model.py:factory``, a ``config.json``) at line 1.
     """
     results = []
     for report in reports:
@@ -508,8 +519,11 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
             ]}  # fmt: skip
             source = f.source or ({"file": artifact, "line": 1} if artifact else None)
             if source is not None:
+                file = str(source["file"])
                 location["physicalLocation"] = {
-                    "artifactLocation": {"uri": source["file"]},
+                    "artifactLocation": {
+                        "uri": Path(file).as_uri() if Path(file).is_absolute() else file
+                    },
                     "region": {"startLine": source["line"]},
                 }
             results.append({

@@ -136,14 +136,31 @@ def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
     return out
 
 
+#: Whether captures record each node's Python stack (``node.meta["stack_trace"]``), which
+#: :mod:`ampgraph.sources` reads source lines from: only while :func:`keeping_stack_traces` lasts.
+_STACK_TRACES = False
+
+
+@contextlib.contextmanager
+def keeping_stack_traces() -> Iterator[None]:
+    """Captures made while it lasts record each node's stack trace (``analyze(...,
+    sources=True)``, for audit's source lines); the others skip it (:func:`_no_stack_traces`)."""
+    global _STACK_TRACES
+    previous, _STACK_TRACES = _STACK_TRACES, True
+    try:
+        yield
+    finally:
+        _STACK_TRACES = previous
+
+
 @contextlib.contextmanager
 def _no_stack_traces() -> Iterator[None]:
-    """Skip recording a Python stack trace per node: ampgraph never reads them, and symbolising
-    them is a sixth of the trace time."""
+    """Skip recording a Python stack trace per node unless :func:`keeping_stack_traces` asks for
+    them: only audit's source lines read them, and symbolising them is a sixth of the trace time."""
     import torch.fx.config as fx_config
 
     previous = fx_config.do_not_emit_stack_traces
-    fx_config.do_not_emit_stack_traces = True
+    fx_config.do_not_emit_stack_traces = not _STACK_TRACES
     try:
         yield
     finally:

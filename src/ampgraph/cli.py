@@ -725,16 +725,22 @@ def audit(
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         reports = load_reports(report_paths)
     else:
-        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check)
+        # Source lines for the findings: the capture keeps stack traces, for audit alone.
+        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
+                           options={"sources": True})  # fmt: skip
     findings = [audit_lib.audit(r) for r in reports]
     if fmt == "json":
         click.echo(audit_lib.to_json(reports))
     elif fmt == "sarif":
         click.echo(audit_lib.sarif(reports))
-        unplaced = sorted({r.model for r in reports if audit_lib.model_file(r.model) is None})
+        unplaced = sorted({
+            r.model for r, found in zip(reports, findings, strict=True)
+            if audit_lib.model_file(r.model) is None and any(f.source is None for f in found)
+        })  # fmt: skip
         if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
-            click.echo(f"warning: {', '.join(unplaced)} names no file of model code: the results "
-                       "have logical locations only (see docs/audit.md)", err=True)  # fmt: skip
+            click.echo(f"warning: {', '.join(unplaced)}: some results have no source line and "
+                       "the model names no file of model code, so they have logical locations "
+                       "only (see docs/audit.md)", err=True)  # fmt: skip
     else:
         show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
         click.echo("\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True)))
@@ -872,6 +878,20 @@ def _pick(values: Sequence[str], label: str) -> tuple[str | None, str | None]:
     return values[0], values[-1]
 
 
+def _release(value: str | None) -> str | None:
+    """``--tables``'s value as the release whose lists it means; None for the installed torch's
+    (so that its analyses share the cache with the default's)."""
+    from ampgraph.policy import ACTIVE_RELEASE, release_name
+
+    if value is None:
+        return None
+    try:
+        release = release_name(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tables'") from None
+    return None if release == ACTIVE_RELEASE else release
+
+
 def _report_file(source: str) -> Report | None:
     """The report a source names when it is a saved ``ampgraph.report`` or baseline, else None
     (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
@@ -932,11 +952,24 @@ def _report_file(source: str) -> Report | None:
     "regions with fp32 inputs, as an fp32 wrapper would; B's region is checked against the "
     "dispatcher.",
 )  # fmt: skip
+@click.option(
+    "--tables", "tables", multiple=True, metavar="RELEASE",
+    help="Annotate with the policy tables of torch RELEASE (2.11 to 2.14; default: the installed "
+    "torch's), for A, then for B: twice to see how a model fares under two releases' autocast "
+    "lists. Another release's side is a prediction for it, not checked against this dispatcher.",
+)  # fmt: skip
+@click.option(
+    "--move-op", "move_ops", multiple=True, metavar="OP=LIST",
+    help="What if: B is A with the op OP (an ATen op such as softmax or softmax.int, or "
+    "ns::op) on another of autocast's lists of the setting's device: lower_precision_fp, fp32, "
+    "fp32_set_opt_dtype, promote or none (repeatable). For B's check the dispatcher runs, for "
+    "the preview only, an autocast kernel for OP that does what LIST does.",
+)  # fmt: skip
 @click.pass_context
 def diff_command(
     ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
     devices: tuple[str, ...], amp_dtypes: tuple[str, ...], seq_len: int, fmt: str,
-    keep_fp32: tuple[str, ...],
+    tables: tuple[str, ...], keep_fp32: tuple[str, ...], move_ops: tuple[str, ...],
 ) -> None:  # fmt: skip
     """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
 
@@ -952,6 +985,10 @@ def diff_command(
     were analysed with different policy tables (two torch releases), it says so and points to
     'ampgraph policy --since', which lists the table changes themselves.
 
+    Policy drift between torch releases: '--tables 2.11 --tables 2.14' analyses the model with
+    the autocast lists of torch 2.11 (A) and 2.14 (B), both traced by the installed torch; the
+    side whose release is not the installed one is a prediction for that release, not checked.
+
     \b
     Examples:
       ampgraph diff -s amp-fp32 -s amp-half          # OPT-125M, two settings
@@ -960,17 +997,26 @@ def diff_command(
       ampgraph diff opt-125m gpt2 -s amp-fp32
       ampgraph diff before.json after.json --format markdown > comment.md
       ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
+      ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
+      ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
     from ampgraph.diff import FORMATS, diff_reports
     from ampgraph.specs import ModelSpec
 
-    if keep_fp32:
-        a, b = _keep_fp32_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32)
+    if keep_fp32 or move_ops:
+        from ampgraph.whatif import checked_note, findings_note
+
+        if tables:
+            raise click.UsageError("--tables compares two releases' lists: preview a change "
+                                   "with the installed torch's, without --tables")  # fmt: skip
+
+        a, b = _whatif_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32, move_ops)
         result = diff_reports(a, b)
+        result.notes += [n for n in (findings_note(a, b), checked_note(b, bool(move_ops))) if n]
         click.echo(FORMATS[fmt](result))
         if b.check is not None and b.disagreements:
             raise click.ClickException(
-                f"{len(b.disagreements)} nodes of the fp32 preview disagree with the dispatcher"
+                f"{len(b.disagreements)} nodes of the preview disagree with the dispatcher"
             )
         if not result.equal:
             ctx.exit(1)
@@ -982,11 +1028,13 @@ def diff_command(
         "--setting": _pick(settings, "--setting"),
         "--device": _pick(devices, "--device"),
         "--amp-dtype": _pick(amp_dtypes, "--amp-dtype"),
+        "--tables": _pick(tables, "--tables"),
     }
+    releases = [_release(t) for t in pairs["--tables"]]
     named = [sources[0], sources[-1]] if sources else ["opt-125m", "opt-125m"]
     files = [_report_file(s) for s in dict.fromkeys(named)]
     files = [files[0], files[-1]]
-    if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes)) < 2:
+    if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes), len(tables)) < 2:
         raise click.UsageError(
             "nothing to compare: give two models or reports (A B), or an option twice, e.g. "
             "'ampgraph diff -s amp-fp32 -s amp-half'"
@@ -1007,49 +1055,61 @@ def diff_command(
         device = pairs["--device"][side] or base.get("device_type") or "cuda"
         amp = pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16"
         setting = resolve_settings([name], device, amp)[0]
+        options = {"tables": releases[side]} if releases[side] else None
         # One analysis call for both sides of one model, so the model is built once.
-        if side == 0 and files[1] is None and named[0] == named[1]:
+        if side == 0 and files[1] is None and named[0] == named[1] and len(set(releases)) == 1:
             name_b = pairs["--setting"][1] or "amp-fp32"
             setting_b = resolve_settings(
                 [name_b], pairs["--device"][1] or "cuda", pairs["--amp-dtype"][1] or "bf16"
             )[0]
             reports = analysed(ModelSpec(named[0]), [setting, setting_b], device, amp, seq_len,
-                               check=False)  # fmt: skip
+                               check=False, options=options)  # fmt: skip
             break
         reports[side] = analysed(ModelSpec(named[side]), [setting], device, amp, seq_len,
-                                 check=False)[0]  # fmt: skip
+                                 check=False, options=options)[0]  # fmt: skip
     a, b = reports
     assert a is not None and b is not None
     result = diff_reports(a, b)
+    for label, release in zip("AB", releases, strict=True):
+        if release and files["AB".index(label)] is None:
+            import torch
+
+            result.notes.append(
+                f"{label} is a prediction for torch {release}: annotated with its autocast lists "
+                f"on a graph traced by this torch {torch.__version__}, and not checked against "
+                "a dispatcher"
+            )
     click.echo(FORMATS[fmt](result))
     if not result.equal:
         ctx.exit(1)
 
 
-def _keep_fp32_pair(
+def _whatif_pair(
     sources: Sequence[str], settings: Sequence[str], devices: Sequence[str],
-    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str],
+    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str], moves: Sequence[str],
 ) -> tuple[Report, Report]:  # fmt: skip
-    """``diff --keep-fp32``: one model in one setting, as it is (A) and with the modules kept in
-    fp32 (B). Never cached: the preview is the point, and a pattern is no model identity."""
+    """``diff --keep-fp32`` / ``--move-op``: one model in one setting, as it is (A) and with the
+    change (B). Never cached: the preview is the point, and a change is no model identity."""
     from ampgraph.specs import ModelSpec
-    from ampgraph.whatif import preview_keep_fp32
+    from ampgraph.whatif import preview
 
+    what = "--keep-fp32" if patterns else "--move-op"
     if len(sources) > 1 or max(len(settings), len(devices), len(amp_dtypes)) > 1:
-        raise click.UsageError("--keep-fp32 compares one model in one setting with itself: give "
+        raise click.UsageError(f"{what} compares one model in one setting with itself: give "
                                "one MODEL and each option once")  # fmt: skip
     if sources and _report_file(sources[0]) is not None:
-        raise click.UsageError("--keep-fp32 needs a model to analyse, not a saved report")
+        raise click.UsageError(f"{what} needs a model to analyse, not a saved report")
     setting = resolve_settings(
         [settings[0] if settings else "amp-fp32"],
         devices[0] if devices else "cuda",
         amp_dtypes[0] if amp_dtypes else "bf16",
     )[0]
     if not setting.autocast:
-        raise click.BadParameter(f"{setting.name} has no autocast to disable: use amp-fp32 or "
+        change = "to disable" if patterns else "whose lists to change"
+        raise click.BadParameter(f"{setting.name} has no autocast {change}: use amp-fp32 or "
                                  "amp-half", param_hint="'--setting'")  # fmt: skip
     spec = ModelSpec(sources[0]) if sources else ModelSpec("opt-125m")
-    return preview_keep_fp32(spec, setting, patterns, seq_len=seq_len, force=forced())
+    return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=forced())
 
 
 @main.group(name="baseline")

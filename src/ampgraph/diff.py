@@ -318,6 +318,10 @@ def describe(side: dict[str, Any]) -> str:
     >>> describe({"model": "m", "setting": {"name": "fp32", "device_type": "cuda",
     ...           "autocast": False, "amp_dtype": "bfloat16", "param_dtype": "float32"}})
     'm fp32 (no autocast, parameters fp32)'
+    >>> describe({"model": "m", "tables": "2.11", "setting": {"name": "amp-fp32",
+    ...           "device_type": "cuda", "autocast": True, "amp_dtype": "bfloat16",
+    ...           "param_dtype": "float32"}})
+    "m amp-fp32 (autocast cuda bf16, parameters fp32, torch 2.11's lists)"
     """
     s = side.get("setting") or {}
     amp = (
@@ -326,6 +330,8 @@ def describe(side: dict[str, Any]) -> str:
         else "no autocast"
     )
     extra = "" if side.get("pass", "forward") == "forward" else f", {side['pass']} pass"
+    if side.get("tables"):  # set where the two sides' policy tables differ
+        extra += f", torch {side['tables']}'s lists"
     params = short_dtype(s.get("param_dtype"))
     return f"{side.get('model')} {s.get('name')} ({amp}, parameters {params}{extra})"
 
@@ -356,6 +362,7 @@ def diff_reports(a: Report, b: Report) -> ReportDiff:
         result.changes += diff_nodes(a.backward.nodes, b.backward.nodes, "backward")
     ta, tb = a.versions.get("policy_tables"), b.versions.get("policy_tables")
     if ta and tb and ta != tb:
+        result.a["tables"], result.b["tables"] = ta, tb
         older = min(ta, tb, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
         result.notes.append(
             f"the policy tables differ (torch {ta} → {tb}): 'ampgraph policy --since {older}' "

@@ -105,6 +105,9 @@ class NodeRecord:
     #: Each output's shape (None for a non-tensor output), where the annotator recorded them;
     #: None in reports written before shapes were kept. ``ampgraph audit`` reads bytes from them.
     shapes: list[list[int] | None] | None = None
+    #: ``{"file", "line"}`` in the model's code where the node was made, in analyses that asked
+    #: for source lines (``analyze(..., sources=True)``, :mod:`ampgraph.sources`); else None.
+    source: dict[str, Any] | None = None
 
     @property
     def out_dtype(self) -> str | None:
@@ -124,7 +127,7 @@ class NodeRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["casts"] = [c.to_dict() for c in self.casts]
-        for key in ("not_analysed", "forward", "shapes"):
+        for key in ("not_analysed", "forward", "shapes", "source"):
             if data[key] is None:
                 del data[key]  # reports of fully analysed forward graphs read as before
         return data

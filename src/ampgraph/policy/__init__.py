@@ -19,8 +19,10 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Final
@@ -277,6 +279,29 @@ def tables_for(version: str) -> dict[str, dict[str, tuple[str, ...]]]:
     return {device: {cat: tuple(e) for cat, e in table.items()} for device, table in out.items()}
 
 
+def release_name(version: str) -> str:
+    """``version`` as a release whose lists :func:`tables_for` reproduces (``"2.11.0"`` ->
+    ``"2.11"``); :class:`ValueError` in one line for one it does not.
+
+    >>> release_name("2.12.1")
+    '2.12'
+    >>> release_name("2.9")
+    Traceback (most recent call last):
+    ...
+    ValueError: ampgraph's tables reach back to torch 2.11 and up to 2.14, not 2.9
+    """
+    try:
+        release = _release(version)
+    except ValueError:
+        raise ValueError(f"{version!r} is no torch release: give one such as 2.11") from None
+    if not _release(HISTORY_FROM) <= release <= _release(TABLE_TORCH_VERSION):
+        raise ValueError(
+            f"ampgraph's tables reach back to torch {HISTORY_FROM} and up to "
+            f"{TABLE_TORCH_VERSION}, not {version}"
+        )
+    return "{}.{}".format(*release)
+
+
 def installed_torch() -> str:
     """The installed torch's version, read from its metadata (this module never imports torch)."""
     try:
@@ -309,16 +334,110 @@ ACTIVE_RELEASE: Final = "{}.{}".format(
 )
 
 
-def _index() -> dict[tuple[str, str], str]:
-    index: dict[tuple[str, str], str] = {}
-    for device_type, table in ACTIVE_TABLES.items():
+#: What a table says about one entry: a category, or None for "no policy" (an entry another
+#: release's lists or a what-if move took off every list).
+Tables = Mapping[str, Mapping[str, tuple[str, ...]]]
+
+
+def _index(
+    tables: Tables = ACTIVE_TABLES, known: Tables | None = None
+) -> dict[tuple[str, str], str | None]:
+    """(device type, entry) -> category for every entry of ``tables``; entries that ``known``
+    lists and ``tables`` does not map to None: their absence is a decision, not ignorance."""
+    index: dict[tuple[str, str], str | None] = {}
+    for device_type, table in (known or {}).items():
+        for entries in table.values():
+            index.update(((device_type, entry), None) for entry in entries)
+    for device_type, table in tables.items():
         for category, entries in table.items():
             for entry in entries:
                 index[(device_type, entry)] = category
     return index
 
 
-_INDEX: Final = _index()
+#: The lists :func:`lookup` reads: the installed torch's, unless :func:`tables_in_use` says else.
+_INDEX: dict[tuple[str, str], str | None] = _index()
+_RELEASE_IN_USE: str = ACTIVE_RELEASE
+#: Every index that was in use, kept alive so that ``id(_INDEX)`` (a cache key in
+#: :mod:`ampgraph.annotate`) never names two different tables.
+_USED: list[dict[tuple[str, str], str | None]] = [_INDEX]
+
+
+def release_in_use() -> str:
+    """The torch release whose lists :func:`lookup` reads now (reports record it).
+
+    >>> release_in_use() == ACTIVE_RELEASE
+    True
+    """
+    return _RELEASE_IN_USE
+
+
+@contextlib.contextmanager
+def tables_in_use(tables: Tables, release: str) -> Iterator[None]:
+    """Read ``tables`` (another release's, :func:`tables_for`; or moved ones, :func:`moved`)
+    instead of the installed torch's while it lasts; ``release`` is what reports record.
+
+    An entry the installed torch lists and ``tables`` does not has no policy: the annotator does
+    not mistake the installed dispatcher's kernel for it for an unknown one (:func:`decided`).
+
+    >>> with tables_in_use(tables_for("2.11"), "2.11"):
+    ...     lookup("cuda", "aten::rms_norm", ""), release_in_use()
+    (None, '2.11')
+    >>> lookup("cuda", "aten::rms_norm", "")
+    'fp32'
+    """
+    global _INDEX, _RELEASE_IN_USE
+    previous = _INDEX, _RELEASE_IN_USE
+    _INDEX, _RELEASE_IN_USE = _index(tables, ACTIVE_TABLES), release
+    _USED.append(_INDEX)
+    try:
+        yield
+    finally:
+        _INDEX, _RELEASE_IN_USE = previous
+
+
+def current_tables() -> dict[str, dict[str, tuple[str, ...]]]:
+    """The lists :func:`lookup` reads now, as tables (what :func:`moved` moves entries in).
+
+    >>> "layer_norm" in current_tables()["cuda"][FP32]
+    True
+    """
+    out: dict[str, dict[str, list[str]]] = {}
+    for (device_type, entry), category in _INDEX.items():
+        if category is not None:
+            out.setdefault(device_type, {}).setdefault(category, []).append(entry)
+    return {d: {c: tuple(e) for c, e in table.items()} for d, table in out.items()}
+
+
+#: Where :func:`moved` can put an entry: the lists whose rule a preview can apply to any op, and
+#: none (off every list).
+MOVE_TARGETS: Final = (LOWER_PRECISION_FP, FP32, FP32_SET_OPT_DTYPE, PROMOTE, "none")
+
+
+def moved(
+    tables: Tables, device_type: str, moves: Mapping[str, str]
+) -> dict[str, dict[str, tuple[str, ...]]]:
+    """``tables`` with each entry of ``moves`` (``{"softmax.int": "lower_precision_fp"}``) taken
+    off ``device_type``'s lists and put on the one it names (``"none"``: on none).
+
+    >>> t = moved(TABLES, "cuda", {"softmax.int": LOWER_PRECISION_FP, "layer_norm": "none"})
+    >>> "softmax.int" in t["cuda"][LOWER_PRECISION_FP], "softmax.int" in t["cuda"][FP32_SET_OPT_DTYPE]
+    (True, False)
+    >>> any("layer_norm" in entries for entries in t["cuda"].values())
+    False
+    """
+    out = {device: {cat: list(entries) for cat, entries in table.items()}
+           for device, table in tables.items()}  # fmt: skip
+    lists = out.setdefault(device_type, {})
+    for entry, target in moves.items():
+        if target not in MOVE_TARGETS:
+            raise ValueError(f"cannot move {entry} to {target!r}: use one of {MOVE_TARGETS}")
+        for entries in lists.values():
+            while entry in entries:
+                entries.remove(entry)
+        if target != "none":
+            lists.setdefault(target, []).append(entry)
+    return {device: {cat: tuple(e) for cat, e in table.items()} for device, table in out.items()}
 
 
 def entry_name(schema_name: str, overload: str) -> str:
@@ -332,16 +451,34 @@ def lookup(device_type: str, schema_name: str, overload: str) -> str | None:
 
     ATen ops read the tables. Ops of other libraries have a category only where the installed
     dispatcher has an autocast kernel for them (:func:`library_rule`): the rule of a wrapper
-    ampgraph knows, ``register_autocast``'s, or :data:`OPAQUE`.
+    ampgraph knows, ``register_autocast``'s, or :data:`OPAQUE`; a what-if move of such an op
+    (``ns::op`` in :func:`moved`'s tables) comes first.
 
     >>> lookup("cuda", "aten::softmax", "int"), lookup("cuda", "aten::softmax", "Dimname")
     ('fp32_set_opt_dtype', None)
     """
     if not schema_name.startswith("aten::"):
         name = f"{schema_name}.{overload}" if overload and overload != "default" else schema_name
+        if (device_type, name) in _INDEX:
+            return _INDEX[(device_type, name)]
         rule = library_rule(device_type, name)
         return rule.category if rule is not None else None
     return _INDEX.get((device_type, entry_name(schema_name, overload)))
+
+
+def decided(device_type: str, schema_name: str, overload: str) -> bool:
+    """Whether the lists in use decide the op themselves, no policy included: False only for an
+    op they do not mention, whose autocast kernel (if the dispatcher has one) is then unknown.
+
+    >>> decided("cuda", "aten::linear", ""), decided("cuda", "aten::relu", "")
+    (True, False)
+    """
+    name = (
+        entry_name(schema_name, overload)
+        if schema_name.startswith("aten::")
+        else (f"{schema_name}.{overload}" if overload and overload != "default" else schema_name)
+    )
+    return (device_type, name) in _INDEX
 
 
 @dataclass(frozen=True)
@@ -400,7 +537,7 @@ def has_autocast_kernel(device_type: str, op_name: str) -> bool:
     (True, False)
     """
     if op_name.startswith("aten::"):
-        return _has_aten_kernel(device_type, op_name)  # ATen's registrations never change
+        return _has_aten_kernel(device_type, op_name)  # cached: see registrations_changed
     return _has_kernel(device_type, op_name)
 
 
@@ -419,6 +556,12 @@ def _has_kernel(device_type: str, op_name: str) -> bool:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op_name, key))
     except RuntimeError:  # an op the dispatcher has no entry for (prim::device)
         return False
+
+
+def registrations_changed() -> None:
+    """Forget what :func:`has_autocast_kernel` remembered of ATen's registrations, after code
+    that registers autocast kernels for a while (:func:`ampgraph.whatif.moved_kernels`)."""
+    _has_aten_kernel.cache_clear()
 
 
 def kernel_site(device_type: str, op_name: str) -> str | None:
