@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from reuse_matrix import COST_HINT, vision_model, vision_models  # noqa: E402
+from reuse_matrix import COST_HINT, vision_model, vision_models
 
 SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
 AMP_DTYPES = ("bf16", "fp16")
@@ -91,7 +91,9 @@ def run_model(job: tuple[str, tuple[str, ...]]) -> Row:
                     )
                     why = difference(mine, reports["export"])
                     if why is not None:
-                        row.differences.append(f"{device} {short_dtype(setting.amp_dtype)} {s}: {why}")
+                        row.differences.append(
+                            f"{device} {short_dtype(setting.amp_dtype)} {s}: {why}"
+                        )
     except Exception as exc:  # noqa: BLE001 - report it in the table, don't stop the matrix
         row.failure = f"{type(exc).__name__}: {exc}"
     return row
@@ -126,8 +128,10 @@ def markdown(rows: Sequence[Row], total: float, devices: Sequence[str]) -> str:
             f"{exp:.0f} s (export); total {total:.0f} s wall."
         ),
         "",
-        "| model | analyses | nodes | equal | disagreements | capture s make-fx / export | "
-        "methods |",
+        (
+            "| model | analyses | nodes | equal | disagreements | capture s make-fx / export "
+            "| methods |"
+        ),
         "|---|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:

@@ -50,10 +50,12 @@ MODELS: dict[str, tuple[str, str, tuple[int, ...]]] = {
     "r3d_18": ("torchvision.video", "r3d_18", (1, 3, 8, 112, 112)),
     # Two frames in; its correlation lookup is cuDNN's grid sampler on CUDA.
     "raft_small": ("torchvision.optical_flow", "raft_small", (1, 3, 128, 128)),
-    # A list of images in; batched NMS has outputs whose size depends on the data.
+    # A list of images in; batched NMS has outputs whose size depends on the data, and the
+    # forward branches on it: traced along the path seeded random values take.
     "fasterrcnn_mobilenet_v3_large_320_fpn": (
         "torchvision.detection", "fasterrcnn_mobilenet_v3_large_320_fpn", (3, 320, 320),
     ),
+    "fasterrcnn_resnet50_fpn": ("torchvision.detection", "fasterrcnn_resnet50_fpn", (3, 320, 320)),
     "timm/vit_small_patch16_224": ("timm", "vit_small_patch16_224", (1, 3, 224, 224)),
     "timm/convnext_atto": ("timm", "convnext_atto", (1, 3, 224, 224)),
     "timm/efficientnet_b0": ("timm", "efficientnet_b0", (1, 3, 224, 224)),
@@ -141,7 +143,8 @@ def run_model(name: str) -> Row:
             cell.disagreements = check.get("disagreements", 0)
             cell.not_analysed = check.get("not_analysed", 0)
             ours = hook_lines(report)
-            eager = eager_hook_lines(inputs, setting)
+            # A detector's eager run takes the path its capture took on data (sizes only).
+            eager = eager_hook_lines(inputs, setting, report.capture.get("unbacked_values"))
             matcher = difflib.SequenceMatcher(a=ours, b=eager, autojunk=False)
             cell.hooks = max(len(ours), len(eager))
             cell.hooks_agree = sum(block.size for block in matcher.get_matching_blocks())
@@ -182,7 +185,10 @@ def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
             "the eager model's own forward hooks on fake CUDA tensors running the real autocast "
             "kernels (`ampgraph.hooks.eager_hook_lines`): agreeing lines / lines, summed. *not "
             "analysed* counts nodes that need a GPU driver even on fake tensors. 0 disagreements "
-            "and every hook line agreeing is the acceptance."
+            "and every hook line agreeing is the acceptance. The detectors branch on sizes that "
+            "depend on data (after NMS): each is traced along the path seeded random values take "
+            "(`capture.data_dependent` lists the branches; their other sides are not analysed), "
+            "and the eager run is given the same sizes so that it takes that path too."
         ),
         "",
         (

@@ -16,6 +16,7 @@ from ampgraph.models import ModelInputs, load_model
 from ampgraph.reads import annotation_difference
 from ampgraph.records import Report
 from ampgraph.settings import Setting
+
 from .test_fidelity import BiasedConv
 from .test_tracers import run
 
@@ -111,7 +112,9 @@ def test_a_model_that_raises_in_its_setting_is_traced_again() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "setting"), [("opt-125m", "amp-fp32"), ("llama-tiny", "amp-half")])
+@pytest.mark.parametrize(
+    ("name", "setting"), [("opt-125m", "amp-fp32"), ("llama-tiny", "amp-half")]
+)
 def test_bundled_models_node_for_node(name: str, setting: str) -> None:
     assert_same(_both(load_model(name), setting))
 
@@ -120,7 +123,9 @@ def test_the_default_and_the_option() -> None:
     model = ModelInputs("lin", nn.Linear(4, 4), (torch.randn(2, 4),))
     assert capture(model, Setting.parse("amp-fp32")).method == MAKE_FX
     assert capture(trace(model, "export"), Setting.parse("amp-fp32")).method == EXPORT
-    code, out = run("table", "--tracer", "export", "llama-tiny", "-s", "amp-fp32", "--format", "json")
+    code, out = run(
+        "table", "--tracer", "export", "llama-tiny", "-s", "amp-fp32", "--format", "json"
+    )
     assert code == 0 and '"method": "export"' in out
     code, out = run("table", "--help")
     assert code == 0 and "make-fx" in out

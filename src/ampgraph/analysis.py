@@ -20,7 +20,14 @@ from torch import nn
 from ampgraph import __version__
 from ampgraph import policy as P
 from ampgraph.annotate import annotate
-from ampgraph.capture import DRAFT_EXPORT, Capture, ModuleInfo, capture, keeping_stack_traces
+from ampgraph.capture import (
+    DATA_PATH_METHODS,
+    NO_TENSOR,
+    Capture,
+    ModuleInfo,
+    capture,
+    keeping_stack_traces,
+)
 from ampgraph.check import check as run_check
 from ampgraph.check import dispatcher_unavailable
 from ampgraph.errors import SettingError
@@ -123,9 +130,12 @@ def module_calls(
         for inp in rec.inputs:
             used_by.setdefault(inp["node"], set()).add(rec.name)
 
-    def hook_io(path: str, index: int) -> tuple[NodeRecord | None, NodeRecord | None]:
+    def hook_names(path: str, index: int) -> tuple[str | None, str | None]:
         io = module_io.get(path, [])
-        hook_in, hook_out = io[index] if index < len(io) else (None, None)
+        return io[index] if index < len(io) else (None, None)
+
+    def hook_io(path: str, index: int) -> tuple[NodeRecord | None, NodeRecord | None]:
+        hook_in, hook_out = hook_names(path, index)
         return by_name.get(hook_in or ""), by_name.get(hook_out or "")
 
     calls: list[tuple[tuple[str, int], ModuleCall]] = []
@@ -155,6 +165,12 @@ def module_calls(
             in_dtype = hook_in.out_dtype
         if hook_out is not None:
             out_rec = hook_out
+        # What the hook sees is no tensor: it prints None, whatever tensors the call used.
+        in_name, out_name = hook_names(info.path, index)
+        if in_name == NO_TENSOR:
+            in_dtype = None
+        if out_name == NO_TENSOR:
+            out_rec = None
         calls.append((
             (info.path, index),
             ModuleCall(
@@ -285,7 +301,11 @@ def analyze_capture(
             "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
             "dtype_branches": cap.dtype_branches,
             # Branches decided on data values while tracing (draft-export): the path analysed.
-            **({"data_dependent": cap.data_dependent} if cap.method == DRAFT_EXPORT else {}),
+            **(
+                {"data_dependent": cap.data_dependent, "unbacked_values": cap.unbacked_values}
+                if cap.method in DATA_PATH_METHODS
+                else {}
+            ),
             # Why the check asked for did not run (a CPU-only torch and --device cuda).
             **({"check_unavailable": unavailable} if unavailable else {}),
             # The setting whose trace this is, proven to be the one this setting would give.

@@ -43,6 +43,7 @@ from ampgraph.torchutil import (
     simulated_cuda_amp,
     swapped_tensors,
     torch_dtype,
+    unbacked_values,
 )
 
 EXPORT = "export"
@@ -63,6 +64,21 @@ EXPORT_RETYPED = "export-retyped"
 #: parameters and no autocast; each branch on data is decided as those values decide it (listed
 #: in :attr:`Capture.data_dependent`), then replayed in the setting like ``export-retyped``.
 DRAFT_EXPORT = "draft-export"
+#: A forward that branches on data, traced in its setting like ``export`` (fake tensors of the
+#: setting's device and dtypes, autocast on), with each size that depends on data given the value
+#: the ``draft-export`` run found for it: every branch on data is decided as that run decided it
+#: (:attr:`Capture.data_dependent`), and every dtype the code reads at trace time is the
+#: setting's own, which a retyped fp32 trace cannot give (a detector's anchors follow its
+#: feature maps' dtype). Where that trace raises (the ``half`` setting's first layer), the
+#: ``draft-export`` graph is replayed instead.
+EXPORT_DATA_PATH = "export-data-path"
+#: Every method that decides branches on data (the report lists the branches).
+DATA_PATH_METHODS = (DRAFT_EXPORT, EXPORT_DATA_PATH)
+
+
+#: In :attr:`Capture.module_io`: the hook's value is no tensor (a detector's ``transform`` takes a
+#: list of images and returns an ``ImageList``), so its hook prints ``None``; not "unknown".
+NO_TENSOR = ""
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,8 @@ class Capture:
     modules: dict[str, ModuleInfo]
     trace_time_dtype_nodes: list[str] = field(default_factory=list)
     #: leaf-module path -> per call, the graph nodes of its first input and first output (as a
-    #: forward hook's ``inp[0]`` and ``out[0]``), or None where a value is not a graph node.
+    #: forward hook's ``inp[0]`` and ``out[0]``), None where a value is not a graph node, and
+    #: :data:`NO_TENSOR` where it is no tensor at all (the hook prints ``None``).
     module_io: dict[str, list[tuple[str | None, str | None]]] = field(default_factory=dict)
     #: Where the tracer decided a branch on a dtype at its own trace time (see GraphForward).
     dtype_branches: list[str] = field(default_factory=list)
@@ -100,6 +117,9 @@ class Capture:
     #: (``boxes.py:103 if boxes.numel() == 0: Eq(4*u1, 0) decided False``): the graph is the path
     #: those example values take, and the other side of each is not analysed.
     data_dependent: list[str] = field(default_factory=list)
+    #: The value each data-dependent size took on that path, by symbol (``{"u1": 1000}``):
+    #: what :func:`ampgraph.torchutil.unbacked_values` gives another tracer (the eager hooks) to follow it too.
+    unbacked_values: dict[str, int] = field(default_factory=dict)
     #: Where each of the graph's outputs sits in what the model returns: ``logits``, ``0``,
     #: ``past_key_values.0.1`` (a backward pass picks the output its loss reduces by it).
     output_paths: list[str] = field(default_factory=list)
@@ -388,7 +408,7 @@ class ModuleIORecorder:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.calls: dict[str, list[list[fx.Node | None]]] = {}
+        self.calls: dict[str, list[list[fx.Node | str | None]]] = {}
         #: (path, call index, graph size when the call began or None, whether it added no node)
         self.order: list[list[Any]] = []
         self._handles: list[Any] = []
@@ -402,13 +422,17 @@ class ModuleIORecorder:
         return len(graph.nodes) if graph is not None else None
 
     @staticmethod
-    def _node_of(value: Any) -> fx.Node | None:
+    def _node_of(value: Any) -> fx.Node | str | None:
+        """The node of what a hook prints for ``value`` (its first item if a tuple or list, as
+        :func:`ampgraph.hooks.first_dtype` reads it); :data:`NO_TENSOR` if that is no tensor."""
         from torch.fx.experimental import proxy_tensor
 
         if isinstance(value, (tuple, list)) and value:
             value = value[0]
+        if not isinstance(value, torch.Tensor):
+            return NO_TENSOR
         mode = proxy_tensor.get_proxy_mode()
-        if mode is None or not isinstance(value, torch.Tensor):
+        if mode is None:
             return None
         try:
             return proxy_tensor.get_proxy_slot(value, mode.tracer).proxy.node
@@ -421,7 +445,8 @@ class ModuleIORecorder:
                 continue
 
             def pre(_mod: nn.Module, args: tuple[Any, ...], path: str = path) -> None:
-                first = self._node_of(args[0]) if args else None
+                # The hook's ``inp[0]`` is args[0] itself: a list of images is no tensor.
+                first = self._node_of(args) if args else None
                 calls = self.calls.setdefault(path, [])
                 self.order.append([path, len(calls), self._graph_size(), False])
                 calls.append([first, None])
@@ -444,9 +469,9 @@ class ModuleIORecorder:
         final = {n.name: n for n in gm.graph.nodes}
         final_placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
 
-        def name(node: fx.Node | None) -> str | None:
-            if node is None:
-                return None
+        def name(node: fx.Node | str | None) -> str | None:
+            if node is None or isinstance(node, str):
+                return node
             if node.op == "placeholder":
                 traced = [n for n in node.graph.nodes if n.op == "placeholder"]
                 index = traced.index(node)
@@ -479,8 +504,8 @@ def _runtime_asserts(gm: fx.GraphModule, fake_mode: FakeTensorMode) -> None:
         _node_metadata_hook,
         _set_node_metadata_hook,
     )
-    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
     from torch.fx._utils import first_call_function_nn_module_stack
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
     shape_env = fake_mode.shape_env
     if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
@@ -622,12 +647,19 @@ def _describe(failure: Any) -> str:
     )
 
 
-def _draft_export(model: ModelInputs) -> tuple[Traced, list[str]]:
-    """Trace along the path seeded random values take (see :data:`DRAFT_EXPORT`)."""
+def _draft_export(
+    model: ModelInputs,
+) -> tuple[Traced, list[str], dict[str, int]]:
+    """Trace along the path seeded random values take (see :data:`DRAFT_EXPORT`); also the value
+    each data-dependent size took there, by symbol name (``{"u1": 1000}``)."""
     generator = torch.Generator().manual_seed(0)
 
     def make_param(t: torch.Tensor) -> torch.Tensor:
         real = _real_like(t, generator)
+        if real.is_floating_point() and not isinstance(t, nn.Parameter):
+            # Buffers hold statistics such as a batch norm's running variance: a negative one
+            # makes the whole forward NaN, and every branch on data then takes its empty side.
+            real = real.abs()
         return real.float() if real.is_floating_point() else real  # fp32: a neutral trace
 
     args, kwargs = pytree.tree_map_only(
@@ -637,7 +669,9 @@ def _draft_export(model: ModelInputs) -> tuple[Traced, list[str]]:
     )
     from torch.fx.experimental import _config as fx_config
 
+    values: dict[str, int] = {}
     with (
+        _recording_unbacked_values(values),
         swapped_tensors(model.module, make_param),
         warnings.catch_warnings(),
         quiet_logging(),
@@ -652,7 +686,27 @@ def _draft_export(model: ModelInputs) -> tuple[Traced, list[str]]:
     report = getattr(program, "_report", None)
     failures = list(getattr(report, "failures", []) or [])
     traced = Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
-    return traced, list(dict.fromkeys(_describe(f) for f in failures))
+    return traced, list(dict.fromkeys(_describe(f) for f in failures)), values
+
+
+@contextlib.contextmanager
+def _recording_unbacked_values(values: dict[str, int]) -> Iterator[None]:
+    """Note in ``values`` the real value of each data-dependent size as a tracer learns it
+    (some are then replaced by constants, so the finished program no longer lists them)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    original = ShapeEnv.set_real_tensor_prop_unbacked_vals
+
+    def record(self: ShapeEnv, k: Any, v: Any) -> None:
+        original(self, k, v)
+        if getattr(v, "is_integer", False) or isinstance(v, int):
+            values.setdefault(str(k), int(v))
+
+    ShapeEnv.set_real_tensor_prop_unbacked_vals = record  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShapeEnv.set_real_tensor_prop_unbacked_vals = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -691,6 +745,7 @@ def capture(
     method = engine
     trace_in_setting = ENGINES[engine]
     data_dependent: list[str] = []
+    unbacked: dict[str, int] = {}
     recorder = ModuleIORecorder(model.module)
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
     reads: TraceReads | None = TraceReads()
@@ -702,15 +757,35 @@ def capture(
                         model, setting.device_type, param_dtype, setting, reads
                     )
                 except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
-                    if not _branches_on_data(exc):
-                        program = _retrace_neutral(model, setting, recorder, exc, reads, engine)
-                        method = EXPORT_RETYPED
-                    else:
+                    on_data = _branches_on_data(exc)
+                    if not on_data:
+                        try:
+                            program = _retrace_neutral(model, setting, recorder, exc, reads, engine)
+                            method = EXPORT_RETYPED
+                        except Exception as again:  # the same rule again
+                            # The half setting of a detector: its first layer raises, and the
+                            # neutral trace then stops where the forward branches on data.
+                            if again is exc or not _branches_on_data(again):
+                                raise
+                            on_data = True
+                    if on_data:
                         recorder.calls.clear()
                         recorder.order.clear()
-                        program, data_dependent = _draft_export(model)
+                        program, data_dependent, unbacked = _draft_export(model)
                         method = DRAFT_EXPORT
-                        reads = None  # traced on real values: this graph serves its setting only
+                        reads = None  # traced on data values: this graph serves its setting only
+                        draft = (program, dict(recorder.calls), list(recorder.order))
+                        recorder.calls.clear()
+                        recorder.order.clear()
+                        try:
+                            with unbacked_values(unbacked):
+                                program = _export(model, setting.device_type, param_dtype, setting)
+                            method = EXPORT_DATA_PATH
+                        except Exception:  # noqa: BLE001 - it raises in its setting: the draft
+                            program, calls, order = draft
+                            recorder.calls.clear()
+                            recorder.calls.update(calls)
+                            recorder.order[:] = order
             else:
                 method = EXPORT_META_REPLAY
                 reads = None  # traced without autocast: the same graph for the whole group
@@ -740,6 +815,8 @@ def capture(
     gm = program.graph_module
     if method in (EXPORT_RETYPED, DRAFT_EXPORT):
         _retype_parameters(gm, kinds, param_dtype)
+    if method not in DATA_PATH_METHODS:
+        unbacked = {}
     return Capture(
         model_name=model.name,
         setting=setting,
@@ -748,11 +825,14 @@ def capture(
         method=method if tracer == EXPORT else f"{tracer}+{method}",
         input_kinds=kinds,
         modules=module_table(model.module),
-        trace_time_dtype_nodes=_dtype_constant_nodes(gm) if method not in IN_SETTING else [],
+        trace_time_dtype_nodes=(
+            _dtype_constant_nodes(gm) if method not in (*IN_SETTING, EXPORT_DATA_PATH) else []
+        ),
         module_io=recorder.resolve(gm),
         call_order=recorder.call_order(),
         dtype_branches=list(dtype_branches),
         data_dependent=data_dependent,
+        unbacked_values=unbacked,
         output_paths=output_paths(program.out_spec),
         training=training,
         tied=tied_parameters(model.module),

@@ -43,6 +43,7 @@ from ampgraph.torchutil import (
     simulated_cuda_amp,
     swapped_tensors,
     torch_dtype,
+    unbacked_values,
 )
 
 
@@ -57,7 +58,9 @@ def _line(path: str, in_dtype: str | None, tail: str) -> str:
     return f"[{path}] in={'torch.' + in_dtype if in_dtype else 'None'} -> {tail}"
 
 
-def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
+def eager_hook_lines(
+    model: ModelInputs, setting: Setting, unbacked: dict[str, int] | None = None
+) -> list[str]:
     """Run ``model`` eagerly in ``setting`` on fake tensors; the hook line of every leaf call.
 
     Parameters and buffers are fake tensors in the setting's parameter dtype (what
@@ -66,6 +69,11 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
     run, as it would the notebook's: its line is ``[path] in=... -> error: <first line>``. Fake
     kernels skip some dtype checks of the real ones; those are raised as the real kernels do
     (:data:`ampgraph.strict.STRICT_CHECKS`, proven on the CPU against real runs).
+
+    Fake tensors have no values, so a branch on a data-dependent size (``if boxes.numel() ==
+    0`` after NMS) ends the run as ``not analysed``, unless ``unbacked`` gives each such size a
+    value (a report's ``capture["unbacked_values"]``): the run then takes the path the capture
+    took. Only sizes come from there; every dtype is still the eager kernels' own.
     """
     fake = fake_mode()
     device = setting.device_type
@@ -118,6 +126,7 @@ def eager_hook_lines(model: ModelInputs, setting: Setting) -> list[str]:
             torch.no_grad(),
             autocast,
             simulated_cuda_amp(device),
+            unbacked_values(unbacked or {}),
             warnings.catch_warnings(),
             quiet_logging(),
         ):

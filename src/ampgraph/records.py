@@ -16,8 +16,10 @@ JSON schema ``ampgraph.report`` version 2 (fields are added, never renamed, with
   replay path), and module paths where the tracer decided a Python branch on a dtype once, in
   fp32 (``hf-fx``; empty for ``export``, which traces every setting); ``check_unavailable``, only
   where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``);
-  ``data_dependent``, only for method ``draft-export`` (a forward that branches on data values,
-  traced on seeded random values): each branch taken on data, whose other side is not analysed;
+  ``data_dependent`` and ``unbacked_values``, only for methods ``export-data-path`` and
+  ``draft-export`` (a forward that branches on data values, traced along the path seeded random
+  values take): each branch taken on data, whose other side is not analysed, and the value each
+  data-dependent size (``u0``, ``u1``, ...) took on that path;
   ``graph_of``, where the graph was captured in another setting and proven to be the one this
   setting's capture would give (:mod:`ampgraph.reads`); ``not_shared``, where a graph of the same
   parameter dtype was not, and why.

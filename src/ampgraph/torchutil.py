@@ -58,10 +58,19 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
     """Temporarily replace every parameter and buffer of ``module`` by ``make(tensor)``.
 
     Tied parameters (OPT's lm_head and embed_tokens) stay tied: each distinct tensor is made once.
-    The originals come back on exit, so a user's module is left as it was.
+    The originals come back on exit, so a user's module is left as it was. So do tensors a
+    module keeps as plain attributes, which its forward may replace: torchvision's
+    ``AnchorGenerator`` moves ``self.cell_anchors`` to each call's device and dtype, and a fake
+    CUDA run left fake tensors there that broke the next capture.
     """
     made: dict[int, torch.Tensor] = {}
     saved: list[tuple[nn.Module, str, str, torch.Tensor]] = []
+    attributes = [
+        (mod, name, value)
+        for mod in module.modules()
+        for name, value in vars(mod).items()
+        if _holds_tensors(value)
+    ]
     try:
         for mod in module.modules():
             for store in ("_parameters", "_buffers"):
@@ -80,6 +89,15 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
     finally:
         for mod, store, name, tensor in saved:
             getattr(mod, store)[name] = tensor
+        for mod, name, value in attributes:
+            vars(mod)[name] = value
+
+
+def _holds_tensors(value: Any) -> bool:
+    """A tensor, or a list or tuple of them (not a parameter or buffer: those live apart)."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(isinstance(v, torch.Tensor) for v in value)
+    return isinstance(value, torch.Tensor)
 
 
 @contextlib.contextmanager
@@ -144,6 +162,37 @@ def fake_mode() -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
 
 
+@contextlib.contextmanager
+def unbacked_values(values: dict[str, int]) -> Iterator[None]:
+    """Give each data-dependent size a tracer makes (``u0``, ``u1``, ...) the value in ``values``.
+
+    The shape environment then decides a branch on such a size as those values decide it, and
+    records the decision as a runtime assertion, as ``draft_export`` does with real tensors;
+    here the tensors can stay fake, in any device and dtype.
+
+    >>> with fake_mode() as mode, unbacked_values({"u0": 3}):
+    ...     kept = mode.from_tensor(torch.ones(5)).nonzero()
+    ...     print("empty" if kept.shape[0] == 0 else "kept")
+    kept
+    """
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    original = ShapeEnv.create_unbacked_symint
+
+    def create(self: ShapeEnv, *args: Any, **kwargs: Any) -> torch.SymInt:
+        symbol = original(self, *args, **kwargs)
+        value = values.get(str(symbol.node.expr))
+        if value is not None:
+            self.set_real_tensor_prop_unbacked_vals(symbol.node.expr, value)
+        return symbol
+
+    ShapeEnv.create_unbacked_symint = create  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShapeEnv.create_unbacked_symint = original  # type: ignore[method-assign]
+
+
 __all__ = [
     "autocast_state",
     "can_trace_fake",
@@ -154,4 +203,5 @@ __all__ = [
     "simulated_cuda_amp",
     "swapped_tensors",
     "torch_dtype",
+    "unbacked_values",
 ]
