@@ -39,9 +39,19 @@ def library_dirs() -> tuple[str, ...]:
 
 def _shown(path: str) -> str:
     """``path`` relative to the working directory where it lies under it (a repository's own
-    model code, as SARIF wants it), else as it is."""
+    model code, as SARIF wants it), else as it is: also an installed package's code in a virtual
+    environment inside the working directory, which is no file of the repository's.
+
+    >>> _shown(str(Path.cwd() / "models" / "net.py"))
+    'models/net.py'
+    >>> _shown(str(Path.cwd() / ".venv/lib/python3.11/site-packages/transformers/x.py")).startswith("/")
+    True
+    """
+    resolved = Path(path).resolve()
+    if "site-packages" in resolved.parts or "dist-packages" in resolved.parts:
+        return path
     try:
-        return Path(path).resolve().relative_to(Path.cwd()).as_posix()
+        return resolved.relative_to(Path.cwd()).as_posix()
     except ValueError:
         return path
 
