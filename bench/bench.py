@@ -2,7 +2,8 @@
 """ampgraph's speed budgets, measured as cold processes on this machine.
 
 Runs each case as a fresh Python process, several times, and prints a table of the median wall
-time and the peak resident memory of each, with the ratios the budgets are written in:
+time and the peak memory of each (PSS summed over the process and the workers it forks: a page
+they share is counted once), with the ratios the budgets are written in:
 
 * ``ampgraph cold``: ``ampgraph render`` of OPT-125M in the four settings, with the dispatcher
   check, into a fresh output folder, with an empty cache;
@@ -102,8 +103,22 @@ class Case:
         return max(self.rss_mb)
 
 
-def tree_rss_mb(root: int) -> float:
-    """Resident memory of a process and all its descendants, summed, from /proc."""
+def _pss_bytes(pid: int) -> int | None:
+    """A process's proportional set size: its private pages plus its share of pages it shares
+    (a forked worker shares most of its parent's), so that a tree's sum counts each page once."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def tree_memory_mb(root: int) -> float:
+    """Memory of a process and all its descendants, from /proc: their PSS summed (each shared
+    page counted once; summed RSS would count the pages a forked worker shares with its parent
+    once per process), or their RSS where a kernel has no smaps_rollup."""
     parents: dict[int, int] = {}
     rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -123,7 +138,11 @@ def tree_rss_mb(root: int) -> float:
             if ppid == parent and pid not in tree:
                 tree.add(pid)
                 frontier.append(pid)
-    return sum(rss.get(pid, 0) for pid in tree) / 2**20
+    total = 0
+    for pid in tree:
+        pss = _pss_bytes(pid)
+        total += pss if pss is not None else rss.get(pid, 0)
+    return total / 2**20
 
 
 def children_cpu() -> float:
@@ -135,8 +154,8 @@ def children_cpu() -> float:
 def run(
     cmd: list[str], env: dict[str, str] | None = None, stdout: bool = False
 ) -> tuple[float, float, float, str]:
-    """Run a cold process; return its wall seconds, the peak summed RSS (MB) of it and the
-    worker processes it forks, sampled every 20 ms, its CPU seconds with theirs, and its output
+    """Run a cold process; return its wall seconds, the peak memory (MB, :func:`tree_memory_mb`)
+    of it and the worker processes it forks, sampled every 20 ms, its CPU seconds with theirs, and its output
     (when ``stdout``)."""
     cpu_before = children_cpu()
     start = time.perf_counter()
@@ -144,7 +163,7 @@ def run(
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE)
     peak = 0.0
     while proc.poll() is None:
-        peak = max(peak, tree_rss_mb(proc.pid))
+        peak = max(peak, tree_memory_mb(proc.pid))
         time.sleep(0.02)
     wall = time.perf_counter() - start
     cpu = children_cpu() - cpu_before
