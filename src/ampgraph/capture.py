@@ -307,6 +307,7 @@ def _make_fx(
     from torch._export.passes.replace_set_grad_with_hop_pass import replace_set_grad_with_hop_pass
     from torch._export.utils import _compiling_state_context, placeholder_naming_pass
     from torch.export import graph_signature as sig
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.nn.utils.stateless import _reparametrize_module
@@ -338,7 +339,12 @@ def _make_fx(
         forward._orig_mod = module  # type: ignore[attr-defined] # make_fx's module-stack root
         # Model code that asks torch.compiler.is_exporting() (transformers' mask builders)
         # takes export's path, as under export.
-        with fake_mode, enable_python_dispatcher(), _compiling_state_context():
+        with (
+            fake_mode,
+            enable_python_dispatcher(),
+            _compiling_state_context(),
+            _use_lazy_graph_module(True),  # see below: nothing runs its code
+        ):
             gm = make_fx(forward, record_module_stack=True, pre_dispatch=True)(*state, *flat_inputs)
 
     _runtime_asserts(gm, fake_mode)
@@ -374,8 +380,12 @@ def _make_fx(
     ]
     signature = sig.ExportGraphSignature(inputs, outputs)
     constants = lift_constants_pass(gm, signature, ConstantAttrMap())
-    gm, signature = replace_set_grad_with_hop_pass(gm, signature)
-    gm, signature = replace_autocast_with_hop_pass(gm, signature)
+    # The region passes split the graph and inline it back, recompiling its Python code each
+    # time (a tenth of a second per recompile for a 70B-shaped graph); nothing here runs that
+    # code, so each module compiles only if something calls it.
+    with _use_lazy_graph_module(True):
+        gm, signature = replace_set_grad_with_hop_pass(gm, signature)
+        gm, signature = replace_autocast_with_hop_pass(gm, signature)
     # The region passes share meta dicts between graphs: rename each dict once (the old one is
     # kept alive here, so that its id is not reused while this runs).
     renamed: dict[int, tuple[Any, dict[str, Any]]] = {}
