@@ -212,7 +212,9 @@ PROFILE_ORDER = (
     "import ampgraph (no torch)", "import torch", "import ampgraph's analysis",
     "import the model's code (transformers)", "build the model on meta",
     "capture", "annotate", "annotate (+ proof a graph is shared)",
-    "check (dispatcher)", "module view", "diagram source", "layout (dot)", "other",
+    "check (dispatcher)", "joint trace (forward + loss + backward)", "backward records",
+    "check of the backward (dispatcher)", "module view", "diagram source", "layout (dot)",
+    "other",
 )  # fmt: skip
 
 

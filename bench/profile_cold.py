@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default="opt-125m")
     parser.add_argument("-s", "--setting", action="append", help="default: the four")
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--pass", dest="pass_", default="forward",
+                        choices=("forward", "backward", "train"), help="as ampgraph render's")  # fmt: skip
     args = parser.parse_args()
     phases = Phases()
 
@@ -115,14 +117,23 @@ def main() -> None:
     phases.wrap(reads, "serves", "annotate (+ proof a graph is shared)")
     phases.wrap(analysis, "run_check", "check (dispatcher)")
     phases.wrap(analysis, "module_calls", "module view")
+    if args.pass_ != "forward":
+        from ampgraph import backward, backward_check
+
+        phases.wrap(backward, "trace_joint", "joint trace (forward + loss + backward)")
+        phases.wrap(backward, "backward_section", "backward records")
+        phases.wrap(backward_check, "check_backward", "check of the backward (dispatcher)")
     phases.wrap(files, "run_dot", "layout (dot)")
     phases.wrap(files, "diagram", "diagram source")
     phases.wrap(files, "overview_diagram", "diagram source")
     del capture
     with phases.phase("other"):
-        reports = analysis.analyze_many(model, settings, check=not args.no_check, workers=1)
+        options = {} if args.pass_ == "forward" else {"pass_": args.pass_}
+        reports = analysis.analyze_many(
+            model, settings, check=not args.no_check, workers=1, **options
+        )
         with tempfile.TemporaryDirectory() as out:
-            files.render_files(reports, out)
+            files.render_files(reports, out, pass_=args.pass_)
     total_wall = time.perf_counter() - START_WALL
     total_cpu = time.process_time() + children_cpu()  # the interpreter's start-up included
     shared = sum(1 for r in reports if (r.capture or {}).get("graph_of"))
@@ -138,6 +149,7 @@ def main() -> None:
     json.dump(
         {
             "model": args.model,
+            "pass": args.pass_,
             "settings": [s.name for s in settings],
             "captures": phases.calls.get("capture", 0),
             "shared": shared,

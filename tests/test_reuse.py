@@ -241,6 +241,34 @@ def test_bundled_models_annotate_as_fresh(spec: str) -> None:
             assert rep.check is not None and rep.check["disagreements"] == 0
 
 
+def train_compare(module: nn.Module | str, args: tuple = (), **options: object) -> list[dict]:
+    """A training step on a shared graph against a fresh capture's, in the four settings: the
+    forward's annotation, the dispatcher's verdicts, and the whole backward section (joint graph
+    records, gradients, saved tensors, its check) equal. Returns each report's capture."""
+    shared = analyze_group(module, settings(), args=args, pass_="train", **options)
+    for setting, rep in zip(settings(), shared):
+        fresh = analyze(module, setting, args=args, pass_="train", **options)
+        assert annotation_difference(rep, fresh) is None, setting.name
+        assert rep.check == fresh.check, setting.name
+        assert rep.backward is not None and fresh.backward is not None
+        assert rep.backward.to_dict() == fresh.backward.to_dict(), setting.name
+        if not rep.backward.skipped:  # (half raises: fp32 input, 16-bit weights)
+            assert rep.backward.check is not None and rep.backward.check["disagreements"] == 0
+    return [rep.capture for rep in shared]
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["outside", "backward_autocast"])
+def test_a_training_step_on_a_shared_graph_is_the_fresh_captures(inside: bool) -> None:
+    captures = train_compare(model("llama-tiny"), backward_autocast=inside)
+    assert [c.get("graph_of") for c in captures] == [None, None, "half", "fp32"]
+
+
+def test_a_training_step_is_refused_a_graph_whose_reads_differ() -> None:
+    captures = train_compare(EagerAttention(), X)
+    assert "graph_of" not in captures[3]
+    assert captures[3]["not_shared"].startswith("fp32's graph: dtype at linear read float32")
+
+
 def test_jobs_group_settings_that_may_share_and_split_for_idle_cores() -> None:
     eight = settings("cuda", "bf16") + settings("cuda", "fp16")
     assert plan_jobs(eight, 2) == [[0, 3, 4, 7], [1, 2], [5, 6]]

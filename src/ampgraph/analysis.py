@@ -404,7 +404,9 @@ def analyze_group(
     type and parameter dtype wherever :func:`shared_capture` proves it is the graph its own
     capture would give, and is captured afresh otherwise. A shared graph's report says whose it
     is (``capture.graph_of``); a refused one why (``capture.not_shared``). Same arguments as
-    :func:`analyze`; a training step (``pass_`` other than ``forward``) captures every setting.
+    :func:`analyze`. A training step (``pass_`` other than ``forward``) shares its training-mode
+    graph alike: the joint graph is differentiated from the forward graph and the setting alone,
+    so a graph proven to be the one a fresh capture would give yields the fresh capture's step.
 
     >>> import torch
     >>> from ampgraph import Setting
@@ -416,19 +418,17 @@ def analyze_group(
     if isinstance(model, str):
         tracer = tracer or spec_tracer(model)
     model = trace(as_model_inputs(model, args, kwargs), tracer)
-    if options.get("pass_", "forward") != "forward":
-        # The joint graph is differentiated from each setting's own capture: nothing to share.
-        return [
-            analyze(model, item, check=check, tables=tables, sources=sources, **options)
-            for item in settings
-        ]
+    pass_ = options.get("pass_", "forward")
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
     with tables_of(tables), _stack_traces(sources):
-        return _analyze_sharing(model, settings, check)
+        return _analyze_sharing(model, settings, check, options)
 
 
 def _analyze_sharing(
-    model: ModelInputs, settings: Sequence[Setting | str], check: bool
+    model: ModelInputs, settings: Sequence[Setting | str], check: bool, options: dict[str, Any]
 ) -> list[Report]:
+    training = options.get("pass_", "forward") != "forward"
     bases: list[Capture] = []
     reports = []
     for item in settings:
@@ -444,11 +444,11 @@ def _analyze_sharing(
                     refused = f"{base.setting.name}'s graph: {shared}"
                 continue
             cap, records = shared
-            reports.append(analyze_capture(cap, check=check, records=records))
+            reports.append(analyze_capture(cap, check=check, records=records, **options))
             break
         else:
-            cap = capture(model, setting)
-            report = analyze_capture(cap, check=check)
+            cap = capture(model, setting, training=training)
+            report = analyze_capture(cap, check=check, **options)
             if refused:
                 report.capture["not_shared"] = refused
             reports.append(report)
