@@ -10,6 +10,11 @@ imports torch at module level, so any torch works)::
     PYTHONPATH=/tmp/torch212:src python scripts/policy_history.py dump \\
         > tests/data/policy/torch-2.12.json
 
+A release whose default wheel is built for CUDA 12 (2.6 to 2.10) does not import with the CUDA
+13 libraries of a newer torch's environment: install the ``nvidia-*-cu12`` packages its metadata
+names (``Requires-Dist``; one set serves every CUDA 12 release) into a second side directory and
+put it after the torch one, ``PYTHONPATH=/tmp/torch210:/tmp/cu12:src``. No GPU is needed.
+
 ``dump`` prints ``{"torch": VERSION, "tables": {device: {category: [entry, ...]}}}`` for the
 ``cuda`` and ``cpu`` autocast keys. Which ops are listed is the dispatcher's: every ``aten`` op
 with a kernel on ``AutocastCUDA``/``AutocastCPU``. The category is not in the registrations, so
@@ -18,8 +23,12 @@ recorded release that lists it (no category has changed between the releases rec
 else that of its other overloads (``prod.dim_Dimname`` as ``prod.dim_int``; said on stderr);
 an entry left without one is printed under ``"unknown"``. Check both kinds against that
 release's ``aten/src/ATen/autocast_mode.cpp`` (``KERNEL_CUDA(op, fp32)`` and so on) and fix
-the dump by hand where they differ. ``dump`` also checks, with fake tensors, that every one-tensor op in
-the fp32 list returns fp32 under autocast, and fails when one does not.
+the dump by hand where they differ. The CUDA lists are also in the wheel itself: the
+``AT_FORALL_*`` macros of ``torch/include/ATen/autocast_mode.h`` (the .cpp adds
+``cudnn_convolution``, ``cudnn_convolution_transpose`` and the banned ``binary_cross_entropy``;
+``_cudnn_rnn`` is in ``cudnn/AutocastRNN.cpp``); the CPU lists are only in the .cpp. ``dump``
+also checks, with fake tensors, that every one-tensor op in the fp32 list returns fp32 under
+autocast, and fails when one does not.
 
 ``rows OLDER.json NEWER.json`` prints the ``TABLE_HISTORY`` rows (as Python tuples, newest
 release first) that take OLDER's lists to NEWER's; paste them into ``TABLE_HISTORY`` above the

@@ -954,7 +954,7 @@ def _report_file(source: str) -> Report | None:
 )  # fmt: skip
 @click.option(
     "--tables", "tables", multiple=True, metavar="RELEASE",
-    help="Annotate with the policy tables of torch RELEASE (2.11 to 2.14; default: the installed "
+    help="Annotate with the policy tables of torch RELEASE (2.6 to 2.14; default: the installed "
     "torch's), for A, then for B: twice to see how a model fares under two releases' autocast "
     "lists. Another release's side is a prediction for it, not checked against this dispatcher.",
 )  # fmt: skip

@@ -217,7 +217,8 @@ TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
 #: For an older installed torch the changes of every newer release are undone, so the tables match
 #: the dispatcher of the torch that runs (tests/test_policy.py proves it for the one installed, and
 #: proves every release back to :data:`HISTORY_FROM` against the dump of its own dispatcher in
-#: tests/data/policy/). ``scripts/policy_history.py`` dumps a release and prints its rows.
+#: tests/data/policy/). ``scripts/policy_history.py`` dumps a release and prints its rows. No row
+#: is older than 2.12: torch 2.6 to 2.11 register the same lists (their dumps are identical).
 TABLE_HISTORY: Final[tuple[tuple[str, str, str, str, str], ...]] = (
     ("2.14", "cuda", FP32, "linalg_matrix_sqrth", "added"),
     ("2.14", "cpu", FP32, "linalg_matrix_sqrth", "added"),
@@ -239,9 +240,9 @@ TABLE_HISTORY: Final[tuple[tuple[str, str, str, str, str], ...]] = (
 #: registers ``_cudnn_rnn`` for CUDA only where torch was built with cuDNN.
 CUDNN_ONLY: Final[tuple[tuple[str, str, str], ...]] = (("cuda", FP16, "_cudnn_rnn"),)
 
-#: The oldest release whose lists :func:`tables_for` reproduces: the history below reaches back
-#: to it (tests/test_policy.py proves each release from 2.11 on against its dispatcher's dump).
-HISTORY_FROM: Final = "2.11"
+#: The oldest release whose lists :func:`tables_for` reproduces: the history above reaches back
+#: to it (tests/test_policy.py proves each release from 2.6 on against its dispatcher's dump).
+HISTORY_FROM: Final = "2.6"
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -285,10 +286,10 @@ def release_name(version: str) -> str:
 
     >>> release_name("2.12.1")
     '2.12'
-    >>> release_name("2.9")
+    >>> release_name("2.5")
     Traceback (most recent call last):
     ...
-    ValueError: ampgraph's tables reach back to torch 2.11 and up to 2.14, not 2.9
+    ValueError: ampgraph's tables reach back to torch 2.6 and up to 2.14, not 2.5
     """
     try:
         release = _release(version)
