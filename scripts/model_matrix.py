@@ -139,9 +139,9 @@ def markdown(rows: Sequence[Row], total: float) -> str:
         "# Bundled models against the dispatcher",
         "",
         (
-            "Every bundled model (`ampgraph models`) captured with torch.export and checked node "
-            "by node against PyTorch's dispatcher in the seed's four settings (fp32, half, "
-            "amp-half, amp-fp32), for both autocast dtypes and both device types: 16 checked "
+            "Every bundled model (`ampgraph models`) captured (`--tracer make-fx`: torch.export's "
+            "graph) and checked node by node against PyTorch's dispatcher in the seed's four "
+            "settings (fp32, half, amp-half, amp-fp32), for both autocast dtypes and both device types: 16 checked "
             "analyses per model. Each device/dtype column gives the disagreements summed over the "
             "four settings; *nodes* is the graph size (it varies by setting where casts are traced "
             "in), *compared* the node checks summed over all 16 analyses, *captures* how many of "
