@@ -31,7 +31,7 @@ from typing import Any
 from ampgraph.diff import ReportDiff, diff_reports
 from ampgraph.errors import AmpgraphError
 from ampgraph.records import PLACEHOLDER_KINDS, Cast, NodeRecord, Report
-from ampgraph.specs import DEFAULT_TRACER
+from ampgraph.specs import DEFAULT_TRACER, bundled_key
 
 SCHEMA = "ampgraph.baseline"
 SCHEMA_VERSION = 1
@@ -199,13 +199,18 @@ def refuse_other(baseline: Baseline, model: str, setting: dict[str, Any], where:
 
     >>> b = read_baseline(baseline_text(Report("m", {"name": "fp32"}, {}, {}, [], [])))
     >>> refuse_other(b, "m", {"name": "fp32"}, "b.json")
+    >>> refuse_other(read_baseline(baseline_text(Report("opt-125m", {"name": "fp32"}, {}, {}, [], []))),
+    ...              "OPT", {"name": "fp32"}, "b.json")  # an alias names the same model
     >>> refuse_other(b, "gpt2", {"name": "fp32"}, "b.json")
     Traceback (most recent call last):
     ...
     ampgraph.baseline.BaselineError: b.json is the baseline of m fp32, not of gpt2 fp32: check it without MODEL and --setting, or write another baseline
     """
     mine = baseline.report
-    if str(model) not in (mine.model, baseline.spec) or dict(setting) != mine.setting:
+    # An alias (``opt``) or another spelling (``OPT-125M``) of a bundled name is the same model.
+    known = {mine.model, baseline.spec} | {bundled_key(n) for n in (mine.model, baseline.spec)}
+    same_model = str(model) in known or bundled_key(str(model)) in known
+    if not same_model or dict(setting) != mine.setting:
         raise BaselineError(
             f"{where} is the baseline of {mine.model} {mine.setting.get('name')}, not of "
             f"{model} {setting.get('name')}: check it without MODEL and --setting, or write "
