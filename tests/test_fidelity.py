@@ -54,6 +54,31 @@ def test_leaves_that_run_no_op_are_listed_as_their_hooks_print_them(name: str) -
         assert paths == ["norm", "fc", "drop_path", "norm", "head"]
 
 
+class NoTensorLeaves(nn.Module):
+    """No-op leaves fed a list or a number: a hook prints None for what is no tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.pair = nn.Identity()
+        self.scale = nn.Identity()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, x = self.pair([self.fc(x), x])
+        s = self.scale(2.0)
+        return self.head(y + x) * s
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_leaves_fed_no_tensor_are_listed_and_later_calls_still_print(name: str) -> None:
+    model = ModelInputs("no-tensor", NoTensorLeaves().eval(), (torch.randn(2, 8),))
+    lines = _agree(model, Setting.parse(name))
+    if name != "half":  # half raises at fc: fp32 input, bf16 weight
+        assert [line.split("]")[0][1:] for line in lines] == ["fc", "pair", "scale", "head"]
+        assert lines[2] == "[scale] in=None -> out=None"
+
+
 def test_verify_compares_the_identity_leaves_too() -> None:
     from ampgraph.verify import verify
 

@@ -193,8 +193,10 @@ def module_calls(
             continue
         info = modules.get(path)
         rec_in, rec_out = hook_io(path, index)
-        if info is None or rec_out is None:
-            continue  # returned no traced tensor: nothing a hook line could name
+        # A call that returns no tensor at all (``nn.Identity()(3)``) still prints its line,
+        # ``out=None``; one that returns a tensor the trace does not know cannot be named.
+        if info is None or (rec_out is None and hook_names(path, index)[1] != NO_TENSOR):
+            continue
         after.setdefault(previous, []).append(
             ModuleCall(
                 path=path,
@@ -202,8 +204,9 @@ def module_calls(
                 bases=list(info.bases),
                 call=f"{path}@{index}" if index else path,
                 in_dtype=rec_in.out_dtype if rec_in is not None else None,
-                out_dtype=rec_out.out_dtype,
+                out_dtype=rec_out.out_dtype if rec_out is not None else None,
                 nodes=[],
+                returns_tensor=rec_out is not None,
             )
         )
     ordered = list(after.pop(None, []))

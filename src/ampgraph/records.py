@@ -152,6 +152,9 @@ class ModuleCall:
     in_dtype: str | None
     out_dtype: str | None
     nodes: list[str]
+    #: False for a call that returns no tensor at all (``nn.Identity()(3)``): its ``out`` is
+    #: None because the hook prints None, not because the forward stopped before it.
+    returns_tensor: bool = True
 
     def hook_line(self) -> str:
         """The seed notebook's hook line: ``[path] in=torch.float32 -> out=torch.bfloat16``."""
@@ -165,6 +168,8 @@ class ModuleCall:
         data = asdict(self)
         data["in"] = data.pop("in_dtype")
         data["out"] = data.pop("out_dtype")
+        if data["returns_tensor"]:
+            del data["returns_tensor"]  # the usual case; reports stay as they were
         return data
 
     @classmethod

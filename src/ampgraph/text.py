@@ -51,8 +51,8 @@ def call_error(report: Report, call: ModuleCall) -> str | None:
 
 def _not_run(report: Report, call: ModuleCall) -> bool:
     """The forward stopped before this call: an earlier node raised."""
-    if not call.nodes:
-        return call.out_dtype is None
+    if not call.nodes:  # a call that ran no op: it ran if what it returned was computed
+        return call.out_dtype is None and call.returns_tensor
     return all(report.node(name).skipped for name in call.nodes)
 
 
