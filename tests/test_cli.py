@@ -109,7 +109,7 @@ def test_malformed_config_and_unknown_architecture(tmp_path: Path) -> None:
 def test_untraceable_model_is_one_line() -> None:
     code, out = run("table", "tests.factories:leaves_torch", "-s", "fp32")
     assert code == 1
-    assert out.startswith("Error: torch.export could not trace")
+    assert out.startswith("Error: make_fx could not trace")  # the default capture's tracer
     assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
 
 

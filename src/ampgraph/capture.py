@@ -806,8 +806,9 @@ def capture(
     except CaptureError:
         raise
     except Exception as exc:  # export raises many types; all mean "this model did not trace"
+        by = "make_fx" if engine == MAKE_FX and method != EXPORT_META_REPLAY else "torch.export"
         raise CaptureError(
-            f"torch.export could not trace {model.name!r}: {_first_line(exc)} "
+            f"{by} could not trace {model.name!r}: {_first_line(exc)} "
             "(make the forward traceable, or pass example inputs it accepts)"
         ) from exc
     kinds: dict[str, tuple[str, str]] = {}
