@@ -153,6 +153,60 @@ def test_a_model_that_raises_while_tracing_is_reported_at_its_node(device: str) 
     assert report.check["disagreements"] == 0
 
 
+class Spectrum(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(x, dim=-1).abs()
+
+
+class SpectrumFirst(nn.Module):
+    """Reads its weights' dtype while tracing; the CPU FFT has no 16-bit kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.spec = Spectrum()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.spec(x.to(self.fc.weight.dtype)))
+
+
+class LayerFirst(SpectrumFirst):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).sum() + self.spec(x.to(self.fc.weight.dtype)).sum()
+
+
+def test_a_kernel_without_the_dtype_is_an_error_at_its_node_not_a_failed_capture() -> None:
+    """``Unsupported dtype BFloat16`` (NotImplementedError) is the model's error, as a dtype
+    mismatch is: the first layer's error is reported where it is, as the eager run raises it."""
+    model = ModelInputs("layer-first", LayerFirst(), (torch.randn(3, 4, 4),))
+    lines = _agree(model, Setting.parse("half", device_type="cpu"))
+    assert len(lines) == 1 and lines[0].startswith("[fc] in=torch.float32 -> error: mat1 and")
+
+
+def test_a_retyped_prediction_that_runs_past_the_raise_is_a_disagreement() -> None:
+    """The forward raises at the FFT of ``x.to(weight.dtype)`` in the half setting; the graph
+    traced with fp32 parameters holds fp32 there and runs on. Never a silent pass."""
+    model = ModelInputs("spectrum-first", SpectrumFirst(), (torch.randn(3, 4, 4),))
+    setting = Setting.parse("half", device_type="cpu")
+    assert eager_hook_lines(model, setting) == [
+        "[spec] in=torch.bfloat16 -> error: Unsupported dtype BFloat16"
+    ]
+    report = analyze(model, setting)
+    assert report.capture["raised_in_setting"] == {
+        "error": "NotImplementedError: Unsupported dtype BFloat16",
+        "calls_begun": 1,
+        "call": ["spec", 0],
+    }
+    assert report.check["disagreements"] == 1
+    (rec,) = report.disagreements
+    assert rec.module == "spec" and rec.check["dispatcher"]["error"].endswith("BFloat16")
+    assert "a dtype the model reads while tracing (to" in rec.check["note"]
+
+
 def test_export_pre_dispatch_dtypes_are_a_note_not_a_disagreement() -> None:
     """upsample_bilinear2d.vec is traced in bf16 at pre-dispatch; the kernels give fp32."""
 

@@ -29,7 +29,7 @@ from ampgraph.capture import (
     keeping_stack_traces,
 )
 from ampgraph.check import check as run_check
-from ampgraph.check import dispatcher_unavailable
+from ampgraph.check import dispatcher_unavailable, hold_to_the_raise
 from ampgraph.errors import SettingError
 from ampgraph.models import ModelInputs
 from ampgraph.policy import release_in_use
@@ -319,6 +319,9 @@ def analyze_capture(
         check=summary,
         pass_=pass_,
     )
+    if cap.raised_in_setting is not None:
+        report.capture["raised_in_setting"] = cap.raised_in_setting
+        hold_to_the_raise(cap.raised_in_setting, report)
     if pass_ != "forward":
         from ampgraph.backward import backward_section, trace_joint
 

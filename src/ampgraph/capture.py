@@ -134,6 +134,11 @@ class Capture:
     #: The setting the graph was traced in, where it serves another setting (see
     #: :func:`ampgraph.analysis.analyze_group`); None for a graph traced in its own setting.
     graph_of: str | None = None
+    #: Where the forward raised when traced in its own setting, for a graph traced again with
+    #: fp32 parameters (``export-retyped``): the error, how many leaf calls had begun, and the
+    #: innermost leaf call open when it raised (``[path, index]``, or None). A prediction that
+    #: runs past that point without an error contradicts it (see :mod:`ampgraph.check`).
+    raised_in_setting: dict[str, Any] | None = None
 
 
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
@@ -421,6 +426,8 @@ class ModuleIORecorder:
         self.calls: dict[str, list[list[fx.Node | str | None]]] = {}
         #: (path, call index, graph size when the call began or None, whether it added no node)
         self.order: list[list[Any]] = []
+        #: The leaf calls begun and not yet returned: where a trace that raises stopped.
+        self.open: list[tuple[str, int]] = []
         self._handles: list[Any] = []
 
     @staticmethod
@@ -459,10 +466,13 @@ class ModuleIORecorder:
                 first = self._node_of(args) if args else None
                 calls = self.calls.setdefault(path, [])
                 self.order.append([path, len(calls), self._graph_size(), False])
+                self.open.append((path, len(calls)))
                 calls.append([first, None])
 
             def post(_mod: nn.Module, _args: Any, out: Any, path: str = path) -> None:
                 self.calls[path][-1][1] = self._node_of(out)
+                if self.open and self.open[-1][0] == path:
+                    self.open.pop()
                 entry = next(e for e in reversed(self.order) if e[0] == path)
                 size = self._graph_size()
                 entry[3] = size is not None and entry[2] == size
@@ -490,6 +500,14 @@ class ModuleIORecorder:
             return node.name if match is not None and match.target == node.target else None
 
         return {path: [(name(i), name(o)) for i, o in calls] for path, calls in self.calls.items()}
+
+    def raised(self, exc: BaseException) -> dict[str, Any]:
+        """Where a trace that raised ``exc`` stopped (see :attr:`Capture.raised_in_setting`)."""
+        return {
+            "error": _first_line(exc),
+            "calls_begun": len(self.order),
+            "call": list(self.open[-1]) if self.open else None,
+        }
 
     def call_order(self) -> list[tuple[str, int, bool]]:
         """Every leaf call in order, and whether it added no graph node (see Capture)."""
@@ -560,11 +578,16 @@ ENGINES = {MAKE_FX: _make_fx, EXPORT: _export}
 
 
 def _raised_by_a_kernel(exc: BaseException) -> bool:
-    """Whether export failed because an op raised (a dtype error), not because of tracing."""
+    """Whether export failed because an op raised (a dtype error), not because of tracing.
+
+    Kernels raise plain ``RuntimeError`` for mismatched dtypes and ``NotImplementedError`` for
+    a dtype they have no kernel for (the CPU FFT's "Unsupported dtype BFloat16"); the tracers'
+    own failures are subclasses of these (data-dependent guards, dynamic output shapes).
+    """
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if type(exc) is RuntimeError:
+        if type(exc) in (RuntimeError, NotImplementedError):
             return True
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return False
@@ -589,6 +612,7 @@ def _retrace_neutral(
         raise exc
     recorder.calls.clear()
     recorder.order.clear()
+    recorder.open.clear()
     if reads is not None:
         reads.clear()  # the failed trace's reads are not this graph's
     return ENGINES[engine](model, setting.device_type, torch.float32, None, reads)
@@ -756,6 +780,7 @@ def capture(
     trace_in_setting = ENGINES[engine]
     data_dependent: list[str] = []
     unbacked: dict[str, int] = {}
+    raised: dict[str, Any] | None = None
     recorder = ModuleIORecorder(model.module)
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
     reads: TraceReads | None = TraceReads()
@@ -769,6 +794,7 @@ def capture(
                 except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
                     on_data = _branches_on_data(exc)
                     if not on_data:
+                        raised = recorder.raised(exc)
                         try:
                             program = _retrace_neutral(model, setting, recorder, exc, reads, engine)
                             method = EXPORT_RETYPED
@@ -848,6 +874,7 @@ def capture(
         training=training,
         tied=tied_parameters(model.module),
         reads=reads.resolved(gm) if reads is not None else None,
+        raised_in_setting=raised if method == EXPORT_RETYPED else None,
     )
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 from ampgraph.capture import IN_SETTING, Capture
-from ampgraph.records import NodeRecord
+from ampgraph.records import NodeRecord, Report
 from ampgraph.replay import (
     Failed,
     FakeReplay,
@@ -196,6 +196,52 @@ def check(
     if not_analysed:
         summary["not_analysed"] = not_analysed
     return summary
+
+
+def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
+    """Count a prediction that runs past where the forward raised in its setting.
+
+    A forward that raised when traced in its setting was traced again with fp32 parameters and
+    replayed in the setting (``export-retyped``). Where the model reads a dtype while tracing
+    (``x.to(self.weight.dtype)``), the replayed graph holds fp32's, and may run on without the
+    error the real forward raises. The trace that raised is the dispatcher's own word: the real
+    forward raises within the leaf calls that had begun by then. A prediction with no error, or
+    whose hook lines run past those calls, contradicts it, and is a disagreement at the call that
+    was open when it raised (else at the first node the prediction runs past it), never a pass.
+    """
+    if raised is None or report.check is None:
+        return
+    from ampgraph.text import printed_calls
+
+    printed = printed_calls(report)
+    predicts_error = any(r.error for r in report.nodes)
+    if predicts_error and len(printed) <= raised["calls_begun"]:
+        return
+    call = raised.get("call")
+    nodes: list[str] = []
+    if call is not None:
+        path, index = call
+        of_path = [m for m in report.modules if m.path == path]
+        nodes = of_path[index].nodes if index < len(of_path) else []
+    if not nodes and len(printed) > raised["calls_begun"]:
+        nodes = printed[raised["calls_begun"]][0].nodes
+    if not nodes:
+        nodes = [r.name for r in report.nodes if r.kind == "op"][:1]
+    if not nodes:
+        return
+    rec = report.node(nodes[0])
+    rec.check = {
+        **(rec.check or {}),
+        "dispatcher": {"error": raised["error"]},
+        "agree": False,
+        "note": (
+            "the forward raised here when traced in this setting; the prediction, replayed on a "
+            "graph traced with fp32 parameters, runs on: a dtype the model reads while tracing "
+            f"({', '.join(report.capture.get('trace_time_dtype_nodes') or []) or 'unknown'}) "
+            "is fp32's there"
+        ),
+    }
+    report.check["disagreements"] = report.check.get("disagreements", 0) + 1
 
 
 def _tables_lack(rec: NodeRecord) -> bool:

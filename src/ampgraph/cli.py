@@ -422,7 +422,7 @@ def check_command(
         click.echo(check_markdown(reports))
     if failed:
         raise click.ClickException(
-            f"{failed} node{'s' if failed != 1 else ''} disagree with the dispatcher"
+            f"{failed} {'node disagrees' if failed == 1 else 'nodes disagree'} with the dispatcher"
         )
 
 
@@ -1016,7 +1016,9 @@ def diff_command(
         click.echo(FORMATS[fmt](result))
         if b.check is not None and b.disagreements:
             raise click.ClickException(
-                f"{len(b.disagreements)} nodes of the preview disagree with the dispatcher"
+                f"{len(b.disagreements)} "
+                f"{'node of the preview disagrees' if len(b.disagreements) == 1 else 'nodes of the preview disagree'} "
+                "with the dispatcher"
             )
         if not result.equal:
             ctx.exit(1)
