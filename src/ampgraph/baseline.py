@@ -199,8 +199,8 @@ def refuse_other(baseline: Baseline, model: str, setting: dict[str, Any], where:
 
     >>> b = read_baseline(baseline_text(Report("m", {"name": "fp32"}, {}, {}, [], [])))
     >>> refuse_other(b, "m", {"name": "fp32"}, "b.json")
-    >>> refuse_other(read_baseline(baseline_text(Report("opt-125m", {"name": "fp32"}, {}, {}, [], []))),
-    ...              "OPT", {"name": "fp32"}, "b.json")  # an alias names the same model
+    >>> opt = read_baseline(baseline_text(Report("opt-125m", {"name": "fp32"}, {}, {}, [], [])))
+    >>> refuse_other(opt, "OPT", {"name": "fp32"}, "b.json")  # an alias names the same model
     >>> refuse_other(b, "gpt2", {"name": "fp32"}, "b.json")
     Traceback (most recent call last):
     ...

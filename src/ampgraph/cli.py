@@ -1015,10 +1015,10 @@ def diff_command(
         result.notes += [n for n in (findings_note(a, b), checked_note(b, bool(move_ops))) if n]
         click.echo(FORMATS[fmt](result))
         if b.check is not None and b.disagreements:
+            n = len(b.disagreements)
             raise click.ClickException(
-                f"{len(b.disagreements)} "
-                f"{'node of the preview disagrees' if len(b.disagreements) == 1 else 'nodes of the preview disagree'} "
-                "with the dispatcher"
+                f"{n} node{'' if n == 1 else 's'} of the preview "
+                f"{'disagrees' if n == 1 else 'disagree'} with the dispatcher"
             )
         if not result.equal:
             ctx.exit(1)
