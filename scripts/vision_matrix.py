@@ -16,6 +16,7 @@ model that cannot be captured at all is listed with its one-line reason.
 
     .venv/bin/python scripts/vision_matrix.py                       # -> docs/vision-models.md
     .venv/bin/python scripts/vision_matrix.py -m resnet18 --out /tmp/v.md
+    .venv/bin/python scripts/vision_matrix.py --further        # -> docs/vision-models-further.md
 
 Exit status 1 if any node or hook line disagrees.
 """
@@ -62,13 +63,56 @@ MODELS: dict[str, tuple[str, str, tuple[int, ...]]] = {
     "timm/resnet18d": ("timm", "resnet18d", (1, 3, 224, 224)),
 }  # fmt: skip
 
+#: Models tried once, as a new user would, after the fixes the matrix above drove: none was
+#: looked at before its first run (``--further`` -> docs/vision-models-further.md).
+FURTHER: dict[str, tuple[str, str, tuple[int, ...]]] = {
+    "googlenet": ("torchvision", "googlenet", (1, 3, 224, 224)),
+    "inception_v3": ("torchvision", "inception_v3", (1, 3, 299, 299)),
+    "densenet121": ("torchvision", "densenet121", (1, 3, 224, 224)),
+    "squeezenet1_1": ("torchvision", "squeezenet1_1", (1, 3, 224, 224)),
+    "shufflenet_v2_x1_0": ("torchvision", "shufflenet_v2_x1_0", (1, 3, 224, 224)),
+    "mnasnet0_5": ("torchvision", "mnasnet0_5", (1, 3, 224, 224)),
+    "regnet_y_400mf": ("torchvision", "regnet_y_400mf", (1, 3, 224, 224)),
+    "maxvit_t": ("torchvision", "maxvit_t", (1, 3, 224, 224)),
+    "swin_v2_t": ("torchvision", "swin_v2_t", (1, 3, 256, 256)),
+    "lraspp_mobilenet_v3_large": (
+        "torchvision.segmentation", "lraspp_mobilenet_v3_large", (1, 3, 224, 224),
+    ),
+    "fcn_resnet50": ("torchvision.segmentation", "fcn_resnet50", (1, 3, 224, 224)),
+    "s3d": ("torchvision.video", "s3d", (1, 3, 16, 224, 224)),
+    "timm/deit_tiny_patch16_224": ("timm", "deit_tiny_patch16_224", (1, 3, 224, 224)),
+    "timm/mixer_s16_224": ("timm", "mixer_s16_224", (1, 3, 224, 224)),
+    "timm/levit_128s": ("timm", "levit_128s", (1, 3, 224, 224)),
+    "timm/poolformer_s12": ("timm", "poolformer_s12", (1, 3, 224, 224)),
+    "timm/mobilevit_xxs": ("timm", "mobilevit_xxs", (1, 3, 256, 256)),
+    "timm/regnety_002": ("timm", "regnety_002", (1, 3, 224, 224)),
+    "timm/efficientformer_l1": ("timm", "efficientformer_l1", (1, 3, 224, 224)),
+    "timm/eva02_tiny_patch14_224": ("timm", "eva02_tiny_patch14_224", (1, 3, 224, 224)),
+    "timm/cait_xxs24_224": ("timm", "cait_xxs24_224", (1, 3, 224, 224)),
+    "timm/xcit_nano_12_p16_224": ("timm", "xcit_nano_12_p16_224", (1, 3, 224, 224)),
+    "timm/ghostnet_100": ("timm", "ghostnet_100", (1, 3, 224, 224)),
+    "timm/dla34": ("timm", "dla34", (1, 3, 224, 224)),
+    "timm/nfnet_l0": ("timm", "nfnet_l0", (1, 3, 224, 224)),
+    "timm/fastvit_t8": ("timm", "fastvit_t8", (1, 3, 256, 256)),
+    "timm/mobileone_s0": ("timm", "mobileone_s0", (1, 3, 224, 224)),
+    "timm/edgenext_xx_small": ("timm", "edgenext_xx_small", (1, 3, 256, 256)),
+    "timm/pvt_v2_b0": ("timm", "pvt_v2_b0", (1, 3, 224, 224)),
+    "timm/hiera_tiny_224": ("timm", "hiera_tiny_224", (1, 3, 224, 224)),
+    "timm/efficientvit_b0": ("timm", "efficientvit_b0", (1, 3, 224, 224)),
+    "timm/lambda_resnet26t": ("timm", "lambda_resnet26t", (1, 3, 256, 256)),
+}  # fmt: skip
+#: Built on the CPU (small, random weights): their constructors copy data, which meta tensors
+#: cannot (torchvision's RegNet), so ``torch.device("meta")`` fails before ampgraph is called.
+BUILT_ON_CPU = {"regnet_y_400mf"}
+ALL_MODELS = {**MODELS, **FURTHER}
+
 
 def build(name: str) -> tuple[object, tuple[int, ...]]:
     """The model on the meta device, in eval mode, and its input shape."""
     import torch
 
-    library, constructor, shape = MODELS[name]
-    with torch.device("meta"):
+    library, constructor, shape = ALL_MODELS[name]
+    with torch.device("cpu" if name in BUILT_ON_CPU else "meta"):
         if library == "timm":
             import timm
 
@@ -122,7 +166,7 @@ def run_model(name: str) -> Row:
     model, shape = build(name)
     row = Row(name, params=f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M")
     image = torch.randn(shape, device="meta")
-    library = MODELS[name][0]
+    library = ALL_MODELS[name][0]
     args = {
         "torchvision.optical_flow": (image, image.clone()),
         "torchvision.detection": ([image],),
@@ -172,10 +216,30 @@ def _count(cells: list[Cell], attr: str) -> int:
     return sum(getattr(c, attr) for c in cells)
 
 
-def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
+def markdown(
+    rows: list[Row], seconds: float, versions: dict[str, str], further: bool = False
+) -> str:
+    title = (
+        "# Further vision models, each tried once"
+        if further
+        else "# Vision models against the dispatcher and the eager model's hooks"
+    )
     lines = [
-        "# Vision models against the dispatcher and the eager model's hooks",
+        title,
         "",
+        *(
+            [
+                (
+                    "The same comparison as [the vision matrix](vision-models.md), on 32 more "
+                    "torchvision and timm models, none of which was looked at before its first run "
+                    "here: what a new user meets. `regnet_y_400mf` is built on the CPU (its "
+                    "constructor copies data, which the meta device cannot)."
+                ),
+                "",
+            ]
+            if further
+            else []
+        ),
         (
             "Models nobody here wrote (torchvision and timm, `weights=None`, built on the meta "
             "device), each analysed in the seed's four settings (fp32, half, amp-half, amp-fp32) "
@@ -185,10 +249,15 @@ def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
             "the eager model's own forward hooks on fake CUDA tensors running the real autocast "
             "kernels (`ampgraph.hooks.eager_hook_lines`): agreeing lines / lines, summed. *not "
             "analysed* counts nodes that need a GPU driver even on fake tensors. 0 disagreements "
-            "and every hook line agreeing is the acceptance. The detectors branch on sizes that "
-            "depend on data (after NMS): each is traced along the path seeded random values take "
-            "(`capture.data_dependent` lists the branches; their other sides are not analysed), "
-            "and the eager run is given the same sizes so that it takes that path too."
+            "and every hook line agreeing is the acceptance."
+            + (
+                ""
+                if further
+                else " The detectors branch on sizes that depend on data (after NMS): each is "
+                "traced along the path seeded random values take (`capture.data_dependent` lists "
+                "the branches; their other sides are not analysed), and the eager run is given "
+                "the same sizes so that it takes that path too."
+            )
         ),
         "",
         (
@@ -226,11 +295,18 @@ def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-m", "--model", action="append", choices=sorted(MODELS))
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "vision-models.md")
+    parser.add_argument("-m", "--model", action="append", choices=sorted(ALL_MODELS))
+    parser.add_argument(
+        "--further",
+        action="store_true",
+        help="the models tried once (docs/vision-models-further.md)",
+    )
+    parser.add_argument("--out", type=Path)
     parser.add_argument("-j", "--jobs", type=int, default=2)
     args = parser.parse_args(argv)
-    names = args.model or list(MODELS)
+    names = args.model or list(FURTHER if args.further else MODELS)
+    page = "vision-models-further.md" if args.further else "vision-models.md"
+    out = args.out or ROOT / "docs" / page
 
     import timm  # noqa: F401 - imported before forking, and its version recorded
     import torch
@@ -249,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = [run(n) for n in names]
     seconds = time.perf_counter() - start
-    text = markdown(rows, seconds, versions)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    text = markdown(rows, seconds, versions, further=args.further)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
     print(text)
     bad = any(
         c.disagreements or c.hooks_agree != c.hooks or c.failure

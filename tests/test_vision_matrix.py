@@ -27,8 +27,15 @@ def _script():  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 # The detector branches on data after NMS: traced along the data path, the eager hooks given the
 # same sizes (about 4 minutes on one core).
+# regnet_y_400mf: one of the further models (docs/vision-models-further.md), built on the CPU.
 @pytest.mark.parametrize(
-    "name", ["mobilenet_v3_small", "timm/resnet18d", "fasterrcnn_mobilenet_v3_large_320_fpn"]
+    "name",
+    [
+        "mobilenet_v3_small",
+        "timm/resnet18d",
+        "fasterrcnn_mobilenet_v3_large_320_fpn",
+        "regnet_y_400mf",
+    ],
 )
 def test_vision_model_agrees_with_both_oracles(name: str) -> None:
     row = _script().run_model(name)
