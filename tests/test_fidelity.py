@@ -207,6 +207,35 @@ def test_a_retyped_prediction_that_runs_past_the_raise_is_a_disagreement() -> No
     assert "a dtype the model reads while tracing (to" in rec.check["note"]
 
 
+class PReLUTwice(nn.Module):
+    """In ``half`` the PReLU runs on bf16 (``x.to(weight.dtype)``), then the Linear raises; the
+    fake Linear does not, so tracing goes on to the PReLU of its fp32 output, which raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.PReLU()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x.to(self.fc.weight.dtype)).float().sum() + self.act(self.fc(x)).sum()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_retyped_error_before_the_raise_is_a_disagreement(device: str) -> None:
+    """The graph traced with fp32 parameters feeds the first PReLU fp32 and predicts "Type
+    promoting not supported" there; the forward traced in the setting ran it and raised later."""
+    model = ModelInputs("prelu-twice", PReLUTwice(), (torch.randn(3, 4),))
+    setting = Setting.parse("half", device_type=device)
+    eager = eager_hook_lines(model, setting)
+    assert eager[0] == "[act] in=torch.bfloat16 -> out=torch.bfloat16"
+    assert eager[1].startswith("[fc] in=torch.float32 -> error:") and len(eager) == 2
+    report = analyze(model, setting)
+    assert report.capture["raised_in_setting"]["call"] == ["act", 1]
+    (rec,) = report.disagreements
+    assert rec.module == "act" and rec.error.startswith("prelu: Type promoting not supported")
+    assert "ran this node and raised later" in rec.check["note"]
+
+
 def test_export_pre_dispatch_dtypes_are_a_note_not_a_disagreement() -> None:
     """upsample_bilinear2d.vec is traced in bf16 at pre-dispatch; the kernels give fp32."""
 

@@ -214,8 +214,9 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
     from ampgraph.text import printed_calls
 
     printed = printed_calls(report)
-    predicts_error = any(r.error for r in report.nodes)
-    if predicts_error and len(printed) <= raised["calls_begun"]:
+    first_error = next((r for r in report.nodes if r.error), None)
+    if first_error is not None and len(printed) <= raised["calls_begun"]:
+        _hold_to_the_raise_site(raised, report, first_error)
         return
     call = raised.get("call")
     nodes: list[str] = []
@@ -239,6 +240,50 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
             "graph traced with fp32 parameters, runs on: a dtype the model reads while tracing "
             f"({', '.join(report.capture.get('trace_time_dtype_nodes') or []) or 'unknown'}) "
             "is fp32's there"
+        ),
+    }
+    report.check["disagreements"] = report.check.get("disagreements", 0) + 1
+
+
+def _hold_to_the_raise_site(raised: dict[str, Any], report: Report, first: NodeRecord) -> None:
+    """A predicted error elsewhere than where the traced forward raised, on values that come
+    from a dtype read while tracing with fp32 parameters, is that read's, not the model's.
+
+    A prediction may rightly raise before the traced forward did: real kernels check dtypes the
+    fake ones skip (:mod:`ampgraph.strict`). But where the raising node's inputs descend from a
+    dtype read at trace time (``x.to(self.weight.dtype)`` holding fp32), the forward traced in
+    the setting ran that node on the setting's dtypes, and the error is the retyped graph's.
+    """
+    read_at_trace_time = set(report.capture.get("trace_time_dtype_nodes") or [])
+    if not read_at_trace_time:
+        return
+    call = raised.get("call")
+    at_call = None
+    if call is not None:
+        of_path = [m for m in report.modules if m.path == call[0]]
+        at_call = of_path[call[1]] if call[1] < len(of_path) else None
+    if at_call is not None and first.name in at_call.nodes:
+        return  # raised where the traced forward raised
+    by_name = {r.name: r for r in report.nodes}
+    seen: set[str] = set()
+    todo = [i["node"] for i in first.inputs]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        todo += [i["node"] for i in by_name[name].inputs]
+    reads = sorted(seen & read_at_trace_time)
+    if not reads:
+        return
+    first.check = {
+        **(first.check or {}),
+        "dispatcher": {"error": None},
+        "agree": False,
+        "note": (
+            f"the forward traced in this setting ran this node and raised later ({raised['error']}); "
+            "the prediction's error here comes from a graph traced with fp32 parameters, whose "
+            f"dtypes read while tracing ({', '.join(reads)}) are fp32's"
         ),
     }
     report.check["disagreements"] = report.check.get("disagreements", 0) + 1
