@@ -233,7 +233,8 @@ def test_a_retyped_error_before_the_raise_is_a_disagreement(device: str) -> None
     assert report.capture["raised_in_setting"]["call"] == ["act", 1]
     (rec,) = report.disagreements
     assert rec.module == "act" and rec.error.startswith("prelu: Type promoting not supported")
-    assert "ran this node and raised later" in rec.check["note"]
+    assert rec.check["dispatcher"] == {"ran_in_setting": True}
+    assert "the forward traced in this setting raised later" in rec.check["note"]
 
 
 def test_export_pre_dispatch_dtypes_are_a_note_not_a_disagreement() -> None:

@@ -278,12 +278,13 @@ def _hold_to_the_raise_site(raised: dict[str, Any], report: Report, first: NodeR
         return
     first.check = {
         **(first.check or {}),
-        "dispatcher": {"error": None},
+        # What the dispatcher did with this node: ran it, in the trace made in the setting.
+        "dispatcher": {"ran_in_setting": True},
         "agree": False,
         "note": (
-            f"the forward traced in this setting ran this node and raised later ({raised['error']}); "
-            "the prediction's error here comes from a graph traced with fp32 parameters, whose "
-            f"dtypes read while tracing ({', '.join(reads)}) are fp32's"
+            "this error comes from the graph traced with fp32 parameters, whose dtypes read "
+            f"while tracing ({', '.join(reads)}) are fp32's; the forward traced in this setting "
+            f"raised later ({raised['error']})"
         ),
     }
     report.check["disagreements"] = report.check.get("disagreements", 0) + 1

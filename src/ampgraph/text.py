@@ -160,6 +160,8 @@ def disagreement_lines(report: Report) -> list[str]:
         observed = (
             f"error: {observed_d['error']}"
             if "error" in observed_d
+            else "ran it, traced in this setting"
+            if observed_d.get("ran_in_setting")
             else ", ".join(short_dtype(d) for d in observed_d.get("outputs", []))
         )
         extra = f"; export traced {check['export']}" if "export" in check else ""
