@@ -207,7 +207,9 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
     error the real forward raises. The trace that raised is the dispatcher's own word: the real
     forward raises within the leaf calls that had begun by then. A prediction with no error, or
     whose hook lines run past those calls, contradicts it, and is a disagreement at the call that
-    was open when it raised (else at the first node the prediction runs past it), never a pass.
+    was open when it raised (else at the first node the prediction runs past it), never a pass;
+    so is an error predicted before that point on a dtype read while tracing
+    (:func:`_hold_to_the_raise_site`).
     """
     if raised is None or report.check is None:
         return
@@ -231,6 +233,7 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
     if not nodes:
         return
     rec = report.node(nodes[0])
+    _count_once(report, rec)
     rec.check = {
         **(rec.check or {}),
         "dispatcher": {"error": raised["error"]},
@@ -242,7 +245,13 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
             "is fp32's there"
         ),
     }
-    report.check["disagreements"] = report.check.get("disagreements", 0) + 1
+
+
+def _count_once(report: Report, rec: NodeRecord) -> None:
+    """Count ``rec`` as disagreeing, unless the check counted it already."""
+    assert report.check is not None
+    if (rec.check or {}).get("agree") is not False:
+        report.check["disagreements"] = report.check.get("disagreements", 0) + 1
 
 
 def _hold_to_the_raise_site(raised: dict[str, Any], report: Report, first: NodeRecord) -> None:
@@ -276,6 +285,7 @@ def _hold_to_the_raise_site(raised: dict[str, Any], report: Report, first: NodeR
     reads = sorted(seen & read_at_trace_time)
     if not reads:
         return
+    _count_once(report, first)
     first.check = {
         **(first.check or {}),
         # What the dispatcher did with this node: ran it, in the trace made in the setting.
@@ -287,7 +297,6 @@ def _hold_to_the_raise_site(raised: dict[str, Any], report: Report, first: NodeR
             f"raised later ({raised['error']})"
         ),
     }
-    report.check["disagreements"] = report.check.get("disagreements", 0) + 1
 
 
 def _tables_lack(rec: NodeRecord) -> bool:
