@@ -4,9 +4,12 @@ OPT-125M analysis costs a couple of seconds and many tests read the same one."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +18,23 @@ from ampgraph.analysis import analyze
 from ampgraph.models import ModelInputs, load_model
 
 DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def load_file(path: Path) -> ModuleType:
+    """A script or example (``scripts/ops_matrix.py``) as a module, loaded once per session.
+
+    It is registered in ``sys.modules`` under its file's name, as an import would: dataclasses
+    defined in it look their module up there.
+    """
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 # Tests never read or fill the user's cache of analyses.
 os.environ["AMPGRAPH_CACHE_DIR"] = tempfile.mkdtemp(prefix="ampgraph-test-cache-")

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from .conftest import ROOT, load_file
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _load(name: str) -> ModuleType:
+    return load_file(ROOT / "examples" / f"{name}.py")
 
 
 def test_roipool_example_shows_the_fp32_island(

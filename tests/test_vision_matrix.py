@@ -1,27 +1,14 @@
-"""A slice of scripts/vision_matrix.py (docs/vision-models.md) in the suite: three models
+"""A slice of scripts/vision_matrix.py (docs/vision-models.md) in the suite: four models
 nobody here wrote, eight analyses each, against the dispatcher and the eager model's hooks."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+
+from .conftest import ROOT, load_file
 
 pytest.importorskip("torchvision", reason="needs torchvision")
 pytest.importorskip("timm", reason="needs timm")
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "vision_matrix.py"
-
-
-def _script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("vision_matrix", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vision_matrix"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -38,7 +25,7 @@ def _script():  # type: ignore[no-untyped-def]
     ],
 )
 def test_vision_model_agrees_with_both_oracles(name: str) -> None:
-    row = _script().run_model(name)
+    row = load_file(ROOT / "scripts" / "vision_matrix.py").run_model(name)
     assert len(row.cells) == 8
     for key, cell in row.cells.items():
         assert cell.failure is None, (key, cell.failure)
