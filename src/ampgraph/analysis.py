@@ -321,7 +321,7 @@ def analyze_capture(
     )
     if cap.raised_in_setting is not None:
         report.capture["raised_in_setting"] = cap.raised_in_setting
-        hold_to_the_raise(cap.raised_in_setting, report)
+        hold_to_the_raise(report)
     if pass_ != "forward":
         from ampgraph.backward import backward_section, trace_joint
 

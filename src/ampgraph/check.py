@@ -198,7 +198,7 @@ def check(
     return summary
 
 
-def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
+def hold_to_the_raise(report: Report) -> None:
     """Count a prediction that runs past where the forward raised in its setting.
 
     A forward that raised when traced in its setting was traced again with fp32 parameters and
@@ -211,6 +211,7 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
     so is an error predicted before that point on a dtype read while tracing
     (:func:`_hold_to_the_raise_site`).
     """
+    raised = report.capture.get("raised_in_setting")
     if raised is None or report.check is None:
         return
     from ampgraph.text import printed_calls
@@ -220,12 +221,7 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
     if first_error is not None and len(printed) <= raised["calls_begun"]:
         _hold_to_the_raise_site(raised, report, first_error)
         return
-    call = raised.get("call")
-    nodes: list[str] = []
-    if call is not None:
-        path, index = call
-        of_path = [m for m in report.modules if m.path == path]
-        nodes = of_path[index].nodes if index < len(of_path) else []
+    nodes = _raising_call(raised, report)
     if not nodes and len(printed) > raised["calls_begun"]:
         nodes = printed[raised["calls_begun"]][0].nodes
     if not nodes:
@@ -247,6 +243,15 @@ def hold_to_the_raise(raised: dict[str, Any] | None, report: Report) -> None:
     }
 
 
+def _raising_call(raised: dict[str, Any], report: Report) -> list[str]:
+    """The nodes of the leaf call that was open when the traced forward raised (none if none)."""
+    if raised.get("call") is None:
+        return []
+    path, index = raised["call"]
+    of_path = [m for m in report.modules if m.path == path]
+    return of_path[index].nodes if index < len(of_path) else []
+
+
 def _count_once(report: Report, rec: NodeRecord) -> None:
     """Count ``rec`` as disagreeing, unless the check counted it already."""
     assert report.check is not None
@@ -266,12 +271,7 @@ def _hold_to_the_raise_site(raised: dict[str, Any], report: Report, first: NodeR
     read_at_trace_time = set(report.capture.get("trace_time_dtype_nodes") or [])
     if not read_at_trace_time:
         return
-    call = raised.get("call")
-    at_call = None
-    if call is not None:
-        of_path = [m for m in report.modules if m.path == call[0]]
-        at_call = of_path[call[1]] if call[1] < len(of_path) else None
-    if at_call is not None and first.name in at_call.nodes:
+    if first.name in _raising_call(raised, report):
         return  # raised where the traced forward raised
     by_name = {r.name: r for r in report.nodes}
     seen: set[str] = set()
