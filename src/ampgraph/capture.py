@@ -501,6 +501,12 @@ class ModuleIORecorder:
 
         return {path: [(name(i), name(o)) for i, o in calls] for path, calls in self.calls.items()}
 
+    def reset(self) -> None:
+        """Forget a trace that failed, before the next one runs under the same hooks."""
+        self.calls.clear()
+        self.order.clear()
+        self.open.clear()
+
     def raised(self, exc: BaseException) -> dict[str, Any]:
         """Where a trace that raised ``exc`` stopped (see :attr:`Capture.raised_in_setting`)."""
         return {
@@ -610,9 +616,7 @@ def _retrace_neutral(
     """
     if not _raised_by_a_kernel(exc) or (setting.param_dtype == "float32" and not setting.autocast):
         raise exc
-    recorder.calls.clear()
-    recorder.order.clear()
-    recorder.open.clear()
+    recorder.reset()
     if reads is not None:
         reads.clear()  # the failed trace's reads are not this graph's
     return ENGINES[engine](model, setting.device_type, torch.float32, None, reads)
@@ -805,14 +809,12 @@ def capture(
                                 raise
                             on_data = True
                     if on_data:
-                        recorder.calls.clear()
-                        recorder.order.clear()
+                        recorder.reset()
                         program, data_dependent, unbacked = _draft_export(model)
                         method = DRAFT_EXPORT
                         reads = None  # traced on data values: this graph serves its setting only
                         draft = (program, dict(recorder.calls), list(recorder.order))
-                        recorder.calls.clear()
-                        recorder.order.clear()
+                        recorder.reset()
                         try:
                             with unbacked_values(unbacked):
                                 program = _export(model, setting.device_type, param_dtype, setting)
