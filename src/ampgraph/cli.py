@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -1236,11 +1236,56 @@ def baseline_check(
 
 
 def run() -> None:
-    """The console entry point: ``main`` with output errors said in one line.
+    """The console entry point: ``main`` with output errors said in one line, then a quick exit.
 
     A full disk (``table > /dev/full``) is an ``Error:`` line and exit status 1; a closed pipe
-    (``ampgraph table | head``) ends quietly, as other Unix tools do.
+    (``ampgraph table | head``) ends quietly, as other Unix tools do. A command that loaded torch
+    ends with :func:`exit_now`: everything it wrote is flushed, then the process ends without the
+    interpreter's teardown. A bug's traceback still ends the ordinary way.
     """
+    try:
+        _run()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    if "torch" in sys.modules:
+        exit_now(code)
+    sys.exit(code)
+
+
+def exit_now(code: int | str | None = 0) -> NoReturn:
+    """End the process with ``code`` (as :func:`sys.exit` reads it) once its work is done.
+
+    After torch and transformers are loaded, the interpreter's teardown frees every module and
+    object they made, one by one: 1.3 s of a 7.7 s cold ``ampgraph render -s amp-fp32`` on the
+    2-core machine, for nothing the command needs. What a normal exit does that matters still
+    happens here: the exit handlers run (logging's flush, temporary folders' removal, anything
+    registered with :mod:`atexit`) and both output streams are flushed; then ``os._exit`` skips
+    the rest. Every file ampgraph writes is closed when its ``with`` block ends, and the worker
+    pool has ended before a command returns.
+    """
+    import atexit
+    import os
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): the message on stderr, status 1
+        print(code, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            # What CPython's own exit gives when the last flush fails.
+            status = status or 120
+    os._exit(status)
+
+
+def _run() -> None:
     import errno
     import os
 
