@@ -88,8 +88,13 @@ def main() -> None:
     phases = Phases()
 
     with phases.phase("import ampgraph (no torch)"):
+        from ampgraph.pipeline import frozen_imports
         from ampgraph.settings import Setting, seed_matrix
         from ampgraph.specs import spec_kind  # noqa: F401 - what the CLI reads before torch
+    # As the CLI does (ampgraph.pipeline.prepare): no garbage collection while torch,
+    # transformers and the model load, and what they made frozen after.
+    heap = frozen_imports()
+    heap.__enter__()
     with phases.phase("import torch"):
         import torch  # noqa: F401
     with phases.phase("import ampgraph's analysis"):
@@ -109,6 +114,7 @@ def main() -> None:
         from ampgraph.models import load_model
 
         model = load_model(args.model)
+    heap.__exit__(None, None, None)
 
     settings = [Setting.parse(s) for s in args.setting] if args.setting else seed_matrix()
     phases.wrap(analysis, "capture", "capture")

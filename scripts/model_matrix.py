@@ -203,11 +203,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
 
     # Imported once here, before the workers fork: imports are most of a cold process's time.
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+    # Frozen after, so that no collection in a worker scans (and copies) what they made.
+    from ampgraph.pipeline import frozen_imports
 
-    from ampgraph.analysis import analyze  # noqa: F401
-    from ampgraph.models import bundled_models
+    with frozen_imports():
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        from ampgraph.analysis import analyze  # noqa: F401
+        from ampgraph.models import bundled_models
 
     names = opts.model or list(bundled_models())
     order = sorted(names, key=lambda n: -COST_HINT.get(n, 1))
