@@ -219,7 +219,7 @@ def module_calls(
 
 
 #: Graphs at least this big run the dispatcher check in a forked process beside the annotation.
-PARALLEL_CHECK_NODES = 1500
+PARALLEL_CHECK_NODES = 400
 
 
 def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
