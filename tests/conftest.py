@@ -3,9 +3,11 @@ OPT-125M analysis costs a couple of seconds and many tests read the same one."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -36,8 +38,13 @@ def load_file(path: Path) -> ModuleType:
     return module
 
 
-# Tests never read or fill the user's cache of analyses.
+# Tests never read or fill the user's cache of analyses; theirs goes when the session ends.
 os.environ["AMPGRAPH_CACHE_DIR"] = tempfile.mkdtemp(prefix="ampgraph-test-cache-")
+_SESSION_PID = os.getpid()
+atexit.register(
+    lambda folder=os.environ["AMPGRAPH_CACHE_DIR"]: os.getpid() == _SESSION_PID  # not a fork's
+    and shutil.rmtree(folder, ignore_errors=True)
+)
 
 #: Tests that compare with CUDA's autocast kernels (the dispatcher check of a cuda setting, or a
 #: figure drawn from one), besides those parametrised with "cuda". A CPU-only torch
