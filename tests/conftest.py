@@ -42,8 +42,10 @@ def load_file(path: Path) -> ModuleType:
 os.environ["AMPGRAPH_CACHE_DIR"] = tempfile.mkdtemp(prefix="ampgraph-test-cache-")
 _SESSION_PID = os.getpid()
 atexit.register(
-    lambda folder=os.environ["AMPGRAPH_CACHE_DIR"]: os.getpid() == _SESSION_PID  # not a fork's
-    and shutil.rmtree(folder, ignore_errors=True)
+    lambda folder=os.environ["AMPGRAPH_CACHE_DIR"]: (
+        os.getpid() == _SESSION_PID  # not a fork's
+        and shutil.rmtree(folder, ignore_errors=True)
+    )
 )
 
 #: Tests that compare with CUDA's autocast kernels (the dispatcher check of a cuda setting, or a

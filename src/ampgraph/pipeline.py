@@ -167,6 +167,7 @@ def analyze_spec(
         model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
         from ampgraph import cache
         from ampgraph.analysis import analyze_many
+
         _say(progress, f"  built in {time.perf_counter() - start:.1f}s; analysing "
                        f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
 
