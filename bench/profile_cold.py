@@ -129,6 +129,7 @@ def main() -> None:
         phases.wrap(backward, "trace_joint", "joint trace (forward + loss + backward)")
         phases.wrap(backward, "backward_section", "backward records")
         phases.wrap(backward_check, "check_backward", "check of the backward (dispatcher)")
+    files.LAYOUT_WORKERS = 1  # layouts one at a time, as the phases are timed
     phases.wrap(files, "run_dot", "layout (dot)")
     phases.wrap(files, "diagram", "diagram source")
     phases.wrap(files, "overview_diagram", "diagram source")

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -44,6 +45,8 @@ DOT_FLAGS: Final[dict[str, tuple[str, ...]]] = {
 }
 #: A diagram that takes longer than this to lay out is unreadable anyway.
 DOT_TIMEOUT_S: Final = 120
+#: How many layouts run at once (``dot`` processes); None: one per core.
+LAYOUT_WORKERS: int | None = None
 
 MISSING_DOT: Final = (
     "Graphviz's dot was not found on PATH: install Graphviz (apt-get install graphviz, "
@@ -253,10 +256,13 @@ def render_files(
              overview_diagram(reports, view=view, fold=fold, theme=theme))
         )  # fmt: skip
     # Lay everything out first (the slow part), then write: an interrupted or failed layout
-    # leaves every old file as it was, rather than a mix of new and old diagrams.
-    laid_out = [
-        (out / f"{stem}.{fmt}", lay_out(figure, fmt)) for stem, figure in jobs for fmt in formats
-    ]
+    # leaves every old file as it was, rather than a mix of new and old diagrams. Each layout is
+    # a dot process of its own, so threads run one per core (the first failure is raised).
+    targets = [(out / f"{stem}.{fmt}", figure, fmt) for stem, figure in jobs for fmt in formats]
+    workers = max(1, min(len(targets), LAYOUT_WORKERS or os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        data = list(pool.map(lambda target: lay_out(target[1], target[2]), targets))
+    laid_out = [(path, blob) for (path, _figure, _fmt), blob in zip(targets, data, strict=True)]
     for path, data in laid_out:
         try:
             atomic_write(path, data)
