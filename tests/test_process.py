@@ -34,6 +34,7 @@ def test_a_cold_prepare_pauses_collection_then_freezes_the_imports() -> None:
             return real(spec)
         pipeline.spec_tracer = spy
         model = pipeline.prepare("llama-tiny", seq_len=4)
+        assert gc.get_threshold() == pipeline.ANALYSIS_GC_THRESHOLDS, gc.get_threshold()
         print(inside, gc.isenabled(), gc.get_freeze_count())
     """)
     assert done.returncode == 0, done.stderr
@@ -46,10 +47,10 @@ def test_a_cold_prepare_pauses_collection_then_freezes_the_imports() -> None:
 def test_frozen_imports_change_nothing_where_torch_is_loaded_already() -> None:
     import torch  # noqa: F401 - as in a notebook
 
-    before = gc.get_freeze_count()
+    before = gc.get_freeze_count(), gc.get_threshold()
     with frozen_imports():
         assert gc.isenabled()
-    assert gc.get_freeze_count() == before and gc.isenabled()
+    assert (gc.get_freeze_count(), gc.get_threshold()) == before and gc.isenabled()
 
 
 def test_the_quick_exit_runs_exit_handlers_flushes_and_keeps_the_status(tmp_path: Path) -> None:
