@@ -7,6 +7,7 @@ imported yet, as in a user's shell.
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,7 @@ def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_cold_prepare_pauses_collection_then_freezes_the_imports() -> None:
     done = python("""
-        import gc, sys
+        import gc, json, sys
         from ampgraph import pipeline
         assert "torch" not in sys.modules and gc.get_freeze_count() == 0 and gc.isenabled()
         inside = []
@@ -35,13 +36,13 @@ def test_a_cold_prepare_pauses_collection_then_freezes_the_imports() -> None:
         pipeline.spec_tracer = spy
         model = pipeline.prepare("llama-tiny", seq_len=4)
         assert gc.get_threshold() == pipeline.ANALYSIS_GC_THRESHOLDS, gc.get_threshold()
-        print(inside, gc.isenabled(), gc.get_freeze_count())
+        print(json.dumps([inside, gc.isenabled(), gc.get_freeze_count()]))
     """)
     assert done.returncode == 0, done.stderr
-    inside, enabled, frozen = done.stdout.split("] ")[0] + "]", *done.stdout.split("] ")[1].split()
-    assert inside == "[False]" and enabled == "True"
+    inside, enabled, frozen = json.loads(done.stdout)
+    assert inside == [False] and enabled is True
     # torch and transformers alone make a few hundred thousand objects.
-    assert int(frozen) > 100_000
+    assert frozen > 100_000
 
 
 def test_frozen_imports_change_nothing_where_torch_is_loaded_already() -> None:

@@ -50,9 +50,10 @@ def frozen_imports() -> Iterator[None]:
     nothing. Collection is paused while the block runs; at its end :func:`gc.freeze` moves
     everything alive into the permanent generation, which later collections skip (and which
     the forked workers then share with their parent instead of copying the pages a collection
-    would write to, as the :mod:`gc` docs advise before a fork). Only in a process where torch is
-    not imported yet, the one that pays for the imports; elsewhere (a notebook that has torch
-    already) nothing changes.
+    would write to, as the :mod:`gc` docs advise before a fork), and the collector's thresholds
+    become :data:`ANALYSIS_GC_THRESHOLDS` for the analysis that follows. Only in a process where
+    torch is not imported yet, the one that pays for the imports; elsewhere (a notebook that has
+    torch already) nothing changes.
 
     >>> with frozen_imports():
     ...     import json

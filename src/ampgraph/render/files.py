@@ -261,8 +261,8 @@ def render_files(
     targets = [(out / f"{stem}.{fmt}", figure, fmt) for stem, figure in jobs for fmt in formats]
     workers = max(1, min(len(targets), LAYOUT_WORKERS or os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:
-        data = list(pool.map(lambda target: lay_out(target[1], target[2]), targets))
-    laid_out = [(path, blob) for (path, _figure, _fmt), blob in zip(targets, data, strict=True)]
+        blobs = list(pool.map(lambda target: lay_out(target[1], target[2]), targets))
+    laid_out = [(path, blob) for (path, _figure, _fmt), blob in zip(targets, blobs, strict=True)]
     for path, data in laid_out:
         try:
             atomic_write(path, data)
