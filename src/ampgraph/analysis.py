@@ -36,6 +36,7 @@ from ampgraph.policy import release_in_use
 from ampgraph.records import PASSES, ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.specs import spec_tracer
+from ampgraph.workers import default_workers, die_with_parent
 
 
 def versions() -> dict[str, str]:
@@ -601,37 +602,6 @@ def plan_jobs(settings: Sequence[Setting], workers: int) -> list[list[int]]:
         largest = max(jobs, key=len)
         jobs.insert(jobs.index(largest) + 1, [largest.pop()])
     return jobs
-
-
-def die_with_parent(parent: int) -> None:
-    """Make a forked worker end when the process that started it ends, however it ends.
-
-    Without it, killing ``ampgraph render`` (SIGTERM, SIGKILL, a closed terminal) left its workers
-    computing, then printing BrokenPipeError tracebacks. Linux delivers SIGTERM to the child when
-    its parent dies (``prctl(PR_SET_PDEATHSIG)``); a parent that died before the call is caught by
-    the ``getppid`` check.
-    """
-    import ctypes
-    import os
-    import signal
-
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def default_workers() -> int:
-    """One worker per core the process may use."""
-    import os
-
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def analyze_many(

@@ -29,6 +29,7 @@ from ampgraph.files import atomic_write
 from ampgraph.render.dot import Diagram, diagram, overview_diagram
 from ampgraph.render.svg import accessible_bytes
 from ampgraph.settings import Setting
+from ampgraph.workers import default_workers
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
     from ampgraph.records import Report
@@ -259,7 +260,7 @@ def render_files(
     # leaves every old file as it was, rather than a mix of new and old diagrams. Each layout is
     # a dot process of its own, so threads run one per core (the first failure is raised).
     targets = [(out / f"{stem}.{fmt}", figure, fmt) for stem, figure in jobs for fmt in formats]
-    workers = max(1, min(len(targets), LAYOUT_WORKERS or os.cpu_count() or 1))
+    workers = max(1, min(len(targets), LAYOUT_WORKERS or default_workers()))
     with ThreadPoolExecutor(workers) as pool:
         blobs = list(pool.map(lambda target: lay_out(target[1], target[2]), targets))
     laid_out = [(path, blob) for (path, _figure, _fmt), blob in zip(targets, blobs, strict=True)]
