@@ -93,28 +93,26 @@ def main() -> None:
         from ampgraph.specs import spec_kind  # noqa: F401 - what the CLI reads before torch
     # As the CLI does (ampgraph.pipeline.prepare): no garbage collection while torch,
     # transformers and the model load, and what they made frozen after.
-    heap = frozen_imports()
-    heap.__enter__()
-    with phases.phase("import torch"):
-        import torch  # noqa: F401
-    with phases.phase("import ampgraph's analysis"):
-        from ampgraph import analysis, capture, reads
-        from ampgraph.models import architecture_for
-        from ampgraph.render import files
-    with phases.phase("import the model's code (transformers)"):
-        config = json.loads((ROOT / "src/ampgraph/configs" / f"{args.model}.json").read_text()) if (
-            ROOT / "src/ampgraph/configs" / f"{args.model}.json").is_file() else None  # fmt: skip
-        if config is not None:
-            import transformers
+    with frozen_imports():
+        with phases.phase("import torch"):
+            import torch  # noqa: F401
+        with phases.phase("import ampgraph's analysis"):
+            from ampgraph import analysis, capture, reads
+            from ampgraph.models import architecture_for
+            from ampgraph.render import files
+        with phases.phase("import the model's code (transformers)"):
+            config = json.loads((ROOT / "src/ampgraph/configs" / f"{args.model}.json").read_text()) if (
+                ROOT / "src/ampgraph/configs" / f"{args.model}.json").is_file() else None  # fmt: skip
+            if config is not None:
+                import transformers
 
-            for name in (*config.get("architectures", []),
-                         architecture_for(config["model_type"]).auto_class):  # fmt: skip
-                getattr(transformers, name, None)  # transformers imports modelling code lazily
-    with phases.phase("build the model on meta"):
-        from ampgraph.models import load_model
+                for name in (*config.get("architectures", []),
+                             architecture_for(config["model_type"]).auto_class):  # fmt: skip
+                    getattr(transformers, name, None)  # transformers imports modelling code lazily
+        with phases.phase("build the model on meta"):
+            from ampgraph.models import load_model
 
-        model = load_model(args.model)
-    heap.__exit__(None, None, None)
+            model = load_model(args.model)
 
     settings = [Setting.parse(s) for s in args.setting] if args.setting else seed_matrix()
     phases.wrap(analysis, "capture", "capture")
