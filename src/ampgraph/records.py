@@ -47,8 +47,9 @@ forward-only one:
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 SCHEMA = "ampgraph.report"
@@ -56,6 +57,35 @@ SCHEMA_VERSION = 2
 #: Versions this ampgraph reads: a version 1 report is a forward pass without ``backward``.
 READABLE_VERSIONS = (1, 2)
 PASSES = ("forward", "backward", "train")
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """A copy of ``value`` as :func:`dataclasses.asdict` makes it, without its deep copy of
+    every string: a train report's tens of thousands of strings made ``to_dict`` cost a fifth
+    of a second, paid by every worker sending a report and again by the cache writing it."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    if kind is list:
+        return [_plain(v) for v in value]
+    if kind is tuple:
+        return tuple(_plain(v) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return copy.deepcopy(value)
+
+
+def _as_dict(record: Any, **given: Any) -> dict[str, Any]:
+    """``asdict(record)`` for a record whose fields hold plain data (see :func:`_plain`), with
+    the fields in ``given`` taken as given, in their places."""
+    return {
+        f.name: given[f.name] if f.name in given else _plain(getattr(record, f.name))
+        for f in fields(record)
+    }
 
 #: Node kinds (:attr:`NodeRecord.kind`) whose value is the model's own state, not a computation:
 #: hooks and diagrams look past them to the activations.
@@ -127,8 +157,7 @@ class NodeRecord:
         return self.kind in PLACEHOLDER_KINDS
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["casts"] = [c.to_dict() for c in self.casts]
+        data = _as_dict(self, casts=[c.to_dict() for c in self.casts])
         for key in ("not_analysed", "forward", "shapes", "source"):
             if data[key] is None:
                 del data[key]  # reports of fully analysed forward graphs read as before
@@ -165,7 +194,7 @@ class ModuleCall:
         return f"[{self.path}] in={torch_name(self.in_dtype)} -> out={torch_name(self.out_dtype)}"
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = _as_dict(self)
         data["in"] = data.pop("in_dtype")
         data["out"] = data.pop("out_dtype")
         if data["returns_tensor"]:
@@ -201,7 +230,7 @@ class SavedTensor:
     producer: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SavedTensor:
@@ -219,7 +248,7 @@ class Gradient:
     node: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Gradient:
