@@ -52,6 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph.annotate import AutocastAnnotator, InnerAutocast
 from ampgraph.capture import Capture
 from ampgraph.errors import AmpgraphError
+from ampgraph.kernel_dtypes import real_cpu_dtypes, retyped
 from ampgraph.policy import rules
 from ampgraph.records import Backward, Cast, Gradient, NodeRecord, SavedTensor
 from ampgraph.replay import (
@@ -339,57 +340,32 @@ class ParameterCopies(TorchDispatchMode):
         return out
 
 
-#: CPU normalisations and the index of their weight: fed a 16-bit input with fp32 parameters
-#: ("mixed type", aten/src/ATen/native/mixed_dtypes.h), the real CPU kernels return their saved
-#: statistics (mean, rstd, ...) in fp32; the fake (meta) kernels return the input's dtype.
-CPU_MIXED_NORMS = {
-    torch.ops.aten.native_layer_norm.default: 2,
-    torch.ops.aten.native_group_norm.default: 1,
-    torch.ops.aten.native_batch_norm.default: 1,
-    torch.ops.aten._native_batch_norm_legit.default: 1,
-    torch.ops.aten._native_batch_norm_legit.no_stats: 1,
-}
-
-
 class CpuMixedNorms(TorchDispatchMode):
-    """Give the CPU's mixed-type normalisations the dtypes the real kernels return.
-
-    The statistics they save for backward are fp32 on a real CPU (read off the kernels in
-    tests/test_backward.py); the joint graph's nodes get those dtypes, so what is saved and what
-    the backward computes from them is as on the CPU.
-    """
+    """Give the CPU's mixed-type normalisations the dtypes the real kernels return, in the
+    joint graph too (:mod:`ampgraph.kernel_dtypes`): what is saved, and what the backward
+    computes from it, is as on the CPU."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
-        index = CPU_MIXED_NORMS.get(func)
-        if index is None or not _mixed(args, index):
+        dtypes = real_cpu_dtypes(func, tuple(args))
+        if dtypes is None:
             return out
         state = _state()
-        fixed = list(out)
-        for i, t in enumerate(out):
-            if i == 0 or not isinstance(t, torch.Tensor) or t.dtype == torch.float32:
-                continue
-            with proxy_tensor.disable_proxy_modes_tracing():
-                new = t.new_empty(t.shape, dtype=torch.float32)
-            slot = proxy_tensor.get_proxy_slot(t, state.tracer, None)
-            if slot is not None:
-                proxy_tensor.set_proxy_slot(new, state.tracer, slot)
-                slot.proxy.node.meta["val"] = new
-            fixed[i] = new
-        node = state.node_of(out[0])
-        if node is not None and node.args:
-            node.args[0].meta["val"] = tuple(fixed)
-        return tuple(fixed)
-
-
-def _mixed(args: tuple[Any, ...], weight: int) -> bool:
-    x = args[0]
-    w = args[weight] if len(args) > weight else None
-    return (
-        isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
-        and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
-        and w.dtype == torch.float32
-    )  # fmt: skip
+        # The nodes' values are snapshots, as make_fx's own: a node holding a gradient itself
+        # would keep the engine from stealing it into .grad, and add a copy a real step lacks.
+        with proxy_tensor.disable_proxy_modes_tracing():
+            fixed = retyped(out, dtypes)
+            for old, new in zip(out, fixed):
+                if new is old:
+                    continue
+                slot = proxy_tensor.get_proxy_slot(old, state.tracer, None)
+                if slot is not None:
+                    proxy_tensor.set_proxy_slot(new, state.tracer, slot)
+                    slot.proxy.node.meta["val"] = proxy_tensor.extract_val(new)
+            node = state.node_of(out[0])
+            if node is not None and node.args:
+                node.args[0].meta["val"] = proxy_tensor.extract_val(fixed)
+        return fixed
 
 
 class BackwardAutocast(InnerAutocast):
@@ -515,6 +491,10 @@ def trace_joint(
             state.saved.append(_Saved(owner, t, node.name if node is not None else None))
             return t
 
+        # A dispatch mode costs every op a trip through Python: this one only where it acts.
+        def norms() -> contextlib.AbstractContextManager[Any]:
+            return CpuMixedNorms() if device == "cpu" else contextlib.nullcontext()
+
         annotator = JointAnnotator(cap)
         copies = ParameterCopies(
             {k for k, kind in state.input_storages.items() if kind in ("parameter", "buffer")}
@@ -522,7 +502,7 @@ def trace_joint(
         state.copies = copies
         with (
             copies,
-            CpuMixedNorms(),
+            norms(),
             StrictDtypeMode(setting.device_type),
             autocast_state("cpu", False, torch.get_autocast_dtype("cpu")),
             autocast_state("cuda", False, torch.get_autocast_dtype("cuda")),
@@ -550,7 +530,9 @@ def trace_joint(
             else contextlib.nullcontext()
         )
         state.enter((BACKWARD, None))
-        with scope:
+        # The real CPU kernels' dtypes in the backward too, under autocast's casts where it runs
+        # inside the context (the mode entered first sees each op after the one entered last).
+        with norms(), scope:
             # loss.backward(), as a training step calls it: the engine accumulates each
             # gradient into .grad as it does for real (a copy where strides must change).
             value.backward()

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
+from ampgraph.kernel_dtypes import RealCpuDtypes
 from ampgraph.settings import Setting
 from ampgraph.strict import StrictDtypeMode
 from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
@@ -163,7 +164,8 @@ def placeholder_value(node: fx.Node, device: str) -> Any:
 
 @contextmanager
 def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
-    """Fake tensors, strict dtype checks, and autocast off on every device until told otherwise."""
+    """Fake tensors, strict dtype checks, the real CPU kernels' dtypes where the fake ones part
+    (:mod:`ampgraph.kernel_dtypes`), and autocast off on every device until told otherwise."""
     from ampgraph.torchutil import autocast_state
 
     with ExitStack() as stack:
@@ -171,6 +173,8 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
         stack.enter_context(silenced("torch._subclasses.fake_tensor"))
         mode = stack.enter_context(fake_mode())
         stack.enter_context(StrictDtypeMode(setting.device_type))
+        if setting.device_type == "cpu":  # a dispatch mode costs every op: only where it acts
+            stack.enter_context(RealCpuDtypes())
         # cuDNN RNNs ask the driver before they compute: stand-ins that follow the GPU's path.
         stack.enter_context(cudnn_rnn_stand_ins(replay_device(setting.device_type)))
         for device in ("cpu", "cuda"):

@@ -1,0 +1,85 @@
+"""The output dtypes where fake (meta) kernels and the real CPU kernels part: mixed normalisations.
+
+Fed a 16-bit input with fp32 parameters ("mixed type", ``aten/src/ATen/native/mixed_dtypes.h``),
+the CPU's normalisation kernels return their statistics (mean, rstd, ...) in fp32, and the group
+norm's backward returns the input's gradient in the input's dtype. The fake kernels return the
+input's dtype for the statistics and fp32 for that gradient. Every replay on fake CPU tensors
+(the annotator, the dispatcher oracle, the joint trace of a training step) gives these ops the
+real kernels' dtypes; ``tests/test_kernel_dtypes.py`` reads each one off the real kernels, for
+every 16-bit input dtype and every parameter dtype, mixed or not.
+
+>>> import torch
+>>> x, w = torch.empty(4, 8, dtype=torch.bfloat16), torch.empty(8)
+>>> real_cpu_dtypes(torch.ops.aten.native_layer_norm.default, (x, [8], w, w, 1e-5))
+{1: torch.float32, 2: torch.float32}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+STATISTICS, INPUT = "statistics", "input"
+
+#: op -> (index of the input, indices of its parameters, outputs the fake kernel mistypes, and
+#: what the real kernel gives them: fp32 statistics, or the input's dtype). As in
+#: ``is_mixed_type``, the first parameter given decides whether the input is mixed.
+CPU_MIXED: dict[Any, tuple[int, tuple[int, ...], tuple[int, ...], str]] = {
+    aten.native_layer_norm.default: (0, (2, 3), (1, 2), STATISTICS),
+    aten.native_group_norm.default: (0, (1, 2), (1, 2), STATISTICS),
+    aten.native_batch_norm.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
+    aten._native_batch_norm_legit.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
+    aten._native_batch_norm_legit.no_stats: (0, (1, 2), (1, 2), STATISTICS),
+    aten._native_batch_norm_legit_no_training.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
+    aten._native_batch_norm_legit_functional.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
+    aten._batch_norm_with_update.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
+    aten._batch_norm_no_update.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
+    aten.native_group_norm_backward.default: (1, (2, 3, 4), (0,), INPUT),
+}
+
+
+def real_cpu_dtypes(func: Any, args: tuple[Any, ...]) -> dict[int, torch.dtype] | None:
+    """``{output index: dtype}`` where the real CPU kernel of ``func`` types an output otherwise
+    than the fake kernel does for these ``args``; None where they agree."""
+    entry = CPU_MIXED.get(func)
+    if entry is None:
+        return None
+    x_index, params, outputs, kind = entry
+    x = args[x_index] if len(args) > x_index else None
+    w = next((args[i] for i in params if i < len(args) and isinstance(args[i], torch.Tensor)),
+             None)  # fmt: skip
+    mixed = (
+        isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
+        and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
+        and w.dtype == torch.float32
+    )  # fmt: skip
+    if not mixed:
+        return None
+    dtype = torch.float32 if kind == STATISTICS else x.dtype
+    return dict.fromkeys(outputs, dtype)
+
+
+def retyped(out: Any, dtypes: dict[int, torch.dtype]) -> tuple[Any, ...]:
+    """``out`` with each output in ``dtypes`` replaced by an empty tensor of that dtype (same
+    shape and strides, made by whichever fake mode is below the caller)."""
+    fixed = list(out)
+    for i, dtype in dtypes.items():
+        t = fixed[i]
+        if isinstance(t, torch.Tensor) and t.dtype != dtype:
+            fixed[i] = t.new_empty_strided(t.shape, t.stride(), dtype=dtype)
+    return tuple(fixed)
+
+
+class RealCpuDtypes(TorchDispatchMode):
+    """Give the ops of :data:`CPU_MIXED` the real CPU kernels' output dtypes on fake tensors."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        dtypes = real_cpu_dtypes(func, tuple(args))
+        return out if dtypes is None else retyped(out, dtypes)
+
+
+__all__ = ["CPU_MIXED", "RealCpuDtypes", "real_cpu_dtypes", "retyped"]
