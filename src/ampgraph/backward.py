@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import contextvars
+import inspect
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental import proxy_tensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -436,6 +438,14 @@ class JointTrace:
     skipped: str | None = None
 
 
+#: make_fx's switch for its torch-function metadata mode, where this torch has it.
+_LEAN_MAKE_FX: dict[str, Any] = (
+    {"_disable_torch_fn_metadata_mode": True}
+    if "_disable_torch_fn_metadata_mode" in inspect.signature(proxy_tensor.make_fx).parameters
+    else {}
+)
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     with warnings.catch_warnings():
@@ -538,8 +548,11 @@ def trace_joint(
             value.backward()
         return [p.grad for p in params]
 
-    with _quiet():
-        gm = proxy_tensor.make_fx(step, tracing_mode="real")(*values)
+    with _quiet(), _use_lazy_graph_module(True):
+        # Nothing calls the joint graph's Python code (the oracle interprets its nodes), so it is
+        # compiled only if something does; the torch-function metadata make_fx records by
+        # default (node.meta["torch_fn"]) is read by nothing here and costs every call a mode.
+        gm = proxy_tensor.make_fx(step, tracing_mode="real", **_LEAN_MAKE_FX)(*values)
     state = outcome["state"]
     joint_placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
     input_kinds = {jp.name: kind for jp, kind in zip(joint_placeholders, kinds)}
