@@ -182,6 +182,17 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
         yield mode
 
 
+def _holds_device(value: Any) -> bool:
+    """Whether a ``torch.device`` is in ``value`` or in the lists, tuples and dicts it holds."""
+    if isinstance(value, torch.device):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_device(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_device(v) for v in value.values())
+    return False
+
+
 class FakeReplay(fx.Interpreter):
     """Base interpreter: fake placeholders, error propagation, autocast regions.
 
@@ -254,6 +265,11 @@ class FakeReplay(fx.Interpreter):
     def _retarget_devices(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # Most nodes name no device: a plain scan finds that for a fraction of what pytree's
+        # rebuild of every node's arguments cost (13% of a training step's check).
+        if not _holds_device(args) and not _holds_device(kwargs):
+            return args, kwargs
+
         def fix(v: Any) -> Any:
             return self.device if isinstance(v, torch.device) else v
 
