@@ -87,6 +87,7 @@ def _as_dict(record: Any, **given: Any) -> dict[str, Any]:
         for f in fields(record)
     }
 
+
 #: Node kinds (:attr:`NodeRecord.kind`) whose value is the model's own state, not a computation:
 #: hooks and diagrams look past them to the activations.
 SOURCE_KINDS: frozenset[str] = frozenset({"parameter", "buffer", "constant"})
