@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph.annotate import AutocastAnnotator, InnerAutocast
 from ampgraph.capture import Capture
 from ampgraph.errors import AmpgraphError
-from ampgraph.kernel_dtypes import real_cpu_dtypes, retyped
+from ampgraph.kernel_dtypes import RealCpuDtypes, retyped
 from ampgraph.policy import rules
 from ampgraph.records import Backward, Cast, Gradient, NodeRecord, SavedTensor
 from ampgraph.replay import (
@@ -342,16 +342,12 @@ class ParameterCopies(TorchDispatchMode):
         return out
 
 
-class CpuMixedNorms(TorchDispatchMode):
+class CpuMixedNorms(RealCpuDtypes):
     """Give the CPU's mixed-type normalisations the dtypes the real kernels return, in the
     joint graph too (:mod:`ampgraph.kernel_dtypes`): what is saved, and what the backward
     computes from it, is as on the CPU."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        dtypes = real_cpu_dtypes(func, tuple(args))
-        if dtypes is None:
-            return out
+    def retype(self, out: Any, dtypes: dict[int, torch.dtype]) -> tuple[Any, ...]:
         state = _state()
         # The nodes' values are snapshots, as make_fx's own: a node holding a gradient itself
         # would keep the engine from stealing it into .grad, and add a copy a real step lacks.

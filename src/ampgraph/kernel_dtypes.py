@@ -79,7 +79,11 @@ class RealCpuDtypes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         dtypes = real_cpu_dtypes(func, tuple(args))
-        return out if dtypes is None else retyped(out, dtypes)
+        return out if dtypes is None else self.retype(out, dtypes)
+
+    def retype(self, out: Any, dtypes: dict[int, torch.dtype]) -> tuple[Any, ...]:
+        """``out`` with the real kernel's ``dtypes`` (a tracer also moves its graph's values)."""
+        return retyped(out, dtypes)
 
 
 __all__ = ["CPU_MIXED", "RealCpuDtypes", "real_cpu_dtypes", "retyped"]
