@@ -1,6 +1,7 @@
-"""A cold ``ampgraph`` process: imports without garbage collection, and a quick exit.
+"""A cold ``ampgraph`` process: imports without garbage collection, the analysis in a process
+beside the caller, and a quick exit.
 
-Both are process-level (issue 13): they run in fresh interpreters here, where torch is not
+All are process-level (issue 13): they run in fresh interpreters here, where torch is not
 imported yet, as in a user's shell.
 """
 
@@ -8,18 +9,29 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
-from ampgraph.pipeline import frozen_imports
+import pytest
+
+from ampgraph.pipeline import analyze_spec, frozen_imports
+from ampgraph.workers import default_workers
+
+beside_only = pytest.mark.skipif(
+    default_workers() < 2, reason="the analysis runs beside the caller on two cores or more"
+)
 
 
-def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+def python(code: str, *args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AMPGRAPH_CACHE_DIR": str(cache)} if cache is not None else None
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, env=env,
     )  # fmt: skip
 
 
@@ -93,3 +105,138 @@ def test_exit_now_reads_its_code_as_sys_exit_does() -> None:
     assert (done.returncode, done.stdout, done.stderr) == (1, "written", "stopped here\n")
     assert python(code, "none").returncode == 0
     assert python(code, "three").returncode == 3
+
+
+@beside_only
+def test_a_cold_analysis_runs_beside_a_caller_that_never_imports_torch(tmp_path: Path) -> None:
+    code = """
+        import json, multiprocessing, os, sys
+        from ampgraph.pipeline import analysis_beside, analyze_spec
+        seen = []
+        def meanwhile():  # runs here while the analysis process works
+            seen.append([p.name for p in multiprocessing.active_children()])
+        reports = analyze_spec("llama-tiny", ["fp32", "amp-fp32"], seq_len=4,
+                               meanwhile=meanwhile)
+        print(json.dumps({"beside": analysis_beside(), "seen": seen,
+                          "torch": "torch" in sys.modules,
+                          "reports": [r.to_dict() for r in reports]}))
+    """
+    done = python(code, cache=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    # The reports (plain data: no TorchVersion in them) arrived without importing torch here.
+    assert out["beside"] is True and out["torch"] is False
+    assert out["seen"] == [["ampgraph-analysis"]]
+    # They are the reports the analysis gives in one process (torch is loaded in this one).
+    here = analyze_spec("llama-tiny", ["fp32", "amp-fp32"], seq_len=4, use_cache=False)
+    assert out["reports"] == [json.loads(json.dumps(r.to_dict())) for r in here]
+    assert here[1].check is not None and here[1].check["disagreements"] == 0
+
+
+@beside_only
+def test_an_error_in_the_analysis_process_is_raised_in_the_caller(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "opt", "hidden_size": 10,
+                                  "num_attention_heads": 3}))  # fmt: skip
+    code = """
+        import sys
+        from ampgraph.errors import ModelSpecError
+        from ampgraph.pipeline import analyze_spec
+        try:
+            analyze_spec(sys.argv[1], ["fp32"])
+        except ModelSpecError as exc:  # raised there, when transformers refused to build it
+            print(exc)
+        assert "torch" not in sys.modules
+    """
+    done = python(code, str(config), cache=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("cannot build a 'opt' model from this config")
+
+
+@beside_only
+def test_the_analysis_process_stops_when_the_callers_work_fails(tmp_path: Path) -> None:
+    code = """
+        import multiprocessing
+        from ampgraph.pipeline import analyze_spec
+        def meanwhile():
+            raise LookupError("the caller's own work failed")
+        try:
+            analyze_spec("llama-tiny", ["fp32"], seq_len=4, meanwhile=meanwhile)
+        except LookupError as exc:
+            print(exc, multiprocessing.active_children())
+    """
+    done = python(code, cache=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "the caller's own work failed []"
+    assert not list(tmp_path.rglob("*.json"))  # nothing was cached
+
+
+@beside_only
+def test_an_analysis_process_that_dies_is_a_one_line_error(tmp_path: Path) -> None:
+    code = """
+        import multiprocessing, os, signal
+        from ampgraph.errors import AnalysisError
+        from ampgraph.pipeline import analyze_spec
+        def meanwhile():  # as the kernel's out-of-memory killer would
+            for child in multiprocessing.active_children():
+                os.kill(child.pid, signal.SIGKILL)
+        try:
+            analyze_spec("llama-tiny", ["fp32"], seq_len=4, meanwhile=meanwhile)
+        except AnalysisError as exc:
+            print(exc)
+    """
+    done = python(code, cache=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("the analysis process ended without a result (exit code -9")
+    assert "run again with -j 1" in done.stdout
+
+
+def test_a_worker_leaves_ctrl_c_to_its_parent() -> None:
+    """A terminal's Ctrl-C reaches every process of the command; only the parent answers it."""
+    code = """
+        import multiprocessing as mp, os, signal, time
+        from ampgraph.workers import die_with_parent
+        def work(parent):
+            die_with_parent(parent)
+            time.sleep(2)
+        p = mp.get_context("fork").Process(target=work, args=(os.getpid(),))
+        p.start()
+        time.sleep(0.5)
+        os.kill(p.pid, signal.SIGINT)
+        p.join()
+        print(p.exitcode)
+    """
+    done = python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0" and "KeyboardInterrupt" not in done.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the processes in /proc")
+def test_the_cli_stops_its_workers_on_ctrl_c(tmp_path: Path) -> None:
+    env = {**os.environ, "AMPGRAPH_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ampgraph", "table", "llama-tiny", "-s", "fp32", "-s", "half"],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+    def session() -> list[int]:
+        """The live processes of the command's session (field 6 of /proc/PID/stat)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            if int(fields[3]) == proc.pid and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+        return found
+
+    for _ in range(300):  # until the analysis process is forked: it imports torch for seconds
+        if len(session()) > 1:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err.strip() == "Aborted!", err
+    assert session() == []

@@ -45,7 +45,9 @@ def versions() -> dict[str, str]:
 
     out = {
         "ampgraph": __version__,
-        "torch": torch.__version__,
+        # A str, not torch's TorchVersion: a report is plain data, which a process without
+        # torch unpickles without importing torch (1.5 s) for it.
+        "torch": str(torch.__version__),
         "policy_tables": release_in_use(),
     }
     transformers = sys.modules.get("transformers")
@@ -54,7 +56,7 @@ def versions() -> dict[str, str]:
             import transformers
         except ImportError:
             transformers = None
-    out["transformers"] = getattr(transformers, "__version__", "not installed")
+    out["transformers"] = str(getattr(transformers, "__version__", "not installed"))
     return out
 
 
@@ -250,6 +252,9 @@ def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, An
     try:
         result = work()
         status, payload = receive.recv()
+    except BaseException:
+        process.terminate()  # it ignores Ctrl-C (die_with_parent): stop it, not wait for it
+        raise
     finally:
         process.join()
     if status == "error":

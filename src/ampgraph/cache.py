@@ -81,9 +81,12 @@ def environment() -> dict[str, str]:
     }
 
 
-def cache_key(model_identity: dict[str, Any], request: dict[str, Any]) -> str:
-    """A stable hash of what a report depends on."""
-    payload = {"model": model_identity, "request": request, "env": environment()}
+def cache_key(
+    model_identity: dict[str, Any], request: dict[str, Any], env: dict[str, str] | None = None
+) -> str:
+    """A stable hash of what a report depends on; ``env`` is :func:`environment`, where the
+    caller has it already (reading it costs 10 ms)."""
+    payload = {"model": model_identity, "request": request, "env": env or environment()}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

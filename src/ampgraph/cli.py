@@ -220,10 +220,12 @@ def root_options() -> dict[str, Any]:
 def analysed(
     model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
     *, check: bool = True, warn_unchecked: bool = True, options: dict[str, Any] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[Report]:  # fmt: skip
     """:func:`ampgraph.pipeline.analyze_spec` with the command's options, and its warnings.
 
-    ``options`` are :func:`train_options` (the pass, its loss and where backward runs).
+    ``options`` are :func:`train_options` (the pass, its loss and where backward runs);
+    ``meanwhile`` is the command's own work that can run beside the analysis.
     """
     from ampgraph.pipeline import analyze_spec
     from ampgraph.text import data_dependent_warning, dtype_branches_warning
@@ -232,7 +234,7 @@ def analysed(
     reports = analyze_spec(
         model_spec, resolve_settings(settings, device, amp_dtype), seq_len=seq_len, check=check,
         use_cache=not root["no_cache"], workers=root["jobs"], force=forced(),
-        progress=progress, options=options,
+        progress=progress, options=options, meanwhile=meanwhile,
     )  # fmt: skip
     for warning in (dtype_branches_warning(reports[0]), data_dependent_warning(reports[0])):
         if warning:
@@ -655,22 +657,29 @@ def render(
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
       ampgraph render --pass backward -s amp-fp32 --format png
     """
-    from ampgraph.render import render_files
-    from ampgraph.render.files import check_formats
-
     formats = formats or ("svg",)
-    check_formats(formats)  # a missing dot fails now, not after the analysis
+
+    def load_renderer() -> None:
+        # Beside a cold analysis, on the core its imports leave idle (networkx alone is 0.2 s).
+        from ampgraph.render.files import check_formats
+
+        check_formats(formats)  # a missing dot fails now, not after the analysis
+
     if report_paths:
         if settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         if loss is not None or backward_autocast:
             raise click.UsageError("--loss and --backward-in-autocast need MODEL, not --report")
+        load_renderer()
         reports = load_reports(report_paths)
     else:
         options = train_options(pass_, loss, backward_autocast)
         reports = analysed(
-            model, settings, device, amp_dtype, seq_len, check=not no_check, options=options
-        )
+            model, settings, device, amp_dtype, seq_len, check=not no_check, options=options,
+            meanwhile=load_renderer,
+        )  # fmt: skip
+    from ampgraph.render import render_files
+
     paths = render_files(
         reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme, pass_=pass_
     )

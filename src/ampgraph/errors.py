@@ -18,6 +18,10 @@ class ModelSpecError(AmpgraphError):
     """An unknown model name, an unreadable config, or a factory that raised."""
 
 
+class AnalysisError(AmpgraphError):
+    """The process that analyses a model ended without a result (killed, out of memory)."""
+
+
 class CaptureError(AmpgraphError):
     """The model could not be traced into a torch.fx graph."""
 

@@ -4,7 +4,8 @@
 the cache (:mod:`ampgraph.cache`) are read before torch is imported; the model is built and traced
 once (:func:`prepare`) for the rest, which are analysed in forked worker processes
 (:func:`ampgraph.analysis.analyze_many`) and cached. Torch-free itself, so a warm run never
-imports torch.
+imports torch, and neither does a cold command: its analysis runs in a process of its own
+(:func:`analysis_beside`) while the command prepares what it does with the reports.
 
 >>> reports = analyze_spec("llama-tiny", ["amp-fp32"], check=False)
 >>> [(r.model, r.setting["name"]) for r in reports]
@@ -119,9 +120,10 @@ def report_keys(
     # Only a non-default tracer or pass is part of the key, so the forward's entries stay valid.
     extra = {} if tracer == DEFAULT_TRACER else {"tracer": tracer}
     extra.update(options or {})
+    env = cache.environment()
     return [
         cache.cache_key(
-            identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **extra}
+            identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **extra}, env
         )
         for s in settings
     ]
@@ -152,6 +154,7 @@ def analyze_spec(
     force: bool = False,
     progress: Progress = None,
     options: dict[str, Any] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[Report]:
     """The analysis of the model ``spec`` names in each setting, in order.
 
@@ -162,6 +165,13 @@ def analyze_spec(
     forked processes (default: one per core), and cached. ``force`` analyses a config beyond any
     published model; ``progress`` receives notes on the way. ``options`` go to
     :func:`ampgraph.analyze` (``pass_``, ``loss``, ``backward_autocast``) and into the cache key.
+
+    ``meanwhile`` is work of the caller's own that does not need the reports (the CLI's
+    ``render`` imports the renderer in it). In a process that has not imported torch, on a
+    machine with more than one core, the analysis runs in a forked process of its own
+    (:func:`analysis_beside`) and ``meanwhile`` runs here at the same time, on the core the
+    imports of torch and the model's code leave idle; elsewhere it runs first. Either way it has
+    run when this returns, and what it raises is raised here (the analysis is then stopped).
     """
     resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
     keys = (
@@ -171,32 +181,161 @@ def analyze_spec(
     )
     reports: list[Report | None] = [cached_report(k) for k in keys]
     missing = [i for i, r in enumerate(reports) if r is None]
-    if missing:
-        start = time.perf_counter()
-        model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
+    if not missing:
+        if meanwhile is not None:
+            meanwhile()
+        return [r for r in reports if r is not None]
+    start = time.perf_counter()
+
+    def done(j: int, report: Report) -> None:
         from ampgraph import cache
+
+        index = missing[j]
+        reports[index] = report
+        key = keys[index]
+        if key is not None:
+            cache.store(key, report.to_dict())
+        _say(progress, f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
+
+    def compute(on_done: Callable[[int, Report], None]) -> None:
+        model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
         from ampgraph.analysis import analyze_many
 
         _say(progress, f"  built in {time.perf_counter() - start:.1f}s; analysing "
                        f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
-
-        def done(j: int, report: Report) -> None:
-            index = missing[j]
-            reports[index] = report
-            key = keys[index]
-            if key is not None:
-                cache.store(key, report.to_dict())
-            _say(progress, f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
-
         analyze_many(
             model,
             [resolved[i] for i in missing],
             check=check,
             workers=workers,
-            on_done=done,
+            on_done=on_done,
             **(options or {}),
         )
+
+    if analysis_beside(workers):
+        _run_beside(compute, done, meanwhile, len(missing))
+    else:
+        if meanwhile is not None:
+            meanwhile()
+        compute(done)
     return [r for r in reports if r is not None]
 
 
-__all__ = ["analyze_spec", "cached_report", "frozen_imports", "prepare", "report_keys"]
+def analysis_beside(workers: int | None = None) -> bool:
+    """Whether :func:`analyze_spec` runs the analysis in a forked process beside the caller.
+
+    Where this process has not imported torch (the CLI's: a notebook has it already, and keeps
+    its own process), the machine has a second core for the caller's work meanwhile, ``workers``
+    is not 1 (``-j 1`` keeps everything in one process, for a debugger) and processes can be
+    forked. The caller then never imports torch: it receives the reports, which are plain data.
+    The analysis process forks the workers that analyse the settings (:func:`ampgraph.analysis.
+    analyze_many`), as the caller did before.
+    """
+    import multiprocessing as mp
+
+    from ampgraph.workers import default_workers
+
+    return (
+        "torch" not in sys.modules
+        and workers != 1
+        and default_workers() > 1
+        and "fork" in mp.get_all_start_methods()
+        and not mp.current_process().daemon  # a pool's worker may not have children
+    )
+
+
+def _run_beside(
+    compute: Callable[[Callable[[int, Report], None]], None],
+    done: Callable[[int, Report], None],
+    meanwhile: Callable[[], None] | None,
+    expected: int,
+) -> None:
+    """Run ``compute`` in a forked process, ``meanwhile`` here, and ``done`` here for each of the
+    ``expected`` reports ``compute`` sends as it finishes it.
+
+    Returns with the last report, not when the analysis process has ended: its workers' teardown
+    is no part of the caller's wait. An error in the analysis is raised here as it was raised
+    there (with its traceback there as a note, for a bug); an analysis process that ends without
+    a word (killed, out of memory) is an :class:`~ampgraph.errors.AnalysisError`. The analysis
+    process is stopped when this raises.
+    """
+    import multiprocessing as mp
+    import os
+
+    from ampgraph.errors import AnalysisError
+    from ampgraph.workers import die_with_parent
+
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    parent = os.getpid()
+
+    def child() -> None:
+        die_with_parent(parent)
+        code = 0
+        try:
+            compute(lambda j, report: send.send(("report", j, report)))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+            code = 1
+            with contextlib.suppress(BaseException):
+                send.send(("error", None, _portable(exc)))
+        finally:
+            send.close()
+        # Without the interpreter's teardown of torch (see ampgraph.cli.exit_now): the reports
+        # are sent, and the workers have ended with analyze_many.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    process = ctx.Process(target=child, name="ampgraph-analysis")
+    process.start()
+    send.close()
+    received = 0
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        while received < expected:
+            try:
+                kind, index, payload = receive.recv()
+            except EOFError:
+                process.join()
+                raise AnalysisError(
+                    f"the analysis process ended without a result (exit code {process.exitcode}"
+                    f"{', killed: out of memory?' if process.exitcode == -9 else ''}); run again "
+                    "with -j 1 to analyse in one process"
+                ) from None
+            if kind == "error":
+                raise payload
+            done(index, payload)
+            received += 1
+    finally:
+        receive.close()
+        if received < expected:  # an error, or the caller's meanwhile failed or was interrupted
+            process.terminate()
+            process.join()
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` as it can cross to another process: itself where it pickles, with its traceback
+    as a note where it is a bug; else a RuntimeError that says what it was."""
+    import pickle
+    import traceback
+
+    from ampgraph.errors import AmpgraphError
+
+    if not isinstance(exc, (AmpgraphError, KeyboardInterrupt)) and hasattr(exc, "add_note"):
+        text = "".join(traceback.format_exception(exc)).rstrip()
+        exc.add_note(f"in the analysis process:\n{text}")
+    try:
+        return pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - an exception that does not survive pickling
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+__all__ = [
+    "analysis_beside",
+    "analyze_spec",
+    "cached_report",
+    "frozen_imports",
+    "prepare",
+    "report_keys",
+]

@@ -20,9 +20,15 @@ def die_with_parent(parent: int) -> None:
     computing, then printing BrokenPipeError tracebacks. Linux delivers SIGTERM to the child when
     its parent dies (``prctl(PR_SET_PDEATHSIG)``); a parent that died before the call is caught by
     the ``getppid`` check.
+
+    Ctrl-C is left to the parent: a terminal sends SIGINT to every process of the command, and
+    each worker printed a ``Process ForkPoolWorker-1:`` traceback for it. The worker ignores it;
+    the parent stops its workers as it unwinds (``Pool.terminate``, or the SIGTERM above).
     """
     import ctypes
     import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     if sys.platform.startswith("linux"):
         try:
