@@ -112,20 +112,24 @@ def test_a_cold_analysis_runs_beside_a_caller_that_never_imports_torch(tmp_path:
     code = """
         import json, multiprocessing, os, sys
         from ampgraph.pipeline import analysis_beside, analyze_spec
+        beside = analysis_beside()
         seen = []
         def meanwhile():  # runs here while the analysis process works
             seen.append([p.name for p in multiprocessing.active_children()])
         reports = analyze_spec("llama-tiny", ["fp32", "amp-fp32"], seq_len=4,
                                meanwhile=meanwhile)
-        print(json.dumps({"beside": analysis_beside(), "seen": seen,
-                          "torch": "torch" in sys.modules,
+        torch_then = "torch" in sys.modules
+        # With nothing to do meanwhile, the analysis runs here: torch stays for the next call.
+        analyze_spec("llama-tiny", ["half"], seq_len=4, check=False)
+        print(json.dumps({"beside": beside, "seen": seen, "torch": torch_then,
+                          "torch_after": "torch" in sys.modules,
                           "reports": [r.to_dict() for r in reports]}))
     """
     done = python(code, cache=tmp_path)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     # The reports (plain data: no TorchVersion in them) arrived without importing torch here.
-    assert out["beside"] is True and out["torch"] is False
+    assert out["beside"] is True and out["torch"] is False and out["torch_after"] is True
     assert out["seen"] == [["ampgraph-analysis"]]
     # They are the reports the analysis gives in one process (torch is loaded in this one).
     here = analyze_spec("llama-tiny", ["fp32", "amp-fp32"], seq_len=4, use_cache=False)
@@ -143,7 +147,7 @@ def test_an_error_in_the_analysis_process_is_raised_in_the_caller(tmp_path: Path
         from ampgraph.errors import ModelSpecError
         from ampgraph.pipeline import analyze_spec
         try:
-            analyze_spec(sys.argv[1], ["fp32"])
+            analyze_spec(sys.argv[1], ["fp32"], meanwhile=lambda: None)
         except ModelSpecError as exc:  # raised there, when transformers refused to build it
             print(exc)
         assert "torch" not in sys.modules

@@ -167,11 +167,13 @@ def analyze_spec(
     :func:`ampgraph.analyze` (``pass_``, ``loss``, ``backward_autocast``) and into the cache key.
 
     ``meanwhile`` is work of the caller's own that does not need the reports (the CLI's
-    ``render`` imports the renderer in it). In a process that has not imported torch, on a
-    machine with more than one core, the analysis runs in a forked process of its own
+    ``render`` imports the renderer in it). Given it, in a process that has not imported torch,
+    on a machine with more than one core, the analysis runs in a forked process of its own
     (:func:`analysis_beside`) and ``meanwhile`` runs here at the same time, on the core the
     imports of torch and the model's code leave idle; elsewhere it runs first. Either way it has
     run when this returns, and what it raises is raised here (the analysis is then stopped).
+    Without it the analysis runs in this process, which then has torch and the model's code for
+    the next call (``ampgraph diff`` of two models, a documentation build's directives).
     """
     resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
     keys = (
@@ -212,7 +214,7 @@ def analyze_spec(
             **(options or {}),
         )
 
-    if analysis_beside(workers):
+    if meanwhile is not None and analysis_beside(workers):
         _run_beside(compute, done, meanwhile, len(missing))
     else:
         if meanwhile is not None:
@@ -222,7 +224,8 @@ def analyze_spec(
 
 
 def analysis_beside(workers: int | None = None) -> bool:
-    """Whether :func:`analyze_spec` runs the analysis in a forked process beside the caller.
+    """Whether :func:`analyze_spec`, given work to do ``meanwhile``, runs the analysis in a
+    forked process beside the caller.
 
     Where this process has not imported torch (the CLI's: a notebook has it already, and keeps
     its own process), the machine has a second core for the caller's work meanwhile, ``workers``
