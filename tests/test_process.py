@@ -216,11 +216,19 @@ def test_a_worker_leaves_ctrl_c_to_its_parent() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the processes in /proc")
-def test_the_cli_stops_its_workers_on_ctrl_c(tmp_path: Path) -> None:
-    env = {**os.environ, "AMPGRAPH_CACHE_DIR": str(tmp_path)}
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["render", "--out", "figures"],  # Ctrl-C while the analysis process imports torch
+        ["table", "--pass", "train"],  # while the workers of an analysis in the command work
+    ],
+    ids=["analysis-process", "workers"],
+)
+def test_the_cli_stops_its_workers_on_ctrl_c(tmp_path: Path, command: list[str]) -> None:
+    env = {**os.environ, "AMPGRAPH_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ampgraph", "table", "llama-tiny", "-s", "fp32", "-s", "half"],
-        env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "ampgraph", *command],
+        env=env, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
 
@@ -236,11 +244,12 @@ def test_the_cli_stops_its_workers_on_ctrl_c(tmp_path: Path) -> None:
                 found.append(int(stat.parent.name))
         return found
 
-    for _ in range(300):  # until the analysis process is forked: it imports torch for seconds
+    for _ in range(600):  # until the command has a second process, working for seconds more
         if len(session()) > 1:
             break
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and err.strip() == "Aborted!", err
     assert session() == []
+    assert not (tmp_path / "figures").exists()

@@ -285,8 +285,9 @@ def _run_beside(
             send.close()
         # Without the interpreter's teardown of torch (see ampgraph.cli.exit_now): the reports
         # are sent, and the workers have ended with analyze_many.
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed pipe: nothing is left to say
+                stream.flush()
         os._exit(code)
 
     process = ctx.Process(target=child, name="ampgraph-analysis")
