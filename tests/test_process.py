@@ -253,3 +253,40 @@ def test_the_cli_stops_its_workers_on_ctrl_c(tmp_path: Path, command: list[str])
     assert proc.returncode == 1 and err.strip() == "Aborted!", err
     assert session() == []
     assert not (tmp_path / "figures").exists()
+
+
+def test_reports_cross_to_a_process_without_torch(tmp_path: Path) -> None:
+    """What the analysis process sends: a report unpickles without importing torch, a data-
+    dependent capture's and a training step's too (a TorchVersion in it cost 1.5 s)."""
+    import pickle
+
+    import torch
+
+    from ampgraph import analyze
+
+    class Branches(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x)
+            if (y > 0).sum() > 3:  # decided on data: draft-export, unbacked values
+                return y.relu()
+            return y[y > 0]
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    reports = [
+        analyze(Branches(), "amp-fp32", args=(torch.randn(3, 4),)),
+        analyze(net, "amp-fp32", args=(torch.randn(3, 4),), pass_="train"),
+    ]
+    assert reports[0].capture.get("unbacked_values") and reports[1].backward is not None
+    path = tmp_path / "reports.pickle"
+    path.write_bytes(pickle.dumps(reports))
+    done = python("""
+        import pickle, sys
+        reports = pickle.load(open(sys.argv[1], "rb"))
+        print(len(reports), type(reports[0].versions["torch"]).__name__, "torch" in sys.modules)
+    """, str(path))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2", "str", "False"]
