@@ -291,10 +291,10 @@ def _run_beside(
         os._exit(code)
 
     process = ctx.Process(target=child, name="ampgraph-analysis")
-    process.start()
-    send.close()
     received = 0
     try:
+        process.start()  # in the try: a Ctrl-C just after the fork still stops the child
+        send.close()
         if meanwhile is not None:
             meanwhile()
         while received < expected:
@@ -313,7 +313,8 @@ def _run_beside(
             received += 1
     finally:
         receive.close()
-        if received < expected:  # an error, or the caller's meanwhile failed or was interrupted
+        # An error, or the caller's meanwhile failed or was interrupted.
+        if received < expected and process.pid is not None:
             process.terminate()
             process.join()
 
