@@ -297,3 +297,21 @@ def test_reports_cross_to_a_process_without_torch(tmp_path: Path) -> None:
     """, str(path))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2", "str", "False"]
+
+
+def test_an_error_that_does_not_pickle_still_crosses_from_the_process_beside() -> None:
+    """What the dispatcher check's process and the analysis process share (workers.beside)."""
+    from ampgraph.workers import beside
+
+    class Local(Exception):  # a class pickle cannot find by name
+        pass
+
+    def produce(send: object) -> None:
+        raise Local("boom")
+
+    with pytest.raises(RuntimeError, match=r"^Local: boom$"):
+        beside(produce, print, 1, name="dispatcher check")
+    with pytest.raises(LookupError) as raised:
+        beside(lambda send: {}["missing"], print, 1, name="dispatcher check")
+    if sys.version_info >= (3, 11):  # add_note
+        assert "in the dispatcher check process:" in "".join(raised.value.__notes__)

@@ -36,7 +36,7 @@ from ampgraph.policy import release_in_use
 from ampgraph.records import PASSES, ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.specs import spec_tracer
-from ampgraph.workers import default_workers, die_with_parent
+from ampgraph.workers import beside, default_workers, die_with_parent
 
 
 def versions() -> dict[str, str]:
@@ -227,39 +227,14 @@ PARALLEL_CHECK_NODES = 400
 
 def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
     """Run ``work()`` here and the dispatcher oracle in a forked child at the same time."""
-    import multiprocessing as mp
-    import os
-
     from ampgraph.check import dispatcher_results
 
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-
-    parent = os.getpid()
-
-    def child() -> None:
-        die_with_parent(parent)
-        try:
-            send.send(("ok", dispatcher_results(cap)))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the parent
-            send.send(("error", exc))
-        finally:
-            send.close()
-
-    process = ctx.Process(target=child, daemon=True)
-    process.start()
-    send.close()
-    try:
-        result = work()
-        status, payload = receive.recv()
-    except BaseException:
-        process.terminate()  # it ignores Ctrl-C (die_with_parent): stop it, not wait for it
-        raise
-    finally:
-        process.join()
-    if status == "error":
-        raise payload
-    return result, payload
+    oracle: list[dict[str, dict[str, Any]]] = []
+    result = beside(
+        lambda send: send(dispatcher_results(cap)), oracle.append, 1, work,
+        name="dispatcher check",
+    )  # fmt: skip
+    return result, oracle[0]
 
 
 def analyze_capture(

@@ -674,15 +674,9 @@ def render(
         reports = load_reports(report_paths)
     else:
         options = train_options(pass_, loss, backward_autocast)
-        # Beside the analysis for the forward only: a training step's reports are four times
-        # bigger, and their extra hop from the analysis process cost more than the overlap
-        # saves (0.4 to 1.6 s slower in three interleaved A/B sets of OPT-125M --pass train).
-        beside = pass_ == "forward"
-        if not beside:
-            load_renderer()
         reports = analysed(
             model, settings, device, amp_dtype, seq_len, check=not no_check, options=options,
-            meanwhile=load_renderer if beside else None,
+            meanwhile=load_renderer,
         )  # fmt: skip
     from ampgraph.render import render_files
 

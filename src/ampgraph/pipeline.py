@@ -167,9 +167,9 @@ def analyze_spec(
     :func:`ampgraph.analyze` (``pass_``, ``loss``, ``backward_autocast``) and into the cache key.
 
     ``meanwhile`` is work of the caller's own that does not need the reports (the CLI's
-    ``render`` imports the renderer in it). Given it, in a process that has not imported torch,
-    on a machine with more than one core, the analysis runs in a forked process of its own
-    (:func:`analysis_beside`) and ``meanwhile`` runs here at the same time, on the core the
+    ``render`` imports the renderer in it). Given it, for the forward pass, in a process that
+    has not imported torch, on a machine with more than one core, the analysis runs in a forked
+    process of its own (:func:`analysis_beside`) and ``meanwhile`` runs here at the same time, on the core the
     imports of torch and the model's code leave idle; elsewhere it runs first. Either way it has
     run when this returns, and what it raises is raised here (the analysis is then stopped).
     Without it the analysis runs in this process, which then has torch and the model's code for
@@ -214,8 +214,14 @@ def analyze_spec(
             **(options or {}),
         )
 
-    if meanwhile is not None and analysis_beside(workers):
-        _run_beside(compute, done, meanwhile, len(missing))
+    if meanwhile is not None and analysis_beside(workers, pass_=(options or {}).get("pass_")):
+        from ampgraph.workers import beside
+
+        beside(
+            lambda send: compute(lambda j, report: send((j, report))),
+            lambda item: done(*item), len(missing), meanwhile,
+            name="analysis", hint="; run again with -j 1 to analyse in one process",
+        )  # fmt: skip
     else:
         if meanwhile is not None:
             meanwhile()
@@ -223,9 +229,9 @@ def analyze_spec(
     return [r for r in reports if r is not None]
 
 
-def analysis_beside(workers: int | None = None) -> bool:
-    """Whether :func:`analyze_spec`, given work to do ``meanwhile``, runs the analysis in a
-    forked process beside the caller.
+def analysis_beside(workers: int | None = None, *, pass_: str | None = None) -> bool:
+    """Whether :func:`analyze_spec`, given work to do ``meanwhile``, runs the analysis of the
+    pass ``pass_`` (default the forward) in a forked process beside the caller.
 
     Where this process has not imported torch (the CLI's: a notebook has it already, and keeps
     its own process), the machine has a second core for the caller's work meanwhile, ``workers``
@@ -233,107 +239,23 @@ def analysis_beside(workers: int | None = None) -> bool:
     forked. The caller then never imports torch: it receives the reports, which are plain data.
     The analysis process forks the workers that analyse the settings (:func:`ampgraph.analysis.
     analyze_many`), as the caller did before.
+
+    Not for a training step: its reports are four times bigger, and their extra hop from the
+    analysis process cost more than the overlap saves (``render --pass train`` of OPT-125M read
+    0.4 to 1.6 s slower beside in three interleaved A/B sets).
     """
     import multiprocessing as mp
 
     from ampgraph.workers import default_workers
 
     return (
-        "torch" not in sys.modules
+        pass_ in (None, "forward")
+        and "torch" not in sys.modules
         and workers != 1
         and default_workers() > 1
         and "fork" in mp.get_all_start_methods()
         and not mp.current_process().daemon  # a pool's worker may not have children
     )
-
-
-def _run_beside(
-    compute: Callable[[Callable[[int, Report], None]], None],
-    done: Callable[[int, Report], None],
-    meanwhile: Callable[[], None] | None,
-    expected: int,
-) -> None:
-    """Run ``compute`` in a forked process, ``meanwhile`` here, and ``done`` here for each of the
-    ``expected`` reports ``compute`` sends as it finishes it.
-
-    Returns with the last report, not when the analysis process has ended: its workers' teardown
-    is no part of the caller's wait. An error in the analysis is raised here as it was raised
-    there (with its traceback there as a note, for a bug); an analysis process that ends without
-    a word (killed, out of memory) is an :class:`~ampgraph.errors.AnalysisError`. The analysis
-    process is stopped when this raises.
-    """
-    import multiprocessing as mp
-    import os
-
-    from ampgraph.errors import AnalysisError
-    from ampgraph.workers import die_with_parent
-
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    parent = os.getpid()
-
-    def child() -> None:
-        die_with_parent(parent)
-        code = 0
-        try:
-            compute(lambda j, report: send.send(("report", j, report)))
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
-            code = 1
-            with contextlib.suppress(BaseException):
-                send.send(("error", None, _portable(exc)))
-        finally:
-            send.close()
-        # Without the interpreter's teardown of torch (see ampgraph.cli.exit_now): the reports
-        # are sent, and the workers have ended with analyze_many.
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed pipe: nothing is left to say
-                stream.flush()
-        os._exit(code)
-
-    process = ctx.Process(target=child, name="ampgraph-analysis")
-    received = 0
-    try:
-        process.start()  # in the try: a Ctrl-C just after the fork still stops the child
-        send.close()
-        if meanwhile is not None:
-            meanwhile()
-        while received < expected:
-            try:
-                kind, index, payload = receive.recv()
-            except EOFError:
-                process.join()
-                raise AnalysisError(
-                    f"the analysis process ended without a result (exit code {process.exitcode}"
-                    f"{', killed: out of memory?' if process.exitcode == -9 else ''}); run again "
-                    "with -j 1 to analyse in one process"
-                ) from None
-            if kind == "error":
-                raise payload
-            done(index, payload)
-            received += 1
-    finally:
-        receive.close()
-        # An error, or the caller's meanwhile failed or was interrupted.
-        if received < expected and process.pid is not None:
-            process.terminate()
-            process.join()
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` as it can cross to another process: itself where it pickles, with its traceback
-    as a note where it is a bug; else a RuntimeError that says what it was."""
-    import pickle
-    import traceback
-
-    from ampgraph.errors import AmpgraphError
-
-    if not isinstance(exc, (AmpgraphError, KeyboardInterrupt)) and hasattr(exc, "add_note"):
-        text = "".join(traceback.format_exception(exc)).rstrip()
-        exc.add_note(f"in the analysis process:\n{text}")
-    try:
-        return pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - an exception that does not survive pickling
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 __all__ = [

@@ -1,7 +1,9 @@
-"""The worker processes ampgraph forks: how many to start, and that they end with their parent.
+"""The worker processes ampgraph forks: how many to start, that they end with their parent, and
+one process's work beside the caller's (:func:`beside`).
 
-Torch-free, so the analysis (settings in forked workers, the check beside the annotation) and
-the renderer (one ``dot`` process per core) count cores the same way.
+Torch-free, so the analysis (settings in forked workers, the check beside the annotation, the
+analysis beside a command) and the renderer (one ``dot`` process per core) count cores the same
+way.
 
 >>> default_workers() >= 1
 True
@@ -9,8 +11,11 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def die_with_parent(parent: int) -> None:
@@ -45,3 +50,102 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def beside(
+    produce: Callable[[Callable[[Any], None]], None],
+    take: Callable[[Any], None],
+    expected: int,
+    meanwhile: Callable[[], Any] | None = None,
+    *,
+    name: str,
+    hint: str = "",
+) -> Any:
+    """Run ``produce(send)`` in a forked process and ``meanwhile()`` here at the same time, then
+    ``take`` each of the ``expected`` items ``produce`` sends, as it sends it; return what
+    ``meanwhile`` returned.
+
+    Returns with the last item, not when the process has ended: whatever it does after (its own
+    workers' teardown) is no part of the caller's wait. An error there is raised here as it was
+    raised there, with its traceback as a note for a bug (:func:`portable`); a process that ends
+    without a word (killed, out of memory) is an :class:`~ampgraph.errors.AnalysisError` naming
+    the ``name`` process, followed by ``hint``. When this raises, the process is stopped.
+
+    >>> items = []
+    >>> beside(lambda send: [send(n * n) for n in range(3)], items.append, 3, lambda: "here",
+    ...        name="squares")
+    'here'
+    >>> items
+    [0, 1, 4]
+    """
+    import multiprocessing as mp
+
+    from ampgraph.errors import AnalysisError
+
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    parent = os.getpid()
+
+    def child() -> None:
+        die_with_parent(parent)
+        code = 0
+        try:
+            produce(lambda item: send.send((False, item)))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+            code = 1
+            with contextlib.suppress(BaseException):
+                send.send((True, portable(exc, name)))
+        finally:
+            send.close()
+        # Without the interpreter's teardown (of torch, where it has it: see
+        # ampgraph.cli.exit_now): what it had to say is sent.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed pipe: nothing is left to say
+                stream.flush()
+        os._exit(code)
+
+    process = ctx.Process(target=child, name=f"ampgraph-{name.replace(' ', '-')}")
+    received = 0
+    try:
+        process.start()  # in the try: a Ctrl-C just after the fork still stops the child
+        send.close()
+        result = meanwhile() if meanwhile is not None else None
+        while received < expected:
+            try:
+                failed, item = receive.recv()
+            except EOFError:
+                process.join()
+                raise AnalysisError(
+                    f"the {name} process ended without a result (exit code {process.exitcode}"
+                    f"{', killed: out of memory?' if process.exitcode == -9 else ''}){hint}"
+                ) from None
+            if failed:
+                raise item
+            take(item)
+            received += 1
+    finally:
+        receive.close()
+        # An error, or the caller's meanwhile failed or was interrupted: the child ignores
+        # Ctrl-C (die_with_parent), so it is stopped, not waited for.
+        if received < expected and process.pid is not None:
+            process.terminate()
+            process.join()
+    return result
+
+
+def portable(exc: BaseException, name: str) -> BaseException:
+    """``exc`` as it can cross from the ``name`` process to its parent: itself where it pickles,
+    with its traceback there as a note where it is a bug; else a RuntimeError that says what it
+    was."""
+    import pickle
+    import traceback
+
+    from ampgraph.errors import AmpgraphError
+
+    if not isinstance(exc, (AmpgraphError, KeyboardInterrupt)) and hasattr(exc, "add_note"):
+        text = "".join(traceback.format_exception(exc)).rstrip()
+        exc.add_note(f"in the {name} process:\n{text}")
+    try:
+        return pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - an exception that does not survive pickling
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
