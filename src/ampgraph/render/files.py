@@ -268,7 +268,7 @@ def render_files(
         try:
             atomic_write(path, data)
         except OSError as exc:
-            raise RenderError(f"cannot write {path}: {exc.strerror}") from None
+            raise RenderError(f"cannot write {path}: {exc.strerror or exc}") from None
     return [path for path, _data in laid_out]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ampgraph.errors import AmpgraphError
 from ampgraph.files import atomic_write
 from ampgraph.records import Report
 from ampgraph.settings import Setting, short_dtype
@@ -150,11 +151,18 @@ def verify_record(results: Sequence[VerifyResult], **extra: Any) -> dict[str, An
 def write_record(
     results: Sequence[VerifyResult], path: str | os.PathLike[str], **extra: Any
 ) -> Path:
-    """Write :func:`verify_record` as JSON to ``path`` atomically (a reader never sees half)."""
+    """Write :func:`verify_record` as JSON to ``path`` with :func:`~ampgraph.files.atomic_write`
+    (a reader never sees half; a device such as ``/dev/null`` is written through, never replaced).
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(verify_record(results, **extra), indent=1) + "\n"
-    atomic_write(target, text.encode())
+    try:
+        atomic_write(target, text.encode())
+    except OSError as exc:
+        raise AmpgraphError(
+            f"cannot write the record to {target}: {exc.strerror or exc}; choose another path"
+        ) from None
     return target
 
 
