@@ -432,19 +432,25 @@ def check_command(
 def cache_group() -> None:
     """Inspect or clear the cache of finished analyses.
 
-    Analyses are cached by model config, sequence length, setting and the versions of ampgraph,
-    torch and transformers, so a second run reads them without importing torch. The cache lives in
-    $AMPGRAPH_CACHE_DIR, else $XDG_CACHE_HOME/ampgraph, else ~/.cache/ampgraph.
+    Analyses are cached by model config, sequence length, setting and options, and the
+    environment (the versions of ampgraph, torch and transformers, where they are installed, the
+    Python and the platform), so a second run reads them without importing torch. An entry is
+    served only for the request it was stored for; anything else is analysed again. The cache
+    lives in $AMPGRAPH_CACHE_DIR, else $XDG_CACHE_HOME/ampgraph, else ~/.cache/ampgraph, and
+    takes at most $AMPGRAPH_CACHE_MAX_BYTES (default 512M; 0 caches nothing): the least recently
+    used entries go first.
     """
 
 
 @cache_group.command(name="info")
 def cache_info() -> None:
-    """Show where the cache is and how big it is."""
+    """Show where the cache is, how big it is, and how big it may grow."""
     from ampgraph import cache
 
     root, entries, size = cache.info()
-    click.echo(f"{root}: {entries} entr{'y' if entries == 1 else 'ies'}, {size / 1e6:.1f} MB")
+    limit, source = cache.bound()
+    click.echo(f"{root}: {entries} entr{'y' if entries == 1 else 'ies'}, {size / 1e6:.1f} MB "
+               f"of at most {limit / 1e6:.1f} MB ({source})")  # fmt: skip
 
 
 @cache_group.command(name="clear")

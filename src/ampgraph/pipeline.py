@@ -95,20 +95,22 @@ def prepare(
         return trace(load_model(spec, seq_len=seq_len, force=force), spec_tracer(spec))
 
 
-def report_keys(
+def report_requests(
     spec: str,
     settings: Sequence[Setting],
     *,
     seq_len: int,
     check: bool,
     options: dict[str, Any] | None = None,
-) -> list[str | None]:
-    """The cache key of ``spec``'s report in each setting; None where it is never cached (a
+) -> list[dict[str, Any] | None]:
+    """What ``spec``'s report in each setting is cached under and checked against
+    (:func:`ampgraph.cache.request_of`); None where it is never cached (a
     ``package.module:factory`` spec runs arbitrary code).
 
-    >>> [len(k) for k in report_keys("opt", [Setting.parse("fp32")], seq_len=8, check=True)]
-    [64]
-    >>> report_keys("torch.nn:Linear", [Setting.parse("fp32")], seq_len=8, check=True)
+    >>> [r["model"]["name"] for r in report_requests("opt", [Setting.parse("fp32")], seq_len=8,
+    ...                                              check=True)]
+    ['opt-125m']
+    >>> report_requests("torch.nn:Linear", [Setting.parse("fp32")], seq_len=8, check=True)
     [None]
     """
     from ampgraph import cache
@@ -122,24 +124,47 @@ def report_keys(
     extra.update(options or {})
     env = cache.environment()
     return [
-        cache.cache_key(
+        cache.request_of(
             identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **extra}, env
         )
         for s in settings
     ]
 
 
-def cached_report(key: str | None) -> Report | None:
-    """The cached report for ``key``, or None: also for an entry that is damaged, foreign or of
-    another schema (the fresh report replaces it)."""
+def report_keys(
+    spec: str,
+    settings: Sequence[Setting],
+    *,
+    seq_len: int,
+    check: bool,
+    options: dict[str, Any] | None = None,
+) -> list[str | None]:
+    """The cache key of each of :func:`report_requests`, or None where it is never cached.
+
+    >>> [len(k) for k in report_keys("opt", [Setting.parse("fp32")], seq_len=8, check=True)]
+    [64]
+    >>> report_keys("torch.nn:Linear", [Setting.parse("fp32")], seq_len=8, check=True)
+    [None]
+    """
     from ampgraph import cache
 
-    data = cache.load(key) if key is not None else None
+    requests = report_requests(spec, settings, seq_len=seq_len, check=check, options=options)
+    return [cache.key_of(r) if r is not None else None for r in requests]
+
+
+def cached_report(request: dict[str, Any] | None) -> Report | None:
+    """The cached report for ``request`` (:func:`report_requests`), or None: also for an entry
+    stored for another request, and one that is damaged, foreign, of another schema, or that
+    :meth:`Report.from_dict <ampgraph.records.Report.from_dict>` refuses (the fresh report
+    replaces it)."""
+    from ampgraph import cache
+
+    data = cache.load(request) if request is not None else None
     if data is None:
         return None
     try:
         return Report.from_dict(data)
-    except Exception:  # noqa: BLE001 - damaged, foreign or of another schema: recompute it
+    except Exception:  # noqa: BLE001 - refused (AmpgraphError, ValueError, ...): a miss, recompute
         return None
 
 
@@ -176,12 +201,12 @@ def analyze_spec(
     the next call (``ampgraph diff`` of two models, a documentation build's directives).
     """
     resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
-    keys = (
-        report_keys(spec, resolved, seq_len=seq_len, check=check, options=options)
+    requests = (
+        report_requests(spec, resolved, seq_len=seq_len, check=check, options=options)
         if use_cache
         else [None for _ in resolved]
     )
-    reports: list[Report | None] = [cached_report(k) for k in keys]
+    reports: list[Report | None] = [cached_report(r) for r in requests]
     missing = [i for i, r in enumerate(reports) if r is None]
     if not missing:
         if meanwhile is not None:
@@ -194,9 +219,9 @@ def analyze_spec(
 
         index = missing[j]
         reports[index] = report
-        key = keys[index]
-        if key is not None:
-            cache.store(key, report.to_dict())
+        request = requests[index]
+        if request is not None:
+            cache.store(request, report.to_dict())
         _say(progress, f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
 
     def compute(on_done: Callable[[int, Report], None]) -> None:
@@ -265,4 +290,5 @@ __all__ = [
     "frozen_imports",
     "prepare",
     "report_keys",
+    "report_requests",
 ]
