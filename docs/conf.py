@@ -9,9 +9,11 @@ drawn during the build by ampgraph's own directive (:mod:`ampgraph.sphinx`).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -140,3 +142,44 @@ def report_example() -> None:
 gallery_pages()
 policy_page()
 report_example()
+
+
+# -- the CLI reference: click's help, read as reStructuredText ----------------------------------
+
+#: ``--option`` in prose (with an ``=value``): an inline literal, so that Sphinx's smart quotes
+#: do not turn its two hyphens into an en dash and readers see what they type.
+CLI_OPTION = re.compile(r"(?<![\w`-])(--[a-z][\w-]*(?:=[^\s)\]'\",;]+)?)")
+
+
+def cli_lines(lines: list[str]) -> None:
+    """Rewrite a command's help (sphinx-click's lines, in place) for reading as a reference.
+
+    click's ``\\b`` blocks arrive as reST line blocks (``| ...``). One headed ``Examples:``
+    becomes that heading and a ``console`` code block, as a terminal shows them; other line
+    blocks stay line blocks. Options named in prose become inline literals (:data:`CLI_OPTION`).
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() == "| Examples:":
+            indent = line[: len(line) - len(line.lstrip())]
+            block = []
+            i += 1
+            while i < len(lines) and lines[i].lstrip().startswith("| "):
+                block.append(lines[i].lstrip()[2:])
+                i += 1
+            out += [f"{indent}Examples:", "", f"{indent}.. code-block:: console", ""]
+            out += [f"{indent}   {example}" for example in block]
+            out.append("")
+            continue
+        if not line.lstrip().startswith(".. "):
+            line = CLI_OPTION.sub(r"``\1``", line)
+        out.append(line)
+        i += 1
+    lines[:] = out
+
+
+def setup(app: Any) -> None:
+    for event in ("description", "options", "arguments", "epilog"):
+        app.connect(f"sphinx-click-process-{event}", lambda _app, _ctx, lines: cli_lines(lines))

@@ -179,3 +179,30 @@ def test_reference_pages_are_generated(site: Path) -> None:
     assert 'id="ampgraph.render.dot.to_dot"' in api and 'id="ampgraph.sphinx.setup"' in api
     schema = (site / "schema.html").read_text()
     assert "lower_precision_fp" in schema and "aten.linear.default" in schema
+
+
+#: What a reader of the CLI reference sees, from inside the browser.
+CLI_TEXT = r"""
+(() => ({
+  text: document.querySelector('article').innerText,
+  options: document.querySelectorAll('dl.std.option').length,
+  examples: [...document.querySelectorAll('div.highlight-console pre')].map((p) => p.innerText),
+}))()
+"""
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+def test_cli_reference_reads_as_a_reference(site: Path, browser: Browser, dark: bool) -> None:
+    """sphinx-click's reStructuredText must be read as reStructuredText: inside a Markdown page
+    its directives showed as raw text and ``--`` as an en dash."""
+    with serve(site) as base:
+        browser.open(f"{base}/cli.html", dark=dark)
+        page = browser.evaluate(CLI_TEXT)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        browser.screenshot(SHOTS / f"cli-{'dark' if dark else 'light'}.png")
+    for raw in (".. option::", ".. program::", ".. click::", "\n| "):
+        assert raw not in page["text"], raw
+    assert "\u2013only" not in page["text"] and "\u2013format" not in page["text"]
+    assert page["options"] > 50  # every option a definition-list entry
+    assert any("ampgraph table -s amp-fp32 --only Linear,LayerNorm,Embedding" in example
+               for example in page["examples"])  # fmt: skip
