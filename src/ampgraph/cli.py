@@ -62,6 +62,9 @@ def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None
         given = {"MODEL": ("auto", value), **given}
     if len(given) > 1:
         raise click.UsageError(f"give one model, not {' and '.join(given)}", ctx)
+    # What the user named, for commands where a model excludes another input (--report): the
+    # spec returned below is opt-125m when nothing is.
+    ctx.meta["ampgraph.model_given"] = list(given)
     kind, spec = next(iter(given.values()), ("auto", "opt-125m"))
     return ModelSpec(spec, kind, tracer=ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER)
 
@@ -98,9 +101,33 @@ def model_argument(f: F) -> F:
             "for simple modules. Both FX graphs are lowered by torch.export.",
         ),
     ]  # fmt: skip
+    f = timeout_option(f)  # first: it is listed after the options that name the model
     for param in reversed(params):
         f = param(f)
     return f
+
+
+def timeout_option(f: F) -> F:
+    """--timeout: the bound on the analysis (and verify's real run) of a model, which the
+    command reads with :func:`timeout_seconds`."""
+    from ampgraph.usercode import DEFAULT_TIMEOUT
+
+    return click.option(
+        "--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
+        metavar="SECONDS", expose_value=False, callback=_remember,
+        help="Stop with an error when analysing the model takes longer (a forward that never "
+        "returns); 0: no bound.",
+    )(f)  # fmt: skip
+
+
+def timeout_seconds() -> float | None:
+    """The command's --timeout in seconds; None for no bound. A command without the option
+    (``baseline check``) has the default bound."""
+    from ampgraph.usercode import DEFAULT_TIMEOUT
+
+    ctx = click.get_current_context(silent=True)
+    value = ctx.meta.get("ampgraph.timeout", DEFAULT_TIMEOUT) if ctx is not None else None
+    return float(value) if value else None
 
 
 def setting_options(f: F) -> F:
@@ -234,7 +261,7 @@ def analysed(
     reports = analyze_spec(
         model_spec, resolve_settings(settings, device, amp_dtype), seq_len=seq_len, check=check,
         use_cache=not root["no_cache"], workers=root["jobs"], force=forced(),
-        progress=progress, options=options, meanwhile=meanwhile,
+        progress=progress, options=options, meanwhile=meanwhile, timeout=timeout_seconds(),
     )  # fmt: skip
     for warning in (dtype_branches_warning(reports[0]), data_dependent_warning(reports[0])):
         if warning:
@@ -337,8 +364,13 @@ def table(
 
     options = train_options(pass_, loss, backward_autocast)
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
+    if classes and fmt == "json":
+        raise click.UsageError("--only selects lines of text or markdown: --format json prints "
+                               "the whole report")  # fmt: skip
     reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
                        options=options)  # fmt: skip
+    if classes:
+        refuse_unknown_classes(classes, reports[0])
     if fmt == "json":
         payload: Any = reports[0].to_dict() if len(reports) == 1 else [r.to_dict() for r in reports]
         click.echo(json.dumps(payload, indent=1))
@@ -358,6 +390,23 @@ def table(
             lines += backward_lines(report, classes)
         for line in lines:
             click.echo(line)
+
+
+def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
+    """One ``Error:`` line (exit 1) when a class ``--only`` names matches no module call of the
+    report's model, listing the classes it has: a misspelt name printed nothing, with status 0.
+
+    Matched as the selection does (any class of a module's hierarchy, ``isinstance``-style).
+    """
+    present = {base for call in report.modules for base in call.bases}
+    unknown = [c for c in dict.fromkeys(classes) if c not in present]
+    if not unknown:
+        return
+    have = sorted({call.type.rpartition(".")[2] for call in report.modules})
+    raise click.ClickException(
+        f"--only {', '.join(unknown)} match{'es' if len(unknown) == 1 else ''} no module; "
+        + (f"this model has: {', '.join(have)}" if have else "this model has no module calls")
+    )
 
 
 @main.command(name="check")
@@ -553,6 +602,35 @@ def policy_command(
         )
 
 
+#: The options of a model's analysis, by parameter name: a saved report was analysed already.
+ANALYSIS_OPTIONS = {
+    "device": "--device", "amp_dtype": "--amp-dtype", "seq_len": "--seq-len",
+    "no_check": "--no-check", "force": "--force", "tracer": "--tracer", "timeout": "--timeout",
+}  # fmt: skip
+
+
+def refuse_model_with_reports() -> None:
+    """A usage error (exit 2) when the command was given saved reports (--report) and also a
+    model, or an option of a model's analysis, which would be ignored: ``render gpt2 --report
+    opt.json`` drew OPT without a word. The Sphinx directive refuses the pair too."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    models = ctx.meta.get("ampgraph.model_given") or []
+    if models:
+        raise click.UsageError(
+            f"{' and '.join(models)} and --report exclude each other: give a model to analyse, "
+            "or saved reports", ctx,
+        )  # fmt: skip
+    typed = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    given = [f for n, f in ANALYSIS_OPTIONS.items() if ctx.get_parameter_source(n) in typed]
+    if given:
+        raise click.UsageError(
+            f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --report: "
+            "a saved report was analysed already", ctx,
+        )  # fmt: skip
+
+
 def load_reports(paths: Sequence[Path]) -> list[Any]:
     """Reports saved by ``ampgraph table --format json`` (one report, or a list of them)."""
     import json
@@ -672,6 +750,7 @@ def render(
         check_formats(formats)  # a missing dot fails now, not after the analysis
 
     if report_paths:
+        refuse_model_with_reports()
         if settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         if loss is not None or backward_autocast:
@@ -736,6 +815,7 @@ def audit(
     from ampgraph import audit as audit_lib
 
     if report_paths:
+        refuse_model_with_reports()
         if settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         reports = load_reports(report_paths)
@@ -833,6 +913,7 @@ def verify(
     """
     from ampgraph.files import check_writable
     from ampgraph.pipeline import prepare
+    from ampgraph.usercode import deadline, model_code
     from ampgraph.verify import resolve_device, write_record
     from ampgraph.verify import verify as verify_model
     from ampgraph.verify_train import verify_train
@@ -845,24 +926,30 @@ def verify(
     if record_path is not None:
         check_writable(Path(record_path), "record")  # before the work, not after it
     start = time.perf_counter()
-    built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
     results = []
-    for i, setting in enumerate(resolved, 1):
-        step: list[Any] = []
-        if pass_ != "backward":
-            step.append(verify_model(built, setting, random_seed=random_seed, force=forced()))
-        if options:
-            step.append(verify_train(
-                built, setting, random_seed=random_seed, force=forced(), loss=loss,
-                backward_autocast=backward_autocast,
-            ))  # fmt: skip
-        progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
-                 f"{time.perf_counter() - start:.1f}s")  # fmt: skip
-        for result in step if fmt == "text" else ():
-            click.echo(result.summary_line())
-            for line in result.disagreement_lines():
-                click.echo(line)
-        results += step
+    # The model's code (its build, the eager runs) prints to stderr; the lines between are ours.
+    with deadline(timeout_seconds()):
+        with model_code():
+            built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
+        for i, setting in enumerate(resolved, 1):
+            step: list[Any] = []
+            with model_code():
+                if pass_ != "backward":
+                    step.append(
+                        verify_model(built, setting, random_seed=random_seed, force=forced())
+                    )
+                if options:
+                    step.append(verify_train(
+                        built, setting, random_seed=random_seed, force=forced(), loss=loss,
+                        backward_autocast=backward_autocast,
+                    ))  # fmt: skip
+            progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
+                     f"{time.perf_counter() - start:.1f}s")  # fmt: skip
+            for result in step if fmt == "text" else ():
+                click.echo(result.summary_line())
+                for line in result.disagreement_lines():
+                    click.echo(line)
+            results += step
     if record_path is not None:
         written = write_record(results, record_path)
         if fmt == "text":
@@ -980,6 +1067,7 @@ def _report_file(source: str) -> Report | None:
     "fp32_set_opt_dtype, promote or none (repeatable). For B's check the dispatcher runs, for "
     "the preview only, an autocast kernel for OP that does what LIST does.",
 )  # fmt: skip
+@timeout_option
 @click.pass_context
 def diff_command(
     ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
@@ -1108,6 +1196,7 @@ def _whatif_pair(
     """``diff --keep-fp32`` / ``--move-op``: one model in one setting, as it is (A) and with the
     change (B). Never cached: the preview is the point, and a change is no model identity."""
     from ampgraph.specs import ModelSpec
+    from ampgraph.usercode import confined
     from ampgraph.whatif import preview
 
     what = "--keep-fp32" if patterns else "--move-op"
@@ -1126,7 +1215,8 @@ def _whatif_pair(
         raise click.BadParameter(f"{setting.name} has no autocast {change}: use amp-fp32 or "
                                  "amp-half", param_hint="'--setting'")  # fmt: skip
     spec = ModelSpec(sources[0]) if sources else ModelSpec("opt-125m")
-    return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=forced())
+    with confined(timeout_seconds()):  # the model's code is built and traced here
+        return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=forced())
 
 
 @main.group(name="baseline")
@@ -1257,7 +1347,14 @@ def run() -> None:
     (``ampgraph table | head``) ends quietly, as other Unix tools do. A command that loaded torch
     ends with :func:`exit_now`: everything it wrote is flushed, then the process ends without the
     interpreter's teardown. A bug's traceback still ends the ordinary way.
+
+    Started with standard output closed (``ampgraph models >&-``), any command is one ``Error:``
+    line and exit status 1 before it does anything: Python has no ``sys.stdout`` then (the
+    command crashed on it), and the first file the command opened would take fd 1's place.
     """
+    if stdout_closed():
+        click.echo("Error: cannot write to standard output (closed)", err=True)
+        sys.exit(1)
     try:
         _run()
     except SystemExit as exc:
@@ -1267,6 +1364,23 @@ def run() -> None:
     if "torch" in sys.modules:
         exit_now(code)
     sys.exit(code)
+
+
+def stdout_closed() -> bool:
+    """Whether this process has no standard output to write to: fd 1 closed when it started.
+
+    >>> stdout_closed()
+    False
+    """
+    import os
+
+    if sys.stdout is None:  # what Python makes of a closed fd 1 at startup
+        return True
+    try:
+        os.fstat(1)
+    except OSError:
+        return True
+    return False
 
 
 def exit_now(code: int | str | None = 0) -> NoReturn:

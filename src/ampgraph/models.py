@@ -43,6 +43,7 @@ from torch import nn
 
 from ampgraph.errors import ModelSpecError, first_line
 from ampgraph.specs import ModelSpec, bundled_key, resolve_config, spec_kind
+from ampgraph.usercode import ModelExited
 
 DEFAULT_MODEL = "opt-125m"
 
@@ -302,7 +303,7 @@ def _import_factory(spec: str) -> Callable[[], Any]:
                 sys.path.append(str(Path.cwd()))
             module = importlib.import_module(module_name)
         return getattr(module, attr)  # type: ignore[no-any-return]
-    except ModelSpecError:
+    except (ModelSpecError, ModelExited):  # already the one line to show
         raise
     except SystemExit as exc:  # a module that exits on import
         raise ModelSpecError(f"importing {spec!r} called sys.exit({exc.code!r})") from None
@@ -317,6 +318,8 @@ def _load_factory(spec: str, seq_len: int = 8) -> ModelInputs:
     factory = _import_factory(spec)
     try:
         made = factory()
+    except ModelExited:  # os._exit in the factory (ampgraph.usercode): already the one line
+        raise
     except SystemExit as exc:  # sys.exit() in user code must not end ampgraph silently
         raise ModelSpecError(
             f"factory {spec!r} called sys.exit({exc.code!r}): a factory must return "

@@ -180,6 +180,7 @@ def analyze_spec(
     progress: Progress = None,
     options: dict[str, Any] | None = None,
     meanwhile: Callable[[], None] | None = None,
+    timeout: float | None = None,
 ) -> list[Report]:
     """The analysis of the model ``spec`` names in each setting, in order.
 
@@ -194,11 +195,17 @@ def analyze_spec(
     ``meanwhile`` is work of the caller's own that does not need the reports (the CLI's
     ``render`` imports the renderer in it). Given it, for the forward pass, in a process that
     has not imported torch, on a machine with more than one core, the analysis runs in a forked
-    process of its own (:func:`analysis_beside`) and ``meanwhile`` runs here at the same time, on the core the
-    imports of torch and the model's code leave idle; elsewhere it runs first. Either way it has
-    run when this returns, and what it raises is raised here (the analysis is then stopped).
+    process of its own (:func:`analysis_beside`) and ``meanwhile`` runs here at the same time,
+    on the core the imports of torch and the model's code leave idle; elsewhere it runs first.
+    Either way it has run when this returns, and what it raises is raised here (the analysis is
+    then stopped).
     Without it the analysis runs in this process, which then has torch and the model's code for
     the next call (``ampgraph diff`` of two models, a documentation build's directives).
+
+    The model's own code runs confined (:mod:`ampgraph.usercode`): what it prints goes to
+    standard error, where the caller's output is not; its ``os._exit`` is an error; and an
+    analysis that has not finished after ``timeout`` seconds (None or 0: no bound) is stopped
+    with an :class:`~ampgraph.errors.AnalysisError`, a forward that never returns among them.
     """
     resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
     requests = (
@@ -225,32 +232,41 @@ def analyze_spec(
         _say(progress, f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
 
     def compute(on_done: Callable[[int, Report], None]) -> None:
-        model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
-        from ampgraph.analysis import analyze_many
+        from ampgraph.usercode import model_code
 
-        _say(progress, f"  built in {time.perf_counter() - start:.1f}s; analysing "
-                       f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
-        analyze_many(
-            model,
-            [resolved[i] for i in missing],
-            check=check,
-            workers=workers,
-            on_done=on_done,
-            **(options or {}),
-        )
+        # Import, build, trace and check: where the model's code runs, and the workers fork.
+        with model_code():
+            model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
+            from ampgraph.analysis import analyze_many
+
+            _say(progress, f"  built in {time.perf_counter() - start:.1f}s; analysing "
+                           f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
+            analyze_many(
+                model,
+                [resolved[i] for i in missing],
+                check=check,
+                workers=workers,
+                on_done=on_done,
+                **(options or {}),
+            )
+
+    from ampgraph.usercode import deadline, overdue_message
 
     if meanwhile is not None and analysis_beside(workers, pass_=(options or {}).get("pass_")):
         from ampgraph.workers import beside
 
+        # Bounded here, where the command waits: the process is stopped at the deadline.
         beside(
             lambda send: compute(lambda j, report: send((j, report))),
             lambda item: done(*item), len(missing), meanwhile,
             name="analysis", hint="; run again with -j 1 to analyse in one process",
+            timeout=timeout, overdue=overdue_message(timeout) if timeout else "",
         )  # fmt: skip
     else:
         if meanwhile is not None:
             meanwhile()
-        compute(done)
+        with deadline(timeout):
+            compute(done)
     return [r for r in reports if r is not None]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,8 @@ def beside(
     *,
     name: str,
     hint: str = "",
+    timeout: float | None = None,
+    overdue: str = "",
 ) -> Any:
     """Run ``produce(send)`` in a forked process and ``meanwhile()`` here at the same time, then
     ``take`` each of the ``expected`` items ``produce`` sends, as it sends it; return what
@@ -68,8 +71,14 @@ def beside(
     Returns with the last item, not when the process has ended: whatever it does after (its own
     workers' teardown) is no part of the caller's wait. An error there is raised here as it was
     raised there, with its traceback as a note for a bug (:func:`portable`); a process that ends
-    without a word (killed, out of memory) is an :class:`~ampgraph.errors.AnalysisError` naming
-    the ``name`` process, followed by ``hint``. When this raises, the process is stopped.
+    without a word (killed, out of memory, an ``os._exit`` even with status 0) is an
+    :class:`~ampgraph.errors.AnalysisError` naming the ``name`` process, followed by ``hint``.
+    So is a process that has not sent every item ``timeout`` seconds after the start (None or 0:
+    no bound), with the message ``overdue``. When this raises, the process is stopped.
+
+    The process never writes on the caller's standard output: its fd 1 and ``sys.stdout`` are
+    standard error for its whole life (and its own forked workers inherit that), so what the
+    code it runs prints cannot come out ahead of what the caller prints.
 
     >>> items = []
     >>> beside(lambda send: [send(n * n) for n in range(3)], items.append, 3, lambda: "here",
@@ -88,6 +97,10 @@ def beside(
 
     def child() -> None:
         die_with_parent(parent)
+        # Standard output is the caller's; anything this process prints is a diagnostic.
+        with contextlib.suppress(OSError):
+            os.dup2(2, 1)
+        sys.stdout = sys.stderr
         code = 0
         try:
             produce(lambda item: send.send((False, item)))
@@ -106,11 +119,19 @@ def beside(
 
     process = ctx.Process(target=child, name=f"ampgraph-{name.replace(' ', '-')}")
     received = 0
+    # What the caller has printed but not written yet would be copied into the child's buffer.
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    end = time.monotonic() + timeout if timeout else None
     try:
         process.start()  # in the try: a Ctrl-C just after the fork still stops the child
         send.close()
         result = meanwhile() if meanwhile is not None else None
         while received < expected:
+            if end is not None and not receive.poll(max(0.0, end - time.monotonic())):
+                raise AnalysisError(
+                    overdue or f"the {name} process did not finish within {timeout:g} s{hint}"
+                )
             try:
                 failed, item = receive.recv()
             except EOFError:
