@@ -124,6 +124,15 @@ def test_auto_theme_draws_light_and_dark_with_theme_classes(built: Path) -> None
     assert "_static/ampgraph.css" in html and (built / "out/_static/ampgraph.css").exists()
 
 
+def test_every_figure_opens_full_size(built: Path) -> None:
+    """A column scales a wide diagram down until its labels are unreadable: each figure links
+    to its own SVG, which a browser shows at its natural size."""
+    html = (built / "out" / "index.html").read_text()
+    links = re.findall(r'<a class="ampgraph-full" href="([^"]+)" target="_blank"', html)
+    assert links == [path for _, path in objects(html)]
+    assert all((built / "out" / link).is_file() for link in links)
+
+
 def test_myst_markdown_draws_too(built: Path) -> None:
     (figure,) = objects((built / "out" / "markdown.html").read_text())
     svg = (built / "out" / figure[1]).read_text()

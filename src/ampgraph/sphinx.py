@@ -298,7 +298,11 @@ def html_visit_ampgraph(self: Any, node: ampgraph_diagram) -> None:
         f'<div class="{escape(classes)}">'
         f'<object data="{escape(Path(relfn).as_posix())}" type="image/svg+xml" role="img" '
         f'aria-label="{alt}" class="ampgraph-svg">'
-        f'<p class="warning">{alt}</p></object></div>\n'
+        f'<p class="warning">{alt}</p></object>'
+        # A column is narrower than most diagrams: the SVG itself, opened in a tab, is at its
+        # natural size and keeps its tooltips.
+        f'<a class="ampgraph-full" href="{escape(Path(relfn).as_posix())}" target="_blank" '
+        f'rel="noopener">Open full size</a></div>\n'
     )
     if "align" in node:
         self.body.append("</div>\n")
@@ -342,6 +346,8 @@ CSS: Final = """\
 div.ampgraph { margin: 1em 0; overflow-x: auto; }
 div.ampgraph object.ampgraph-svg { max-width: 100%; height: auto; display: block; }
 figure div.ampgraph { margin: 0.5em auto; }
+div.ampgraph a.ampgraph-full { display: inline-block; font-size: 0.85em; margin-top: 0.25em; }
+div.ampgraph a.ampgraph-full::after { content: " \\2197"; }
 /* Themes without a dark-mode switch of their own (no data-theme attribute anywhere): follow the
    reader's system setting. furo and pydata-sphinx-theme switch only-light/only-dark themselves. */
 @media (prefers-color-scheme: dark) {
