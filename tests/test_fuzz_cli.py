@@ -127,6 +127,74 @@ def test_cache_entries(tmp_path: Path, entry: str) -> None:
     assert again.exit_code == 0 and again.output == first.output
 
 
+#: A factory that leaves MARKER beside it when imported: the proof that a baseline ran code.
+HOSTILE_FACTORY = """\
+import pathlib
+
+pathlib.Path(__file__).with_name("MARKER").write_text("a data file ran this")
+
+
+def build():
+    raise SystemExit("never")
+"""
+NOT_JSON = st.sampled_from([float("nan"), float("inf"), float("-inf")])
+BASELINE_HEADERS = st.fixed_dictionaries(
+    {},
+    optional={
+        # Code in every form a spec can name it, and what a baseline may name instead.
+        "spec": st.sampled_from([
+            "hostile_model.py:build", "hostile_model:build", "hostile_model.py",
+            "./hostile_model.py:build", "llama-tiny", "LLAMA-TINY", "config.json", ".", "",
+        ]) | JSON_VALUES,
+        "spec_kind": st.sampled_from(["module", "auto", "bundled", "config", "dir", "plugin"])
+        | JSON_VALUES,
+        # Only the default of the valid tracers: each other one would be an analysis of its own.
+        "tracer": st.sampled_from(["make-fx", "jit"]) | JSON_VALUES,
+        "model": st.sampled_from(["llama-tiny", "hostile_model.py:build"]) | JSON_VALUES,
+        "setting": JSON_VALUES,
+        "seq_len": st.sampled_from([8, 0, -1, "8", 8.5, True]) | NOT_JSON,
+        "version": st.sampled_from([1, 2]) | JSON_VALUES,
+        "nodes": JSON_VALUES
+        | st.lists(
+            st.fixed_dictionaries(
+                {"op": st.just("aten.relu") | JSON_VALUES},
+                optional={"out": st.lists(st.just("float32") | NOT_JSON | JSON_VALUES, max_size=2),
+                          "in": JSON_VALUES, "casts": JSON_VALUES, "kind": JSON_VALUES},
+            ),
+            max_size=2,
+        ),
+        "versions": JSON_VALUES,
+        "method": JSON_VALUES,
+    },
+)  # fmt: skip
+
+
+@FUZZ
+@given(header=BASELINE_HEADERS)
+def test_baseline_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, header: dict[str, object]
+) -> None:
+    """A baseline is data: whatever its header says, checking it is output or one Error line,
+    and the code it names never runs (the spec, under every kind, names a file that would leave
+    MARKER)."""
+    from ampgraph.baseline import baseline_text
+    from ampgraph.records import NodeRecord, Report
+
+    monkeypatch.chdir(tmp_path)  # relative specs find the hostile file, and nothing else
+    (tmp_path / "hostile_model.py").write_text(HOSTILE_FACTORY)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_TINY))
+    setting = {"name": "amp-fp32", "device_type": "cuda", "autocast": True,
+               "amp_dtype": "bfloat16", "param_dtype": "float32"}  # fmt: skip
+    good = json.loads(baseline_text(Report(
+        "llama-tiny", setting, {}, {}, [NodeRecord("r", "aten.relu", "op", outputs=["float32"])], []
+    )))  # fmt: skip
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(good | header))  # NaN and Infinity as Python writes them
+    for args in (["baseline", "check", str(path)], ["diff", str(path), str(path)]):
+        _one_line_or_success(_invoke(args, tmp_path))
+        assert not (tmp_path / "MARKER").exists(), f"{args} ran code a baseline named: {header}"
+
+
 @FUZZ
 @given(spec=st.text(max_size=30))
 def test_model_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str) -> None:

@@ -10,6 +10,12 @@ of its kind, so a one-op change would touch dozens of lines in review.
 ``ampgraph baseline check FILE`` analyses the model again and diffs the baseline against it
 (:func:`check_report`); ``--update`` accepts the new flow, as snapshot-testing tools do.
 
+A baseline is data, committed and changed in pull requests like any file: what it says never
+decides what code runs. Without a model on the command line the check analyses the bundled model
+or the config the baseline names (:func:`spec_to_check`), which builds a model from a config and
+runs no one's code; a baseline of a ``--module`` factory is checked only with that factory given
+on the command line.
+
 >>> from ampgraph.records import NodeRecord, Report
 >>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,
 ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
@@ -25,13 +31,21 @@ True
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from ampgraph.diff import ReportDiff, diff_reports
 from ampgraph.errors import AmpgraphError
-from ampgraph.records import PLACEHOLDER_KINDS, Cast, NodeRecord, Report
-from ampgraph.specs import DEFAULT_TRACER, bundled_key
+from ampgraph.records import PLACEHOLDER_KINDS, Cast, NodeRecord, Report, check_setting, load_json
+from ampgraph.specs import (
+    DEFAULT_TRACER,
+    SPEC_KINDS,
+    TRACERS,
+    ModelSpec,
+    bundled_key,
+    resolve_config,
+)
 
 SCHEMA = "ampgraph.baseline"
 SCHEMA_VERSION = 1
@@ -133,7 +147,7 @@ def _record(i: int, data: dict[str, Any]) -> NodeRecord:
         Cast(f"input {where}" if isinstance(where, int) else str(where), src, dst)
         for where, src, dst in data.get("casts", [])
     ]
-    return NodeRecord(
+    rec = NodeRecord(
         name=name,
         op=data["op"],
         kind=data.get("kind", "op"),
@@ -146,6 +160,33 @@ def _record(i: int, data: dict[str, Any]) -> NodeRecord:
         promotion=data.get("promotion"),
         error=data.get("error"),
     )
+    # The same checks as a report's nodes: a dtype torch has, strings where strings are printed.
+    rec.refuse_malformed()
+    return rec
+
+
+def _shown(value: Any) -> str:
+    """A value from the file as an error message quotes it: JSON (escaped, so on one line), cut
+    to 40 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _header_text(data: dict[str, Any], key: str, default: str, known: tuple[str, ...]) -> str:
+    """The header's ``key`` (``default`` where absent); one line naming it unless in ``known``."""
+    value = data.get(key, default)
+    if value not in known:
+        raise ValueError(
+            f"its {key} {_shown(value)} is not one this ampgraph knows ({', '.join(known)})"
+        )
+    return str(value)
+
+
+def _name(value: Any, key: str) -> str:
+    """A header field that error messages and commands quote: a string on one line."""
+    if not (isinstance(value, str) and value and value.isprintable()):
+        raise ValueError(f"its {key} {_shown(value)} is not a name on one line")
+    return value
 
 
 def read_baseline(text: str, where: str = "the baseline") -> Baseline:
@@ -157,7 +198,7 @@ def read_baseline(text: str, where: str = "the baseline") -> Baseline:
     ampgraph.baseline.BaselineError: b.json is an ampgraph.report, not a baseline: write one with 'ampgraph baseline write b.json MODEL -s SETTING'
     """
     try:
-        data = json.loads(text)
+        data = load_json(text)  # NaN and Infinity are refused: no baseline holds them
     except ValueError as exc:
         raise BaselineError(f"{where} is not JSON ({exc})") from None
     schema = data.get("schema") if isinstance(data, dict) else None
@@ -169,39 +210,92 @@ def read_baseline(text: str, where: str = "the baseline") -> Baseline:
         )
     if data.get("version") != SCHEMA_VERSION:
         raise BaselineError(
-            f"{where} is a baseline of version {data.get('version')!r}; this ampgraph reads "
+            f"{where} is a baseline of version {_shown(data.get('version'))}; this ampgraph reads "
             f"version {SCHEMA_VERSION}: write it again with 'ampgraph baseline check {where} "
             "--update'"
         )
     try:
+        if not isinstance(data["nodes"], list):
+            raise ValueError(f"its nodes are a {type(data['nodes']).__name__}, not a list")  # noqa: TRY004
         nodes = [_record(i, n) for i, n in enumerate(data["nodes"])]
+        versions, method = data.get("versions") or {}, data.get("method")
+        if not isinstance(versions, dict) or not (method is None or isinstance(method, str)):
+            raise ValueError("its versions or method have the wrong type")
         report = Report(
-            model=str(data["model"]),
-            setting=dict(data["setting"]),
-            versions=dict(data.get("versions") or {}),
-            capture={"method": data.get("method")},
+            model=_name(data["model"], "model"),
+            setting=check_setting(data["setting"]),
+            versions=versions,
+            capture={"method": method},
             nodes=nodes,
             modules=[],
         )
-        seq_len = int(data.get("seq_len", 8))
-        spec = str(data.get("spec") or report.model)
-        spec_kind, tracer = (
-            str(data.get("spec_kind", "auto")),
-            str(data.get("tracer", DEFAULT_TRACER)),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        _name(report.setting["name"], "setting's name")  # quoted in errors, as the model is
+        seq_len = data.get("seq_len", 8)
+        if type(seq_len) is not int or seq_len < 1:
+            raise ValueError(f"its seq_len {_shown(seq_len)} is not a length")
+        spec = _name(data.get("spec") or report.model, "spec")
+        spec_kind = _header_text(data, "spec_kind", "auto", SPEC_KINDS)
+        tracer = _header_text(data, "tracer", DEFAULT_TRACER, TRACERS)
+    except ValueError as exc:  # the checks above, and a node's: their messages say what is wrong
+        raise BaselineError(f"{where} is a damaged baseline: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
         raise BaselineError(f"{where} is a damaged baseline ({type(exc).__name__} {exc})") from None
     return Baseline(report, seq_len, spec, spec_kind, tracer)
+
+
+def spec_to_check(baseline: Baseline, where: str) -> ModelSpec:
+    """What ``baseline check`` analyses when no model is named on the command line: the bundled
+    model, config file or model folder the baseline names, which builds a model from a config
+    and runs no one's code. A baseline that names code (a ``--module`` factory, or a spec of the
+    form ``path/file.py:factory`` or ``package.module:factory`` under any kind) is refused in one
+    line that says to give the factory on the command line: the file is data, changed in pull
+    requests like any other, and must never decide what code runs.
+
+    >>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,
+    ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
+    >>> base = read_baseline(baseline_text(Report("llama-tiny", setting, {}, {}, [], [])))
+    >>> spec = spec_to_check(base, "b.json")
+    >>> spec, spec.kind
+    ('llama-tiny', 'bundled')
+    >>> base.spec, base.spec_kind = "models/mine.py:build", "module"
+    >>> spec_to_check(base, "b.json")
+    Traceback (most recent call last):
+    ...
+    ampgraph.baseline.BaselineError: b.json was made from --module models/mine.py:build; ampgraph never runs code named in a data file: give it on the command line: ampgraph baseline check b.json --module models/mine.py:build
+    """
+    spec, kind = baseline.spec, baseline.spec_kind
+    if kind in ("config", "dir"):
+        # Resolved by resolve_config alone: a config file or a folder's config.json, or an error.
+        return ModelSpec(spec, kind, tracer=baseline.tracer)
+    if kind == "auto":
+        # What the positional MODEL would have meant, decided here so that it can never reach
+        # the factory loader: a bundled config, a config file or a model folder...
+        source = resolve_config(ModelSpec(spec, "auto"))
+        if source is not None:
+            return ModelSpec(spec, source.kind, tracer=baseline.tracer)
+    # ... else a bundled name (a config, or a factory of ampgraph's own, such as resnet18). The
+    # loader treats a spec with ':' as a factory to import, even of kind bundled: refused here.
+    if kind in ("auto", "bundled") and ":" not in spec and not spec.endswith(".py"):
+        return ModelSpec(spec, "bundled", tracer=baseline.tracer)
+    made_from = "--module " if kind == "module" else ""
+    option = "--module " if ":" in spec else ""
+    raise BaselineError(
+        f"{where} was made from {made_from}{spec}; ampgraph never runs code named in a data "
+        f"file: give it on the command line: ampgraph baseline check {shlex.quote(where)} "
+        f"{option}{shlex.quote(spec)}"
+    )
 
 
 def refuse_other(baseline: Baseline, model: str, setting: dict[str, Any], where: str) -> None:
     """:class:`BaselineError` unless the baseline is of ``model`` in ``setting``.
 
-    >>> b = read_baseline(baseline_text(Report("m", {"name": "fp32"}, {}, {}, [], [])))
-    >>> refuse_other(b, "m", {"name": "fp32"}, "b.json")
-    >>> opt = read_baseline(baseline_text(Report("opt-125m", {"name": "fp32"}, {}, {}, [], [])))
-    >>> refuse_other(opt, "OPT", {"name": "fp32"}, "b.json")  # an alias names the same model
-    >>> refuse_other(b, "gpt2", {"name": "fp32"}, "b.json")
+    >>> s = {"name": "fp32", "device_type": "cuda", "autocast": False,
+    ...      "amp_dtype": "bfloat16", "param_dtype": "float32"}
+    >>> b = read_baseline(baseline_text(Report("m", s, {}, {}, [], [])))
+    >>> refuse_other(b, "m", s, "b.json")
+    >>> opt = read_baseline(baseline_text(Report("opt-125m", s, {}, {}, [], [])))
+    >>> refuse_other(opt, "OPT", s, "b.json")  # an alias names the same model
+    >>> refuse_other(b, "gpt2", s, "b.json")
     Traceback (most recent call last):
     ...
     ampgraph.baseline.BaselineError: b.json is the baseline of m fp32, not of gpt2 fp32: check it without MODEL and --setting, or write another baseline
@@ -232,4 +326,5 @@ __all__ = [
     "check_report",
     "read_baseline",
     "refuse_other",
+    "spec_to_check",
 ]

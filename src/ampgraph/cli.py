@@ -633,14 +633,12 @@ def refuse_model_with_reports() -> None:
 
 def load_reports(paths: Sequence[Path]) -> list[Any]:
     """Reports saved by ``ampgraph table --format json`` (one report, or a list of them)."""
-    import json
+    from ampgraph.records import Report, load_json
 
-    from ampgraph.records import Report
-
-    reports = []
+    reports: list[Report] = []
     for path in paths:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = load_json(path.read_text(encoding="utf-8"))  # NaN and Infinity are refused
             items = data if isinstance(data, list) else [data]
             if not items:
                 raise ValueError("holds an empty list, not a report")
@@ -1001,16 +999,22 @@ def _report_file(source: str) -> Report | None:
 
     from ampgraph.baseline import SCHEMA as BASELINE
     from ampgraph.baseline import read_baseline
+    from ampgraph.records import load_json
 
     path = Path(source)
     if not path.is_file() or path.suffix != ".json":
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"{source}: cannot be read as JSON ({exc})") from None
+        text = path.read_text(encoding="utf-8")
+        try:
+            data, refused = load_json(text), None
+        except ValueError as exc:  # NaN: refused in an ampgraph file, but a config is a model
+            data, refused = json.loads(text), exc
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
+        raise click.ClickException(f"{source}: cannot be read as JSON ({reason})") from None
     if isinstance(data, dict) and data.get("schema") == BASELINE:
-        return read_baseline(path.read_text(encoding="utf-8"), source).report
+        return read_baseline(text, source).report
     if isinstance(data, list):
         if len(data) != 1:
             raise click.ClickException(f"{source} holds {len(data)} reports: diff one setting "
@@ -1018,6 +1022,8 @@ def _report_file(source: str) -> Report | None:
         data = data[0]
     if not (isinstance(data, dict) and str(data.get("schema", "")).startswith("ampgraph.")):
         return None  # a Hugging Face config.json: a model to analyse
+    if refused is not None:
+        raise click.ClickException(f"{source}: {refused}")
     try:
         return Report.from_dict(data)
     except ValueError as exc:
@@ -1281,9 +1287,16 @@ def baseline_write(
     click.echo(f"{file}: {len(report.nodes)} nodes of {report.model} {report.setting['name']}")
 
 
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether parameter ``name`` was given (on the command line), not left at its default."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+
+
 @baseline_group.command(name="check")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("model", required=False)
+@model_argument
 @click.option("--setting", "-s", "setting", metavar="NAME",
               help="The setting the baseline should be of (default: the baseline's own).")  # fmt: skip
 @click.option(
@@ -1292,28 +1305,48 @@ def baseline_write(
 )  # fmt: skip
 @click.option("--update", is_flag=True,
               help="Accept the new flow: rewrite FILE with it (exit 0).")  # fmt: skip
+@click.pass_context
 def baseline_check(
-    file: Path, model: str | None, setting: str | None, fmt: str, update: bool
+    ctx: click.Context, file: Path, model: str, setting: str | None, fmt: str, update: bool
 ) -> None:
     """Analyse the baseline's model again; exit 1 with the diff when its flow changed.
 
-    MODEL and --setting are read from FILE; given, they must be the baseline's own.
+    The model (MODEL, --config, --model-dir or --module), --setting and --tracer are read from
+    FILE; a model or setting given must be the baseline's own. FILE is data and never decides
+    what code runs: a baseline of a --module factory is checked only with that --module given.
     """
-    from ampgraph.baseline import baseline_text, check_report, read_baseline, refuse_other
+    from ampgraph.baseline import (
+        baseline_text,
+        check_report,
+        read_baseline,
+        refuse_other,
+        spec_to_check,
+    )
     from ampgraph.diff import FORMATS
-    from ampgraph.specs import ModelSpec
+    from ampgraph.specs import ModelSpec, spec_kind, spec_tracer
 
     if not file.is_file():
         raise click.ClickException(
             f"no baseline at {file}: write one with 'ampgraph baseline write {file} MODEL -s "
             "SETTING'"
         )
-    base = read_baseline(file.read_text(encoding="utf-8"), str(file))
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "it is not UTF-8 text"
+        raise click.ClickException(f"cannot read the baseline {file}: {reason}") from None
+    base = read_baseline(text, str(file))
     s = base.report.setting
-    if model is not None or setting is not None:
+    # MODEL's default (opt-125m) is no model named: only what the command line gives counts.
+    named = any(_given(ctx, p) for p in ("model", "config_path", "model_dir", "module_factory"))
+    if named or setting is not None:
         wanted = resolve_settings([setting or s["name"]], s["device_type"], s["amp_dtype"])[0]
-        refuse_other(base, model or base.report.model, wanted.to_dict(), str(file))
-    spec = ModelSpec(base.spec, base.spec_kind, tracer=base.tracer)
+        refuse_other(base, model if named else base.report.model, wanted.to_dict(), str(file))
+    # The command line's model, else the one the baseline names, which is never code; the
+    # baseline's tracer unless --tracer says otherwise.
+    named_spec = model if named else spec_to_check(base, str(file))
+    tracer = spec_tracer(model) if _given(ctx, "tracer") else base.tracer
+    spec = ModelSpec(str(named_spec), spec_kind(named_spec), tracer=tracer)
     report = _baseline_report(spec, s["name"], s["device_type"], s["amp_dtype"], base.seq_len)
     result = check_report(base, report)
     if result.equal:
@@ -1329,7 +1362,7 @@ def baseline_check(
                    "commit the file.")  # fmt: skip
     if update:
         text = baseline_text(report, seq_len=base.seq_len, spec=base.spec,
-                             spec_kind=base.spec_kind, tracer=base.tracer)  # fmt: skip
+                             spec_kind=base.spec_kind, tracer=spec.tracer)  # fmt: skip
         _write_baseline(file, text)
         click.echo(f"{file}: updated to the new flow", err=True)
         return

@@ -331,11 +331,28 @@ def _load_factory(spec: str, seq_len: int = 8) -> ModelInputs:
         return made
     if isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module):
         args, kwargs = _split_example(spec, made)
-        return ModelInputs(spec, made[0].eval(), args, kwargs)
+        return ModelInputs(spec, _in_eval_mode(spec, made[0]), args, kwargs)
     raise ModelSpecError(
         f"factory {spec!r} must return (module, example_inputs), (module, args, kwargs) or "
         f"ampgraph.ModelInputs, not {type(made).__name__}"
     )
+
+
+def _in_eval_mode(spec: str, module: nn.Module) -> nn.Module:
+    """``module.eval()``: one line, not a traceback, for a module nested too deep to walk.
+
+    ``eval`` recurses once per level of submodules (as does every walk of the module tree after
+    it), so a module nested deeper than Python's recursion limit (``nn.Sequential`` inside
+    ``nn.Sequential`` 2,000 times) raises RecursionError here, the first walk.
+    """
+    try:
+        return module.eval()
+    except RecursionError:
+        raise ModelSpecError(
+            f"factory {spec!r} returned a module nested too deep: its submodules are more levels "
+            f"deep than Python's recursion limit ({sys.getrecursionlimit()}) lets ampgraph walk; "
+            "nest its layers less (an nn.Sequential of them, not one inside another)"
+        ) from None
 
 
 # -- bundled Python-built models (need an optional package) ------------------------------------------
