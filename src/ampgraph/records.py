@@ -712,6 +712,27 @@ class Report:
         """A report from its JSON text (:func:`load_json`: no NaN); ``ValueError`` in one line."""
         return cls.from_dict(load_json(text))
 
+    def __repr__(self) -> str:
+        """One line: the model, setting and counts (the records are in ``nodes``, ``modules``).
+
+        >>> Report("m", {"name": "fp32"}, {}, {}, [], [])
+        <Report m fp32: 0 graph nodes, 0 module calls, 0 casts, 0 promotions, not checked>
+        """
+        from ampgraph.summary import one_line
+
+        return one_line(self)
+
+    def summary(self) -> Any:
+        """A torchinfo-style table of the leaf-module calls and the totals; a ``str`` that a
+        notebook shows as the table (:func:`ampgraph.summary.table`).
+
+        >>> print(Report("m", {"name": "fp32"}, {}, {}, [], []).summary().splitlines()[-1])
+        check: not checked
+        """
+        from ampgraph.summary import table
+
+        return table(self)
+
     def _repr_svg_(self) -> str | None:
         """Jupyter shows a report as its module-view diagram (needs Graphviz's ``dot``)."""
         from ampgraph.render import render_svg
