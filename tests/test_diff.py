@@ -617,3 +617,40 @@ def test_llama_with_torch_rms_norm_moves_to_fp32_between_2_11_and_2_14() -> None
     # projections after a norm (q, k, v, gate, up in two layers) and lm_head.
     assert (counts["casts_added"], counts["casts_removed"]) == (21, 0)
     assert sum(len(c["casts_added"]) for c in norms) == 10
+
+
+BLOCKS = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(16, 16), nn.LayerNorm(16)
+
+    def forward(self, x):
+        return x + self.norm(self.fc(x))
+
+
+def build():
+    return nn.Sequential(Block(), Block()), torch.randn(2, 16)
+'''
+
+
+def test_diff_takes_the_model_options_every_command_takes(tmp_path: Path) -> None:
+    """--module (and --config, --model-dir, --tracer, --timeout: one option group) name the
+    model both sides analyse; with A B too it is a usage error."""
+    factory = tmp_path / "blocks.py"
+    factory.write_text(BLOCKS)
+    spec = f"{factory}:build"
+    result = CliRunner().invoke(main, ["diff", "--module", spec, "-s", "fp32", "-s", "amp-fp32"])
+    assert result.exit_code == 1, result.output  # they differ
+    lines = result.output.splitlines()
+    assert lines[0] == f"A: {spec} fp32 (no autocast, parameters fp32)"
+    assert "0.fc" in lines and "casts +8 −0" in lines[2]
+    both = CliRunner().invoke(main, ["diff", "gpt2", "--module", spec, "-s", "fp32"])
+    assert both.exit_code == 2 and "not both" in both.output
+    helps = [CliRunner().invoke(main, [c, "--help"]).output for c in ("diff", "table")]
+    for option in ("--config", "--model-dir", "--module", "--tracer", "--timeout"):
+        assert all(option in h for h in helps), option

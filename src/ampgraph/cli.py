@@ -72,11 +72,27 @@ def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None
 def model_argument(f: F) -> F:
     """MODEL, or one of --config/--model-dir/--module, and --tracer: the command receives them as
     one ``model`` value, a :class:`~ampgraph.specs.ModelSpec` (a str)."""
+    f = model_options(f)
+    return click.argument(
+        "model", required=False, metavar="[MODEL]", callback=_resolve_model
+    )(f)
+
+
+def option_model() -> Any:
+    """The model --config/--model-dir/--module named, as a :class:`~ampgraph.specs.ModelSpec`,
+    or None: for commands whose models are arguments of their own (``diff A B``)."""
+    ctx = click.get_current_context()
+    spec = _resolve_model(ctx, None, None)  # type: ignore[arg-type]
+    return spec if ctx.meta["ampgraph.model_given"] else None
+
+
+def model_options(f: F) -> F:
+    """The options every command that analyses a model takes, beside its model argument(s):
+    --config, --model-dir, --module, --tracer and --timeout (one group, not copies)."""
     from ampgraph.specs import DEFAULT_TRACER, TRACERS
 
     # Eager, so that they are known when MODEL's callback combines them whatever their order.
     params = [
-        click.argument("model", required=False, metavar="[MODEL]", callback=_resolve_model),
         click.option(
             "--config", "config_path", metavar="PATH", is_eager=True, expose_value=False,
             callback=_remember, help="A Hugging Face config.json to build, instead of MODEL.",
@@ -1073,7 +1089,7 @@ def _report_file(source: str) -> Report | None:
     "fp32_set_opt_dtype, promote or none (repeatable). For B's check the dispatcher runs, for "
     "the preview only, an autocast kernel for OP that does what LIST does.",
 )  # fmt: skip
-@timeout_option
+@model_options
 @click.pass_context
 def diff_command(
     ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
@@ -1083,7 +1099,8 @@ def diff_command(
     """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
 
     A and B are models (as for 'ampgraph table', default OPT-125M) or saved reports
-    ('ampgraph table --format json > a.json', or a baseline file). Compare two settings, two
+    ('ampgraph table --format json > a.json', or a baseline file); --config, --model-dir or
+    --module name one model for both sides instead. Compare two settings, two
     devices or two autocast dtypes of one model by giving the option twice, or two models,
     two revisions of one model or two saved reports by giving A and B; a model compared with a
     report is analysed in the report's setting.
@@ -1104,13 +1121,24 @@ def diff_command(
       ampgraph diff llama-tiny --device cuda --device cpu
       ampgraph diff -s amp-half --amp-dtype bf16 --amp-dtype fp16
       ampgraph diff opt-125m gpt2 -s amp-fp32
+      ampgraph diff --module models/mine.py:build -s fp32 -s amp-fp32
       ampgraph diff before.json after.json --format markdown > comment.md
       ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
       ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
       ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
     from ampgraph.diff import FORMATS, diff_reports
-    from ampgraph.specs import ModelSpec
+    from ampgraph.specs import DEFAULT_TRACER, ModelSpec
+
+    given = option_model()
+    if given is not None:
+        if sources:
+            raise click.UsageError(
+                f"give the model as A B or with {ctx.meta['ampgraph.model_given'][0]}, not both"
+            )
+        sources = (given,)
+    tracer = ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER
+    sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
 
     if keep_fp32 or move_ops:
         from ampgraph.whatif import checked_note, findings_note
@@ -1142,7 +1170,7 @@ def diff_command(
         "--tables": _pick(tables, "--tables"),
     }
     releases = [_release(t) for t in pairs["--tables"]]
-    named = [sources[0], sources[-1]] if sources else ["opt-125m", "opt-125m"]
+    named = [sources[0], sources[-1]] if sources else [ModelSpec("opt-125m", tracer=tracer)] * 2
     files = [_report_file(s) for s in dict.fromkeys(named)]
     files = [files[0], files[-1]]
     if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes), len(tables)) < 2:
@@ -1173,10 +1201,10 @@ def diff_command(
             setting_b = resolve_settings(
                 [name_b], pairs["--device"][1] or "cuda", pairs["--amp-dtype"][1] or "bf16"
             )[0]
-            reports = analysed(ModelSpec(named[0]), [setting, setting_b], device, amp, seq_len,
+            reports = analysed(named[0], [setting, setting_b], device, amp, seq_len,
                                check=False, options=options)  # fmt: skip
             break
-        reports[side] = analysed(ModelSpec(named[side]), [setting], device, amp, seq_len,
+        reports[side] = analysed(named[side], [setting], device, amp, seq_len,
                                  check=False, options=options)[0]  # fmt: skip
     a, b = reports
     assert a is not None and b is not None
@@ -1220,7 +1248,7 @@ def _whatif_pair(
         change = "to disable" if patterns else "whose lists to change"
         raise click.BadParameter(f"{setting.name} has no autocast {change}: use amp-fp32 or "
                                  "amp-half", param_hint="'--setting'")  # fmt: skip
-    spec = ModelSpec(sources[0]) if sources else ModelSpec("opt-125m")
+    spec = sources[0] if sources else ModelSpec("opt-125m")  # diff made each source a spec
     with confined(timeout_seconds()):  # the model's code is built and traced here
         return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=forced())
 
