@@ -168,3 +168,15 @@ def test_verify_prints_its_record_as_json() -> None:
     data = json.loads(out)
     assert code == 0 and data["schema"] == "ampgraph.verify" and data["ok"] is True
     assert data["results"][0]["agreement"]["nodes"]["agree"] > 0
+
+
+def test_a_factory_file_without_the_name_says_what_it_defines(tmp_path: Path) -> None:
+    """The file imported: a missing name is a typo, not a missing installation."""
+    factory = tmp_path / "mine.py"
+    factory.write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(2, 2), torch.randn(1, 2)\n"
+    )
+    result = CliRunner().invoke(main, ["table", "--module", f"{factory}:buidl", "-s", "fp32"])
+    assert result.exit_code == 1
+    expected = f"Error: {factory} has no 'buidl'; it defines build: use {factory}:NAME\n"
+    assert result.output == expected

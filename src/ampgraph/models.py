@@ -302,7 +302,6 @@ def _import_factory(spec: str) -> Callable[[], Any]:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.append(str(Path.cwd()))
             module = importlib.import_module(module_name)
-        return getattr(module, attr)  # type: ignore[no-any-return]
     except (ModelSpecError, ModelExited):  # already the one line to show
         raise
     except SystemExit as exc:  # a module that exits on import
@@ -312,6 +311,14 @@ def _import_factory(spec: str) -> Callable[[], Any]:
             f"cannot import {spec!r}: {type(exc).__name__}: {exc} "
             "(is it installed, or on PYTHONPATH?)"
         ) from None
+    # The module imported: a missing name is a typo in the spec, not a missing installation.
+    factory = getattr(module, attr, None)
+    if factory is None:
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                        and getattr(v, "__module__", None) == module.__name__)  # fmt: skip
+        offer = f"; it defines {', '.join(public[:12])}" if public else ""
+        raise ModelSpecError(f"{module_name} has no {attr!r}{offer}: use {module_name}:NAME")
+    return factory  # type: ignore[no-any-return]
 
 
 def _load_factory(spec: str, seq_len: int = 8) -> ModelInputs:
