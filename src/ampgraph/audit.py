@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ampgraph import policy as P
+from ampgraph.markdown import code_span, escape_text
 from ampgraph.records import SOURCE_KINDS, NodeRecord, Report
 from ampgraph.settings import short_dtype
 
@@ -462,27 +463,38 @@ def to_json(reports: Sequence[Report]) -> str:
     }, indent=1)  # fmt: skip
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def _at(f: Finding) -> str:
     """`` at `modeling_opt.py:389` `` for a finding with a source line (the file's name only:
     the table stays narrow; text, JSON and SARIF give the path)."""
-    return f" at `{Path(f.source['file']).name}:{f.source['line']}`" if f.source else ""
+    if f.source is None:
+        return ""
+    where = f"{Path(f.source['file']).name}:{f.source['line']}"
+    return f" at {code_span(where)}"
 
 
 def markdown(report: Report, findings: Sequence[Finding] | None = None) -> str:
-    """A Markdown section for a pull request: the totals, then a table of findings."""
+    """A Markdown section for a pull request: the totals, then a table of findings.
+
+    Module and node names, and the messages that mention them, are the model's text: they go
+    through :mod:`ampgraph.markdown`, so none of them can break the table or become a link.
+
+    >>> from ampgraph.records import NodeRecord, Report
+    >>> setting = {"name": "half", "device_type": "cuda", "autocast": False,
+    ...            "amp_dtype": "bfloat16", "param_dtype": "bfloat16"}
+    >>> ln = NodeRecord("layer_norm", "aten.layer_norm.default", "op", module="a|b",
+    ...                 inputs=[{"node": "x", "dtype": "bfloat16"}], outputs=["bfloat16"])
+    >>> print(markdown(Report("m", setting, {}, {}, [ln], [])).splitlines()[-1].split(" runs")[0])
+    | warning | sensitive-16bit | `a\\|b` | `layer_norm` | layer_norm in a\\|b
+    """
     findings = audit(report) if findings is None else findings
-    rows = [f"### ampgraph audit: {_title(report)}", ""]
-    rows += [f"- {line}" for line in _summary_lines(report, findings)]
+    rows = [f"### ampgraph audit: {escape_text(_title(report))}", ""]
+    rows += [f"- {escape_text(line)}" for line in _summary_lines(report, findings)]
     if findings:
         rows += ["", "| severity | kind | module | node | finding | suggestion |",
                  "|---|---|---|---|---|---|"]  # fmt: skip
         rows += [
-            f"| {f.severity} | {f.kind} | `{f.module or '-'}` | `{f.node}`{_at(f)} | {_md(f.message)} "
-            f"| {_md(f.suggestion)} |"
+            f"| {f.severity} | {f.kind} | {code_span(f.module or '-')} | {code_span(f.node)}"
+            f"{_at(f)} | {escape_text(f.message)} | {escape_text(f.suggestion)} |"
             for f in findings
         ]
     return "\n".join(rows)

@@ -34,6 +34,7 @@ from difflib import SequenceMatcher
 from typing import Any, Final
 
 from ampgraph.errors import AmpgraphError
+from ampgraph.markdown import code_span, escape_text
 from ampgraph.records import PLACEHOLDER_KINDS, NodeRecord, Report
 from ampgraph.settings import short_dtype
 
@@ -469,15 +470,13 @@ def diff_text(d: ReportDiff) -> str:
     return "\n".join(lines)
 
 
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
     """The diff as a pull-request comment: a summary table, the changes collapsed per module.
 
     At most ``limit`` changes are listed (GitHub refuses comments over 65,536 characters); the
-    summary table counts them all.
+    summary table counts them all. Module, node and op names and the changes' text are the
+    model's: they go through :mod:`ampgraph.markdown`, so none can break the table or become a
+    link.
 
     >>> print(diff_markdown(ReportDiff({"model": "m", "nodes": 3}, {"model": "m", "nodes": 3})))
     ... # doctest: +NORMALIZE_WHITESPACE
@@ -489,13 +488,14 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
     if d.equal:
         return (
             "### ampgraph diff: no changes in the dtype flow\n\n"
-            f"A: `{describe(d.a)}` → B: `{describe(d.b)}`, {d.b.get('nodes')} nodes."
+            f"A: {code_span(describe(d.a), table=False)} → "
+            f"B: {code_span(describe(d.b), table=False)}, {d.b.get('nodes')} nodes."
         )
     rows = [
         "### ampgraph diff: the dtype flow changes",
         "",
-        f"A: `{describe(d.a)}`  ",
-        f"B: `{describe(d.b)}`",
+        f"A: {code_span(describe(d.a), table=False)}  ",
+        f"B: {code_span(describe(d.b), table=False)}",
         "",
         (
             "| nodes changed | added | removed | policy | input dtypes | output dtypes "
@@ -509,7 +509,7 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
         ),
         "",
     ]
-    rows += [f"> {n}" for n in d.notes] + ([""] if d.notes else [])
+    rows += [f"> {escape_text(n, line_start=True)}" for n in d.notes] + ([""] if d.notes else [])
     groups = _grouped(d)
     rows += [
         (
@@ -525,12 +525,16 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
         if isinstance(entry, tuple):
             group, text = entry
             rows.append(
-                f"| `{head}` | {_md_escape(_fold_name(group))} | `placeholder` | {_md_escape(text)} |"
+                f"| {code_span(head)} | {escape_text(_fold_name(group))} | `placeholder` "
+                f"| {escape_text(text)} |"
             )
             continue
         text = change_line(entry).split(": ", 1)[1]
         mark = {"added": "added: ", "removed": "removed: "}.get(entry.change, "")
-        rows.append(f"| `{head}` | `{entry.name}` | `{entry.op}` | {_md_escape(mark + text)} |")
+        rows.append(
+            f"| {code_span(head)} | {code_span(entry.name)} | {code_span(entry.op)} "
+            f"| {escape_text(mark + text)} |"
+        )
     if len(listed) > limit:
         rows += ["", f"… and {len(listed) - limit} more: `ampgraph diff` (text or JSON) lists all."]
     rows += ["", "</details>"]

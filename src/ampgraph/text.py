@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ampgraph.markdown import code_span, escape_text
 from ampgraph.policy import CATEGORY_LABEL
 from ampgraph.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import short_dtype
@@ -98,10 +99,21 @@ def _casts_text(recs: Iterable[NodeRecord]) -> str:
 
 
 def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
-    """A Markdown table of the leaf-module calls, for pasting into a pull request."""
+    """A Markdown table of the leaf-module calls, for pasting into a pull request.
+
+    Module paths, class names and node names are the model's own text: they go through
+    :mod:`ampgraph.markdown`, so a ``|``, a newline or a link in one stays text in its cell.
+
+    >>> from ampgraph.records import ModuleCall
+    >>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,
+    ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
+    >>> call = ModuleCall("a|b", "m.<i>", ["<i>"], "a|b", "float32", "float32", [])
+    >>> print(markdown_table(Report("m", setting, {}, {}, [], [call])).splitlines()[-1])
+    | `a\\|b` | \\<i> | fp32 | fp32 | none | - |
+    """
     setting = report.setting
     head = (
-        f"**{report.model}**, setting `{setting['name']}` "
+        f"**{escape_text(report.model)}**, setting {code_span(setting['name'], table=False)} "
         f"({'autocast ' + setting['device_type'] + ' ' + short_dtype(setting['amp_dtype']) if setting['autocast'] else 'no autocast'}, "
         f"parameters {short_dtype(setting['param_dtype'])})"
     )
@@ -116,11 +128,12 @@ def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
         policies = sorted({CATEGORY_LABEL[r.policy] for r in recs if r.policy})
         out = f"error: {error}" if error else short_dtype(call.out_dtype)
         rows.append(
-            f"| `{call.path}` | {call.type.rsplit('.', 1)[-1]} | {short_dtype(call.in_dtype)} "
-            f"| {out} | {', '.join(policies) or 'none'} | {_casts_text(recs) or '-'} |"
+            f"| {code_span(call.path)} | {escape_text(call.type.rsplit('.', 1)[-1])} "
+            f"| {short_dtype(call.in_dtype)} | {escape_text(out)} "
+            f"| {', '.join(policies) or 'none'} | {escape_text(_casts_text(recs)) or '-'} |"
         )
     if report.check is not None:
-        rows += ["", check_summary(report)]
+        rows += ["", escape_text(check_summary(report), line_start=True)]
     return "\n".join(rows)
 
 
@@ -214,10 +227,17 @@ def check_markdown(reports: Sequence[Report]) -> str:
     for report in reports:
         c = report.check or {}
         rows.append(
-            f"| `{report.model}` | {report.setting.get('name')} | {c.get('compared', '-')} "
-            f"| {c.get('disagreements', '-')} | {len(report.errors)} | {c.get('not_analysed', 0)} |"
+            f"| {code_span(report.model)} | {escape_text(str(report.setting.get('name')))} "
+            f"| {c.get('compared', '-')} | {c.get('disagreements', '-')} | {len(report.errors)} "
+            f"| {c.get('not_analysed', 0)} |"
         )
-        details += [f"- {report.setting.get('name')}:{line}" for line in disagreement_lines(report)]
+        # The lines name nodes and modules: the model's text, escaped as the table's is (after
+        # their indent, which escape_text would keep as references).
+        details += [
+            f"- {escape_text(str(report.setting.get('name')), line_start=True)}:  "
+            f"{escape_text(line.removeprefix('  '))}"
+            for line in disagreement_lines(report)
+        ]
     if details:
         rows += ["", "Disagreements:", "", *details]
     return "\n".join(rows)

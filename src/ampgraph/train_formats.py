@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from ampgraph.markdown import code_span, escape_text
 from ampgraph.memory import (
     ACTIVATION,
     PARAMETER_COPY,
@@ -226,7 +227,8 @@ def markdown_train(report: Report, depth: int | None = None) -> str:
     per dtype, gradient dtypes, backward casts and the backward's 16-bit ops.
 
     ``depth`` cuts module paths for the memory table (default: the deepest level holding
-    numbered layers, ``model.decoder.layers.3``).
+    numbered layers, ``model.decoder.layers.3``). The model's name and its module paths go
+    through :mod:`ampgraph.markdown`: a ``|`` or a newline in one cannot break a table.
     """
     bw = report.backward
     assert bw is not None
@@ -237,15 +239,17 @@ def markdown_train(report: Report, depth: int | None = None) -> str:
     )  # fmt: skip
     rows = [
         (
-            f"**{report.model}**, training step, setting `{setting['name']}` ({amp}, parameters "
-            f"{short_dtype(setting['param_dtype'])}); loss `{bw.loss['expression']}` of "
-            f"`{bw.loss['output']}`; `loss.backward()` {'inside' if bw.autocast else 'outside'} the "
-            "autocast context"
+            f"**{escape_text(report.model)}**, training step, setting "
+            f"{code_span(setting['name'], table=False)} ({amp}, parameters "
+            f"{short_dtype(setting['param_dtype'])}); loss "
+            f"{code_span(str(bw.loss['expression']), table=False)} of "
+            f"{code_span(str(bw.loss['output']), table=False)}; `loss.backward()` "
+            f"{'inside' if bw.autocast else 'outside'} the autocast context"
         ),
         "",
     ]
     if bw.skipped:
-        return "\n".join([*rows, f"No backward: {bw.skipped}."])
+        return "\n".join([*rows, f"No backward: {escape_text(bw.skipped)}."])
     memory = activation_bytes_by_dtype(bw.saved, ACTIVATION)
     dtypes = sorted(memory, key=lambda d: (d not in ("float32",), d))
     rows += [
@@ -268,7 +272,7 @@ def markdown_train(report: Report, depth: int | None = None) -> str:
         cells = [human_bytes(row[d]) if row.get(d) else "-" for d in dtypes]
         cells.append(human_bytes(copy) if copy else "-")
         total = human_bytes(sum(row.values()) + copy)
-        rows.append(f"| `{module}` | " + " | ".join(cells) + f" | {total} |")
+        rows.append(f"| {code_span(module)} | " + " | ".join(cells) + f" | {total} |")
     rows += ["", "| parameters | gradient | how | count |", "|---|---|---|---|"]
     how = Counter(
         (short_dtype(g.param_dtype), short_dtype(g.dtype) if g.dtype else "none",
