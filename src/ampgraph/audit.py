@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from ampgraph import policy as P
 from ampgraph.markdown import code_span, escape_text
@@ -513,6 +514,19 @@ def model_file(model: str) -> str | None:
     return head if head.endswith((".py", ".json")) else None
 
 
+def artifact_uri(file: str) -> str:
+    """A file as SARIF's ``artifactLocation.uri`` wants it: a URI reference (RFC 3986).
+
+    A relative path is percent-encoded (a space, ``#``, ``%`` or ``:`` in a file or folder name
+    would make it another URI or none), an absolute one becomes a ``file://`` URI.
+
+    >>> artifact_uri("models/my model#2.py"), artifact_uri("/tmp/100%.py")
+    ('models/my%20model%232.py', 'file:///tmp/100%25.py')
+    """
+    path = Path(file)
+    return path.as_uri() if path.is_absolute() else quote(path.as_posix())
+
+
 def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_file) -> str:
     """SARIF 2.1.0 for GitHub code scanning: one run, a rule per kind, a result per finding.
 
@@ -531,11 +545,8 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
             ]}  # fmt: skip
             source = f.source or ({"file": artifact, "line": 1} if artifact else None)
             if source is not None:
-                file = str(source["file"])
                 location["physicalLocation"] = {
-                    "artifactLocation": {
-                        "uri": Path(file).as_uri() if Path(file).is_absolute() else file
-                    },
+                    "artifactLocation": {"uri": artifact_uri(str(source["file"]))},
                     "region": {"startLine": source["line"]},
                 }
             results.append({
@@ -568,7 +579,8 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
 
 
 __all__ = [
-    "KINDS", "SEVERITIES", "Finding", "at_or_above", "audit", "markdown", "model_file", "sarif",
+    "KINDS", "SEVERITIES", "Finding", "artifact_uri", "at_or_above", "audit", "markdown",
+    "model_file", "sarif",
     "summary",
     "text", "to_json",
 ]  # fmt: skip
