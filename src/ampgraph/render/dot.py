@@ -48,6 +48,7 @@ from ampgraph.render.style import (
     dtype_family,
     is_floating,
 )
+from ampgraph.render.svg import xml_chars
 from ampgraph.settings import Setting, short_dtype
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
@@ -61,8 +62,9 @@ CLUSTER_MARGIN: Final = "14"
 
 
 def _h(text: str) -> str:
-    """Escape text for an HTML-like label."""
-    return escape(text, quote=True)
+    """Escape text for an HTML-like label (Graphviz parses it as XML: a control character in a
+    module's name would make it refuse the label)."""
+    return escape(xml_chars(text, breaks=False), quote=True)
 
 
 def _font(text: str, *, colour: str | None = None, size: int | None = None) -> str:
@@ -256,9 +258,42 @@ def _edge_attrs(dtype: str | None, theme: Theme, *, compact: bool = False) -> di
 TOOLTIP_LIST_MAX: Final = 6
 
 
-def _escaped(text: str) -> str:
-    """Text for a DOT escString: a backslash would start an escape (``\\N`` is the node name)."""
-    return text.replace("\\", "\\\\")
+def _escaped(text: str, *, breaks: bool = True) -> str:
+    """Model text as a quoted DOT string: a tooltip; with ``breaks=False`` (control characters
+    shown, see :func:`~ampgraph.render.svg.xml_chars`), a node's name, an id, a subgraph's name.
+
+    Backslashes are doubled: in an escString (ids, tooltips) one would start an escape (``\\N``
+    is the node name), and a name ending in one (a module may be called ``a\\``) would escape
+    the closing quote and leave the file unparsable. The result is a :func:`graphviz.nohtml`
+    string, so a name like ``<b>x</b>`` is quoted, not taken for an HTML-like label; graphviz
+    escapes the double quotes when it quotes it. An ``&`` is written ``&amp;``: Graphviz reads
+    entities in every string (a module called ``&amp;`` would be drawn ``&``).
+
+    >>> print(graphviz.quoting.quote(_escaped('tail\\\\')), graphviz.quoting.quote(_escaped("<b>")))
+    "tail\\\\" "<b>"
+    """
+    return graphviz.escape(xml_chars(text, breaks=breaks).replace("&", "&amp;"))
+
+
+def _name(text: str) -> str:
+    """A node's or a subgraph's name, or an id, as a quoted DOT string: on one line.
+
+    >>> print(graphviz.quoting.quote(_name("a\\nb")))
+    "a␊b"
+    """
+    return _escaped(text, breaks=False)
+
+
+def _edge(target: graphviz.Digraph, tail: str, head: str, **attrs: str) -> None:
+    """An edge from node ``tail`` to node ``head`` (names as given to ``node``), in ``target``.
+
+    Written here, not with ``target.edge``: graphviz reads a ``:`` in an edge's end as a port
+    (``node:port``), and a module may be called ``a:b``; the node statements quote the whole name.
+    """
+    quote = graphviz.quoting.quote
+    label = attrs.pop("label", None)  # first, as graphviz's own edge() writes it
+    attr = graphviz.quoting.attr_list(label, kwargs=attrs)
+    target.body.append(f"\t{quote(_name(tail))} -> {quote(_name(head))}{attr}\n")
 
 
 def _listing(items: Sequence[str]) -> str:
@@ -625,10 +660,11 @@ class _Emitter:
         for u, v, key in edges:
             dtype = self.graph.edges[u, v, key]["dtype"]
             src, dst = self.node_id(u), self.node_id(v)
-            target.edge(
+            _edge(
+                target,
                 src,
                 dst,
-                id=f"{src}->{dst}[{dtype or 'unknown'}]",
+                id=_name(f"{src}->{dst}[{dtype or 'unknown'}]"),
                 tooltip=_escaped(edge_tooltip(self.graph, u, v, dtype)),
                 **_edge_attrs(dtype, self.theme, compact=self.compact),
             )
@@ -642,8 +678,8 @@ class _Emitter:
         for node in tree.get(chain, []):
             name = self.node_id(node)
             target.node(
-                name,
-                id=name,
+                _name(name),
+                id=_name(name),
                 tooltip=_escaped(node_tooltip(self.graph, node)),
                 **_node_attrs(self.graph.nodes[node], self.theme, compact=self.compact),
             )
@@ -656,9 +692,9 @@ class _Emitter:
                 first_order[child] = min(first_order.get(child, low), low)
         for child in sorted(first_order, key=lambda c: (first_order[c], c)):
             cid = child[-1]
-            with target.subgraph(name=f"cluster_{self.cluster_id(cid)}") as sub:
+            with target.subgraph(name=_name(f"cluster_{self.cluster_id(cid)}")) as sub:
                 sub.attr(
-                    id=self.cluster_id(cid),
+                    id=_name(self.cluster_id(cid)),
                     **_cluster_attrs(self.graph.graph["clusters"][cid], self.theme),
                 )
                 self._caption(sub, cid, child, tree)
@@ -681,8 +717,8 @@ class _Emitter:
         cluster = self.graph.graph["clusters"][cid]
         caption = f"{self.cluster_id(cid)}/caption"
         target.node(
-            caption,
-            id=caption,
+            _name(caption),
+            id=_name(caption),
             label=cluster_caption(cluster, self.theme),
             tooltip=_escaped(cluster_tooltip(cluster)),
             shape="plain",
@@ -691,8 +727,8 @@ class _Emitter:
         )
         with target.subgraph() as same:
             same.attr(rank="same")
-            same.node(caption)
-            same.node(self.node_id(first))
+            same.node(_name(caption))
+            same.node(_name(self.node_id(first)))
 
     def inputs_on_top(self, target: graphviz.Digraph) -> None:
         """Model inputs on the first rank, as in the seed's drawings, however deep they are read
@@ -702,10 +738,10 @@ class _Emitter:
             if self.graph.nodes[n]["kind"] == "input" and not self.graph.nodes[n]["chain"]
         ]  # fmt: skip
         if inputs:
-            with target.subgraph(name=f"{self.prefix}inputs") as top:
+            with target.subgraph(name=_name(f"{self.prefix}inputs")) as top:
                 top.attr(rank="min")
                 for node in inputs:
-                    top.node(self.node_id(node))
+                    top.node(_name(self.node_id(node)))
 
     def first(self) -> str | None:
         nodes = sorted(self.graph.nodes, key=lambda n: self.graph.nodes[n]["order"])
@@ -717,7 +753,7 @@ class _Emitter:
 
 
 def _new_digraph(name: str, title: str, subtitle: str, theme: Theme) -> graphviz.Digraph:
-    dot = graphviz.Digraph(name)
+    dot = graphviz.Digraph(_name(name))  # the model's name: a class's, or the spec
     label = (
         f"<<B>{_h(title)}</B><BR/>"
         + _font(_h(subtitle), colour=theme.muted, size=FONT_SIZE)
@@ -764,9 +800,9 @@ def _add_legend(
             fontsize=str(SMALL_FONT_SIZE + 1),
         )
         if beside and same_rank:
-            legend.node(beside[0])
+            legend.node(_name(beside[0]))
     for node in beside:
-        dot.edge(node, "legend", style="invis")
+        _edge(dot, node, "legend", style="invis")
 
 
 class Diagram(NamedTuple):
@@ -1004,9 +1040,9 @@ def overview_diagram(
             prefix = prefixes[id(report)]
             emitter = _Emitter(graph, th, prefix=prefix, compact=True)
             emitters[-1].append(emitter)
-            with dot.subgraph(name=f"cluster_{prefix}cell") as cell:
+            with dot.subgraph(name=_name(f"cluster_{prefix}cell")) as cell:
                 cell.attr(
-                    id=f"{prefix}cell",
+                    id=_name(f"{prefix}cell"),
                     label=_cell_label(graph, th),
                     tooltip=_escaped(describe(graph)),
                     labeljust="c",
@@ -1025,14 +1061,14 @@ def overview_diagram(
             with dot.subgraph(name=f"row_{r_i}") as same:
                 same.attr(rank="same")
                 for node in firsts:
-                    same.node(str(node))
+                    same.node(_name(str(node)))
     # Stack the rows: an invisible edge from each cell's last box to the first box of the cell
     # below puts the two in one column (dot lays unconnected columns side by side, in order).
     for r_i in range(1, len(emitters)):
         for c_i, below in enumerate(emitters[r_i]):
             above = emitters[r_i - 1][c_i] if c_i < len(emitters[r_i - 1]) else None
             if above is not None and above.last() and below.first():
-                dot.edge(str(above.last()), str(below.first()), style="invis", weight="0")
+                _edge(dot, str(above.last()), str(below.first()), style="invis", weight="0")
     bottom = [e.last() for e in emitters[-1] if e.last()]
     _add_legend(dot, LegendFacts.of(graphs), th, [str(b) for b in bottom], same_rank=False)
     description = " ".join(

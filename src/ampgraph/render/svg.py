@@ -31,6 +31,29 @@ DESC_ID: Final = "ampgraph-desc"
 
 _SVG_OPEN: Final = re.compile(r"<svg\b([^>]*)>")
 
+#: Characters XML 1.0 cannot hold, even as references: the C0 controls but tab, newline and
+#: carriage return (as their control pictures, U+2400 + code), and U+FFFE, U+FFFF.
+_NOT_XML: Final = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D)} | {
+    0xFFFE: 0xFFFD, 0xFFFF: 0xFFFD,
+}
+#: :data:`_NOT_XML` and tab, newline and carriage return too.
+_CONTROLS: Final = _NOT_XML | {c: 0x2400 + c for c in (0x09, 0x0A, 0x0D)}
+
+
+def xml_chars(text: str, *, breaks: bool = True) -> str:
+    """``text`` with the characters XML cannot hold shown as control pictures (``\\x1b`` as
+    ``␛``): a module name may hold any, and one in a label, an id or a tooltip would make
+    Graphviz refuse the label, or write an SVG no XML parser reads.
+
+    ``breaks=False`` shows tab, newline and carriage return as pictures too, for a name on one
+    line: Graphviz refuses an HTML-like label's text made of them alone, and writes them into
+    ids as they are, where XML reads them as spaces.
+
+    >>> xml_chars("a\\x1b[31m\\x00b\\nc"), xml_chars("a\\nb", breaks=False)
+    ('a␛[31m␀b\\nc', 'a␊b')
+    """
+    return text.translate(_NOT_XML if breaks else _CONTROLS)
+
 
 def accessible(svg: str, title: str, description: str) -> str:
     """``svg`` with a root title and description for screen readers (see the module doc).
@@ -45,8 +68,8 @@ def accessible(svg: str, title: str, description: str) -> str:
     attrs = match.group(1)
     opening = f'<svg role="img" aria-labelledby="{TITLE_ID} {DESC_ID}"{attrs}>'
     head = (
-        f'\n<title id="{TITLE_ID}">{escape(title, quote=False)}</title>'
-        f'\n<desc id="{DESC_ID}">{escape(description, quote=False)}</desc>'
+        f'\n<title id="{TITLE_ID}">{escape(xml_chars(title), quote=False)}</title>'
+        f'\n<desc id="{DESC_ID}">{escape(xml_chars(description), quote=False)}</desc>'
     )
     return svg[: match.start()] + opening + head + svg[match.end() :]
 
