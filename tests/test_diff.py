@@ -619,7 +619,7 @@ def test_llama_with_torch_rms_norm_moves_to_fp32_between_2_11_and_2_14() -> None
     assert sum(len(c["casts_added"]) for c in norms) == 10
 
 
-BLOCKS = '''
+BLOCKS = """
 import torch
 from torch import nn
 
@@ -635,7 +635,7 @@ class Block(nn.Module):
 
 def build():
     return nn.Sequential(Block(), Block()), torch.randn(2, 16)
-'''
+"""
 
 
 def test_diff_takes_the_model_options_every_command_takes(tmp_path: Path) -> None:

@@ -15,7 +15,16 @@ def test_repr_is_one_line_with_the_seeds_counts() -> None:
 def test_summary_is_a_row_per_leaf_module_call_then_the_totals() -> None:
     r = report("opt-125m", "amp-fp32")
     lines = r.summary().splitlines()
-    assert lines[2].split() == ["Module", "call", "Class", "In", "Out", "Ops", "Casts", "Promotions"]
+    assert lines[2].split() == [
+        "Module",
+        "call",
+        "Class",
+        "In",
+        "Out",
+        "Ops",
+        "Casts",
+        "Promotions",
+    ]
     rows = lines[4 : 4 + len(r.modules)]
     assert [row.split()[0] for row in rows] == [m.path for m in r.modules]
     q_proj = next(

@@ -73,9 +73,7 @@ def model_argument(f: F) -> F:
     """MODEL, or one of --config/--model-dir/--module, and --tracer: the command receives them as
     one ``model`` value, a :class:`~ampgraph.specs.ModelSpec` (a str)."""
     f = model_options(f)
-    return click.argument(
-        "model", required=False, metavar="[MODEL]", callback=_resolve_model
-    )(f)
+    return click.argument("model", required=False, metavar="[MODEL]", callback=_resolve_model)(f)
 
 
 def option_model() -> Any:

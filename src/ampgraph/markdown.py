@@ -62,8 +62,10 @@ def code_span(text: str, *, table: bool = True) -> str:
         return "` `"  # an empty span is no span: two backticks would show as themselves
     runs = re.findall(r"`+", content)
     fence = "`" * (max(map(len, runs), default=0) + 1)
-    pad = content[0] == "`" or content[-1] == "`" or (
-        content[0] == " " and content[-1] == " " and content.strip(" ") != ""
+    pad = (
+        content[0] == "`"
+        or content[-1] == "`"
+        or (content[0] == " " and content[-1] == " " and content.strip(" ") != "")
     )
     return f"{fence} {content} {fence}" if pad else f"{fence}{content}{fence}"
 

@@ -96,10 +96,14 @@ def table(report: Report) -> Summary:
     out += [line(r) for r in rows]
     out += [
         "=" * rule_width,
-        f"{_count(len(report.nodes), 'graph node')} ({_count(ops, 'op')}), "
-        f"{_count(len(report.modules), 'leaf-module call')}",
-        f"{_count(casts, 'cast')} inserted by autocast, {_count(promotions, 'promotion')}, "
-        f"{_count(len(report.errors), 'node')} that raise",
+        (
+            f"{_count(len(report.nodes), 'graph node')} ({_count(ops, 'op')}), "
+            f"{_count(len(report.modules), 'leaf-module call')}"
+        ),
+        (
+            f"{_count(casts, 'cast')} inserted by autocast, {_count(promotions, 'promotion')}, "
+            f"{_count(len(report.errors), 'node')} that raise"
+        ),
         f"check: {_check_words(report)}",
     ]
     return Summary("\n".join(out))

@@ -34,7 +34,8 @@ _SVG_OPEN: Final = re.compile(r"<svg\b([^>]*)>")
 #: Characters XML 1.0 cannot hold, even as references: the C0 controls but tab, newline and
 #: carriage return (as their control pictures, U+2400 + code), and U+FFFE, U+FFFF.
 _NOT_XML: Final = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D)} | {
-    0xFFFE: 0xFFFD, 0xFFFF: 0xFFFD,
+    0xFFFE: 0xFFFD,
+    0xFFFF: 0xFFFD,
 }
 #: :data:`_NOT_XML` and tab, newline and carriage return too.
 _CONTROLS: Final = _NOT_XML | {c: 0x2400 + c for c in (0x09, 0x0A, 0x0D)}
