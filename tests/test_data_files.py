@@ -20,13 +20,8 @@ from ampgraph.baseline import BaselineError, baseline_text, read_baseline, spec_
 from ampgraph.cli import main
 from ampgraph.records import DTYPE_NAMES, Cast, ModuleCall, NodeRecord, Report, load_json
 
-SETTING = {
-    "name": "amp-fp32",
-    "device_type": "cuda",
-    "autocast": True,
-    "amp_dtype": "bfloat16",
-    "param_dtype": "float32",
-}
+from .test_diff import SETTING  # the amp-fp32 setting the diff's hand-made reports use
+
 #: A factory whose import leaves a file named MARKER beside it: the proof that code ran.
 FACTORY = """\
 import pathlib
