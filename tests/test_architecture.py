@@ -101,3 +101,12 @@ def test_torch_free_modules_import_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+def test_the_public_surface_is_what_dir_lists_and_every_name_resolves() -> None:
+    """``dir(ampgraph)`` showed ``Any``, ``TYPE_CHECKING`` and ``annotations``, not ``analyze``."""
+    import ampgraph
+
+    assert dir(ampgraph) == sorted([*ampgraph.__all__, "__version__"])
+    assert {"analyze", "analyze_spec", "Report", "Setting"} <= set(dir(ampgraph))
+    assert all(getattr(ampgraph, name) is not None for name in ampgraph.__all__)

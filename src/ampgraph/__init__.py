@@ -12,7 +12,7 @@ Importing ampgraph is cheap: torch is imported by the stages that need it, on fi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import typing
 
 __version__ = "0.1.0"
 
@@ -20,7 +20,7 @@ from ampgraph.errors import AmpgraphError, CaptureError, ModelSpecError, RenderE
 from ampgraph.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting, seed_matrix
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from ampgraph.analysis import analyze, analyze_capture
     from ampgraph.capture import Capture
     from ampgraph.models import ModelInputs, load_model
@@ -36,7 +36,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     if name in _LAZY:
         import importlib
 
@@ -62,3 +62,14 @@ __all__ = [
     "load_model",
     "seed_matrix",
 ]
+
+
+def __dir__() -> list[str]:
+    """What users may import (:data:`__all__`, the lazy names included) and the version: not
+    the helpers this module imports for itself, nor the submodules that loading attached.
+
+    >>> import ampgraph
+    >>> "analyze" in dir(ampgraph), "typing" in dir(ampgraph)
+    (True, False)
+    """
+    return sorted([*__all__, "__version__"])
