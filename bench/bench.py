@@ -211,7 +211,7 @@ def ensure_torchview() -> dict[str, str]:
 
 
 def config_path(name: str) -> str:
-    return str(ROOT / "src" / "ampgraph" / "configs" / f"{name}.json")
+    return str(ROOT / "src" / "ampgraph" / "model" / "configs" / f"{name}.json")
 
 
 def layout_times(dot_dir: Path) -> dict[str, float]:
@@ -421,7 +421,7 @@ def main() -> None:
 
 def versions() -> dict[str, str]:
     """The installed versions that the figures depend on: those that key ampgraph's cache."""
-    from ampgraph.cache import environment
+    from ampgraph.pipeline.cache import environment
 
     env = environment()
     return {dist: env[dist] for dist in ("ampgraph", "torch", "transformers")}

@@ -88,21 +88,22 @@ def main() -> None:
     phases = Phases()
 
     with phases.phase("import ampgraph (no torch)"):
-        from ampgraph.pipeline import frozen_imports
+        from ampgraph.pipeline.run import frozen_imports
         from ampgraph.settings import Setting, seed_matrix
-        from ampgraph.specs import spec_kind  # noqa: F401 - what the CLI reads before torch
-    # As the CLI does (ampgraph.pipeline.prepare): no garbage collection while torch,
+        from ampgraph.model.specs import spec_kind  # noqa: F401 - what the CLI reads before torch
+    # As the CLI does (ampgraph.pipeline.run.prepare): no garbage collection while torch,
     # transformers and the model load, and what they made frozen after.
     with frozen_imports():
         with phases.phase("import torch"):
             import torch  # noqa: F401
         with phases.phase("import ampgraph's analysis"):
-            from ampgraph import analysis, capture, reads
-            from ampgraph.models import architecture_for
+            from ampgraph.capture import reads
+            from ampgraph.pipeline import stages as analysis
+            from ampgraph.model.build import architecture_for
             from ampgraph.render import files
         with phases.phase("import the model's code (transformers)"):
-            config = json.loads((ROOT / "src/ampgraph/configs" / f"{args.model}.json").read_text()) if (
-                ROOT / "src/ampgraph/configs" / f"{args.model}.json").is_file() else None  # fmt: skip
+            config = json.loads((ROOT / "src/ampgraph/model/configs" / f"{args.model}.json").read_text()) if (
+                ROOT / "src/ampgraph/model/configs" / f"{args.model}.json").is_file() else None  # fmt: skip
             if config is not None:
                 import transformers
 
@@ -110,7 +111,7 @@ def main() -> None:
                              architecture_for(config["model_type"]).auto_class):  # fmt: skip
                     getattr(transformers, name, None)  # transformers imports modelling code lazily
         with phases.phase("build the model on meta"):
-            from ampgraph.models import load_model
+            from ampgraph.model.build import load_model
 
             model = load_model(args.model)
 
@@ -122,7 +123,8 @@ def main() -> None:
     phases.wrap(analysis, "run_check", "check (dispatcher)")
     phases.wrap(analysis, "module_calls", "module view")
     if args.pass_ != "forward":
-        from ampgraph import backward, backward_check
+        from ampgraph.train import backward
+        from ampgraph.train import check as backward_check
 
         phases.wrap(backward, "trace_joint", "joint trace (forward + loss + backward)")
         phases.wrap(backward, "backward_section", "backward records")
@@ -131,7 +133,6 @@ def main() -> None:
     phases.wrap(files, "run_dot", "layout (dot)")
     phases.wrap(files, "diagram", "diagram source")
     phases.wrap(files, "overview_diagram", "diagram source")
-    del capture
     with phases.phase("other"):
         options = {} if args.pass_ == "forward" else {"pass_": args.pass_}
         reports = analysis.analyze_many(

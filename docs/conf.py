@@ -3,7 +3,7 @@
 Built from the sources in this repository: the pages in this folder (MyST Markdown), the CLI
 reference from the click commands (sphinx-click), the API reference from docstrings (autodoc),
 the op reference from ``ampgraph policy`` and the gallery from the bundled models, each figure
-drawn during the build by ampgraph's own directive (:mod:`ampgraph.sphinx`).
+drawn during the build by ampgraph's own directive (:mod:`ampgraph.docs.directive`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def write_if_changed(path: Path, text: str) -> None:
 
 def gallery_pages() -> None:
     """One page per bundled model (``ampgraph models``), each with its four-setting figure."""
-    from ampgraph.models import DEFAULT_MODEL, catalogue
+    from ampgraph.model.build import DEFAULT_MODEL, catalogue
 
     folder = GENERATED / "gallery"
     wanted = set()

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from ampgraph.models import load_model
+from ampgraph.model.build import load_model
 
 
 def build() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:

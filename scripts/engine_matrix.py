@@ -49,7 +49,7 @@ class Row:
 def difference(a: object, b: object) -> str | None:
     """The first difference between two reports, with the check's full record (both traces'
     dtypes included) and the capture's fields other than its method."""
-    from ampgraph.reads import annotation_difference
+    from ampgraph.capture.reads import annotation_difference
 
     why = annotation_difference(a, b)
     if why is not None:
@@ -63,9 +63,9 @@ def difference(a: object, b: object) -> str | None:
 
 
 def run_model(job: tuple[str, tuple[str, ...]]) -> Row:
-    from ampgraph.analysis import analyze_capture, trace
-    from ampgraph.capture import capture
-    from ampgraph.models import load_model
+    from ampgraph.pipeline.stages import analyze_capture, trace
+    from ampgraph.capture.trace import capture
+    from ampgraph.model.build import load_model
     from ampgraph.settings import Setting, short_dtype
 
     name, devices = job
@@ -113,7 +113,7 @@ def markdown(rows: Sequence[Row], total: float, devices: Sequence[str]) -> str:
             "`scripts/vision_matrix.py`, in the seed's four settings (fp32, half, amp-half, "
             f"amp-fp32) with both autocast dtypes, device type {', '.join(devices)}: captured "
             "by `--tracer make-fx` (the default: `make_fx` with export's own passes, see "
-            "`ampgraph.capture`) and by `--tracer export` (`torch.export.export`), each graph "
+            "`ampgraph.capture.trace`) and by `--tracer export` (`torch.export.export`), each graph "
             "annotated and checked against the dispatcher. *equal* says whether every node "
             "record (op, module, policy, inputs, casts, outputs, promotion, reason, error, the "
             "check with the dtypes each trace recorded), every module call and the capture's "
@@ -165,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # noqa: F401 - imported once, before the workers fork
     import transformers  # noqa: F401
 
-    from ampgraph.analysis import analyze_capture  # noqa: F401
-    from ampgraph.models import bundled_models
+    from ampgraph.pipeline.stages import analyze_capture  # noqa: F401
+    from ampgraph.model.build import bundled_models
 
     names = opts.model or [*bundled_models(), *vision_models()]
     jobs = [(n, devices) for n in sorted(names, key=lambda n: -COST_HINT.get(n, 1))]

@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from ampgraph.errors import AmpgraphError
-    from ampgraph.models import load_model
+    from ampgraph.model.build import load_model
     from ampgraph.settings import seed_matrix
     from ampgraph.verify import device_name, verify, verify_record, write_record
 

@@ -60,10 +60,10 @@ class Row:
 
 def run_model(name: str) -> Row:
     """Build one model and check it in all 16 settings."""
-    from ampgraph.analysis import analyze, analyze_group
-    from ampgraph.models import CatalogueEntry, bundled_models, count_parameters, load_model
+    from ampgraph.pipeline.stages import analyze, analyze_group
+    from ampgraph.model.build import CatalogueEntry, bundled_models, count_parameters, load_model
     from ampgraph.settings import Setting, short_dtype
-    from ampgraph.text import disagreement_lines
+    from ampgraph.report.text import disagreement_lines
 
     start = time.perf_counter()
     row = Row(name, origin=bundled_models().get(name, ""))
@@ -204,14 +204,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Imported once here, before the workers fork: imports are most of a cold process's time.
     # Frozen after, so that no collection in a worker scans (and copies) what they made.
-    from ampgraph.pipeline import frozen_imports
+    from ampgraph.pipeline.run import frozen_imports
 
     with frozen_imports():
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        from ampgraph.analysis import analyze  # noqa: F401
-        from ampgraph.models import bundled_models
+        from ampgraph.pipeline.stages import analyze  # noqa: F401
+        from ampgraph.model.build import bundled_models
 
     names = opts.model or list(bundled_models())
     order = sorted(names, key=lambda n: -COST_HINT.get(n, 1))

@@ -8,7 +8,7 @@ x the seed's four settings (16 cells) and compared with
 
 * the dispatcher: ``ampgraph check``, node by node, and
 * the eager model's own forward hooks on fake tensors with the real autocast kernels
-  (:func:`ampgraph.hooks.eager_hook_lines`), line by line.
+  (:func:`ampgraph.verify.hooks.eager_hook_lines`), line by line.
 
 A cell agrees when the check finds 0 disagreements and nothing unanalysed and the hook lines are
 equal (an error the model raises, such as the ``half`` setting's Linear fed fp32, included). A cell
@@ -165,10 +165,10 @@ def run_op(name: str) -> Row:
     """The op's 16 cells against both oracles."""
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
-    from ampgraph.hooks import eager_hook_lines
-    from ampgraph.models import ModelInputs
+    from ampgraph.verify.hooks import eager_hook_lines
+    from ampgraph.model.build import ModelInputs
     from ampgraph.settings import Setting
-    from ampgraph.text import hook_lines
+    from ampgraph.report.text import hook_lines
 
     torch.manual_seed(0)
     model = ModelInputs(name, OneOp(name).eval(), (torch.randn(SHAPE),))

@@ -2,10 +2,10 @@
 """Prove graph sharing on every bundled model: shared graphs annotate as fresh captures do.
 
 For each bundled model, device type and autocast dtype, the seed's four settings are analysed
-twice: by :func:`ampgraph.analysis.analyze_group`, which captures once per parameter dtype and
-shares the graph wherever :mod:`ampgraph.reads` proves it is the one a capture would give, and
+twice: by :func:`ampgraph.pipeline.stages.analyze_group`, which captures once per parameter dtype and
+shares the graph wherever :mod:`ampgraph.capture.reads` proves it is the one a capture would give, and
 by a fresh capture in every setting. Every node record and module call must be equal
-(:func:`ampgraph.reads.annotation_difference`). Writes docs/graph-reuse.md.
+(:func:`ampgraph.capture.reads.annotation_difference`). Writes docs/graph-reuse.md.
 
     .venv/bin/python scripts/reuse_matrix.py                      # all bundled models, cuda
     .venv/bin/python scripts/reuse_matrix.py -m gpt2 --device cpu --out /tmp/r.md
@@ -46,9 +46,9 @@ class Row:
 
 
 def run_model(job: tuple[str, tuple[str, ...]]) -> Row:
-    from ampgraph.analysis import analyze, analyze_group
-    from ampgraph.models import load_model
-    from ampgraph.reads import annotation_difference
+    from ampgraph.pipeline.stages import analyze, analyze_group
+    from ampgraph.model.build import load_model
+    from ampgraph.capture.reads import annotation_difference
     from ampgraph.settings import Setting, short_dtype
 
     name, devices = job
@@ -93,7 +93,7 @@ def vision_model(name: str) -> Any:
     """A vision model as ``scripts/vision_matrix.py`` builds it, with its example inputs."""
     import torch
 
-    from ampgraph.models import ModelInputs
+    from ampgraph.model.build import ModelInputs
 
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
@@ -122,7 +122,7 @@ def markdown(rows: Sequence[Row], total: float, devices: Sequence[str]) -> str:
             "Every bundled model (and the torchvision and timm models of `scripts/vision_matrix.py` where named) in the seed's four settings (fp32, half, amp-half, amp-fp32) "
             f"with both autocast dtypes, device type {', '.join(devices)}: analysed once with "
             "shared graphs (`analyze_group`: one capture per parameter dtype, shared wherever "
-            "every trace-time read of the setting agrees, see `ampgraph.reads`) and once with a "
+            "every trace-time read of the setting agrees, see `ampgraph.capture.reads`) and once with a "
             "fresh capture in every setting. *equal* says whether every node record (op, module, "
             "policy, inputs, casts, outputs, promotion, reason, error) and every module call of "
             "the two are the same. *shared* lists the settings analysed on another setting's "
@@ -171,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # noqa: F401 - imported once, before the workers fork
     import transformers  # noqa: F401
 
-    from ampgraph.analysis import analyze_group  # noqa: F401
-    from ampgraph.models import bundled_models
+    from ampgraph.pipeline.stages import analyze_group  # noqa: F401
+    from ampgraph.model.build import bundled_models
 
     names = opts.model or list(bundled_models())
     jobs = [(n, devices) for n in sorted(names, key=lambda n: -COST_HINT.get(n, 1))]

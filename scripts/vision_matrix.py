@@ -8,7 +8,7 @@ compared with
 * the dispatcher: ``ampgraph check``, node by node (the real CUDA autocast kernels on fake
   tensors), and
 * the eager model: its own forward hooks on every leaf module, run on fake CUDA tensors with the
-  real autocast kernels (:func:`ampgraph.hooks.eager_hook_lines`), line by line against
+  real autocast kernels (:func:`ampgraph.verify.hooks.eager_hook_lines`), line by line against
   ``ampgraph table``'s hook lines.
 
 A node ampgraph cannot analyse here (a cuDNN kernel that needs a driver) is counted as such; a
@@ -156,10 +156,10 @@ def run_model(name: str) -> Row:
 
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
-    from ampgraph.hooks import eager_hook_lines
-    from ampgraph.models import ModelInputs
+    from ampgraph.verify.hooks import eager_hook_lines
+    from ampgraph.model.build import ModelInputs
     from ampgraph.settings import Setting
-    from ampgraph.text import hook_lines
+    from ampgraph.report.text import hook_lines
 
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -247,7 +247,7 @@ def markdown(
             "graph, *compared* the node checks against the dispatcher summed over the 8, "
             "*disagreements* those that differ. *hook lines* compares `ampgraph table`'s lines with "
             "the eager model's own forward hooks on fake CUDA tensors running the real autocast "
-            "kernels (`ampgraph.hooks.eager_hook_lines`): agreeing lines / lines, summed. *not "
+            "kernels (`ampgraph.verify.hooks.eager_hook_lines`): agreeing lines / lines, summed. *not "
             "analysed* counts nodes that need a GPU driver even on fake tensors. 0 disagreements "
             "and every hook line agreeing is the acceptance."
             + (

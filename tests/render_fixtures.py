@@ -6,7 +6,7 @@ import json
 from dataclasses import fields
 from typing import Any
 
-from ampgraph.records import NodeRecord, Report
+from ampgraph.report.records import NodeRecord, Report
 
 _DEFAULTS = {
     f.name: (f.default_factory() if callable(f.default_factory) else f.default)  # type: ignore[misc]

@@ -60,9 +60,9 @@ def import_graph() -> nx.DiGraph:
 def test_the_import_graph_is_read_whole() -> None:
     graph = import_graph()
     # Spot checks that the walk sees top-level, late and submodule imports.
-    assert graph.has_edge("ampgraph.analysis", "ampgraph.capture")
-    assert graph.has_edge("ampgraph.pipeline", "ampgraph.analysis")  # a late import
-    assert graph.has_edge("ampgraph.annotate", "ampgraph.policy.rules")
+    assert graph.has_edge("ampgraph.pipeline.stages", "ampgraph.capture.trace")
+    assert graph.has_edge("ampgraph.pipeline.run", "ampgraph.pipeline.stages")  # a late import
+    assert graph.has_edge("ampgraph.annotate.annotator", "ampgraph.policy.rules")
     assert len(graph) > 30
 
 
@@ -85,17 +85,17 @@ def test_torch_helpers_have_one_home() -> None:
 def test_the_loader_and_the_shared_autocast_rules_stay_where_they_belong() -> None:
     graph = import_graph()
     # The loader builds models; tracing them is the analysis's choice.
-    assert not nx.has_path(graph, "ampgraph.models", "ampgraph.tracers")
+    assert not nx.has_path(graph, "ampgraph.model.build", "ampgraph.capture.tracers")
     # The dispatcher check shares nothing with the annotator's reading of the policy.
-    assert not nx.has_path(graph, "ampgraph.check", "ampgraph.policy.rules")
-    assert not nx.has_path(graph, "ampgraph.check", "ampgraph.annotate")
+    assert not nx.has_path(graph, "ampgraph.annotate.check", "ampgraph.policy.rules")
+    assert not nx.has_path(graph, "ampgraph.annotate.check", "ampgraph.annotate.annotator")
 
 
 def test_torch_free_modules_import_no_torch() -> None:
     """The CLI, the cache, the pipeline and the renderer start without torch (a warm run)."""
     code = (
-        "import sys, ampgraph.cli, ampgraph.pipeline, ampgraph.cache, ampgraph.render, "
-        "ampgraph.text, ampgraph.specs, ampgraph.policy, ampgraph.audit; print('torch' in sys.modules)"
+        "import sys, ampgraph.cli, ampgraph.pipeline.run, ampgraph.pipeline.cache, ampgraph.render, "
+        "ampgraph.report.text, ampgraph.model.specs, ampgraph.policy, ampgraph.review.audit; print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from torch import nn
 
 from ampgraph import Setting, analyze
-from ampgraph.audit import KINDS, SEVERITIES, Finding, at_or_above, audit, markdown, sarif, summary
+from ampgraph.review.audit import KINDS, SEVERITIES, Finding, at_or_above, audit, markdown, sarif, summary
 from ampgraph.cli import main
-from ampgraph.records import Report
+from ampgraph.report.records import Report
 from tests.conftest import report as bundled_report
 
 
@@ -355,7 +355,7 @@ def test_findings_carry_the_line_of_the_model_code_that_made_them() -> None:
 
 
 def test_source_lines_are_part_of_the_cache_key() -> None:
-    from ampgraph.pipeline import report_keys
+    from ampgraph.pipeline.run import report_keys
 
     s = [Setting.parse("amp-fp32")]
     plain = report_keys("opt-125m", s, seq_len=8, check=False)

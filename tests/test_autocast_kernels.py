@@ -2,7 +2,7 @@
 annotator cannot know (issue 10, items 2 and 6, and the rule against silent ``None`` dtypes).
 
 Expectations come from the dispatcher check and the eager model's forward hooks on fake tensors
-(:func:`ampgraph.hooks.eager_hook_lines`), never from ampgraph's own output.
+(:func:`ampgraph.verify.hooks.eager_hook_lines`), never from ampgraph's own output.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampgraph import analyze, policy, reference
-from ampgraph.hooks import eager_hook_lines
-from ampgraph.models import ModelInputs
+from ampgraph import analyze, policy
+from ampgraph.docs import reference
+from ampgraph.verify.hooks import eager_hook_lines
+from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
-from ampgraph.text import hook_lines
+from ampgraph.report.text import hook_lines
 
 
 @torch.library.custom_op("ampgraph_kernels::scale", mutates_args=())
@@ -146,14 +147,14 @@ def test_export_traced_dtypes_of_python_decompositions_are_explained(name: str) 
 def test_an_unexplained_export_difference_is_a_disagreement() -> None:
     """The export-traced dtype is a second oracle: where it differs from the kernels with no
     reason ampgraph can name, the check fails rather than note it."""
-    from ampgraph.capture import capture
-    from ampgraph.check import check
+    from ampgraph.capture.trace import capture
+    from ampgraph.annotate.check import check
 
     model = ModelInputs("linear", nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
     cap = capture(model, Setting.parse("amp-fp32"))
     node = next(n for n in cap.graph_module.graph.nodes if n.name == "relu")
     node.meta["val"] = node.meta["val"].to(torch.float16)  # what a drifted trace would record
-    from ampgraph.annotate import annotate
+    from ampgraph.annotate.annotator import annotate
 
     records = annotate(cap)
     summary = check(cap, records)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ampgraph import cache
-from ampgraph.specs import ModelSpec
+from ampgraph.pipeline import cache
+from ampgraph.model.specs import ModelSpec
 
 
 def ampgraph(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -158,7 +158,7 @@ def test_a_damaged_entry_is_ignored_and_rewritten(tmp_path: Path, monkeypatch, c
 
 def test_the_key_is_the_model_as_the_user_named_it(tmp_path: Path) -> None:
     """Two folders with the same config.json are two models; an alias is its model."""
-    config = (Path(cache.__file__).parent / "configs" / "llama-tiny.json").read_bytes()
+    config = (Path(cache.__file__).parent.parent / "model" / "configs" / "llama-tiny.json").read_bytes()
     for name in ("alpha", "beta"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_bytes(config)
@@ -194,7 +194,7 @@ def test_an_alias_is_served_from_the_cache(opt_report, monkeypatch, tmp_path: Pa
     """`ampgraph table opt` reads the entry `ampgraph table opt-125m` wrote: no model is built."""
     from click.testing import CliRunner
 
-    from ampgraph import pipeline
+    from ampgraph.pipeline import run as pipeline
     from ampgraph.cli import main
     from ampgraph.settings import Setting
 
@@ -223,7 +223,7 @@ def test_model_folders_keep_their_names_warm_and_cold(tmp_path: Path, monkeypatc
     from ampgraph.cli import main
 
     monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path / "cache"))
-    config = (Path(cache.__file__).parent / "configs" / "llama-tiny.json").read_bytes()
+    config = (Path(cache.__file__).parent.parent / "model" / "configs" / "llama-tiny.json").read_bytes()
     for name in ("alpha", "beta"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_bytes(config)
@@ -272,7 +272,7 @@ def test_another_models_report_at_this_key_is_a_miss(tmp_path: Path, forged: str
     """A valid report of llama-tiny put where `other`'s belongs is not served as `other`'s:
     whether the file was copied there as it is, or its request was rewritten to be `other`'s."""
     other = tmp_path / "other.json"
-    other.write_bytes((Path(cache.__file__).parent / "configs" / "llama-tiny.json").read_bytes())
+    other.write_bytes((Path(cache.__file__).parent.parent / "model" / "configs" / "llama-tiny.json").read_bytes())
     assert json.loads(_table(tmp_path, "llama-tiny"))["model"] == "llama-tiny"
     (llama_entry,) = _entries(tmp_path)
     fresh = _table(tmp_path, "--config", str(other))
@@ -304,9 +304,9 @@ def test_an_entry_with_nan_dtypes_is_a_miss(tmp_path: Path) -> None:
 def test_a_report_that_does_not_read_is_a_miss(tmp_path: Path, monkeypatch) -> None:
     """Whatever Report.from_dict raises for an entry (the project's error for a dtype that is
     none, or a plain ValueError, TypeError or KeyError), the entry is a miss, not a crash."""
-    from ampgraph import pipeline
+    from ampgraph.pipeline import run as pipeline
     from ampgraph.errors import AmpgraphError
-    from ampgraph.records import Report
+    from ampgraph.report.records import Report
     from ampgraph.settings import Setting
 
     monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
@@ -349,7 +349,7 @@ def test_the_key_is_the_environment(monkeypatch) -> None:
 
 def test_the_environment_is_read_without_importing_torch() -> None:
     code = (
-        "import sys\nfrom ampgraph import cache\ncache.environment()\n"
+        "import sys\nfrom ampgraph.pipeline import cache\ncache.environment()\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

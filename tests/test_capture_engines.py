@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from ampgraph.analysis import analyze_capture, trace
-from ampgraph.capture import EXPORT, MAKE_FX, capture
-from ampgraph.models import ModelInputs, load_model
-from ampgraph.reads import annotation_difference
-from ampgraph.records import Report
+from ampgraph.pipeline.stages import analyze_capture, trace
+from ampgraph.capture.trace import EXPORT, MAKE_FX, capture
+from ampgraph.model.build import ModelInputs, load_model
+from ampgraph.capture.reads import annotation_difference
+from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 
 from .test_fidelity import BiasedConv

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ampgraph.cli import main
-from ampgraph.records import SCHEMA, Report
+from ampgraph.report.records import SCHEMA, Report
 
 from .conftest import seed_hook_blocks
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from ampgraph.baseline import BaselineError, baseline_text, read_baseline, spec_to_check
+from ampgraph.review.baseline import BaselineError, baseline_text, read_baseline, spec_to_check
 from ampgraph.cli import main
-from ampgraph.records import DTYPE_NAMES, Cast, ModuleCall, NodeRecord, Report, load_json
+from ampgraph.report.records import DTYPE_NAMES, Cast, ModuleCall, NodeRecord, Report, load_json
 
 from .test_diff import SETTING  # the amp-fp32 setting the diff's hand-made reports use
 
@@ -246,7 +246,7 @@ def test_a_config_holding_nan_is_still_a_model_to_diff(tmp_path: Path) -> None:
     """Only ampgraph's own files refuse NaN: a Hugging Face config may hold one (Python's json
     writes it), and diff takes a config.json as a model, as before."""
     config = json.loads(
-        (Path(__file__).parent.parent / "src/ampgraph/configs/llama-tiny.json").read_text()
+        (Path(__file__).parent.parent / "src/ampgraph/model/configs/llama-tiny.json").read_text()
     )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config | {"some_threshold": float("nan")}))

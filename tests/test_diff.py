@@ -12,10 +12,10 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ampgraph.baseline import baseline_text, check_report, read_baseline
+from ampgraph.review.baseline import baseline_text, check_report, read_baseline
 from ampgraph.cli import main
-from ampgraph.diff import diff_json, diff_markdown, diff_reports, diff_text
-from ampgraph.records import Cast, NodeRecord, Report
+from ampgraph.review.diff import diff_json, diff_markdown, diff_reports, diff_text
+from ampgraph.report.records import Cast, NodeRecord, Report
 
 from .conftest import report as analysed_report
 
@@ -407,7 +407,7 @@ def test_baseline_of_a_config_is_checked_against_its_next_revision(tmp_path: Pat
     """The spec as given (a config path) is what the check analyses again, not the report's
     display name; a revision that drops OPT's final layer norm (post-LN) is three removed nodes."""
     config = tmp_path / "config.json"
-    source = Path(__file__).parent.parent / "src" / "ampgraph" / "configs" / "opt-125m.json"
+    source = Path(__file__).parent.parent / "src" / "ampgraph" / "model" / "configs" / "opt-125m.json"
     data = json.loads(source.read_text())
     config.write_text(json.dumps(data))
     path = tmp_path / "opt.json"
@@ -439,7 +439,7 @@ def test_diff_and_baseline_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, ampgraph.diff, ampgraph.baseline; print('torch' in sys.modules)"
+    code = "import sys, ampgraph.review.diff, ampgraph.review.baseline; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -494,7 +494,7 @@ needs_cuda_build = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def fc2_in_fp32() -> tuple[Report, Report]:
-    from ampgraph.whatif import preview_keep_fp32
+    from ampgraph.review.whatif import preview_keep_fp32
 
     return preview_keep_fp32("opt-125m", "amp-fp32", ["model.decoder.layers.*.fc2"])
 
@@ -552,7 +552,7 @@ def norm_after_linear():  # type: ignore[no-untyped-def]
 def test_rms_norm_under_the_tables_of_torch_2_11_and_2_14() -> None:
     import torch
 
-    from ampgraph.analysis import analyze
+    from ampgraph.pipeline.stages import analyze
 
     old, new = (
         analyze(norm_after_linear(), "amp-fp32", args=(torch.randn(2, 8),), tables=t)
@@ -575,7 +575,7 @@ def test_rms_norm_under_the_tables_of_torch_2_11_and_2_14() -> None:
 def test_tables_of_a_release_the_history_does_not_reach() -> None:
     import torch
 
-    from ampgraph.analysis import analyze
+    from ampgraph.pipeline.stages import analyze
     from ampgraph.errors import SettingError
 
     with pytest.raises(SettingError, match="reach back to torch 2.6 and up to 2.14, not 2.5"):

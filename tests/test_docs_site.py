@@ -107,7 +107,7 @@ def browser() -> Iterator[Browser]:
 
 
 def gallery_models() -> list[str]:
-    from ampgraph.models import catalogue
+    from ampgraph.model.build import catalogue
 
     return [entry.name for entry in catalogue()]
 
@@ -115,7 +115,7 @@ def gallery_models() -> list[str]:
 def expected_boxes(model: str) -> int:
     """How many boxes the model's four-setting overview draws: from the analysis itself."""
     from ampgraph.render import build_graph
-    from ampgraph.sphinx import analysis_reports
+    from ampgraph.docs.directive import analysis_reports
 
     reports = analysis_reports(
         model, [], device="cuda", amp_dtype="bf16", seq_len=8, check=True, workers=None
@@ -176,7 +176,7 @@ def test_reference_pages_are_generated(site: Path) -> None:
     for command in ("table", "check", "render", "verify", "models", "cache"):
         assert f'id="ampgraph-{command}"' in cli, command
     api = (site / "api.html").read_text()
-    assert 'id="ampgraph.render.dot.to_dot"' in api and 'id="ampgraph.sphinx.setup"' in api
+    assert 'id="ampgraph.render.dot.to_dot"' in api and 'id="ampgraph.docs.directive.setup"' in api
     schema = (site / "schema.html").read_text()
     assert "lower_precision_fp" in schema and "aten.linear.default" in schema
 

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from ampgraph import analyze, policy
-from ampgraph.driverless import cudnn_rnn_stand_ins
-from ampgraph.hooks import eager_hook_lines
-from ampgraph.models import ModelInputs
+from ampgraph.capture.driverless import cudnn_rnn_stand_ins
+from ampgraph.verify.hooks import eager_hook_lines
+from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
-from ampgraph.text import hook_lines
+from ampgraph.report.text import hook_lines
 
 
 class Recurrent(nn.Module):

@@ -1,7 +1,7 @@
 """Exact on models nobody here tuned for (issue 10): each class of mistake on a module made for it.
 
 Every expectation is the eager model's own forward hooks on fake tensors with the real autocast
-kernels (:func:`ampgraph.hooks.eager_hook_lines`) or the dispatcher check, never a literal
+kernels (:func:`ampgraph.verify.hooks.eager_hook_lines`) or the dispatcher check, never a literal
 written from ampgraph's output.
 """
 
@@ -13,10 +13,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampgraph import analyze, policy
-from ampgraph.hooks import eager_hook_lines
-from ampgraph.models import ModelInputs
+from ampgraph.verify.hooks import eager_hook_lines
+from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
-from ampgraph.text import hook_lines
+from ampgraph.report.text import hook_lines
 
 SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
 

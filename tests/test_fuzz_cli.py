@@ -177,8 +177,8 @@ def test_baseline_files(
     """A baseline is data: whatever its header says, checking it is output or one Error line,
     and the code it names never runs (the spec, under every kind, names a file that would leave
     MARKER)."""
-    from ampgraph.baseline import baseline_text
-    from ampgraph.records import NodeRecord, Report
+    from ampgraph.review.baseline import baseline_text
+    from ampgraph.report.records import NodeRecord, Report
 
     monkeypatch.chdir(tmp_path)  # relative specs find the hostile file, and nothing else
     (tmp_path / "hostile_model.py").write_text(HOSTILE_FACTORY)
@@ -208,7 +208,7 @@ def test_workers_end_with_their_parent(tmp_path: Path) -> None:
     """Killing ampgraph (SIGKILL: no handler runs) must not leave its workers computing."""
     code = (
         "import multiprocessing as mp, os, time\n"
-        "from ampgraph.analysis import die_with_parent\n"
+        "from ampgraph.pipeline.stages import die_with_parent\n"
         "def work(parent):\n"
         "    die_with_parent(parent)\n"
         "    time.sleep(60)\n"

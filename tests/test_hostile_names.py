@@ -34,17 +34,17 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from torch import nn
 
-from ampgraph.analysis import analyze, analyze_group
-from ampgraph.audit import artifact_uri, sarif
-from ampgraph.audit import markdown as audit_markdown
-from ampgraph.audit import to_json as audit_json
+from ampgraph.pipeline.stages import analyze, analyze_group
+from ampgraph.review.audit import artifact_uri, sarif
+from ampgraph.review.audit import markdown as audit_markdown
+from ampgraph.review.audit import to_json as audit_json
 from ampgraph.cli import main
-from ampgraph.diff import diff_json, diff_markdown, diff_reports
-from ampgraph.records import Report
+from ampgraph.review.diff import diff_json, diff_markdown, diff_reports
+from ampgraph.report.records import Report
 from ampgraph.render.dot import node_tooltip, overview_dot, to_dot
 from ampgraph.render.graph import build_graph
-from ampgraph.text import check_markdown, markdown_table
-from ampgraph.train_formats import markdown_train
+from ampgraph.report.text import check_markdown, markdown_table
+from ampgraph.train.formats import markdown_train
 
 # -- the models ------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The real CPU kernels' output dtypes where the fake kernels part (``ampgraph.kernel_dtypes``).
+"""The real CPU kernels' output dtypes where the fake kernels part (``ampgraph.annotate.kernel_dtypes``).
 
 Every op of the table runs for real on the CPU, with every input dtype and every parameter dtype
 (mixed or not, and none), and on fake tensors under :class:`RealCpuDtypes`: the dtypes of every
@@ -18,9 +18,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ampgraph import analyze
-from ampgraph.kernel_dtypes import CPU_MIXED, RealCpuDtypes
-from ampgraph.models import ModelInputs
-from ampgraph.verify_train import verify_train
+from ampgraph.annotate.kernel_dtypes import CPU_MIXED, RealCpuDtypes
+from ampgraph.model.build import ModelInputs
+from ampgraph.train.verify import verify_train
 
 aten = torch.ops.aten
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from ampgraph import Setting, analyze
 from ampgraph.cli import main
 from ampgraph.errors import ModelSpecError
-from ampgraph.models import bundled_models, catalogue, load_model
-from ampgraph.specs import ALIASES, ModelSpec
+from ampgraph.model.build import bundled_models, catalogue, load_model
+from ampgraph.model.specs import ALIASES, ModelSpec
 
 #: Each bundled config against the published size of the model it is shaped like.
 PUBLISHED = {
@@ -55,7 +55,7 @@ def test_catalogue_matches_the_published_models() -> None:
 
 
 def test_configs_name_the_model_they_are_shaped_like() -> None:
-    for entry in resources.files("ampgraph.configs").iterdir():
+    for entry in resources.files("ampgraph.model.configs").iterdir():
         if entry.name.endswith(".json"):
             data = json.loads(entry.read_text())
             assert {"_name_or_path", "model_type", "architectures"} <= set(data), entry.name
@@ -92,7 +92,7 @@ def test_aliases_name_bundled_models() -> None:
 def test_model_dir_reads_only_the_config(tmp_path: Path) -> None:
     folder = tmp_path / "my-llama"
     folder.mkdir()
-    shutil.copy(resources.files("ampgraph.configs") / "llama-tiny.json", folder / "config.json")
+    shutil.copy(resources.files("ampgraph.model.configs") / "llama-tiny.json", folder / "config.json")
     (folder / "model.safetensors").write_bytes(b"not weights")  # never opened
     model = load_model(ModelSpec(str(folder), "dir"))
     assert model.name == "my-llama" and type(model.module).__name__ == "LlamaForCausalLM"
@@ -187,7 +187,7 @@ def test_resnet18_without_torchvision_is_not_listed() -> None:
 
 @pytest.mark.slow
 def test_llama_3_70b_captures_on_meta() -> None:
-    from ampgraph.capture import capture
+    from ampgraph.capture.trace import capture
 
     cap = capture(load_model("llama-3-70b"), Setting.parse("amp-fp32"))
     assert len(cap.graph_module.graph.nodes) > 5000
@@ -222,7 +222,7 @@ def test_two_models_are_a_usage_error(args: list[str]) -> None:
 
 
 def test_explicit_model_options(tmp_path: Path) -> None:
-    config = resources.files("ampgraph.configs") / "llama-tiny.json"
+    config = resources.files("ampgraph.model.configs") / "llama-tiny.json"
     code, out = run("table", "--config", str(config), "-s", "amp-fp32", "--only", "Embedding")
     assert code == 0 and out.strip() == "[model.embed_tokens] in=torch.int64 -> out=torch.float32"
     code, out = run("table", "--model-dir", str(tmp_path), "-s", "fp32")
@@ -251,7 +251,7 @@ def test_module_help_says_how_to_give_inputs() -> None:
     ],
 )
 def test_configs_beyond_reason_are_one_line(tmp_path: Path, config: dict, message: str) -> None:
-    base = json.loads((resources.files("ampgraph.configs") / "llama-tiny.json").read_text())
+    base = json.loads((resources.files("ampgraph.model.configs") / "llama-tiny.json").read_text())
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**base, **config}))
     with pytest.raises(ModelSpecError) as err:
@@ -260,7 +260,7 @@ def test_configs_beyond_reason_are_one_line(tmp_path: Path, config: dict, messag
 
 
 def test_force_lets_a_huge_config_through_the_estimate() -> None:
-    from ampgraph.models import check_work
+    from ampgraph.model.build import check_work
 
     check_work({"num_hidden_layers": 100_000}, force=True)  # no refusal
 

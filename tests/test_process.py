@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ampgraph.pipeline import analyze_spec, frozen_imports
-from ampgraph.workers import default_workers
+from ampgraph.pipeline.run import analyze_spec, frozen_imports
+from ampgraph.pipeline.workers import default_workers
 
 beside_only = pytest.mark.skipif(
     default_workers() < 2, reason="the analysis runs beside the caller on two cores or more"
@@ -38,7 +38,7 @@ def python(code: str, *args: str, cache: Path | None = None) -> subprocess.Compl
 def test_a_cold_prepare_pauses_collection_then_freezes_the_imports() -> None:
     done = python("""
         import gc, json, sys
-        from ampgraph import pipeline
+        from ampgraph.pipeline import run as pipeline
         assert "torch" not in sys.modules and gc.get_freeze_count() == 0 and gc.isenabled()
         inside = []
         real = pipeline.spec_tracer
@@ -111,7 +111,7 @@ def test_exit_now_reads_its_code_as_sys_exit_does() -> None:
 def test_a_cold_analysis_runs_beside_a_caller_that_never_imports_torch(tmp_path: Path) -> None:
     code = """
         import json, multiprocessing, os, sys
-        from ampgraph.pipeline import analysis_beside, analyze_spec
+        from ampgraph.pipeline.run import analysis_beside, analyze_spec
         beside = analysis_beside()
         seen = []
         def meanwhile():  # runs here while the analysis process works
@@ -145,7 +145,7 @@ def test_an_error_in_the_analysis_process_is_raised_in_the_caller(tmp_path: Path
     code = """
         import sys
         from ampgraph.errors import ModelSpecError
-        from ampgraph.pipeline import analyze_spec
+        from ampgraph.pipeline.run import analyze_spec
         try:
             analyze_spec(sys.argv[1], ["fp32"], meanwhile=lambda: None)
         except ModelSpecError as exc:  # raised there, when transformers refused to build it
@@ -161,7 +161,7 @@ def test_an_error_in_the_analysis_process_is_raised_in_the_caller(tmp_path: Path
 def test_the_analysis_process_stops_when_the_callers_work_fails(tmp_path: Path) -> None:
     code = """
         import multiprocessing
-        from ampgraph.pipeline import analyze_spec
+        from ampgraph.pipeline.run import analyze_spec
         def meanwhile():
             raise LookupError("the caller's own work failed")
         try:
@@ -180,7 +180,7 @@ def test_an_analysis_process_that_dies_is_a_one_line_error(tmp_path: Path) -> No
     code = """
         import multiprocessing, os, signal
         from ampgraph.errors import AnalysisError
-        from ampgraph.pipeline import analyze_spec
+        from ampgraph.pipeline.run import analyze_spec
         def meanwhile():  # as the kernel's out-of-memory killer would
             for child in multiprocessing.active_children():
                 os.kill(child.pid, signal.SIGKILL)
@@ -199,7 +199,7 @@ def test_a_worker_leaves_ctrl_c_to_its_parent() -> None:
     """A terminal's Ctrl-C reaches every process of the command; only the parent answers it."""
     code = """
         import multiprocessing as mp, os, signal, time
-        from ampgraph.workers import die_with_parent
+        from ampgraph.pipeline.workers import die_with_parent
         def work(parent):
             die_with_parent(parent)
             time.sleep(2)
@@ -301,7 +301,7 @@ def test_reports_cross_to_a_process_without_torch(tmp_path: Path) -> None:
 
 def test_an_error_that_does_not_pickle_still_crosses_from_the_process_beside() -> None:
     """What the dispatcher check's process and the analysis process share (workers.beside)."""
-    from ampgraph.workers import beside
+    from ampgraph.pipeline.workers import beside
 
     class Local(Exception):  # a class pickle cannot find by name
         pass

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ampgraph import policy as P
-from ampgraph import reference
+from ampgraph.docs import reference
 from ampgraph.cli import main
 from ampgraph.torchutil import autocast_state
 

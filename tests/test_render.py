@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ampgraph.errors import RenderError
-from ampgraph.records import Report
+from ampgraph.report.records import Report
 from ampgraph.render import build_graph, render_files, render_svg, to_dot
 from ampgraph.render.files import MISSING_DOT, atomic_write, run_dot
 from ampgraph.render.style import THEMES, dtype_colour
@@ -66,7 +66,7 @@ def node_block(source: str, needle: str) -> str:
 def test_renderer_never_imports_torch() -> None:
     code = (
         "import sys, ampgraph.render, ampgraph.render.files, ampgraph.render.graph; "
-        "from ampgraph.records import Report; "
+        "from ampgraph.report.records import Report; "
         f"ampgraph.render.to_dot(Report.from_json(open({str(OPT_FIXTURE)!r}).read())); "
         "print('torch' in sys.modules)"
     )
@@ -410,7 +410,7 @@ def test_four_settings_fold_small_and_lay_out_fast() -> None:
 
 def test_casts_name_activations_by_role_where_several_meet() -> None:
     """Llama's attention gets q and k in fp32 (after RoPE promoted them) and v in bf16."""
-    from ampgraph.records import Cast, NodeRecord
+    from ampgraph.report.records import Cast, NodeRecord
 
     def inp(name: str, dtype: str) -> NodeRecord:
         return NodeRecord(name, "placeholder", "input", target=name, outputs=[dtype])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ampgraph.records import Report
+from ampgraph.report.records import Report
 from ampgraph.render import build_graph, overview_diagram, render_svg, to_dot
 from ampgraph.render.svg import accessible
 

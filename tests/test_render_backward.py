@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ampgraph.errors import RenderError
-from ampgraph.records import Report
+from ampgraph.report.records import Report
 from ampgraph.render import build_graph, to_dot
 from ampgraph.render.dot import memory_label
 from ampgraph.render.files import diagram_stem

@@ -1,7 +1,7 @@
 """One capture for several settings: a shared graph annotates exactly as a fresh capture would.
 
-Every test compares :func:`ampgraph.analysis.analyze_group` (which shares a graph wherever
-:mod:`ampgraph.reads` proves it is the one a capture in the setting would give) with a fresh
+Every test compares :func:`ampgraph.pipeline.stages.analyze_group` (which shares a graph wherever
+:mod:`ampgraph.capture.reads` proves it is the one a capture in the setting would give) with a fresh
 capture in each setting, node for node. The modules below read their setting in each way a model
 can: a dtype read (eager attention's ``.to(q.dtype)``), a cast fixed from another tensor
 (``x.to(y)``), a cast that is a no-op in one setting only (``type_as``), an autocast region whose
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampgraph import Setting
-from ampgraph.analysis import analyze, analyze_group, plan_jobs
-from ampgraph.reads import annotation_difference
+from ampgraph.pipeline.stages import analyze, analyze_group, plan_jobs
+from ampgraph.capture.reads import annotation_difference
 from tests.conftest import model, report
 
 SEED = ("fp32", "half", "amp-half", "amp-fp32")
@@ -211,8 +211,8 @@ def test_cpu_settings_share_too() -> None:
 
 def test_the_reads_log_leaves_the_graph_as_it_was() -> None:
     """Logging reads must not change what torch.export records."""
-    from ampgraph import capture as C
-    from ampgraph.reads import TraceReads
+    from ampgraph.capture import trace as C
+    from ampgraph.capture.reads import TraceReads
 
     inputs = model("llama-tiny")
     setting = Setting.parse("amp-fp32")

@@ -227,7 +227,7 @@ def test_a_process_beside_that_ends_with_status_0_and_no_result_is_an_error() ->
     code = """
         import os
         from ampgraph.errors import AnalysisError
-        from ampgraph.workers import beside
+        from ampgraph.pipeline.workers import beside
         try:
             beside(lambda send: os._exit(0), print, 1, name="analysis")
         except AnalysisError as exc:
@@ -245,7 +245,7 @@ def test_exit_refused_spares_the_processes_own_ends() -> None:
     would end the test runner's process."""
     code = """
         import multiprocessing, os
-        from ampgraph.usercode import ModelExited, exit_refused
+        from ampgraph.model.usercode import ModelExited, exit_refused
         real = os._exit
         with exit_refused():
             child = multiprocessing.get_context("fork").Process(target=print, args=("child",))

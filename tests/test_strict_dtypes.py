@@ -2,7 +2,7 @@
 
 On the CPU every case is run for real and the prediction must be the real kernel's outcome: the
 same first line of its error, or no error at all. CUDA's wording comes from the kernels' source
-(``ampgraph.strict`` names where each check lives) and is compared with a GPU by ``pytest -m cuda``.
+(``ampgraph.annotate.strict`` names where each check lives) and is compared with a GPU by ``pytest -m cuda``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampgraph import analyze
-from ampgraph.hooks import eager_hook_lines
-from ampgraph.models import ModelInputs
-from ampgraph.replay import fake_mode
+from ampgraph.verify.hooks import eager_hook_lines
+from ampgraph.model.build import ModelInputs
+from ampgraph.annotate.replay import fake_mode
 from ampgraph.settings import Setting
-from ampgraph.strict import STRICT_CHECKS, StrictDtypeMode
+from ampgraph.annotate.strict import STRICT_CHECKS, StrictDtypeMode
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 

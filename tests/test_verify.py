@@ -17,9 +17,9 @@ from torch import nn
 from ampgraph import Setting
 from ampgraph import policy as P
 from ampgraph.cli import main
-from ampgraph.models import ModelInputs
+from ampgraph.model.build import ModelInputs
 from ampgraph.settings import seed_matrix
-from ampgraph.text import SEED_WATCH
+from ampgraph.report.text import SEED_WATCH
 from ampgraph.verify import (
     NO_CUDA_MESSAGE,
     CastLog,
@@ -413,7 +413,7 @@ def test_record_is_readable_like_any_document(tmp_path: Path) -> None:
 
 def test_weights_beyond_free_memory_are_refused_before_allocating(monkeypatch) -> None:
     import ampgraph.verify as V
-    from ampgraph.models import load_model
+    from ampgraph.model.build import load_model
     from ampgraph.verify import device
 
     monkeypatch.setattr(device, "available_memory", lambda device: 1_000_000)

@@ -11,13 +11,13 @@ from click.testing import CliRunner
 from torch import nn
 
 from ampgraph import policy as P
-from ampgraph.analysis import analyze
+from ampgraph.pipeline.stages import analyze
 from ampgraph.cli import main
-from ampgraph.diff import diff_reports
+from ampgraph.review.diff import diff_reports
 from ampgraph.errors import AmpgraphError
-from ampgraph.models import ModelInputs
-from ampgraph.records import Report
-from ampgraph.whatif import findings_note, moved_kernels, parse_moves, preview_moves
+from ampgraph.model.build import ModelInputs
+from ampgraph.report.records import Report
+from ampgraph.review.whatif import findings_note, moved_kernels, parse_moves, preview_moves
 
 #: The cuda settings trace fake CUDA tensors (DESIGN.md fact 4): a CUDA build of torch.
 needs_cuda_build = pytest.mark.skipif(

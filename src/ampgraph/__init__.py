@@ -17,22 +17,22 @@ import typing
 __version__ = "0.1.0"
 
 from ampgraph.errors import AmpgraphError, CaptureError, ModelSpecError, RenderError, SettingError
-from ampgraph.records import ModuleCall, NodeRecord, Report
+from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting, seed_matrix
 
 if typing.TYPE_CHECKING:
-    from ampgraph.analysis import analyze, analyze_capture
-    from ampgraph.capture import Capture
-    from ampgraph.models import ModelInputs, load_model
-    from ampgraph.pipeline import analyze_spec
+    from ampgraph.pipeline.stages import analyze, analyze_capture
+    from ampgraph.capture.trace import Capture
+    from ampgraph.model.build import ModelInputs, load_model
+    from ampgraph.pipeline.run import analyze_spec
 
 _LAZY = {
-    "analyze": "ampgraph.analysis",
-    "analyze_capture": "ampgraph.analysis",
-    "analyze_spec": "ampgraph.pipeline",
-    "Capture": "ampgraph.capture",
-    "load_model": "ampgraph.models",
-    "ModelInputs": "ampgraph.models",
+    "analyze": "ampgraph.pipeline.stages",
+    "analyze_capture": "ampgraph.pipeline.stages",
+    "analyze_spec": "ampgraph.pipeline.run",
+    "Capture": "ampgraph.capture.trace",
+    "load_model": "ampgraph.model.build",
+    "ModelInputs": "ampgraph.model.build",
 }
 
 

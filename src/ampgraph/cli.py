@@ -18,7 +18,7 @@ import click
 
 from ampgraph import __version__
 from ampgraph.errors import AmpgraphError, SettingError
-from ampgraph.records import Report
+from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS, Setting, seed_matrix
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,8 +46,8 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 
 def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    """One :class:`~ampgraph.specs.ModelSpec` (a str) from MODEL or the option that names it."""
-    from ampgraph.specs import DEFAULT_TRACER, ModelSpec
+    """One :class:`~ampgraph.model.specs.ModelSpec` (a str) from MODEL or the option that names it."""
+    from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
 
     given = {
         label: (kind, ctx.meta.get(f"ampgraph.{key}"))
@@ -71,13 +71,13 @@ def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None
 
 def model_argument(f: F) -> F:
     """MODEL, or one of --config/--model-dir/--module, and --tracer: the command receives them as
-    one ``model`` value, a :class:`~ampgraph.specs.ModelSpec` (a str)."""
+    one ``model`` value, a :class:`~ampgraph.model.specs.ModelSpec` (a str)."""
     f = model_options(f)
     return click.argument("model", required=False, metavar="[MODEL]", callback=_resolve_model)(f)
 
 
 def option_model() -> Any:
-    """The model --config/--model-dir/--module named, as a :class:`~ampgraph.specs.ModelSpec`,
+    """The model --config/--model-dir/--module named, as a :class:`~ampgraph.model.specs.ModelSpec`,
     or None: for commands whose models are arguments of their own (``diff A B``)."""
     ctx = click.get_current_context()
     spec = _resolve_model(ctx, None, None)  # type: ignore[arg-type]
@@ -87,7 +87,7 @@ def option_model() -> Any:
 def model_options(f: F) -> F:
     """The options every command that analyses a model takes, beside its model argument(s):
     --config, --model-dir, --module, --tracer and --timeout (one group, not copies)."""
-    from ampgraph.specs import DEFAULT_TRACER, TRACERS
+    from ampgraph.model.specs import DEFAULT_TRACER, TRACERS
 
     # Eager, so that they are known when MODEL's callback combines them whatever their order.
     params = [
@@ -124,7 +124,7 @@ def model_options(f: F) -> F:
 def timeout_option(f: F) -> F:
     """--timeout: the bound on the analysis (and verify's real run) of a model, which the
     command reads with :func:`timeout_seconds`."""
-    from ampgraph.usercode import DEFAULT_TIMEOUT
+    from ampgraph.model.usercode import DEFAULT_TIMEOUT
 
     return click.option(
         "--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
@@ -137,7 +137,7 @@ def timeout_option(f: F) -> F:
 def timeout_seconds() -> float | None:
     """The command's --timeout in seconds; None for no bound. A command without the option
     (``baseline check``) has the default bound."""
-    from ampgraph.usercode import DEFAULT_TIMEOUT
+    from ampgraph.model.usercode import DEFAULT_TIMEOUT
 
     ctx = click.get_current_context(silent=True)
     value = ctx.meta.get("ampgraph.timeout", DEFAULT_TIMEOUT) if ctx is not None else None
@@ -263,13 +263,13 @@ def analysed(
     *, check: bool = True, warn_unchecked: bool = True, options: dict[str, Any] | None = None,
     meanwhile: Callable[[], None] | None = None,
 ) -> list[Report]:  # fmt: skip
-    """:func:`ampgraph.pipeline.analyze_spec` with the command's options, and its warnings.
+    """:func:`ampgraph.pipeline.run.analyze_spec` with the command's options, and its warnings.
 
     ``options`` are :func:`train_options` (the pass, its loss and where backward runs);
     ``meanwhile`` is the command's own work that can run beside the analysis.
     """
-    from ampgraph.pipeline import analyze_spec
-    from ampgraph.text import data_dependent_warning, dtype_branches_warning
+    from ampgraph.pipeline.run import analyze_spec
+    from ampgraph.report.text import data_dependent_warning, dtype_branches_warning
 
     root = root_options()
     reports = analyze_spec(
@@ -373,8 +373,8 @@ def table(
     """
     import json
 
-    from ampgraph.text import hook_lines, markdown_table
-    from ampgraph.train_formats import backward_lines, markdown_train
+    from ampgraph.report.text import hook_lines, markdown_table
+    from ampgraph.train.formats import backward_lines, markdown_train
 
     options = train_options(pass_, loss, backward_autocast)
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
@@ -454,8 +454,8 @@ def check_command(
       ampgraph check gpt2 --amp-dtype fp16
       ampgraph check --pass train --backward-in-autocast
     """
-    from ampgraph.text import check_markdown, check_record, check_summary, disagreement_lines
-    from ampgraph.train_formats import backward_check_lines
+    from ampgraph.report.text import check_markdown, check_record, check_summary, disagreement_lines
+    from ampgraph.train.formats import backward_check_lines
 
     options = train_options(pass_, loss, backward_autocast)
     failed = 0
@@ -508,7 +508,7 @@ def cache_group() -> None:
 @cache_group.command(name="info")
 def cache_info() -> None:
     """Show where the cache is, how big it is, and how big it may grow."""
-    from ampgraph import cache
+    from ampgraph.pipeline import cache
 
     root, entries, size = cache.info()
     limit, source = cache.bound()
@@ -523,7 +523,7 @@ def cache_clear() -> None:
     Only ampgraph's own entries go: the files named by a hash in the cache's 'reports' folder,
     which carries ampgraph's CACHEDIR.TAG. Anything else in the cache folder is left alone.
     """
-    from ampgraph import cache
+    from ampgraph.pipeline import cache
 
     removed, freed = cache.clear()
     click.echo(f"removed {removed} file{'s' if removed != 1 else ''} ({freed / 1e6:.1f} MB) "
@@ -538,7 +538,7 @@ def models() -> None:
     Any other model: --config PATH/config.json, --model-dir DIR (a local Hugging Face folder) or
     --module pkg.mod:factory (any nn.Module).
     """
-    from ampgraph.models import DEFAULT_MODEL, catalogue
+    from ampgraph.model.build import DEFAULT_MODEL, catalogue
 
     click.echo(f"{'name':<18} {'architecture':<28} {'layers':>6} {'params':>7}  origin")
     for entry in catalogue():
@@ -585,7 +585,7 @@ def policy_command(
       ampgraph policy --since 2.13
       ampgraph policy --import mylib.ops --device cuda
     """
-    from ampgraph import reference
+    from ampgraph.docs import reference
 
     if since is not None:
         if devices or imports:
@@ -647,7 +647,7 @@ def refuse_model_with_reports() -> None:
 
 def load_reports(paths: Sequence[Path]) -> list[Any]:
     """Reports saved by ``ampgraph table --format json`` (one report, or a list of them)."""
-    from ampgraph.records import Report, load_json
+    from ampgraph.report.records import Report, load_json
 
     reports: list[Report] = []
     for path in paths:
@@ -790,7 +790,7 @@ def render(
 @click.option(
     "--format", "fmt", type=click.Choice(["text", "json", "markdown", "sarif"]), default="text",
     show_default=True,
-    help="text: a line per finding and the totals; json: schema ampgraph.audit; markdown: a "
+    help="text: a line per finding and the totals; json: schema ampgraph.review.audit; markdown: a "
     "table for a pull request; sarif: SARIF 2.1.0 for GitHub code scanning.",
 )  # fmt: skip
 @click.option(
@@ -824,7 +824,7 @@ def audit(
       ampgraph audit --module model.py:build -s amp-half --format sarif > audit.sarif
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph audit --report r.json
     """
-    from ampgraph import audit as audit_lib
+    from ampgraph.review import audit as audit_lib
 
     if report_paths:
         refuse_model_with_reports()
@@ -923,12 +923,12 @@ def verify(
       ampgraph verify --device cpu --pass train
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
-    from ampgraph.files import check_writable
-    from ampgraph.pipeline import prepare
-    from ampgraph.usercode import deadline, model_code
+    from ampgraph.report.files import check_writable
+    from ampgraph.pipeline.run import prepare
+    from ampgraph.model.usercode import deadline, model_code
     from ampgraph.verify import resolve_device, write_record
     from ampgraph.verify import verify as verify_model
-    from ampgraph.verify_train import verify_train
+    from ampgraph.train.verify import verify_train
 
     options = train_options(pass_, loss, backward_autocast)
 
@@ -1011,9 +1011,9 @@ def _report_file(source: str) -> Report | None:
     (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
     import json
 
-    from ampgraph.baseline import SCHEMA as BASELINE
-    from ampgraph.baseline import read_baseline
-    from ampgraph.records import load_json
+    from ampgraph.review.baseline import SCHEMA as BASELINE
+    from ampgraph.review.baseline import read_baseline
+    from ampgraph.report.records import load_json
 
     path = Path(source)
     if not path.is_file() or path.suffix != ".json":
@@ -1065,7 +1065,7 @@ def _report_file(source: str) -> Report | None:
     "--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
     show_default=True,
     help="text: a summary and a line per changed node; markdown: a pull-request comment (a "
-    "summary table, details collapsed); json: schema ampgraph.diff.",
+    "summary table, details collapsed); json: schema ampgraph.review.diff.",
 )  # fmt: skip
 @click.option(
     "--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
@@ -1125,8 +1125,8 @@ def diff_command(
       ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
       ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
-    from ampgraph.diff import FORMATS, diff_reports
-    from ampgraph.specs import DEFAULT_TRACER, ModelSpec
+    from ampgraph.review.diff import FORMATS, diff_reports
+    from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
 
     given = option_model()
     if given is not None:
@@ -1139,7 +1139,7 @@ def diff_command(
     sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
 
     if keep_fp32 or move_ops:
-        from ampgraph.whatif import checked_note, findings_note
+        from ampgraph.review.whatif import checked_note, findings_note
 
         if tables:
             raise click.UsageError("--tables compares two releases' lists: preview a change "
@@ -1227,9 +1227,9 @@ def _whatif_pair(
 ) -> tuple[Report, Report]:  # fmt: skip
     """``diff --keep-fp32`` / ``--move-op``: one model in one setting, as it is (A) and with the
     change (B). Never cached: the preview is the point, and a change is no model identity."""
-    from ampgraph.specs import ModelSpec
-    from ampgraph.usercode import confined
-    from ampgraph.whatif import preview
+    from ampgraph.model.specs import ModelSpec
+    from ampgraph.model.usercode import confined
+    from ampgraph.review.whatif import preview
 
     what = "--keep-fp32" if patterns else "--move-op"
     if len(sources) > 1 or max(len(settings), len(devices), len(amp_dtypes)) > 1:
@@ -1271,7 +1271,7 @@ def baseline_group() -> None:
 
 def _write_baseline(path: Path, text: str) -> None:
     """Write a baseline atomically; a folder that takes no files is one ``Error:`` line."""
-    from ampgraph.files import atomic_write
+    from ampgraph.report.files import atomic_write
 
     try:
         atomic_write(path, text.encode())
@@ -1300,9 +1300,9 @@ def baseline_write(
     file: Path, model: str, setting: str, device: str, amp_dtype: str, seq_len: int
 ) -> None:
     """Write the dtype flow of MODEL (default OPT-125M) in one setting to FILE."""
-    from ampgraph.baseline import baseline_text
-    from ampgraph.files import check_writable
-    from ampgraph.specs import ModelSpec
+    from ampgraph.review.baseline import baseline_text
+    from ampgraph.report.files import check_writable
+    from ampgraph.model.specs import ModelSpec
 
     check_writable(file, "baseline")
     report = _baseline_report(model, setting, device, amp_dtype, seq_len)
@@ -1341,15 +1341,15 @@ def baseline_check(
     FILE; a model or setting given must be the baseline's own. FILE is data and never decides
     what code runs: a baseline of a --module factory is checked only with that --module given.
     """
-    from ampgraph.baseline import (
+    from ampgraph.review.baseline import (
         baseline_text,
         check_report,
         read_baseline,
         refuse_other,
         spec_to_check,
     )
-    from ampgraph.diff import FORMATS
-    from ampgraph.specs import ModelSpec, spec_kind, spec_tracer
+    from ampgraph.review.diff import FORMATS
+    from ampgraph.model.specs import ModelSpec, spec_kind, spec_tracer
 
     if not file.is_file():
         raise click.ClickException(

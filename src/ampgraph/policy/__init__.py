@@ -360,7 +360,7 @@ def _index(
 _INDEX: dict[tuple[str, str], str | None] = _index()
 _RELEASE_IN_USE: str = ACTIVE_RELEASE
 #: Every index that was in use, kept alive so that ``id(_INDEX)`` (a cache key in
-#: :mod:`ampgraph.annotate`) never names two different tables.
+#: :mod:`ampgraph.annotate.annotator`) never names two different tables.
 _USED: list[dict[tuple[str, str], str | None]] = [_INDEX]
 
 
@@ -561,7 +561,7 @@ def _has_kernel(device_type: str, op_name: str) -> bool:
 
 def registrations_changed() -> None:
     """Forget what :func:`has_autocast_kernel` remembered of ATen's registrations, after code
-    that registers autocast kernels for a while (:func:`ampgraph.whatif.moved_kernels`)."""
+    that registers autocast kernels for a while (:func:`ampgraph.review.whatif.moved_kernels`)."""
     _has_aten_kernel.cache_clear()
 
 
@@ -649,7 +649,7 @@ def autocast_kernels(device_type: str) -> dict[str, str]:
     The value is the category ampgraph applies: its table's for ATen ops (an ATen op with a kernel
     but no entry is :data:`OPAQUE`: the tables are out of date), :func:`library_rule`'s for any
     other op (a known library wrapper, ``register_autocast``, or :data:`OPAQUE`).
-    :mod:`ampgraph.reference` builds the ``ampgraph policy`` reference from it.
+    :mod:`ampgraph.docs.reference` builds the ``ampgraph policy`` reference from it.
 
     >>> autocast_kernels("cuda")["aten::layer_norm"]
     'fp32'

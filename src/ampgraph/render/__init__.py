@@ -1,11 +1,11 @@
 """Graphviz diagrams of a report's dtype flow: what documentation embeds.
 
-Torch-free: the renderer reads :class:`~ampgraph.records.Report` records (or their JSON) and
+Torch-free: the renderer reads :class:`~ampgraph.report.records.Report` records (or their JSON) and
 never imports torch, so diagrams can be redrawn from a saved report anywhere Graphviz runs.
 
 * :func:`to_dot` -- Graphviz source (needs no Graphviz installation).
 * :func:`render_svg` -- the laid-out SVG text (needs Graphviz's ``dot``); Jupyter shows a
-  :class:`~ampgraph.records.Report` through it.
+  :class:`~ampgraph.report.records.Report` through it.
 * :func:`render_files` -- one file per report and format, plus a 2x2 overview, written atomically.
 * :func:`diagram` / :func:`overview_diagram` -- the source with the title and description that
   :func:`lay_out` writes into the SVG for screen readers.

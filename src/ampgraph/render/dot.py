@@ -25,7 +25,7 @@ import graphviz
 import networkx as nx
 
 from ampgraph.errors import RenderError
-from ampgraph.memory import human_bytes
+from ampgraph.train.memory import human_bytes
 from ampgraph.policy import CATEGORY_LABEL
 from ampgraph.render.graph import build_graph
 from ampgraph.render.style import (
@@ -52,7 +52,7 @@ from ampgraph.render.svg import xml_chars
 from ampgraph.settings import Setting, short_dtype
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
-    from ampgraph.records import Report
+    from ampgraph.report.records import Report
 
 ARROW: Final = "→"
 #: SVG collapses runs of spaces; labels that need room between words use no-break spaces.
@@ -900,7 +900,7 @@ def diagram(
 ) -> Diagram:
     """:func:`to_dot`'s source with the diagram's title and description.
 
-    >>> from ampgraph.records import Report
+    >>> from ampgraph.report.records import Report
     >>> report = Report.from_json(open("tests/data/opt-125m-amp-fp32.json").read())
     >>> diagram(report).title
     'opt-125m — amp-fp32: autocast cuda bf16, parameters fp32'
@@ -951,7 +951,7 @@ SEED_GRID: Final = (("fp32", "amp-fp32"), ("half", "amp-half"))
 def overview_grid(reports: Sequence[Report]) -> list[list[Report]]:
     """Reports arranged in rows of two: the seed's matrix when they are its four settings.
 
-    >>> from ampgraph.records import Report
+    >>> from ampgraph.report.records import Report
     >>> def rep(name): return Report("m", {"name": name}, {}, {}, [], [])
     >>> [[r.setting["name"] for r in row] for row in overview_grid(
     ...     [rep("fp32"), rep("half"), rep("amp-half"), rep("amp-fp32")])]

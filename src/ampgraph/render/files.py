@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from ampgraph.errors import RenderError
-from ampgraph.files import atomic_write
+from ampgraph.report.files import atomic_write
 from ampgraph.render.dot import Diagram, diagram, overview_diagram
 from ampgraph.render.svg import accessible_bytes
 from ampgraph.settings import Setting
-from ampgraph.workers import default_workers
+from ampgraph.pipeline.workers import default_workers
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
-    from ampgraph.records import Report
+    from ampgraph.report.records import Report
 
 #: Formats ``dot`` renders, and the one ampgraph writes itself.
 FORMATS: Final = ("svg", "png", "pdf", "dot")
@@ -172,7 +172,7 @@ def diagram_stem(
 ) -> str:
     """File name (without extension): model, setting slug, and what differs from the default.
 
-    >>> from ampgraph.records import Report
+    >>> from ampgraph.report.records import Report
     >>> r = Report("opt-125m", {"name": "amp-fp32", "device_type": "cuda", "autocast": True,
     ...     "amp_dtype": "bfloat16", "param_dtype": "float32"}, {}, {}, [], [])
     >>> diagram_stem(r, view="modules", fold=True, theme="light")

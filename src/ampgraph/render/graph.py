@@ -1,4 +1,4 @@
-"""From a :class:`~ampgraph.records.Report` to the graph a diagram draws (a networkx graph).
+"""From a :class:`~ampgraph.report.records.Report` to the graph a diagram draws (a networkx graph).
 
 Two views:
 
@@ -42,7 +42,7 @@ from ampgraph.policy import lookup
 from ampgraph.render.style import is_floating
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
-    from ampgraph.records import ModuleCall, NodeRecord, Report
+    from ampgraph.report.records import ModuleCall, NodeRecord, Report
 
 VIEWS: Final = ("modules", "ops")
 #: Which pass of a training step a diagram draws (``train`` draws both, as two diagrams).
@@ -797,7 +797,7 @@ def backward_report(report: Report) -> Report:
             f"no backward to draw in the report of {report.model}: {why} "
             "(analyse with --pass backward or --pass train)"
         )
-    # ampgraph.records imports the renderer (a report draws itself in a notebook), so records
+    # ampgraph.report.records imports the renderer (a report draws itself in a notebook), so records
     # are made here from the classes of the ones given, not imported.
     record = type(backward.nodes[0])
     losses = [r for r in backward.nodes if r.kind == "loss"]
@@ -976,7 +976,7 @@ def memory_rows(report: Report) -> list[tuple[str, dict[str, int]]]:
     A layer is a module path up to its first list index (``model.decoder.layers.3``), or the
     whole path of a module outside every list; rows keep the order the forward saved them in.
     """
-    from ampgraph.memory import by_module
+    from ampgraph.train.memory import by_module
 
     backward = report.backward
     if backward is None:

@@ -1,7 +1,7 @@
 """Verify: prove the annotations against real execution (the README's "verify guide" is the
 user's account of it).
 
-Where :mod:`ampgraph.check` runs autocast's kernels on fake tensors, this runs everything for real,
+Where :mod:`ampgraph.annotate.check` runs autocast's kernels on fake tensors, this runs everything for real,
 with random weights from a random seed, and makes three cross-checks against the annotation:
 
 ========== ===================================================================================
@@ -18,7 +18,7 @@ The pieces: :mod:`.device` (which device, its name, whether the weights fit), :m
 (agreement counts, disagreements, the JSON record).
 
 >>> import torch
->>> from ampgraph.models import ModelInputs
+>>> from ampgraph.model.build import ModelInputs
 >>> lin = ModelInputs("linear", torch.nn.Linear(16, 16), (torch.randn(1, 16),))
 >>> result = verify(lin, Setting.parse("amp-fp32", device_type="cpu"))
 >>> result.ok, result.casts.agree                     # input, weight and bias: seed 001's 3 casts
@@ -31,10 +31,10 @@ import time
 
 import torch
 
-from ampgraph.analysis import analyze_capture
-from ampgraph.capture import capture
+from ampgraph.pipeline.stages import analyze_capture
+from ampgraph.capture.trace import capture
 from ampgraph.errors import NoDeviceError, VerifyError
-from ampgraph.models import ModelInputs
+from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.verify.casts import CastLog
 from ampgraph.verify.compare import compare_modules, compare_nodes
@@ -70,7 +70,7 @@ def verify(
     device's free memory unless ``force``.
 
     >>> import torch
-    >>> from ampgraph.models import ModelInputs
+    >>> from ampgraph.model.build import ModelInputs
     >>> lin = ModelInputs("linear", torch.nn.Linear(16, 16), (torch.randn(1, 16),))
     >>> r = verify(lin, "autocast=on,device=cpu")
     >>> print(r.summary_line())                                            # doctest: +ELLIPSIS

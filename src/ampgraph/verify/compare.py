@@ -6,9 +6,9 @@ import difflib
 from collections import Counter
 from collections.abc import Sequence
 
-from ampgraph.records import NodeRecord, Report
+from ampgraph.report.records import NodeRecord, Report
 from ampgraph.settings import short_dtype
-from ampgraph.text import call_error
+from ampgraph.report.text import call_error
 from ampgraph.verify.casts import cast_text
 from ampgraph.verify.eager import HookCall
 from ampgraph.verify.execution import Observed

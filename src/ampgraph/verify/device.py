@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ampgraph.errors import NoDeviceError, VerifyError
-from ampgraph.models import ModelInputs
+from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import torch_dtype
 

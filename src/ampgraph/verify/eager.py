@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.capture import Capture
+from ampgraph.capture.trace import Capture
 from ampgraph.errors import first_line
-from ampgraph.hooks import first_dtype
-from ampgraph.models import ModelInputs
+from ampgraph.verify.hooks import first_dtype
+from ampgraph.model.build import ModelInputs
 from ampgraph.torchutil import swapped_tensors, torch_dtype
 from ampgraph.verify.execution import real_autocast
 from ampgraph.verify.tensors import module_tensors, random_like

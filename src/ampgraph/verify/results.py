@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ampgraph.errors import AmpgraphError
-from ampgraph.files import atomic_write
-from ampgraph.records import Report
+from ampgraph.report.files import atomic_write
+from ampgraph.report.records import Report
 from ampgraph.settings import Setting, short_dtype
 
 SCHEMA = "ampgraph.verify"
@@ -151,7 +151,7 @@ def verify_record(results: Sequence[VerifyResult], **extra: Any) -> dict[str, An
 def write_record(
     results: Sequence[VerifyResult], path: str | os.PathLike[str], **extra: Any
 ) -> Path:
-    """Write :func:`verify_record` as JSON to ``path`` with :func:`~ampgraph.files.atomic_write`
+    """Write :func:`verify_record` as JSON to ``path`` with :func:`~ampgraph.report.files.atomic_write`
     (a reader never sees half; a device such as ``/dev/null`` is written through, never replaced).
     """
     target = Path(path)
@@ -167,10 +167,10 @@ def write_record(
 
 
 def versions() -> dict[str, str]:
-    """The analysis's versions (:func:`ampgraph.analysis.versions`), Python's and CUDA's."""
+    """The analysis's versions (:func:`ampgraph.pipeline.stages.versions`), Python's and CUDA's."""
     import torch
 
-    from ampgraph.analysis import versions as analysis_versions
+    from ampgraph.pipeline.stages import versions as analysis_versions
 
     out = analysis_versions()
     out["python"] = platform.python_version()

@@ -17,9 +17,9 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from ampgraph.capture import Capture
+from ampgraph.capture.trace import Capture
 from ampgraph.errors import VerifyError
-from ampgraph.models import ModelInputs
+from ampgraph.model.build import ModelInputs
 
 
 def _is_real(t: torch.Tensor) -> bool:

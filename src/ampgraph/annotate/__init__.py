@@ -1,0 +1,1 @@
+"""Stage 3, annotation: what autocast does at every node, and the dispatcher check of it."""

@@ -1,0 +1,621 @@
+"""Annotate: what autocast does at every node, from ampgraph's own policy tables.
+
+:class:`AutocastAnnotator` is an ``fx.Interpreter`` pass in the spirit of ``ShapeProp``. It replays
+the captured graph on fake tensors with autocast *off*, and at each op applies what the tables in
+:mod:`ampgraph.policy` say autocast does there, exactly as ``autocast_mode.h`` does it:
+
+* ``lower_precision_fp`` / ``fp32``: cast every eligible tensor argument (floating point, not fp64,
+  on the autocast device) that is not already in the target dtype;
+* ``fp32_set_opt_dtype``: if the first argument is eligible and the call sets no ``dtype=``, call
+  with ``dtype=torch.float32``; otherwise run as called;
+* ``fp32_append_dtype``: redispatch to the overload that takes a dtype, with fp32 (or the first
+  argument's own dtype when it is not eligible);
+* ``promote``: cast every eligible argument to the widest floating dtype among them;
+* ops without a policy run as called, and mixed inputs follow ordinary type promotion.
+
+What dtype the op then returns comes from running it on fake tensors, not from rules written here.
+The annotator never reads what the dispatcher's autocast produced, so the check in
+:mod:`ampgraph.annotate.check` that compares the two proves something.
+
+>>> import torch
+>>> from ampgraph import analyze
+>>> report = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),), check=False)
+>>> report.node("linear").casts[0].to_dtype
+'bfloat16'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampgraph.capture import driverless
+from ampgraph import policy as P
+from ampgraph.capture.trace import Capture
+from ampgraph.policy import rules
+from ampgraph.report.records import Cast, NodeRecord
+from ampgraph.annotate.replay import (
+    Failed,
+    FakeReplay,
+    device_type_of,
+    dtype_names,
+    fake_session,
+    is_getitem,
+    not_analysable,
+    op_name,
+    region_args,
+    shape_lists,
+    tensor_leaves,
+)
+from ampgraph.settings import Setting, short_dtype
+from ampgraph.review.sources import source_of
+from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
+
+
+class AutocastState:
+    """Autocast as the annotator models it: per device type, enabled or not and the 16-bit dtype."""
+
+    def __init__(self, states: dict[str, tuple[bool, torch.dtype]]) -> None:
+        self.states = states
+
+    @classmethod
+    def of(cls, setting: Setting) -> AutocastState:
+        states = {d: (False, torch.bfloat16) for d in ("cpu", "cuda")}
+        states[setting.device_type] = (setting.autocast, torch_dtype(setting.amp_dtype))
+        return cls(states)
+
+    def with_region(self, device_type: str, enabled: bool, dtype: torch.dtype) -> AutocastState:
+        states = dict(self.states)
+        states[device_type] = (enabled, dtype)
+        return AutocastState(states)
+
+
+class AutocastAnnotator(FakeReplay):
+    """Replay a captured graph and record, per node, the policy, casts and dtypes that result."""
+
+    def __init__(
+        self,
+        capture: Capture,
+        gm: fx.GraphModule | None = None,
+        state: AutocastState | None = None,
+        records: list[NodeRecord] | None = None,
+        prefix: str = "",
+        region: str | None = None,
+    ) -> None:
+        super().__init__(gm if gm is not None else capture.graph_module, capture.setting, prefix)
+        self.capture = capture
+        self.state = state if state is not None else AutocastState.of(capture.setting)
+        self.records: list[NodeRecord] = records if records is not None else []
+        self.region = region
+        self.trace_time = set(capture.trace_time_dtype_nodes)
+        self._pending: dict[str, Any] = {}
+        #: For each composite node: the ops inside it that autocast applies to, at any depth,
+        #: as (``"nll_loss_nd → nll_loss"``, category).
+        self.inner_applied: dict[str, list[tuple[str, str]]] = {}
+
+    # -- records ----------------------------------------------------------------------------------
+    def _record(self, n: fx.Node, **fields: Any) -> NodeRecord:
+        stack_meta = n.meta.get("nn_module_stack") or {}
+        stack = [path for path, _type in stack_meta.values()]
+        call = next(reversed(stack_meta)) if stack_meta else None
+        inputs = []
+        for arg in n.all_input_nodes:
+            if arg.op == "get_attr":
+                continue
+            inputs.append({"node": self.qualified(arg), "dtype": self._dtype_of(arg)})
+        fields.setdefault("kind", "op")
+        rec = NodeRecord(
+            name=self.qualified(n),
+            op=op_name(n.target) if n.op == "call_function" else n.op,
+            module=stack[-1] if stack else None,
+            module_call=call,
+            stack=stack,
+            region=self.region,
+            autocast=self.state.states[self.setting.device_type][0],
+            inputs=inputs,
+            trace_time_dtype=n.name in self.trace_time,
+            source=source_of(n.meta.get("stack_trace")),
+            **fields,
+        )
+        self.records.append(rec)
+        return rec
+
+    def _dtype_of(self, node: fx.Node) -> str | None:
+        value = self.env.get(node)
+        leaves = tensor_leaves(value)
+        return dtype_name(leaves[0].dtype) if leaves else None
+
+    def on_error(self, n: fx.Node, failure: Failed) -> None:
+        pending = self._pending.pop(n.name, {})
+        if not failure.analysed:
+            pending["reason"] = f"not analysed: {not_analysable(failure.message)}"
+            self._record(n, not_analysed=failure.message, **pending)
+            return
+        self._record(n, error=failure.message, **pending)
+
+    def on_skipped(self, n: fx.Node, failure: Failed) -> None:
+        if n.op == "output" and self.prefix:
+            return  # a region body's output: the region node itself is recorded as skipped
+        extra = {} if failure.analysed else {"not_analysed": f"depends on {failure.node}"}
+        self._record(
+            n,
+            kind="output" if n.op == "output" else "op",
+            skipped=failure.node,
+            reason=f"not run: input from failed {failure.node}"
+            if failure.analysed
+            else f"not analysed: depends on {failure.node}, which could not be analysed here",
+            **extra,
+        )
+
+    # -- fx.Interpreter ---------------------------------------------------------------------------
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if n.op == "placeholder":
+            self._record_placeholder(n, value)
+        elif n.op == "output" and not self.prefix and not isinstance(value, Failed):
+            self._record(n, kind="output", outputs=dtype_names(value), reason="graph output")
+        if self.records and self.records[-1].name == self.qualified(n):
+            # Shapes let the audit count bytes (cast, widened); the value is at hand only here.
+            self.records[-1].shapes = shape_lists(value)
+        return value
+
+    def _record_placeholder(self, n: fx.Node, value: Any) -> None:
+        if n.name in self.outer_names:
+            return  # a region body's operand: recorded where it was produced
+        kind, target = self.capture.input_kinds.get(n.name, ("input", n.name))
+        what = {"parameter": "parameter", "buffer": "buffer", "constant": "constant"}.get(
+            kind, "model input"
+        )
+        self._record(
+            n,
+            kind=kind,
+            target=target,
+            outputs=dtype_names(value),
+            reason=f"{what} {target} in {short_dtype(_first(dtype_names(value)))}",
+        )
+
+    def execute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if n.op != "call_function":
+            return super().execute(n, args, kwargs)
+        target = n.target
+        if not isinstance(target, torch._ops.OpOverload):
+            value = super().execute(n, args, kwargs)
+            reason = "selects one output" if is_getitem(target) else "Python-level op"
+            self._record(n, outputs=dtype_names(value), reason=reason)
+            return value
+        category, device_type = self._policy(target, args, kwargs)
+        self._pending[n.name] = {"policy": category}
+        call_args, call_kwargs, casts, op, reason = self._apply(
+            target, category, device_type, args, kwargs, n
+        )
+        self._pending[n.name]["casts"] = casts
+        self._pending[n.name]["reason"] = reason
+        if category == P.OPAQUE:
+            self._pending[n.name]["not_analysed"] = opaque_reason(target, device_type)
+        inner: InnerAutocast | Decomposed | None = None
+        if category is None and self._autocast_on(args, kwargs):
+            inner = Decomposed(self, n, target) if _is_composite(target) else InnerAutocast(self)
+        if inner is None:
+            value = op(*call_args, **call_kwargs)
+        else:
+            value = inner.call(op, call_args, call_kwargs)
+            if inner.applied:
+                self.inner_applied[self.qualified(n)] = inner.applied
+                category = inner.applied[0][1]
+                self._pending[n.name].update(
+                    policy=category,
+                    casts=inner.casts,
+                    reason=f"no autocast policy for {target._schema.name.removeprefix('aten::')}"
+                    f"; inside it autocast applies to "
+                    + ", ".join(
+                        f"{op_name} ({P.CATEGORY_LABEL[cat]})" for op_name, cat in inner.applied
+                    ),
+                )
+                opaque = [name for name, cat in inner.applied if cat == P.OPAQUE]
+                if opaque:
+                    self._pending[n.name]["not_analysed"] = (
+                        f"opaque autocast kernel inside it ({', '.join(opaque)}): its dtypes "
+                        "are what that kernel returned, not a prediction"
+                    )
+        pending = self._pending.pop(n.name)
+        outputs = dtype_names(value)
+        promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
+        if promotion is not None:
+            pending["reason"] = (
+                f"no autocast policy; type promotion widens "
+                f"{' + '.join(short_dtype(d) for d in promotion['inputs'])} -> "
+                f"{short_dtype(promotion['to'])}"
+            )
+        self._record(n, outputs=outputs, promotion=promotion, **pending)
+        return value
+
+    def _autocast_on(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        devices = {device_type_of(t) for t in tensor_leaves((args, kwargs))}
+        return any(self.state.states.get(d, (False, None))[0] for d in devices)
+
+    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
+        region = region_args(n, args)
+        state = self.state
+        if region.is_autocast:
+            assert region.device_type is not None and region.dtype is not None
+            state = self.state.with_region(region.device_type, region.enabled, region.dtype)
+            reason = (
+                f"autocast {'enabled' if region.enabled else 'disabled'} on {region.device_type}"
+                + (f" in {short_dtype(dtype_name(region.dtype))}" if region.enabled else "")
+                + " inside this region"
+            )
+        else:
+            reason = "grad mode changes inside this region; autocast as around it"
+        child = type(self)(  # a subclass's children are of its kind (backward's meta replay)
+            self.capture,
+            gm=region.body,
+            state=state,
+            records=self.records,
+            prefix=f"{self.prefix}{n.name}.",
+            region=f"{self.prefix}{n.name}" if region.is_autocast else self.region,
+        )
+        rec = self._record(n, kind="region" if region.is_autocast else "op", reason=reason)
+        value = self.run_body(child, region.body, region.operands, n)
+        if isinstance(value, Failed):
+            rec.skipped = value.node  # the body's failing node carries the error
+        rec.outputs = dtype_names(value)
+        return value
+
+    def trace_decomposition(self, trace: Any) -> fx.GraphModule:
+        """Run ``trace()``, which traces a composite op's decomposition into a small graph.
+
+        A hook for subclasses that are themselves being traced (:mod:`ampgraph.train.backward`): the
+        small graph must be made outside their own trace.
+        """
+        return trace()
+
+    # -- policy -------------------------------------------------------------------------------------
+    def _policy(
+        self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, str]:
+        """The category that applies: the op's entry for the device autocast is enabled on."""
+        tensors = tensor_leaves((args, kwargs))
+        devices = [device_type_of(t) for t in tensors] or [self.setting.device_type]
+        for device_type in dict.fromkeys(devices):
+            enabled, _dtype = self.state.states.get(device_type, (False, torch.bfloat16))
+            if not enabled:
+                continue
+            category = P.lookup(device_type, op._schema.name, op._overloadname)
+            if (
+                category is None
+                and not P.decided(device_type, op._schema.name, op._overloadname)
+                and P.has_autocast_kernel(device_type, op.name())
+            ):
+                category = P.OPAQUE  # a kernel is there, but not one ampgraph knows
+            if category is not None:
+                return category, device_type
+        return None, self.setting.device_type
+
+    def _apply(
+        self,
+        op: torch._ops.OpOverload,
+        category: str | None,
+        device_type: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        n: fx.Node | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast], Any, str]:
+        name = op._schema.name.removeprefix("aten::")
+        if category is None:
+            enabled = self.state.states[self.setting.device_type][0]
+            why = (
+                "no autocast policy: runs in its inputs' dtype"
+                if enabled
+                else ("autocast off here: runs as called")
+            )
+            return args, kwargs, [], op, why
+        lower = self.state.states[device_type][1]
+        if category == P.BANNED:
+            raise RuntimeError(P.BANNED_MESSAGE)
+        if category == P.OPAQUE:
+            # No rule to apply, so nothing to predict: the kernel itself runs (autocast on for
+            # it alone), and the node is marked not analysed, its dtypes an observation that
+            # the check does not count. What follows is predicted from them as usual.
+            def run_kernel(*a: Any, **k: Any) -> Any:
+                with autocast_state(device_type, True, lower):
+                    return op(*a, **k)
+
+            return args, kwargs, [], run_kernel, f"not analysed: {opaque_reason(op, device_type)}"
+        if category == P.CAST_INPUTS:
+            rule = P.library_rule(device_type, op.name())
+            assert rule is not None and rule.cast_to is not None
+            to = torch_dtype(rule.cast_to)
+            new_args, new_kwargs, casts = self._cast_all(
+                args, kwargs, to, device_type, n, f"({name} input)"
+            )
+            detail = ", ".join(
+                f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}" for c in casts
+            )
+            why = (
+                f"register_autocast's kernel runs {op.name()} with autocast off after casting its "
+                f"floating inputs to {short_dtype(rule.cast_to)}: "
+                + (f"casts {detail}" if casts else "no cast needed")
+            )
+            return new_args, new_kwargs, casts, op, why
+        if category == P.FP32_OUTPUT_AS_INPUT:
+            first = next((t for t in tensor_leaves((args, kwargs))), None)
+            back = first.dtype if first is not None else torch.float32
+            # torchvision's _autocast_cast casts every floating, not fp64, tensor: whatever its
+            # device, unlike autocast's own is_eligible.
+            new_args, new_kwargs, casts = self._cast_all(
+                args, kwargs, torch.float32, device_type, n, f"({name} input)", any_device=True
+            )
+
+            def run_and_cast_back(*a: Any, **k: Any) -> Any:
+                out = op(*a, **k)
+                return pytree.tree_map_only(
+                    torch.Tensor, lambda t: torch.ops.aten._to_copy.default(t, dtype=back), out
+                )
+
+            why = (
+                f"{op.name()}'s autocast wrapper runs it in fp32 and returns "
+                f"{short_dtype(dtype_name(back))}"
+                + (
+                    ": casts " + ", ".join(
+                        f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}"
+                        for c in casts
+                    )
+                    if casts else ""
+                )
+            )  # fmt: skip
+            return new_args, new_kwargs, casts, run_and_cast_back, why
+        if category in (P.LOWER_PRECISION_FP, P.FP16, P.FP32, P.PROMOTE):
+            if category == P.LOWER_PRECISION_FP:
+                to = lower
+            elif category == P.FP16:
+                to = torch.float16
+            elif category == P.FP32:
+                to = torch.float32
+            else:
+                to = rules.promote_type(op, args, kwargs, lower, device_type)
+            unknown = f"({name} input)"
+            new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n, unknown)
+            verb = {P.PROMOTE: "promotes to"}.get(category, "runs")
+            detail = (
+                "casts "
+                + ", ".join(
+                    f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}"
+                    for c in casts
+                )
+                if casts
+                else "no cast needed"
+            )
+            why = f"autocast {verb} {name} in {short_dtype(dtype_name(to))}: {detail}"
+            return new_args, new_kwargs, casts, op, why
+        if category == P.FP32_SET_OPT_DTYPE:
+            if not rules.is_eligible(rules.first_argument(args, kwargs), device_type):
+                return args, kwargs, [], op, f"{name}: first input not eligible, runs as called"
+            current = rules.given_dtype(op, args, kwargs)
+            if current is not None:
+                why = f"{name} already sets dtype={current}: autocast leaves it"
+                return args, kwargs, [], op, why
+            why = f"autocast asks {name} for an fp32 result (dtype=fp32)"
+            called = rules.set_opt_dtype(op, args, kwargs, device_type)
+            assert called is not None  # eligible, and no dtype given
+            return called[0], called[1], [], op, why
+        # fp32_append_dtype: redispatch to the overload with an explicit dtype.
+        target, redispatch, new_kwargs = rules.append_dtype(op, args, kwargs, device_type)
+        why = (
+            f"autocast calls {redispatch} with dtype={short_dtype(dtype_name(new_kwargs['dtype']))}"
+        )
+        return args, new_kwargs, [], target, why
+
+    def producer_label(self, n: fx.Node | None, t: torch.Tensor, unknown: str) -> str:
+        """The qualified name of the input node of ``n`` that produced tensor ``t``."""
+        for a in n.all_input_nodes if n is not None else []:
+            value = self.env.get(a)
+            if value is t:
+                return self.qualified(a)
+        for a in n.all_input_nodes if n is not None else []:
+            value = self.env.get(a)
+            if isinstance(value, (list, tuple)) and any(v is t for v in value):
+                return self.qualified(a)
+        return unknown
+
+    def _cast_all(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        to: torch.dtype,
+        device_type: str,
+        n: fx.Node | None,
+        unknown: str = "?",
+        any_device: bool = False,
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
+        casts: list[Cast] = []
+
+        def cast(t: Any) -> Any:
+            eligible = rules.is_eligible(t, device_type if not any_device else device_type_of(t))
+            if not eligible or t.dtype == to:
+                return t
+            label = self.producer_label(n, t, unknown)
+            casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
+            return torch.ops.aten._to_copy.default(t, dtype=to)
+
+        new_args, new_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
+        return tuple(new_args), dict(new_kwargs), casts
+
+
+def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
+    """Why a node whose op has an autocast kernel of unknown rule is not analysed."""
+    if op.namespace == "aten":
+        return (
+            f"opaque autocast kernel: ATen registers an autocast kernel for {op.name()} on "
+            f"{device_type} that ampgraph's tables (torch {P.release_in_use()}) lack; its dtypes "
+            "are what that kernel returned, not a prediction"
+        )
+    rule = P.library_rule(device_type, op.name())
+    where = f": {rule.source}" if rule is not None else ""
+    return (
+        f"opaque autocast kernel: {op.name()} has an autocast kernel on {device_type} whose rule "
+        f"ampgraph does not know{where}; its dtypes are what that kernel returned, not a "
+        "prediction"
+    )
+
+
+def _is_composite(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` decomposes above autocast (a CompositeImplicitAutograd kernel)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+#: (op, tensor signature, autocast state) whose decomposition reaches no autocast policy.
+_NO_POLICY_INSIDE: set[Any] = set()
+
+
+class Decomposed:
+    """Autocast inside a CompositeImplicitAutograd op without a policy, at any depth.
+
+    Autocast falls through such an op to its decomposition with autocast still on, and each op
+    the decomposition calls is dispatched from the top again, so autocast's lists apply to it;
+    if that op is itself a composite without a policy, the same happens one level further down
+    (CUDA ``cross_entropy_loss`` -> ``log_softmax`` in fp32 and ``nll_loss_nd`` -> ``nll_loss``).
+    ``make_fx(pre_dispatch=True)`` with the op's own decomposition records those calls at the
+    level autocast sees them; a child annotator then annotates that little graph, recursing
+    where it meets another such composite.
+    """
+
+    def __init__(self, annotator: AutocastAnnotator, n: fx.Node, op: torch._ops.OpOverload):
+        self.annotator = annotator
+        self.node = n
+        self.op = op
+        self.casts: list[Cast] = []
+        self.applied: list[tuple[str, str]] = []
+
+    def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``op`` as autocast would, filling ``applied`` and ``casts``."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        tensors = [leaves[i] for i in where]
+        key = (
+            self.op,
+            tuple((t.dtype, device_type_of(t)) for t in tensors),
+            tuple(sorted(self.annotator.state.states.items())),
+            id(P._INDEX),  # the tables in use (tests swap in deliberately wrong ones)
+        )
+        if key in _NO_POLICY_INSIDE:
+            return op(*args, **kwargs)
+
+        def call_op(*ts: torch.Tensor) -> Any:
+            filled = list(leaves)
+            for i, t in zip(where, ts):
+                filled[i] = t
+            a, k = pytree.tree_unflatten(filled, spec)
+            return self.op(*a, **k)
+
+        def cpp_decomposition(*a: Any, **k: Any) -> Any:
+            # The C++ kernel a real run takes: op.decompose() would prefer a Python decomposition
+            # registered for tracing (upsample_bilinear2d.vec has one) whose ops differ.
+            return self.op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *a, **k)
+
+        # A composite that asks the GPU driver first (cuDNN RNNs) decomposes by its stand-in.
+        table = {self.op: driverless.decomposition(self.op) or cpp_decomposition}
+        try:
+            gm = self.annotator.trace_decomposition(
+                lambda: make_fx(call_op, pre_dispatch=True, decomposition_table=table)(*tensors)
+            )
+        except Exception:  # noqa: BLE001 - not traceable this way: autocast as one level sees it
+            fallback = InnerAutocast(self.annotator)
+            value = fallback.call(op, args, kwargs)
+            self.applied, self.casts = fallback.applied, fallback.casts
+            if not self.applied:
+                _NO_POLICY_INSIDE.add(key)
+            return value
+        parent = self.annotator
+        child = type(parent)(
+            parent.capture, gm=gm, state=parent.state, records=[],
+            prefix=f"{parent.prefix}{self.node.name}.", region=parent.region,
+        )  # fmt: skip
+        placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
+        child.outer_names = {
+            p.name: parent.producer_label(self.node, t, "?") for p, t in zip(placeholders, tensors)
+        }
+        value = child.run(*tensors)
+        if isinstance(value, Failed):
+            raise RuntimeError(value.message)  # noqa: TRY004 - the inner op's own error
+        for rec in child.records:
+            if rec.policy is not None:
+                name = rec.op.split(".")[1]
+                # A composite inside: name the path down to the ops autocast applies to.
+                nested = child.inner_applied.get(rec.name, [(None, rec.policy)])
+                self.applied += [
+                    (f"{name} → {path}" if path else name, cat) for path, cat in nested
+                ]
+            self.casts += rec.casts
+        if not self.applied:
+            _NO_POLICY_INSIDE.add(key)
+        return value
+
+
+class InnerAutocast(TorchDispatchMode):
+    """Autocast inside a composite op that has no policy of its own.
+
+    Autocast only skips its own key while it runs a policy's wrapper. An op without a policy
+    falls through to its CompositeImplicitAutograd decomposition with autocast still on, so the
+    ops it decomposes into get their policies (CPU ``einsum`` -> ``bmm`` in 16 bits;
+    ``cross_entropy_loss`` -> ``log_softmax`` in fp32 on CUDA). A dispatch mode sees exactly those
+    decomposed ops, after the composite has been expanded; ops handled here are not expanded
+    further, as autocast's wrappers exclude autocast for what they call.
+    """
+
+    def __init__(self, annotator: AutocastAnnotator) -> None:
+        super().__init__()
+        self.annotator = annotator
+        self.casts: list[Cast] = []
+        self.applied: list[tuple[str, str]] = []
+
+    def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``op`` with this mode on, filling ``applied`` and ``casts``."""
+        with self:
+            return op(*args, **kwargs)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.OpOverload):
+            category, device_type = self.annotator._policy(func, tuple(args), kwargs)
+            if category is not None:
+                args, kwargs, casts, op, _why = self.annotator._apply(
+                    func, category, device_type, tuple(args), kwargs, None
+                )
+                self.casts += casts
+                self.applied.append((func._schema.name.removeprefix("aten::"), category))
+                return op(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _first(items: list[str | None]) -> str | None:
+    return items[0] if items else None
+
+
+def _promotion(
+    args: tuple[Any, ...], kwargs: dict[str, Any], outputs: list[str | None]
+) -> dict[str, Any] | None:
+    """Ordinary type promotion: floating inputs of different dtypes, result in the widest."""
+    floats = [t for t in tensor_leaves((args, kwargs)) if t.is_floating_point()]
+    kinds = list(dict.fromkeys(dtype_name(t.dtype) for t in floats))
+    out = outputs[0] if outputs else None
+    if len(kinds) < 2 or out is None or out not in kinds:
+        return None
+    return {"inputs": [dtype_name(t.dtype) for t in floats], "to": out}
+
+
+def annotate(capture: Capture) -> list[NodeRecord]:
+    """Annotate every node of a capture; returns the node records in execution order."""
+    annotator = AutocastAnnotator(capture)
+    with fake_session(capture.setting):
+        annotator.run_graph()
+    return annotator.records
+
+
+# Keep autocast_state importable from here for notebooks that model a region by hand.
+__all__ = ["AutocastAnnotator", "AutocastState", "annotate", "autocast_state"]

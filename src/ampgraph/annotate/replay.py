@@ -1,0 +1,346 @@
+"""Replaying a captured graph on fake tensors: what the annotator and the dispatcher check share.
+
+:class:`FakeReplay` is an ``fx.Interpreter`` that
+
+* materialises every placeholder as a fake tensor on the setting's device, from the placeholder's
+  recorded shape and dtype (no model object and no memory needed),
+* skips ``aten._assert_tensor_metadata`` (a trace-time check, not a computation) and rewrites baked
+  ``device=`` arguments to the setting's device,
+* keeps going past a failing node: the node's error is recorded and everything downstream of it is
+  marked as skipped, so one bad op is reported where it happens,
+* runs ``wrap_with_autocast`` regions (autocast disabled or re-typed inside a forward) through a
+  hook that subclasses define.
+
+Fake kernels decide dtypes but do not always validate them: many meta functions accept mixed
+dtypes that the real kernels reject. :class:`~ampgraph.annotate.strict.StrictDtypeMode` adds those checks
+with torch's own messages (:data:`ampgraph.annotate.strict.STRICT_CHECKS`), so a bf16 ``Linear`` fed fp32
+fails here as it does on a device.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from ampgraph.capture.driverless import cudnn_rnn_stand_ins
+from ampgraph.errors import first_line
+from ampgraph.annotate.kernel_dtypes import RealCpuDtypes
+from ampgraph.settings import Setting
+from ampgraph.annotate.strict import StrictDtypeMode
+from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
+
+WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+WRAP_WITH_SET_GRAD_ENABLED = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+#: Higher-order ops whose body is a submodule that ampgraph walks node by node. Index of the body.
+REGION_OPS = {op: i for op, i in ((WRAP_WITH_AUTOCAST, 4), (WRAP_WITH_SET_GRAD_ENABLED, 1)) if op}
+ASSERT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range"}
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The value of a node that raised, or that depends on one that did."""
+
+    node: str
+    message: str
+    #: False when the op could not run here (no GPU driver, a size only data can decide): no
+    #: finding about the model (:func:`not_analysable` says why).
+    analysed: bool = True
+
+
+#: What CUDA kernels say when they need a driver even on fake tensors (DESIGN.md fact 13).
+DRIVER_ERRORS = ("Found no NVIDIA driver", "CUDA driver version is insufficient")
+#: What fake tensors say when a size or a branch depends on values they do not have.
+DATA_DEPENDENT_ERRORS = ("Could not guard on data-dependent expression", "data-dependent output")
+
+
+def needs_driver(message: str) -> bool:
+    """Whether an op failed only because this machine has no GPU driver."""
+    return any(text in message for text in DRIVER_ERRORS)
+
+
+def not_analysable(message: str) -> str | None:
+    """Why an op's failure here says nothing about the model, or None when it is a finding.
+
+    >>> not_analysable("mat1 and mat2 must have the same dtype") is None
+    True
+    """
+    if needs_driver(message):
+        return "this CUDA kernel needs a GPU driver even on fake tensors, and this machine has none"
+    if any(text in message for text in DATA_DEPENDENT_ERRORS):
+        return "a size or branch here depends on data values, which fake tensors do not have"
+    return None
+
+
+def op_name(target: Any) -> str:
+    """A stable, readable name for a node's target: ``aten.linear.default``, ``getitem``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    return getattr(target, "__name__", str(target))
+
+
+def is_assert(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and (
+        target._schema.name.removeprefix("aten::") in ASSERT_OPS
+    )
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
+def shape_lists(value: Any) -> list[list[int] | None] | None:
+    """The shape of every leaf of a node's value, like :func:`dtype_names` (None for a leaf that
+    is not a tensor, or whose size is symbolic); None for a node that failed.
+
+    >>> shape_lists((torch.empty(2, 3), 3))
+    [[2, 3], None]
+    """
+    if isinstance(value, Failed):
+        return None
+    if value is None:
+        return []
+
+    def shape(v: Any) -> list[int] | None:
+        if not isinstance(v, torch.Tensor):
+            return None
+        try:
+            return [int(d) for d in v.shape]
+        except Exception:  # noqa: BLE001 - an unbacked symbolic size has no number to give
+            return None
+
+    return [shape(v) for v in pytree.tree_leaves(value)]
+
+
+def dtype_names(value: Any) -> list[str | None]:
+    """The dtype name of every leaf of a node's value (None for a leaf that is not a tensor);
+    nothing for a node that returned nothing or failed.
+
+    >>> dtype_names((torch.empty(1), 3))
+    ['float32', None]
+    """
+    if value is None or isinstance(value, Failed):
+        return []
+    return [
+        dtype_name(v.dtype) if isinstance(v, torch.Tensor) else None
+        for v in pytree.tree_leaves(value)
+    ]
+
+
+def replay_device(device_type: str) -> str:
+    """Where a setting's fake tensors live: on its device, or on ``meta`` for CUDA settings where
+    this torch is a CPU-only build (it cannot make fake CUDA tensors). The annotator reads a meta
+    tensor's device as CUDA (:func:`device_type_of`); only the dispatcher check needs the real
+    CUDA kernels, and it says so where they are missing.
+
+    >>> replay_device("cpu")
+    'cpu'
+    """
+    return device_type if can_trace_fake(device_type) else "meta"
+
+
+def device_type_of(t: torch.Tensor) -> str:
+    """The device type autocast would see for ``t``: meta stands in for CUDA (see above)."""
+    kind = t.device.type
+    return "cuda" if kind == "meta" else kind
+
+
+def placeholder_value(node: fx.Node, device: str) -> Any:
+    """A fresh fake tensor shaped like the placeholder's recorded value, on ``device``."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return torch.empty(val.shape, dtype=val.dtype, device=device)
+    return val
+
+
+@contextmanager
+def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
+    """Fake tensors, strict dtype checks, the real CPU kernels' dtypes where the fake ones part
+    (:mod:`ampgraph.annotate.kernel_dtypes`), and autocast off on every device until told otherwise."""
+    from ampgraph.torchutil import autocast_state
+
+    with ExitStack() as stack:
+        # A kernel that raises is the finding; fake_tensor's own log of it is noise on stderr.
+        stack.enter_context(silenced("torch._subclasses.fake_tensor"))
+        mode = stack.enter_context(fake_mode())
+        stack.enter_context(StrictDtypeMode(setting.device_type))
+        if setting.device_type == "cpu":  # a dispatch mode costs every op: only where it acts
+            stack.enter_context(RealCpuDtypes())
+        # cuDNN RNNs ask the driver before they compute: stand-ins that follow the GPU's path.
+        stack.enter_context(cudnn_rnn_stand_ins(replay_device(setting.device_type)))
+        for device in ("cpu", "cuda"):
+            stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
+        yield mode
+
+
+def _holds_device(value: Any) -> bool:
+    """Whether a ``torch.device`` is in ``value`` or in the lists, tuples and dicts it holds."""
+    if isinstance(value, torch.device):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_device(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_device(v) for v in value.values())
+    return False
+
+
+class FakeReplay(fx.Interpreter):
+    """Base interpreter: fake placeholders, error propagation, autocast regions.
+
+    The annotator (:class:`ampgraph.annotate.annotator.AutocastAnnotator`), the dispatcher oracle
+    (:class:`ampgraph.annotate.check.DispatcherOracle`) and verify's real execution
+    (:class:`ampgraph.verify.execution.RealExecution`) replay a captured graph this way; they
+    differ only in the override points below. The call tree, in the manner of
+    ``torch.fx.Interpreter``'s own docstring::
+
+        run_graph()                     fresh fake placeholders, then fx.Interpreter.run
+            + run_node(n)               per node
+                + (placeholder, get_attr: fx.Interpreter's own)
+                + an input is Failed?   -> on_skipped(n, failure)        [override]
+                + an assert op?         -> skipped, returns None
+                + a region op?          -> run_region(n, args)           [override]
+                |                              + run_body(child, body, operands, n)
+                + otherwise             -> execute(n, args, kwargs)      [override]
+                    raises?             -> on_error(n, Failed(...))      [override]
+
+    ``execute`` defaults to ``fx.Interpreter``'s ``call_function``/``call_method``/...; an op that
+    raises becomes a :class:`Failed` value that flows to every node depending on it. A failure
+    for want of a GPU driver is ``Failed(analysed=False)``: no finding about the model.
+    """
+
+    def __init__(self, gm: fx.GraphModule, setting: Setting, prefix: str = "") -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.setting = setting
+        self.device = torch.device(replay_device(setting.device_type))
+        self.prefix = prefix
+        #: outer node names for a region body's placeholders (empty at top level).
+        self.outer_names: dict[str, str] = {}
+
+    # -- naming -----------------------------------------------------------------------------
+    def qualified(self, node: fx.Node) -> str:
+        if node.op == "placeholder" and node.name in self.outer_names:
+            return self.outer_names[node.name]
+        return f"{self.prefix}{node.name}"
+
+    # -- fx.Interpreter hooks -----------------------------------------------------------------
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in ("placeholder", "get_attr"):
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        failed = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, Failed)]
+        if failed:
+            value: Any = failed[0]
+            self.on_skipped(n, value)
+            return value
+        if n.op == "output":
+            return super().run_node(n)
+        if n.op == "call_function" and is_assert(n.target):
+            return None
+        args, kwargs = self._retarget_devices(args, kwargs)
+        if n.op == "call_function" and n.target in REGION_OPS:
+            return self.run_region(n, args)
+        try:
+            return self.execute(n, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
+            message = first_line(exc)
+            value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
+            self.on_error(n, value)
+            return value
+
+    def run_graph(self) -> Any:
+        """Run the whole graph on fresh fake placeholders (call inside :func:`fake_session`)."""
+        placeholders = [p for p in self.graph.nodes if p.op == "placeholder"]
+        device = replay_device(self.setting.device_type)
+        return self.run(*(placeholder_value(p, device) for p in placeholders))
+
+    def _retarget_devices(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # Most nodes name no device: a plain scan finds that for a fraction of what pytree's
+        # rebuild of every node's arguments cost (13% of a training step's check).
+        if not _holds_device(args) and not _holds_device(kwargs):
+            return args, kwargs
+
+        def fix(v: Any) -> Any:
+            return self.device if isinstance(v, torch.device) else v
+
+        return pytree.tree_map_only(torch.device, fix, (args, kwargs))  # type: ignore[return-value]
+
+    # -- what subclasses define -------------------------------------------------------------------
+    def execute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return getattr(self, n.op)(n.target, args, kwargs)
+
+    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
+
+    def on_error(self, n: fx.Node, failure: Failed) -> None:
+        """Called when node ``n`` raised."""
+
+    def on_skipped(self, n: fx.Node, failure: Failed) -> None:
+        """Called when node ``n`` was not run because an input failed."""
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def run_body(
+        self, interp: FakeReplay, body: fx.GraphModule, operands: tuple[Any, ...], n: fx.Node
+    ) -> Any:
+        """Run a region body with a child interpreter whose placeholders are ``n``'s operands."""
+        placeholders = [p for p in body.graph.nodes if p.op == "placeholder"]
+        operand_nodes = list(n.args[REGION_OPS[n.target] + 1 :])
+        interp.outer_names = {
+            p.name: self.qualified(a) if isinstance(a, fx.Node) else repr(a)
+            for p, a in zip(placeholders, operand_nodes)
+        }
+        return interp.run(*operands)
+
+
+@dataclass(frozen=True)
+class Region:
+    """A region body and what it changes: autocast for one device type, or nothing ampgraph
+    tracks (``wrap_with_set_grad_enabled``: grad mode does not change dtypes)."""
+
+    body: fx.GraphModule
+    operands: tuple[Any, ...]
+    device_type: str | None = None
+    dtype: torch.dtype | None = None
+    enabled: bool = True
+
+    @property
+    def is_autocast(self) -> bool:
+        return self.device_type is not None
+
+
+def region_args(n: fx.Node, args: tuple[Any, ...]) -> Region:
+    """Unpack ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)``
+    or ``wrap_with_set_grad_enabled(enabled, body, *operands)``."""
+    if n.target is WRAP_WITH_AUTOCAST:
+        device_type, dtype, enabled, _cache, body, *operands = args
+        if dtype is None:
+            dtype = torch.get_autocast_dtype(device_type)
+        return Region(body, tuple(operands), str(device_type), dtype, bool(enabled))
+    _grad, body, *operands = args
+    return Region(body, tuple(operands))
+
+
+def is_getitem(target: Any) -> bool:
+    return target is operator.getitem
+
+
+__all__ = [
+    "Failed",
+    "FakeReplay",
+    "StrictDtypeMode",
+    "fake_session",
+    "op_name",
+    "region_args",
+    "tensor_leaves",
+    "torch_dtype",
+]

@@ -1,0 +1,644 @@
+"""The pipeline in one call: capture -> annotate -> (check) -> :class:`~ampgraph.report.records.Report`.
+
+>>> from ampgraph import analyze, load_model, Setting
+>>> report = analyze(load_model("llama-tiny"), Setting.parse("amp-fp32"), check=False)
+>>> print(report.modules[3].hook_line())
+[model.layers.0.self_attn.q_proj] in=torch.float32 -> out=torch.bfloat16
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ampgraph import __version__
+from ampgraph import policy as P
+from ampgraph.annotate.annotator import annotate
+from ampgraph.capture.trace import (
+    DATA_PATH_METHODS,
+    NO_TENSOR,
+    Capture,
+    ModuleInfo,
+    capture,
+    keeping_stack_traces,
+)
+from ampgraph.annotate.check import check as run_check
+from ampgraph.annotate.check import dispatcher_unavailable, hold_to_the_raise
+from ampgraph.errors import SettingError
+from ampgraph.model.build import ModelInputs
+from ampgraph.policy import release_in_use
+from ampgraph.report.records import PASSES, ModuleCall, NodeRecord, Report
+from ampgraph.settings import Setting
+from ampgraph.model.specs import spec_tracer
+from ampgraph.pipeline.workers import beside, default_workers, die_with_parent
+
+
+def versions() -> dict[str, str]:
+    """Versions that decide the analysis: ampgraph, torch, transformers, the policy tables."""
+    import torch
+
+    out = {
+        "ampgraph": __version__,
+        # A str, not torch's TorchVersion: a report is plain data, which a process without
+        # torch unpickles without importing torch (1.5 s) for it.
+        "torch": str(torch.__version__),
+        "policy_tables": release_in_use(),
+    }
+    transformers = sys.modules.get("transformers")
+    if transformers is None:
+        try:
+            import transformers
+        except ImportError:
+            transformers = None
+    out["transformers"] = str(getattr(transformers, "__version__", "not installed"))
+    return out
+
+
+def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
+    """Annotate with the policy tables of torch ``release`` while it lasts (``"2.11"``; None or
+    the installed torch's release: its own). :class:`~ampgraph.errors.SettingError` for a
+    release the history does not reach.
+
+    >>> from ampgraph.policy import lookup
+    >>> with tables_of("2.11"):
+    ...     lookup("cuda", "aten::rms_norm", "")
+    """
+    if release is None:
+        return contextlib.nullcontext()
+    try:
+        name = P.release_name(release)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+    if name == P.ACTIVE_RELEASE:
+        return contextlib.nullcontext()
+    return P.tables_in_use(P.tables_for(name), name)
+
+
+def _stack_traces(sources: bool) -> contextlib.AbstractContextManager[None]:
+    return keeping_stack_traces() if sources else contextlib.nullcontext()
+
+
+def _other_tables() -> str | None:
+    """Why the check cannot judge the annotation: it read another torch release's tables."""
+    if release_in_use() == P.ACTIVE_RELEASE:
+        return None
+    return (
+        f"annotated with the policy tables of torch {release_in_use()}, a prediction for that "
+        f"release that this torch {torch.__version__}'s dispatcher cannot check"
+    )
+
+
+def module_calls(
+    records: Sequence[NodeRecord],
+    modules: dict[str, ModuleInfo],
+    module_io: dict[str, list[tuple[str | None, str | None]]] | None = None,
+    call_order: Sequence[tuple[str, int, bool]] = (),
+) -> list[ModuleCall]:
+    """Group node records into leaf-module calls, each with the dtypes a forward hook would see.
+
+    ``in`` and ``out`` are the annotated dtypes of the graph nodes the capture saw the module
+    receive as ``inp[0]`` and return as ``out[0]`` (``module_io``). Where those are unknown,
+    ``in`` is the first value the call consumes from outside that is not a parameter or buffer
+    (a Linear's activation, an Embedding's token ids) and ``out`` the last value it produces that
+    is used outside the call.
+
+    A call that added no node to the graph (``nn.Identity``, an eval-mode ``StochasticDepth``)
+    still fires its hook: it is listed where ``call_order`` puts it, with the dtypes of the value
+    it received and returned.
+    """
+    module_io = module_io or {}
+    # The k-th call of a path that has graph nodes is its n-th call in all (empty ones count).
+    with_nodes: dict[str, list[int]] = {}
+    for path, index, empty in call_order:
+        if not empty:
+            with_nodes.setdefault(path, []).append(index)
+    call_index: dict[str, int] = {}
+    by_name = {r.name: r for r in records}
+    groups: dict[str, list[NodeRecord]] = {}
+    for rec in records:
+        if rec.module_call is None or rec.module is None or rec.kind != "op":
+            continue
+        info = modules.get(rec.module)
+        if info is None or not info.is_leaf:
+            continue
+        groups.setdefault(rec.module_call, []).append(rec)
+    used_by: dict[str, set[str]] = {}
+    for rec in records:
+        for inp in rec.inputs:
+            used_by.setdefault(inp["node"], set()).add(rec.name)
+
+    def hook_names(path: str, index: int) -> tuple[str | None, str | None]:
+        io = module_io.get(path, [])
+        return io[index] if index < len(io) else (None, None)
+
+    def hook_io(path: str, index: int) -> tuple[NodeRecord | None, NodeRecord | None]:
+        hook_in, hook_out = hook_names(path, index)
+        return by_name.get(hook_in or ""), by_name.get(hook_out or "")
+
+    calls: list[tuple[tuple[str, int], ModuleCall]] = []
+    for call, members in groups.items():
+        names = {m.name for m in members}
+        in_dtype = None
+        for m in members:
+            for inp in m.inputs:
+                producer = by_name.get(inp["node"])
+                if inp["node"] in names or (producer is not None and producer.is_source):
+                    continue
+                in_dtype = inp["dtype"]
+                break
+            if in_dtype is not None:
+                break
+        out_rec = next(
+            (m for m in reversed(members) if used_by.get(m.name, set()) - names and m.outputs),
+            next((m for m in reversed(members) if m.outputs), None),
+        )
+        info = modules[members[0].module or ""]
+        k = call_index.get(info.path, 0)
+        call_index[info.path] = k + 1
+        indices = with_nodes.get(info.path, [])
+        index = indices[k] if k < len(indices) else k
+        hook_in, hook_out = hook_io(info.path, index)
+        if hook_in is not None:
+            in_dtype = hook_in.out_dtype
+        if hook_out is not None:
+            out_rec = hook_out
+        # What the hook sees is no tensor: it prints None, whatever tensors the call used.
+        in_name, out_name = hook_names(info.path, index)
+        if in_name == NO_TENSOR:
+            in_dtype = None
+        if out_name == NO_TENSOR:
+            out_rec = None
+        calls.append((
+            (info.path, index),
+            ModuleCall(
+                path=info.path,
+                type=info.type,
+                bases=list(info.bases),
+                call=call,
+                in_dtype=in_dtype,
+                out_dtype=out_rec.out_dtype if out_rec else None,
+                nodes=[m.name for m in members],
+            ),
+        ))  # fmt: skip
+
+    # Calls without nodes go right after the call that preceded them in the forward.
+    after: dict[tuple[str, int] | None, list[ModuleCall]] = {}
+    previous: tuple[str, int] | None = None
+    for path, index, empty in call_order:
+        if not empty:
+            previous = (path, index)
+            continue
+        info = modules.get(path)
+        rec_in, rec_out = hook_io(path, index)
+        # A call that returns no tensor at all (``nn.Identity()(3)``) still prints its line,
+        # ``out=None``; one that returns a tensor the trace does not know cannot be named.
+        if info is None or (rec_out is None and hook_names(path, index)[1] != NO_TENSOR):
+            continue
+        after.setdefault(previous, []).append(
+            ModuleCall(
+                path=path,
+                type=info.type,
+                bases=list(info.bases),
+                call=f"{path}@{index}" if index else path,
+                in_dtype=rec_in.out_dtype if rec_in is not None else None,
+                out_dtype=rec_out.out_dtype if rec_out is not None else None,
+                nodes=[],
+                returns_tensor=rec_out is not None,
+            )
+        )
+    ordered = list(after.pop(None, []))
+    for key, call in calls:
+        ordered.append(call)
+        ordered.extend(after.pop(key, []))
+    for rest in after.values():  # the preceding call left no group (not seen so far)
+        ordered.extend(rest)
+    return ordered
+
+
+#: Graphs at least this big run the dispatcher check in a forked process beside the annotation.
+PARALLEL_CHECK_NODES = 400
+
+
+def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """Run ``work()`` here and the dispatcher oracle in a forked child at the same time."""
+    from ampgraph.annotate.check import dispatcher_results
+
+    oracle: list[dict[str, dict[str, Any]]] = []
+    result = beside(
+        lambda send: send(dispatcher_results(cap)), oracle.append, 1, work,
+        name="dispatcher check",
+    )  # fmt: skip
+    return result, oracle[0]
+
+
+def analyze_capture(
+    cap: Capture,
+    *,
+    check: bool = True,
+    pass_: str = "forward",
+    loss: str | int | None = None,
+    backward_autocast: bool = False,
+    records: list[NodeRecord] | None = None,
+) -> Report:
+    """Annotate (and by default check) an existing capture.
+
+    For large graphs on a machine with more than one core, the dispatcher check runs in a forked
+    process while the annotation runs here: the two are independent replays of the same graph.
+    ``pass_`` ``backward`` or ``train`` adds the training step (:mod:`ampgraph.train.backward`).
+    ``records`` is the capture's annotation where it was made already (:func:`shared_capture`).
+    """
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
+    import multiprocessing as mp
+
+    unavailable = (
+        (dispatcher_unavailable(cap.setting.device_type) or _other_tables()) if check else None
+    )
+    check = check and unavailable is None
+    parallel = (
+        check
+        and len(cap.graph_module.graph.nodes) >= PARALLEL_CHECK_NODES
+        and default_workers() > 1
+        and "fork" in mp.get_all_start_methods()
+        and not mp.current_process().daemon  # pool workers may not have children
+    )
+    if records is not None:
+        summary = run_check(cap, records) if check else None
+    elif parallel:
+        records, oracle = _oracle_beside(cap, lambda: annotate(cap))
+        summary = run_check(cap, records, oracle)
+    else:
+        records = annotate(cap)
+        summary = run_check(cap, records) if check else None
+    report = Report(
+        model=cap.model_name,
+        setting=cap.setting.to_dict(),
+        versions=versions(),
+        capture={
+            "method": cap.method,
+            "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
+            "dtype_branches": cap.dtype_branches,
+            # Branches decided on data values while tracing (draft-export): the path analysed.
+            **(
+                {"data_dependent": cap.data_dependent, "unbacked_values": cap.unbacked_values}
+                if cap.method in DATA_PATH_METHODS
+                else {}
+            ),
+            # Why the check asked for did not run (a CPU-only torch and --device cuda).
+            **({"check_unavailable": unavailable} if unavailable else {}),
+            # The setting whose trace this is, proven to be the one this setting would give.
+            **({"graph_of": cap.graph_of} if cap.graph_of else {}),
+        },
+        nodes=records,
+        modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
+        check=summary,
+        pass_=pass_,
+    )
+    if cap.raised_in_setting is not None:
+        report.capture["raised_in_setting"] = cap.raised_in_setting
+        hold_to_the_raise(report)
+    if pass_ != "forward":
+        from ampgraph.train.backward import backward_section, trace_joint
+
+        trace = trace_joint(cap, loss=loss, backward_autocast=backward_autocast)
+        report.backward = backward_section(trace)
+        if check and not report.backward.skipped:
+            from ampgraph.train.check import check_backward
+
+            check_backward(trace, report.backward)
+    return report
+
+
+def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeRecord]] | str:
+    """``base``'s graph for ``setting``, with its annotation there, if it is the graph a capture
+    in ``setting`` would give; else why not, in one line.
+
+    It is when both settings have one device type and one parameter dtype and everything the
+    traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.capture.reads`). A
+    graph traced on the meta device was traced without autocast: the same for any such setting.
+    """
+    from ampgraph.capture.trace import EXPORT_META_REPLAY, IN_SETTING
+    from ampgraph.capture.reads import serves
+
+    if (base.setting.device_type, base.setting.param_dtype) != (
+        setting.device_type,
+        setting.param_dtype,
+    ):
+        return "another device type or parameter dtype"
+    method = base.method.rsplit("+", 1)[-1]
+    if base.graph_of is not None or method not in (*IN_SETTING, EXPORT_META_REPLAY):
+        return f"a graph captured by {base.method} serves only its own setting"
+    shared = replace(base, setting=setting, graph_of=base.setting.name)
+    if base.reads is None:
+        return shared, annotate(shared)
+    layout_nodes = {r.node for r in base.reads if r.kind == "layout" and r.node}
+    records, layouts = annotate_observing(shared, layout_nodes)
+    why = serves(base.reads, setting, records, layouts)
+    if why is None and any(r.error for r in records):
+        # A capture in this setting raises and is traced again (capture.EXPORT_RETYPED); so is
+        # this one, so that its report reads as it always has.
+        why = f"the forward raises in {setting.name}"
+    return why if why is not None else (shared, records)
+
+
+def annotate_observing(
+    capture: Capture, names: set[str]
+) -> tuple[list[NodeRecord], dict[str, str]]:
+    """Annotate ``capture`` (:func:`ampgraph.annotate.annotator.annotate`), noting the layout of the values
+    of the top-level nodes in ``names`` as the annotation computes them."""
+    from torch import fx
+
+    from ampgraph.annotate.annotator import AutocastAnnotator
+    from ampgraph.capture.reads import layout_of
+    from ampgraph.annotate.replay import fake_session
+
+    layouts: dict[str, str] = {}
+
+    class Observing(AutocastAnnotator):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if n.name in names and isinstance(value, torch.Tensor):
+                layouts[n.name] = layout_of(value)
+            return value
+
+    annotator = Observing(capture)
+    with fake_session(capture.setting):
+        annotator.run_graph()
+    return annotator.records, layouts
+
+
+def analyze_group(
+    model: ModelInputs | nn.Module | str,
+    settings: Sequence[Setting | str],
+    *,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    check: bool = True,
+    tracer: str | None = None,
+    tables: str | None = None,
+    sources: bool = False,
+    **options: Any,
+) -> list[Report]:
+    """Analyse one model in several settings, capturing only where a graph cannot be shared.
+
+    The first setting is captured; each later one reuses the first graph captured in its device
+    type and parameter dtype wherever :func:`shared_capture` proves it is the graph its own
+    capture would give, and is captured afresh otherwise. A shared graph's report says whose it
+    is (``capture.graph_of``); a refused one why (``capture.not_shared``). Same arguments as
+    :func:`analyze`. A training step (``pass_`` other than ``forward``) shares its training-mode
+    graph alike: the joint graph is differentiated from the forward graph and the setting alone,
+    so a graph proven to be the one a fresh capture would give yields the fresh capture's step.
+
+    >>> import torch
+    >>> from ampgraph import Setting
+    >>> reports = analyze_group(torch.nn.Linear(4, 4), ["fp32", "amp-fp32"],
+    ...                         args=(torch.randn(2, 4),), check=False)
+    >>> [(r.setting["name"], r.capture.get("graph_of"), r.node("linear").out_dtype) for r in reports]
+    [('fp32', None, 'float32'), ('amp-fp32', 'fp32', 'bfloat16')]
+    """
+    if isinstance(model, str):
+        tracer = tracer or spec_tracer(model)
+    model = trace(as_model_inputs(model, args, kwargs), tracer)
+    pass_ = options.get("pass_", "forward")
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
+    with tables_of(tables), _stack_traces(sources):
+        return _analyze_sharing(model, settings, check, options)
+
+
+def _analyze_sharing(
+    model: ModelInputs, settings: Sequence[Setting | str], check: bool, options: dict[str, Any]
+) -> list[Report]:
+    training = options.get("pass_", "forward") != "forward"
+    bases: list[Capture] = []
+    reports = []
+    for item in settings:
+        setting = Setting.parse(item)
+        refused = None
+        for base in bases:
+            shared = shared_capture(base, setting)
+            if isinstance(shared, str):
+                if (base.setting.device_type, base.setting.param_dtype) == (
+                    setting.device_type,
+                    setting.param_dtype,
+                ):
+                    refused = f"{base.setting.name}'s graph: {shared}"
+                continue
+            cap, records = shared
+            reports.append(analyze_capture(cap, check=check, records=records, **options))
+            break
+        else:
+            cap = capture(model, setting, training=training)
+            report = analyze_capture(cap, check=check, **options)
+            if refused:
+                report.capture["not_shared"] = refused
+            reports.append(report)
+            bases.append(cap)
+    return reports
+
+
+def analyze(
+    model: ModelInputs | nn.Module | str,
+    setting: Setting | str = "amp-fp32",
+    *,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    check: bool = True,
+    tracer: str | None = None,
+    pass_: str = "forward",
+    loss: str | int | None = None,
+    backward_autocast: bool = False,
+    tables: str | None = None,
+    sources: bool = False,
+) -> Report:
+    """Analyse one model in one setting.
+
+    ``model`` is a model spec (``"llama-tiny"``, see :func:`ampgraph.load_model`), what
+    :func:`ampgraph.load_model` returns, or any ``nn.Module`` together with ``args`` (a tuple, or
+    one tensor) and ``kwargs`` for one forward call (real, meta or fake tensors: only shapes and
+    dtypes are used, and the module's own tensors are left untouched). ``setting`` is a
+    :class:`~ampgraph.settings.Setting` or its name. ``tracer`` turns the model into a
+    graph (:mod:`ampgraph.capture.tracers`; default: a spec's own, else ``make-fx``).
+
+    ``pass_`` is ``forward`` (the default), ``backward`` or ``train``: the latter two trace the
+    model in training mode and add ``report.backward``, the loss ``output.float().sum()`` of the
+    output ``loss`` names (a key or index; default the first floating output) and its backward,
+    run outside the autocast context as PyTorch's AMP recipe does, or inside it with
+    ``backward_autocast=True`` (see :mod:`ampgraph.train.backward`).
+
+    ``tables`` annotates with the policy tables of another torch release (``"2.11"``, back to
+    :data:`ampgraph.policy.HISTORY_FROM`; :func:`tables_of`): a prediction for that release,
+    which the installed dispatcher cannot check, so the report says it is not checked
+    (``capture.check_unavailable``). The graph is still traced by the installed torch.
+
+    ``sources`` records where in the model's code each node was made (``NodeRecord.source``,
+    file and line; what ``ampgraph audit`` shows): the capture then keeps Python stack traces,
+    which makes it slower, so it is off by default.
+
+    >>> import torch
+    >>> from ampgraph import analyze
+    >>> r = analyze(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),))
+    >>> [(c.node, c.from_dtype, c.to_dtype) for c in r.node("linear").casts]
+    [('input', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
+    """
+    setting = Setting.parse(setting)  # a Setting passes through; anything else says what to give
+    if isinstance(model, str):
+        tracer = tracer or spec_tracer(model)
+    model = as_model_inputs(model, args, kwargs)
+    if pass_ not in PASSES:
+        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
+    scope = tables_of(tables)  # a release the history does not reach fails before the capture
+    with _stack_traces(sources):
+        cap = capture(trace(model, tracer), setting, training=pass_ != "forward")
+    with scope:
+        return analyze_capture(
+            cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
+        )
+
+
+def as_model_inputs(
+    model: ModelInputs | nn.Module | str,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> ModelInputs:
+    """What :func:`analyze` accepts as a model, as :class:`~ampgraph.model.build.ModelInputs`."""
+    if isinstance(model, str):
+        from ampgraph.model.build import load_model
+
+        model = load_model(model)
+    if isinstance(model, nn.Module):
+        if isinstance(args, torch.Tensor):
+            args = (args,)  # one input, not its rows
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(
+                f"args must be a tuple of the forward's inputs, not {type(args).__name__}"
+            )
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
+        model = ModelInputs(type(model).__name__, model, tuple(args), dict(kwargs or {}))
+    if not isinstance(model, ModelInputs):
+        raise TypeError(
+            "analyze() takes a model spec such as 'opt-125m', what load_model() returns, or an "
+            f"nn.Module with args=(inputs...), not {type(model).__name__}"
+        )
+    return model
+
+
+def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
+    """The model as ``tracer`` (see :mod:`ampgraph.capture.tracers`) gives it to the capture.
+
+    ``make-fx`` (the default) and ``export`` trace the model itself in each setting, so the
+    model is returned as it is, saying which of the two; another tracer traces it once, here, and
+    every setting is captured from that graph.
+    """
+    if tracer is None or tracer == "make-fx":
+        return model
+    if tracer == "export":
+        return replace(model, engine="export")
+    from ampgraph.capture.tracers import apply_tracer  # only for a tracer other than export
+
+    return apply_tracer(model, tracer)
+
+
+# The model the forked workers analyse: set before the pool forks, inherited by the children,
+# so nothing large is pickled.
+_WORKER_MODEL: ModelInputs | None = None
+
+
+def _analyze_in_worker(
+    job: tuple[list[int], list[Setting], bool, dict[str, Any]],
+) -> list[tuple[int, Report]]:
+    import torch
+
+    torch.set_num_threads(1)  # the workers already use every core between them
+    indices, settings, check, options = job
+    assert _WORKER_MODEL is not None
+    reports = analyze_group(_WORKER_MODEL, settings, check=check, **options)
+    # Reports travel pickled, as they are: their JSON form would be made here and read back
+    # there, a fifth of a second each way for a training step's report.
+    return list(zip(indices, reports, strict=True))
+
+
+def plan_jobs(settings: Sequence[Setting], workers: int) -> list[list[int]]:
+    """Indices of ``settings`` in jobs for ``workers`` processes: one job per group of settings
+    that may share a graph (one device type and parameter dtype), split where that leaves a
+    worker idle, since a capture on an idle core costs no time.
+
+    >>> names = ["fp32", "half", "amp-half", "amp-fp32"]
+    >>> plan_jobs([Setting.parse(n) for n in names], 2)
+    [[0, 3], [1, 2]]
+    >>> plan_jobs([Setting.parse(n) for n in names], 4)
+    [[0], [3], [1], [2]]
+    """
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, s in enumerate(settings):
+        groups.setdefault((s.device_type, s.param_dtype), []).append(i)
+    jobs = list(groups.values())
+    while len(jobs) < workers and any(len(j) > 1 for j in jobs):
+        largest = max(jobs, key=len)
+        jobs.insert(jobs.index(largest) + 1, [largest.pop()])
+    return jobs
+
+
+def analyze_many(
+    model: ModelInputs,
+    settings: Sequence[Setting],
+    *,
+    check: bool = True,
+    workers: int | None = None,
+    on_done: Any = None,
+    tracer: str | None = None,
+    **options: Any,
+) -> list[Report]:
+    """Analyse one model in several settings, in parallel worker processes where that helps.
+
+    Workers are forked after torch and the model are loaded (and traced once, for a ``tracer``
+    other than ``export``), so each setting costs only its own replays, and its own capture where
+    it cannot share one (:func:`analyze_group`, :func:`plan_jobs`).
+    ``on_done(index, report)`` is called as each setting finishes. ``options`` go to
+    :func:`analyze` (``pass_``, ``loss``, ``backward_autocast``).
+
+    >>> from ampgraph import load_model, seed_matrix
+    >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix()[:2], check=False)
+    >>> [(r.setting["name"], r.modules[3].out_dtype) for r in reports]
+    [('fp32', 'float32'), ('half', 'bfloat16')]
+    """
+    import multiprocessing as mp
+
+    model = trace(model, tracer)
+    workers = min(len(settings), workers or default_workers())
+    results: list[Report | None] = [None] * len(settings)
+
+    def done(index: int, report: Report) -> None:
+        results[index] = report
+        if on_done is not None:
+            on_done(index, report)
+
+    jobs = plan_jobs(settings, workers)
+    if workers <= 1 or "fork" not in mp.get_all_start_methods():
+        for job in jobs:
+            reports = analyze_group(model, [settings[i] for i in job], check=check, **options)
+            for i, report in zip(job, reports, strict=True):
+                done(i, report)
+        return [r for r in results if r is not None]
+    global _WORKER_MODEL
+    _WORKER_MODEL = model
+    try:
+        import os
+
+        with mp.get_context("fork").Pool(
+            workers, initializer=die_with_parent, initargs=(os.getpid(),)
+        ) as pool:
+            work = [(job, [settings[i] for i in job], check, options) for job in jobs]
+            for finished in pool.imap_unordered(_analyze_in_worker, work):
+                for index, report in finished:
+                    done(index, report)
+    finally:
+        _WORKER_MODEL = None
+    return [r for r in results if r is not None]

@@ -1,0 +1,1 @@
+"""The result: the :class:`~ampgraph.report.records.Report` later stages read, and its text forms."""

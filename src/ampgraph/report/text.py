@@ -1,0 +1,284 @@
+"""Text output of reports: the seed notebook's hook lines, a Markdown table, check summaries.
+
+Torch-free: everything here reads :class:`~ampgraph.report.records.Report` records. (File formats,
+SVG, PNG, PDF and Graphviz source, are the renderer's: :data:`ampgraph.render.FORMATS`.)
+
+>>> from ampgraph.report.records import ModuleCall
+>>> call = ModuleCall("fc1", "torch.nn.Linear", ["Linear", "Module"], "fc1", "float32", "bfloat16", [])
+>>> print(call.hook_line())
+[fc1] in=torch.float32 -> out=torch.bfloat16
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ampgraph.report.markdown import code_span, escape_text
+from ampgraph.policy import CATEGORY_LABEL
+from ampgraph.report.records import ModuleCall, NodeRecord, Report
+from ampgraph.settings import short_dtype
+
+#: The seed notebook's WATCH tuple: what its hooks printed.
+SEED_WATCH = ("Linear", "LayerNorm", "Embedding")
+
+
+def select_calls(report: Report, only: Sequence[str] | None = None) -> list[ModuleCall]:
+    """Leaf-module calls, optionally only those that are instances of the named classes.
+
+    ``only`` matches class names anywhere in the module's class hierarchy, like ``isinstance``:
+    ``Embedding`` selects OPT's ``OPTLearnedPositionalEmbedding`` too.
+    """
+    if not only:
+        return list(report.modules)
+    wanted = set(only)
+    return [c for c in report.modules if wanted & set(c.bases)]
+
+
+def call_error(report: Report, call: ModuleCall) -> str | None:
+    """The error of the first node of a module call that raised, or None: the hook's view.
+
+    A node ampgraph could not run here (a kernel that needs a GPU driver) reads
+    ``not analysed: ...``: the forward cannot be followed past it, and it is no prediction. A node
+    that ran without being analysed (an opaque autocast kernel) has dtypes, and does not stop it.
+    """
+    for name in call.nodes:
+        rec = report.node(name)
+        if rec.error:
+            return rec.error
+        if rec.not_analysed is not None and rec.skipped is None and not rec.outputs:
+            return f"not analysed: {rec.not_analysed}"
+    return None
+
+
+def _not_run(report: Report, call: ModuleCall) -> bool:
+    """The forward stopped before this call: an earlier node raised."""
+    if not call.nodes:  # a call that ran no op: it ran if what it returned was computed
+        return call.out_dtype is None and call.returns_tensor
+    return all(report.node(name).skipped for name in call.nodes)
+
+
+def printed_calls(
+    report: Report, only: Sequence[str] | None = None
+) -> list[tuple[ModuleCall, str | None]]:
+    """The calls whose hooks a real run prints, each with its error: none after the first error.
+
+    A forward that raises stops there: the failing call's line is the last one, and no hook of a
+    later call fires.
+    """
+    out: list[tuple[ModuleCall, str | None]] = []
+    for call in select_calls(report, only):
+        error = call_error(report, call)
+        if error is None and _not_run(report, call):
+            break
+        out.append((call, error))
+        if error is not None:
+            break
+    return out
+
+
+def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
+    """One seed-notebook hook line per leaf-module call, in execution order."""
+    lines = []
+    for call, error in printed_calls(report, only):
+        # The hook's own spelling: a first input that is no tensor reads None, not torch.None.
+        head = f"[{call.path}] in={'torch.' + call.in_dtype if call.in_dtype else 'None'} -> "
+        if error and error.startswith("not analysed: "):
+            lines.append(head + error)
+        elif error:
+            lines.append(f"{head}error: {error}")
+        else:
+            lines.append(call.hook_line())
+    return lines
+
+
+def _casts_text(recs: Iterable[NodeRecord]) -> str:
+    casts = [c for r in recs for c in r.casts]
+    return ", ".join(
+        f"{c.node} {short_dtype(c.from_dtype)}→{short_dtype(c.to_dtype)}" for c in casts
+    )
+
+
+def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
+    """A Markdown table of the leaf-module calls, for pasting into a pull request.
+
+    Module paths, class names and node names are the model's own text: they go through
+    :mod:`ampgraph.report.markdown`, so a ``|``, a newline or a link in one stays text in its cell.
+
+    >>> from ampgraph.report.records import ModuleCall
+    >>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,
+    ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
+    >>> call = ModuleCall("a|b", "m.<i>", ["<i>"], "a|b", "float32", "float32", [])
+    >>> print(markdown_table(Report("m", setting, {}, {}, [], [call])).splitlines()[-1])
+    | `a\\|b` | \\<i> | fp32 | fp32 | none | - |
+    """
+    setting = report.setting
+    head = (
+        f"**{escape_text(report.model)}**, setting {code_span(setting['name'], table=False)} "
+        f"({'autocast ' + setting['device_type'] + ' ' + short_dtype(setting['amp_dtype']) if setting['autocast'] else 'no autocast'}, "
+        f"parameters {short_dtype(setting['param_dtype'])})"
+    )
+    rows = [
+        head,
+        "",
+        "| module | type | in | out | policy | autocast casts |",
+        "|---|---|---|---|---|---|",
+    ]
+    for call, error in printed_calls(report, only):
+        recs = [report.node(n) for n in call.nodes]
+        policies = sorted({CATEGORY_LABEL[r.policy] for r in recs if r.policy})
+        out = f"error: {error}" if error else short_dtype(call.out_dtype)
+        rows.append(
+            f"| {code_span(call.path)} | {escape_text(call.type.rsplit('.', 1)[-1])} "
+            f"| {short_dtype(call.in_dtype)} | {escape_text(out)} "
+            f"| {', '.join(policies) or 'none'} | {escape_text(_casts_text(recs)) or '-'} |"
+        )
+    if report.check is not None:
+        rows += ["", escape_text(check_summary(report), line_start=True)]
+    return "\n".join(rows)
+
+
+def check_summary(report: Report) -> str:
+    """One line: how many nodes were compared with the dispatcher and how many disagree."""
+    if report.check is None:
+        return f"{report.model} {report.setting['name']}: not checked"
+    c = report.check
+    errors = len(report.errors)
+    tail = f", {errors} node{'s' if errors != 1 else ''} raise" if errors else ""
+    if c.get("not_analysed"):
+        tail += f", {c['not_analysed']} not analysed (each node's record says why)"
+    branches = (report.capture or {}).get("data_dependent")
+    if branches is not None:
+        tail += (
+            f"; traced along the path seeded random values take through {len(branches)} "
+            f"branch{'es' if len(branches) != 1 else ''} on data, whose other sides are not "
+            "analysed"
+        )
+    return (
+        f"{report.model} {report.setting['name']} ({report.setting['device_type']} "
+        f"{short_dtype(report.setting['amp_dtype'])}): {c['compared']} nodes compared with the "
+        f"dispatcher, {c['disagreements']} disagreement{'s' if c['disagreements'] != 1 else ''}"
+        f"{tail}"
+    )
+
+
+def disagreement_lines(report: Report) -> list[str]:
+    """One line per node whose annotation the dispatcher contradicts."""
+    lines = []
+    for rec in report.disagreements:
+        check = rec.check or {}
+        predicted = (
+            f"error: {rec.error}" if rec.error else ", ".join(short_dtype(d) for d in rec.outputs)
+        )
+        observed_d = check.get("dispatcher", {})
+        observed = (
+            f"error: {observed_d['error']}"
+            if "error" in observed_d
+            else "ran it, traced in this setting"
+            if observed_d.get("ran_in_setting")
+            else ", ".join(short_dtype(d) for d in observed_d.get("outputs", []))
+        )
+        extra = f"; export traced {check['export']}" if "export" in check else ""
+        if "note" in check:
+            extra = f"; {check['note']}"
+        lines.append(
+            f"  {rec.name} ({rec.op}, {rec.module or 'top level'}): predicted {predicted or '-'}, "
+            f"dispatcher {observed or '-'}{extra}"
+        )
+    return lines
+
+
+def check_record(report: Report) -> dict[str, object]:
+    """The dispatcher check of one report as plain data (``ampgraph check --format json``).
+
+    >>> r = Report("m", {"name": "fp32"}, {}, {}, [], [], check={"compared": 3, "disagreements": 0})
+    >>> check_record(r)["setting"], check_record(r)["disagreements"]
+    ('fp32', [])
+    """
+    return {
+        "model": report.model,
+        "setting": report.setting.get("name"),
+        "check": report.check,
+        "disagreements": [
+            {
+                "node": rec.name,
+                "op": rec.op,
+                "module": rec.module,
+                "outputs": rec.outputs,
+                "error": rec.error,
+                "check": rec.check,
+            }
+            for rec in report.disagreements
+        ],
+    }
+
+
+def check_markdown(reports: Sequence[Report]) -> str:
+    """The dispatcher check as a Markdown table, for a pull request (``check --format markdown``).
+
+    >>> r = Report("m", {"name": "fp32"}, {}, {}, [], [], check={"compared": 3, "disagreements": 0})
+    >>> print(check_markdown([r]).splitlines()[2])
+    | `m` | fp32 | 3 | 0 | 0 | 0 |
+    """
+    rows = [
+        "| model | setting | nodes compared | disagreements | nodes that raise | not analysed |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    details: list[str] = []
+    for report in reports:
+        c = report.check or {}
+        rows.append(
+            f"| {code_span(report.model)} | {escape_text(str(report.setting.get('name')))} "
+            f"| {c.get('compared', '-')} | {c.get('disagreements', '-')} | {len(report.errors)} "
+            f"| {c.get('not_analysed', 0)} |"
+        )
+        # The lines name nodes and modules: the model's text, escaped as the table's is (after
+        # their indent, which escape_text would keep as references).
+        details += [
+            f"- {escape_text(str(report.setting.get('name')), line_start=True)}:  "
+            f"{escape_text(line.removeprefix('  '))}"
+            for line in disagreement_lines(report)
+        ]
+    if details:
+        rows += ["", "Disagreements:", "", *details]
+    return "\n".join(rows)
+
+
+def dtype_branches_warning(report: Report) -> str | None:
+    """Where the tracer fixed a dtype-dependent branch once (hf-fx), as one warning; else None.
+
+    >>> r = Report("m", {}, {}, {"method": "hf-fx+export", "dtype_branches": ["a", "b"]}, [], [])
+    >>> dtype_branches_warning(r)[:52]
+    'hf-fx+export took branches on dtypes once, in fp32 w'
+    """
+    branches = list((report.capture or {}).get("dtype_branches") or [])
+    if not branches:
+        return None
+    where = ", ".join(branches[:3]) + (
+        f" and {len(branches) - 3} more" if len(branches) > 3 else ""
+    )
+    return (
+        f"{report.capture.get('method')} took branches on dtypes once, in fp32 without "
+        f"autocast, in {len(branches)} module{'s' if len(branches) != 1 else ''} ({where}); in "
+        "other settings a real run may take the other branch: --tracer export traces each setting"
+    )
+
+
+def data_dependent_warning(report: Report) -> str | None:
+    """That a forward branching on data was traced along one path (draft export), or None.
+
+    >>> r = Report("m", {}, {}, {"data_dependent": ["forward line 3: `if x.any():`"]}, [], [])
+    >>> data_dependent_warning(r)[:60]
+    'the forward branches on data values, which fake tensors do n'
+    """
+    branches = (report.capture or {}).get("data_dependent")
+    if branches is None:
+        return None
+    where = "; ".join(branches[:2]) + (
+        f"; and {len(branches) - 2} more" if len(branches) > 2 else ""
+    )
+    return (
+        "the forward branches on data values, which fake tensors do not have: traced along the "
+        "path seeded random weights and inputs take"
+        + (f" ({where})" if where else "")
+        + "; the other side of each branch is not analysed"
+    )
