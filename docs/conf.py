@@ -48,6 +48,8 @@ html_theme_options = {"navigation_with_keys": True}
 # Builds are reproducible: no build date in the footer, no "last updated" stamps.
 html_last_updated_fmt = None
 html_show_sphinx = False
+html_static_path = ["_static"]
+html_css_files = ["tables.css"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

@@ -125,7 +125,7 @@ def _cell(cell: Cell) -> str:
     text = f"{cell.disagreements}"
     if cell.errors:
         # A predicted error is a finding about the model, agreed by the dispatcher: said, not bold.
-        text += f" (raises: {cell.errors} node{'s' if cell.errors != 1 else ''})"
+        text += f" ({cell.errors} raises)"
     return f"**{text}**" if cell.disagreements else text
 
 
@@ -158,23 +158,25 @@ def markdown(rows: Sequence[Row], total: float) -> str:
             f"{os.cpu_count()} CPU cores and no GPU (seq_len 8); total {total:.0f} s wall."
         ),
         "",
-        "| model | architecture | params | nodes | compared | captures | "
+        # The architecture is on each model's gallery page: here it would push the table past
+        # the page's column.
+        "| model | params | nodes | compared | captures | "
         + " | ".join(columns)
         + " | time |",
-        "|---|---|---:|---:|---:|---:|" + "---:|" * len(columns) + "---:|",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(columns) + "---:|",
     ]
     for row in rows:
         cells = [row.cells.get(c, Cell()) for c in columns]
         if row.failure:
             lines.append(
-                f"| `{row.name}` | {row.architecture} | {row.params} | - | - | - | "
+                f"| `{row.name}` | {row.params} | - | - | - | "
                 + " | ".join("**failed**" for _ in columns)
                 + f" | {row.seconds:.0f} s |"
             )
             continue
         compared = sum(c.compared for c in cells)
         lines.append(
-            f"| `{row.name}` | {row.architecture} | {row.params} | {_nodes(cells)} | "
+            f"| `{row.name}` | {row.params} | {_nodes(cells)} | "
             f"{compared:,} | {row.captures} | "
             + " | ".join(_cell(c) for c in cells)
             + f" | {row.seconds:.0f} s |"
