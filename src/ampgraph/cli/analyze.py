@@ -1,0 +1,415 @@
+"""The commands that analyse one model: ``table``, ``check``, ``render`` and ``verify``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ampgraph.cli.console import progress
+from ampgraph.cli.options import (
+    forced,
+    format_option,
+    model_argument,
+    no_check_option,
+    pass_options,
+    report_option,
+    resolve_settings,
+    setting_options,
+    timeout_seconds,
+    train_options,
+)
+from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
+from ampgraph.report.records import Report
+from ampgraph.settings import Setting
+
+
+@click.command()
+@model_argument
+@setting_options
+@click.option(
+    "--only",
+    metavar="CLASSES",
+    help="Comma-separated module classes to show (isinstance-style), e.g. the seed notebook's "
+    "'Linear,LayerNorm,Embedding'. Default: every leaf module.",
+)
+@format_option(
+    ["text", "json", "markdown"],
+    "text: the seed's hook lines; json: the full versioned report; markdown: a table.",
+)
+@no_check_option
+@pass_options
+def table(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
+    only: str | None, fmt: str, no_check: bool, pass_: str, loss: str | None,
+    backward_autocast: bool,
+) -> None:  # fmt: skip
+    """Print the dtype of every leaf-module call, as forward hooks would.
+
+    Each line is the seed notebook's hook line, e.g.
+    '[model.decoder.layers.0.fc1] in=torch.float32 -> out=torch.bfloat16'.
+    With several settings each block starts with a '# setting' line.
+
+    With --pass backward, one line per module in the order the backward runs: the ops that run
+    in 16 bits, the casts, what is saved for backward and the parameters' gradient dtypes;
+    --pass train prints the forward's lines, then the backward's.
+
+    \b
+    Examples:
+      ampgraph table -s amp-fp32
+      ampgraph table -s half --amp-dtype fp16 --only Linear
+      ampgraph table --format markdown -s amp-half
+      ampgraph table --pass train -s amp-fp32 --format markdown
+      ampgraph table --pass backward --only Linear --backward-in-autocast
+    """
+    import json
+
+    from ampgraph.report.text import hook_lines, markdown_table
+    from ampgraph.train.formats import backward_lines, markdown_train
+
+    options = train_options(pass_, loss, backward_autocast)
+    classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
+    if classes and fmt == "json":
+        raise click.UsageError("--only selects lines of text or markdown: --format json prints "
+                               "the whole report")  # fmt: skip
+    reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
+                       options=options)  # fmt: skip
+    if classes:
+        refuse_unknown_classes(classes, reports[0])
+    if fmt == "json":
+        payload: Any = reports[0].to_dict() if len(reports) == 1 else [r.to_dict() for r in reports]
+        click.echo(json.dumps(payload, indent=1))
+        return
+    for i, report in enumerate(reports):
+        if fmt == "markdown":
+            parts = [] if pass_ == "backward" else [markdown_table(report, classes)]
+            if pass_ != "forward":
+                parts.append(markdown_train(report))
+            click.echo(("\n" if i else "") + "\n\n".join(parts))
+            continue
+        if len(reports) > 1:
+            click.echo(f"{'' if i == 0 else chr(10)}# {report.model} {report.setting['name']}: "
+                       f"{Setting.from_dict(report.setting).title}")  # fmt: skip
+        lines = [] if pass_ == "backward" else hook_lines(report, classes)
+        if pass_ != "forward":
+            lines += backward_lines(report, classes)
+        for line in lines:
+            click.echo(line)
+
+
+def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
+    """One ``Error:`` line (exit 1) when a class ``--only`` names matches no module call of the
+    report's model, listing the classes it has: a misspelt name printed nothing, with status 0.
+
+    Matched as the selection does (any class of a module's hierarchy, ``isinstance``-style).
+    """
+    present = {base for call in report.modules for base in call.bases}
+    unknown = [c for c in dict.fromkeys(classes) if c not in present]
+    if not unknown:
+        return
+    have = sorted({call.type.rpartition(".")[2] for call in report.modules})
+    raise click.ClickException(
+        f"--only {', '.join(unknown)} match{'es' if len(unknown) == 1 else ''} no module; "
+        + (f"this model has: {', '.join(have)}" if have else "this model has no module calls")
+    )
+
+
+@click.command(name="check")
+@model_argument
+@setting_options
+@format_option(
+    ["text", "json", "markdown"],
+    "text: a summary line per setting and a line per disagreement; json: each setting's check "
+    "and disagreements; markdown: a table for a pull request.",
+)
+@pass_options
+def check_command(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
+    fmt: str, pass_: str, loss: str | None, backward_autocast: bool,
+) -> None:  # fmt: skip
+    """Check every annotation against the PyTorch dispatcher; exit 1 on any disagreement.
+
+    The dispatcher check replays the graph with the real autocast kernels on fake tensors (no GPU
+    needed, even for cuda) and compares each node's dtypes with ampgraph's prediction. Each
+    disagreement is listed with its node, op, module and both answers.
+
+    With --pass backward or train, the joint graph of the training step (forward, loss and
+    backward) is replayed on fake tensors too: every backward node's dtypes against the
+    dispatcher's, with the real autocast kernels where backward runs inside the context.
+
+    \b
+    Examples:
+      ampgraph check
+      ampgraph check -s amp-fp32 --device cpu
+      ampgraph check gpt2 --amp-dtype fp16
+      ampgraph check --pass train --backward-in-autocast
+    """
+    from ampgraph.report.text import check_markdown, check_record, check_summary, disagreement_lines
+    from ampgraph.train.formats import backward_check_lines
+
+    options = train_options(pass_, loss, backward_autocast)
+    failed = 0
+    reports = analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False,
+                       options=options)  # fmt: skip
+    for report in reports:
+        if report.check is None:
+            raise click.ClickException(
+                (report.capture or {}).get("check_unavailable") or "the check did not run"
+            )
+        if pass_ != "backward":
+            failed += len(report.disagreements)
+        if report.backward is not None:
+            failed += len(report.backward.disagreements)
+        if fmt != "text":
+            continue
+        if pass_ != "backward":
+            click.echo(check_summary(report))
+            for line in disagreement_lines(report):
+                click.echo(line)
+        if report.backward is not None:
+            for line in backward_check_lines(report):
+                click.echo(line)
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps([check_record(r) for r in reports], indent=1))
+    elif fmt == "markdown":
+        click.echo(check_markdown(reports))
+    if failed:
+        raise click.ClickException(
+            f"{failed} {'node disagrees' if failed == 1 else 'nodes disagree'} with the dispatcher"
+        )
+
+
+@click.command()
+@model_argument
+@setting_options
+@click.option(
+    "--out",
+    "-o",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="ampgraph-out",
+    show_default=True,
+    help="Folder for the diagrams (created if missing; files in it are replaced atomically).",
+)
+@format_option(
+    ["svg", "png", "pdf", "dot"],
+    "File format; repeat for several. Default: svg. 'dot' (Graphviz source) needs no Graphviz "
+    "installed; the others need its 'dot' program.",
+    several=True,
+)
+@click.option(
+    "--view",
+    type=click.Choice(["modules", "ops"]),
+    default="modules",
+    show_default=True,
+    help="modules: one box per leaf-module call and per free op that matters (adds, attention, "
+    "casts, regions); ops: every ATen node.",
+)
+@click.option(
+    "--unfold",
+    is_flag=True,
+    help="Draw every repeated layer. By default identical layers (OPT's 12 decoder layers) are "
+    "drawn once and marked x12; layers that differ are always drawn.",
+)
+@click.option(
+    "--theme",
+    type=click.Choice(["light", "dark"]),
+    default="light",
+    show_default=True,
+    help="Colours for light or dark documentation pages.",
+)
+@report_option(
+    "Draw a saved report (ampgraph table --format json) instead of analysing MODEL; repeat for "
+    "several. Needs no torch."
+)
+@no_check_option
+@pass_options
+def render(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
+    out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool, theme: str,
+    report_paths: tuple[Path, ...], no_check: bool, pass_: str, loss: str | None,
+    backward_autocast: bool,
+) -> None:  # fmt: skip
+    """Draw the dtype flow as Graphviz diagrams, one file per setting plus an overview.
+
+    With no arguments: OPT-125M in the seed notebook's four settings, as SVG files in
+    ./ampgraph-out, plus an overview figure with the four side by side (the 2x2 matrix of
+    autocast off/on x parameters fp32/16-bit). Prints the path of each file written.
+
+    Edges are coloured and labelled by dtype (fp32 blue, bf16 orange, fp16 purple, integer/bool
+    grey dashed); boxes are filled by autocast policy (lower precision, fp32, promote, none); each
+    box lists the casts autocast inserts (e.g. 'casts x, weight, bias: fp32->bf16'); promotions
+    (bf16 + fp32 -> fp32) have a thick vermillion border; autocast-disabled regions are framed.
+    Files are deterministic: the same report gives byte-identical files.
+
+    With --pass backward, the gradients from the loss to the parameters instead (files
+    MODEL-SLUG-backward.FORMAT): each box is the backward of a forward module, the casts
+    autograd makes and the 16-bit matmuls are written in it, each parameter's gradient ends in
+    a box with its dtype, and a panel gives the memory saved for backward per layer and dtype.
+    --pass train writes both diagrams.
+
+    \b
+    Examples:
+      ampgraph render                              # four SVGs + overview in ampgraph-out/
+      ampgraph render -s amp-fp32 --out docs/figures --format svg --format png
+      ampgraph render llama-tiny --view ops --unfold
+      ampgraph render --theme dark --amp-dtype fp16
+      ampgraph render --format dot                 # Graphviz source, no Graphviz needed
+      ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
+      ampgraph render --pass backward -s amp-fp32 --format png
+    """
+    formats = formats or ("svg",)
+
+    def load_renderer() -> None:
+        # Beside a cold analysis, on the core its imports leave idle (networkx alone is 0.2 s).
+        from ampgraph.render.files import check_formats
+
+        check_formats(formats)  # a missing dot fails now, not after the analysis
+
+    if report_paths:
+        refuse_model_with_reports()
+        if settings:
+            raise click.UsageError("--setting and --report exclude each other: a report has one")
+        if loss is not None or backward_autocast:
+            raise click.UsageError("--loss and --backward-in-autocast need MODEL, not --report")
+        load_renderer()
+        reports = load_reports(report_paths)
+    else:
+        options = train_options(pass_, loss, backward_autocast)
+        reports = analysed(
+            model, settings, device, amp_dtype, seq_len, check=not no_check, options=options,
+            meanwhile=load_renderer,
+        )  # fmt: skip
+    from ampgraph.render import render_files
+
+    paths = render_files(
+        reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme, pass_=pass_
+    )
+    for path in paths:
+        click.echo(str(path))
+
+
+@click.command()
+@model_argument
+@setting_options
+@click.option(
+    "--record",
+    "record_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Also write a JSON record (device name, torch version, date, agreement, disagreements) "
+    "to FILE, atomically.",
+)
+@click.option(
+    "--random-seed",
+    "--seed",
+    "random_seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Random seed for the weights (values never change a dtype; the same random seed makes "
+    "runs repeat).",
+)
+@format_option(
+    ["text", "json"],
+    "text: a line per setting and per disagreement; json: the record --record writes.",
+)
+@pass_options
+def verify(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
+    record_path: Path | None, random_seed: int, fmt: str, pass_: str, loss: str | None,
+    backward_autocast: bool,
+) -> None:  # fmt: skip
+    """Prove the annotations against real execution; exit 1 on any disagreement.
+
+    Builds MODEL on --device with random weights and runs it for real under torch.autocast, in
+    each setting, then makes three cross-checks against ampgraph's prediction:
+
+    \b
+      nodes    the captured graph, run node by node with real kernels: every
+               node's output dtypes (or its error) against its annotation;
+      modules  the eager model with the seed notebook's forward hooks on its
+               leaf modules: every hook line against the annotated one;
+      casts    the aten._to_copy calls autocast really makes at each node
+               (seed 001's log) against the predicted casts.
+
+    Prints one line per setting with the agreement counts (agree/total), then one line per
+    disagreement: its kind, node (or module), op, predicted and observed. --device cpu uses the
+    CPU autocast policy and runs anywhere; --device cuda needs a GPU (without one,
+    'ampgraph check --device cuda' checks against the dispatcher instead).
+
+    With --pass backward, a real training step instead: the eager model in training mode,
+    forward under torch.autocast, loss = output.float().sum(), loss.backward(); compared are
+    every parameter's .grad dtype, every tensor autograd saved (dtype, shape, bytes, via
+    saved_tensors_hooks) and the activation memory per dtype, and every op the backward runs
+    with its dtypes. --pass train does the forward's checks and then these.
+
+    \b
+    Examples:
+      ampgraph verify --device cpu                  # OPT-125M, the four settings
+      ampgraph verify --device cpu -s amp-fp32 --amp-dtype fp16
+      ampgraph verify --device cuda --record docs/verification/cuda.json
+      ampgraph verify llama-tiny --device cpu
+      ampgraph verify --device cpu --pass train
+      ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
+    """
+    from ampgraph.model.usercode import deadline, model_code
+    from ampgraph.pipeline.run import prepare
+    from ampgraph.report.files import check_writable
+    from ampgraph.train.verify import verify_train
+    from ampgraph.verify import resolve_device, write_record
+    from ampgraph.verify import verify as verify_model
+
+    options = train_options(pass_, loss, backward_autocast)
+
+    resolved = resolve_settings(settings, device, amp_dtype)
+    for setting in resolved:
+        resolve_device(setting)  # no GPU: one line now, before the model is built
+    if record_path is not None:
+        check_writable(Path(record_path), "record")  # before the work, not after it
+    start = time.perf_counter()
+    results = []
+    # The model's code (its build, the eager runs) prints to stderr; the lines between are ours.
+    with deadline(timeout_seconds()):
+        with model_code():
+            built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
+        for i, setting in enumerate(resolved, 1):
+            step: list[Any] = []
+            with model_code():
+                if pass_ != "backward":
+                    step.append(
+                        verify_model(built, setting, random_seed=random_seed, force=forced())
+                    )
+                if options:
+                    step.append(verify_train(
+                        built, setting, random_seed=random_seed, force=forced(), loss=loss,
+                        backward_autocast=backward_autocast,
+                    ))  # fmt: skip
+            progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
+                     f"{time.perf_counter() - start:.1f}s")  # fmt: skip
+            for result in step if fmt == "text" else ():
+                click.echo(result.summary_line())
+                for line in result.disagreement_lines():
+                    click.echo(line)
+            results += step
+    if record_path is not None:
+        written = write_record(results, record_path)
+        if fmt == "text":
+            click.echo(f"record: {written}")
+    if fmt == "json":
+        import json
+
+        from ampgraph.verify import verify_record
+
+        click.echo(json.dumps(verify_record(results), indent=1))
+    failed = sum(len(r.disagreements) for r in results)
+    if failed:
+        raise click.ClickException(
+            f"{failed} disagreement{'s' if failed != 1 else ''} between the annotations and "
+            "real execution"
+        )

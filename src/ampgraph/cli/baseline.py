@@ -1,0 +1,158 @@
+"""The ``baseline`` commands: a committed snapshot of a model's dtype flow, and the check (a CI
+gate) that it still holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ampgraph.cli.options import format_option, model_argument, resolve_settings, seq_len_option
+from ampgraph.cli.reports import analysed
+from ampgraph.report.records import Report
+from ampgraph.settings import PRESETS
+
+
+@click.group(name="baseline")
+def baseline_group() -> None:
+    """A committed snapshot of a model's dtype flow, and the check that it still holds.
+
+    'baseline write FILE MODEL -s SETTING' writes the snapshot (JSON, one line per node, made
+    to be read in a git diff); 'baseline check FILE' analyses the same model in the same setting
+    again and fails, printing the diff, when the flow no longer matches. Accept a change with
+    'baseline check FILE --update', as snapshot-testing tools do.
+
+    \b
+    Examples:
+      ampgraph baseline write ampgraph/opt-125m.json opt-125m -s amp-fp32
+      ampgraph baseline check ampgraph/opt-125m.json
+      ampgraph baseline check ampgraph/opt-125m.json --format markdown > comment.md
+      ampgraph baseline check ampgraph/opt-125m.json --update
+    """
+
+
+def _write_baseline(path: Path, text: str) -> None:
+    """Write a baseline atomically; a folder that takes no files is one ``Error:`` line."""
+    from ampgraph.report.files import atomic_write
+
+    try:
+        atomic_write(path, text.encode())
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write the baseline to {path}: {exc.strerror or exc}; choose another path"
+        ) from None
+
+
+def _baseline_report(model: str, setting: str, device: str, amp_dtype: str, seq_len: int) -> Report:
+    return analysed(model, [setting], device, amp_dtype, seq_len, check=False)[0]
+
+
+@baseline_group.command(name="write")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@model_argument
+@click.option("--setting", "-s", "setting", default="amp-fp32", show_default=True,
+              metavar="NAME", help=f"The setting to snapshot. Presets: {', '.join(PRESETS)}.")  # fmt: skip
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Device type whose autocast policy applies.")  # fmt: skip
+@click.option("--amp-dtype", type=click.Choice(["bf16", "fp16"]), default="bf16",
+              show_default=True, help="The 16-bit dtype autocast uses.")  # fmt: skip
+@seq_len_option
+def baseline_write(
+    file: Path, model: str, setting: str, device: str, amp_dtype: str, seq_len: int
+) -> None:
+    """Write the dtype flow of MODEL (default OPT-125M) in one setting to FILE."""
+    from ampgraph.model.specs import ModelSpec
+    from ampgraph.report.files import check_writable
+    from ampgraph.review.baseline import baseline_text
+
+    check_writable(file, "baseline")
+    report = _baseline_report(model, setting, device, amp_dtype, seq_len)
+    spec = ModelSpec(model) if not isinstance(model, ModelSpec) else model
+    text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
+                         tracer=spec.tracer)  # fmt: skip
+    _write_baseline(file, text)
+    click.echo(f"{file}: {len(report.nodes)} nodes of {report.model} {report.setting['name']}")
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether parameter ``name`` was given (on the command line), not left at its default."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+
+
+@baseline_group.command(name="check")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@model_argument
+@click.option("--setting", "-s", "setting", metavar="NAME",
+              help="The setting the baseline should be of (default: the baseline's own).")  # fmt: skip
+@format_option(["text", "markdown", "json"], "How to print the diff: as 'ampgraph diff' does.")
+@click.option("--update", is_flag=True,
+              help="Accept the new flow: rewrite FILE with it (exit 0).")  # fmt: skip
+@click.pass_context
+def baseline_check(
+    ctx: click.Context, file: Path, model: str, setting: str | None, fmt: str, update: bool
+) -> None:
+    """Analyse the baseline's model again; exit 1 with the diff when its flow changed.
+
+    The model (MODEL, --config, --model-dir or --module), --setting and --tracer are read from
+    FILE; a model or setting given must be the baseline's own. FILE is data and never decides
+    what code runs: a baseline of a --module factory is checked only with that --module given.
+    """
+    from ampgraph.model.specs import ModelSpec, spec_kind, spec_tracer
+    from ampgraph.review.baseline import (
+        baseline_text,
+        check_report,
+        read_baseline,
+        refuse_other,
+        spec_to_check,
+    )
+    from ampgraph.review.diff import FORMATS
+
+    if not file.is_file():
+        raise click.ClickException(
+            f"no baseline at {file}: write one with 'ampgraph baseline write {file} MODEL -s "
+            "SETTING'"
+        )
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "it is not UTF-8 text"
+        raise click.ClickException(f"cannot read the baseline {file}: {reason}") from None
+    base = read_baseline(text, str(file))
+    s = base.report.setting
+    # MODEL's default (opt-125m) is no model named: only what the command line gives counts.
+    named = any(_given(ctx, p) for p in ("model", "config_path", "model_dir", "module_factory"))
+    if named or setting is not None:
+        wanted = resolve_settings([setting or s["name"]], s["device_type"], s["amp_dtype"])[0]
+        refuse_other(base, model if named else base.report.model, wanted.to_dict(), str(file))
+    # The command line's model, else the one the baseline names, which is never code; the
+    # baseline's tracer unless --tracer says otherwise.
+    named_spec = model if named else spec_to_check(base, str(file))
+    tracer = spec_tracer(model) if _given(ctx, "tracer") else base.tracer
+    spec = ModelSpec(str(named_spec), spec_kind(named_spec), tracer=tracer)
+    report = _baseline_report(spec, s["name"], s["device_type"], s["amp_dtype"], base.seq_len)
+    result = check_report(base, report)
+    if result.equal:
+        click.echo(
+            FORMATS[fmt](result)
+            if fmt != "text"  # a pull-request comment says "no changes" too
+            else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} nodes)"
+        )
+        return
+    click.echo(FORMATS[fmt](result))
+    if fmt == "markdown" and not update:
+        click.echo(f"\nAccept the new flow with `ampgraph baseline check {file} --update` and "
+                   "commit the file.")  # fmt: skip
+    if update:
+        text = baseline_text(report, seq_len=base.seq_len, spec=base.spec,
+                             spec_kind=base.spec_kind, tracer=spec.tracer)  # fmt: skip
+        _write_baseline(file, text)
+        click.echo(f"{file}: updated to the new flow", err=True)
+        return
+    raise click.ClickException(
+        f"the dtype flow of {base.title} no longer matches {file}: "
+        f"{len(result.changes)} change{'s' if len(result.changes) != 1 else ''}; accept it with "
+        f"'ampgraph baseline check {file} --update'"
+    )

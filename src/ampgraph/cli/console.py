@@ -1,0 +1,83 @@
+"""How the command line meets its process: one-line errors, progress notes and a quick exit.
+
+Errors a user can fix (:class:`~ampgraph.errors.AmpgraphError`) become one ``Error: ...`` line
+and exit status 1 (:class:`AmpgraphGroup`); :func:`progress` is the one place a command's progress
+notes are written; :func:`exit_now` ends a process that loaded torch without the interpreter's
+teardown.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from ampgraph.errors import AmpgraphError
+
+
+class AmpgraphGroup(click.Group):
+    """Turn AmpgraphError into a one-line ``Error:`` message with exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AmpgraphError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def progress(message: str) -> None:
+    """A progress note on stderr, only when a person is watching it.
+
+    >>> progress("[1/4] fp32: done at 0.2s")  # stderr is no terminal here: nothing is written
+    """
+    if sys.stderr.isatty():
+        click.echo(message, err=True)
+
+
+def stdout_closed() -> bool:
+    """Whether this process has no standard output to write to: fd 1 closed when it started.
+
+    >>> stdout_closed()
+    False
+    """
+    import os
+
+    if sys.stdout is None:  # what Python makes of a closed fd 1 at startup
+        return True
+    try:
+        os.fstat(1)
+    except OSError:
+        return True
+    return False
+
+
+def exit_now(code: int | str | None = 0) -> NoReturn:
+    """End the process with ``code`` (as :func:`sys.exit` reads it) once its work is done.
+
+    After torch and transformers are loaded, the interpreter's teardown frees every module and
+    object they made, one by one: 1.3 s of a 7.7 s cold ``ampgraph render -s amp-fp32`` on the
+    2-core machine, for nothing the command needs. What a normal exit does that matters still
+    happens here: the exit handlers run (logging's flush, temporary folders' removal, anything
+    registered with :mod:`atexit`) and both output streams are flushed; then ``os._exit`` skips
+    the rest. Every file ampgraph writes is closed when its ``with`` block ends, and the worker
+    pool has ended before a command returns.
+    """
+    import atexit
+    import os
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): the message on stderr, status 1
+        print(code, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            # What CPython's own exit gives when the last flush fails.
+            status = status or 120
+    os._exit(status)

@@ -1,0 +1,273 @@
+"""The options the commands share, declared once: the model, the settings, the pass, --format.
+
+Each helper is a decorator (or makes one) that adds its options to a click command; the values
+some options leave in the click context (--force, --timeout, the model options) are read back
+with :func:`forced`, :func:`timeout_seconds` and :func:`root_options`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ampgraph.errors import SettingError
+from ampgraph.settings import PRESETS, Setting, seed_matrix
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"ampgraph.{param.name}"] = value
+    return value
+
+
+def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """One :class:`~ampgraph.model.specs.ModelSpec` (a str) from MODEL or the option that names it."""
+    from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
+
+    given = {
+        label: (kind, ctx.meta.get(f"ampgraph.{key}"))
+        for label, key, kind in (
+            ("--config", "config_path", "config"),
+            ("--model-dir", "model_dir", "dir"),
+            ("--module", "module_factory", "module"),
+        )
+    }
+    given = {label: kv for label, kv in given.items() if kv[1]}
+    if value is not None:
+        given = {"MODEL": ("auto", value), **given}
+    if len(given) > 1:
+        raise click.UsageError(f"give one model, not {' and '.join(given)}", ctx)
+    # What the user named, for commands where a model excludes another input (--report): the
+    # spec returned below is opt-125m when nothing is.
+    ctx.meta["ampgraph.model_given"] = list(given)
+    kind, spec = next(iter(given.values()), ("auto", "opt-125m"))
+    return ModelSpec(spec, kind, tracer=ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER)
+
+
+def model_argument(f: F) -> F:
+    """MODEL, or one of --config/--model-dir/--module, and --tracer: the command receives them as
+    one ``model`` value, a :class:`~ampgraph.model.specs.ModelSpec` (a str)."""
+    f = model_options(f)
+    return click.argument("model", required=False, metavar="[MODEL]", callback=_resolve_model)(f)
+
+
+def option_model() -> Any:
+    """The model --config/--model-dir/--module named, as a :class:`~ampgraph.model.specs.ModelSpec`,
+    or None: for commands whose models are arguments of their own (``diff A B``)."""
+    ctx = click.get_current_context()
+    spec = _resolve_model(ctx, None, None)  # type: ignore[arg-type]
+    return spec if ctx.meta["ampgraph.model_given"] else None
+
+
+def model_options(f: F) -> F:
+    """The options every command that analyses a model takes, beside its model argument(s):
+    --config, --model-dir, --module, --tracer and --timeout (one group, not copies)."""
+    from ampgraph.model.specs import DEFAULT_TRACER, TRACERS
+
+    # Eager, so that they are known when MODEL's callback combines them whatever their order.
+    params = [
+        click.option(
+            "--config", "config_path", metavar="PATH", is_eager=True, expose_value=False,
+            callback=_remember, help="A Hugging Face config.json to build, instead of MODEL.",
+        ),
+        click.option(
+            "--model-dir", metavar="DIR", is_eager=True, expose_value=False, callback=_remember,
+            help="A local Hugging Face model folder: its config.json is read, weights never.",
+        ),
+        click.option(
+            "--module", "module_factory", metavar="PKG.MOD:FACTORY", is_eager=True,
+            expose_value=False, callback=_remember,
+            help="Any nn.Module: a factory (no arguments; also path/to/file.py:factory) returning "
+            "(module, example_inputs) -- a tensor, a tuple of positional inputs or a dict of "
+            "keyword inputs; shapes and dtypes are what matter -- or (module, args, kwargs).",
+        ),
+        click.option(
+            "--tracer", type=click.Choice(TRACERS), default=DEFAULT_TRACER, show_default=True,
+            is_eager=True, expose_value=False, callback=_remember,
+            help="Tracer: make-fx, torch.export's graph traced by make_fx and export's own "
+            "passes (twice as fast); export, torch.export.export itself (the same graph); "
+            "hf-fx, Hugging Face's FX tracer (transformers < 4.50); fx, torch.fx.symbolic_trace "
+            "for simple modules. Both FX graphs are lowered by torch.export.",
+        ),
+    ]  # fmt: skip
+    f = timeout_option(f)  # first: it is listed after the options that name the model
+    for param in reversed(params):
+        f = param(f)
+    return f
+
+
+def timeout_option(f: F) -> F:
+    """--timeout: the bound on the analysis (and verify's real run) of a model, which the
+    command reads with :func:`timeout_seconds`."""
+    from ampgraph.model.usercode import DEFAULT_TIMEOUT
+
+    return click.option(
+        "--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
+        metavar="SECONDS", expose_value=False, callback=_remember,
+        help="Stop with an error when analysing the model takes longer (a forward that never "
+        "returns); 0: no bound.",
+    )(f)  # fmt: skip
+
+
+def timeout_seconds() -> float | None:
+    """The command's --timeout in seconds; None for no bound. A command without the option
+    (``baseline check``) has the default bound."""
+    from ampgraph.model.usercode import DEFAULT_TIMEOUT
+
+    ctx = click.get_current_context(silent=True)
+    value = ctx.meta.get("ampgraph.timeout", DEFAULT_TIMEOUT) if ctx is not None else None
+    return float(value) if value else None
+
+
+def seq_len_option(f: F) -> F:
+    """--seq-len: the length of the token ids synthesised for a language model."""
+    return click.option(
+        "--seq-len", type=click.IntRange(min=1), default=8, show_default=True,
+        help="Length of the synthesised token ids for language models.",
+    )(f)  # fmt: skip
+
+
+def setting_options(f: F) -> F:
+    """--setting (repeatable), --device, --amp-dtype, --force and --seq-len: which settings of
+    the model to analyse; the command receives them but --force (read with :func:`forced`)."""
+    options: list[Callable[[F], F]] = [
+        click.option(
+            "--setting",
+            "-s",
+            "settings",
+            multiple=True,
+            metavar="NAME",
+            help=f"Setting to analyse; repeat for several. Presets: {', '.join(PRESETS)}. "
+            "Default: all four.",
+        ),
+        click.option(
+            "--device",
+            type=click.Choice(["cuda", "cpu"]),
+            default="cuda",
+            show_default=True,
+            help="Device type whose autocast policy applies. No GPU is needed for either.",
+        ),
+        click.option(
+            "--amp-dtype",
+            type=click.Choice(["bf16", "fp16"]),
+            default="bf16",
+            show_default=True,
+            help="The 16-bit dtype autocast (and the 'half' presets) use.",
+        ),
+        click.option(
+            "--force",
+            is_flag=True,
+            expose_value=False,
+            callback=_remember,
+            help="Analyse a model beyond what ampgraph refuses: more layers than any published "
+            "model, or (verify) more real weights than this machine's free memory.",
+        ),
+        seq_len_option,
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def pass_options(f: F) -> F:
+    """--pass, --loss and --backward-in-autocast: which pass of a training step to analyse."""
+    options = [
+        click.option(
+            "--pass", "pass_", type=click.Choice(["forward", "backward", "train"]),
+            default="forward", show_default=True,
+            help="forward: the model's forward as given (eval mode); backward: the backward of a "
+            "training step (model.train(), loss = output.float().sum(), loss.backward()); train: "
+            "both.",
+        ),
+        click.option(
+            "--loss", metavar="KEY|INDEX", default=None,
+            help="Which output the loss reduces, for --pass backward/train: an output key "
+            "('logits') or index ('0'). Default: the first floating-point output.",
+        ),
+        click.option(
+            "--backward-in-autocast", "backward_autocast", is_flag=True,
+            help="Call loss.backward() inside the autocast context, so autocast applies to the "
+            "backward's ops too. Default: outside, as PyTorch's AMP recipe does.",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def train_options(pass_: str, loss: str | None, backward_autocast: bool) -> dict[str, Any]:
+    """The analysis options of a --pass (empty for the forward: its cache keys stay as they were).
+
+    A usage error (exit 2) where --loss or --backward-in-autocast come without a backward.
+    """
+    if pass_ == "forward":
+        if loss is not None or backward_autocast:
+            given = "--loss" if loss is not None else "--backward-in-autocast"
+            raise click.UsageError(f"{given} needs --pass backward or --pass train")
+        return {}
+    return {"pass_": pass_, "loss": loss, "backward_autocast": backward_autocast}
+
+
+def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[Setting]:
+    """Setting names from the command line, or the seed's four when none are given."""
+    if not names:
+        return seed_matrix(device, amp_dtype)
+    try:
+        return [Setting.parse(n, device_type=device, amp_dtype=amp_dtype) for n in names]
+    except SettingError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--setting'") from None
+
+
+def forced() -> bool:
+    """Whether the command was given --force."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get("ampgraph.force"))
+
+
+def root_options() -> dict[str, Any]:
+    """The group-level options (``ampgraph --no-cache --jobs 2 COMMAND``)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    return obj if isinstance(obj, dict) else {"no_cache": False, "jobs": None}
+
+
+def format_option(choices: Sequence[str], help: str, *, several: bool = False) -> Callable[[F], F]:
+    """--format with the command's ``choices``: one of them, ``fmt`` (default ``text``), or with
+    ``several`` any number, ``formats`` (also ``-f``; render's files, none given: the command's
+    default).
+
+    >>> @click.command()
+    ... @format_option(["text", "json"], "text: lines; json: a report.")
+    ... def show(fmt: str) -> None:
+    ...     click.echo(fmt)
+    >>> from click.testing import CliRunner
+    >>> CliRunner().invoke(show, ["--format", "json"]).output
+    'json\\n'
+    """
+    if several:
+        return click.option(
+            "--format", "-f", "formats", type=click.Choice(list(choices)), multiple=True,
+            help=help,
+        )  # fmt: skip
+    return click.option(
+        "--format", "fmt", type=click.Choice(list(choices)), default="text", show_default=True,
+        help=help,
+    )  # fmt: skip
+
+
+def no_check_option(f: F) -> F:
+    """--no-check: skip the dispatcher check."""
+    return click.option("--no-check", is_flag=True, help="Skip the dispatcher check (faster).")(f)
+
+
+def report_option(help: str) -> Callable[[F], F]:
+    """--report JSON (repeatable): saved reports to read instead of analysing a model, as
+    ``report_paths``; see :func:`ampgraph.cli.reports.load_reports`."""
+    return click.option(
+        "--report", "report_paths", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        multiple=True, metavar="JSON", help=help,
+    )  # fmt: skip

@@ -1,0 +1,93 @@
+"""Where a command's reports come from: the model analysed with the command's options, or saved
+report files (--report), never both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ampgraph.cli.console import progress
+from ampgraph.cli.options import forced, resolve_settings, root_options, timeout_seconds
+from ampgraph.report.records import Report
+
+
+def analysed(
+    model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
+    *, check: bool = True, warn_unchecked: bool = True, options: dict[str, Any] | None = None,
+    meanwhile: Callable[[], None] | None = None,
+) -> list[Report]:  # fmt: skip
+    """:func:`ampgraph.pipeline.run.analyze_spec` with the command's options, and its warnings.
+
+    ``options`` are :func:`~ampgraph.cli.options.train_options` (the pass, its loss and where backward runs);
+    ``meanwhile`` is the command's own work that can run beside the analysis.
+    """
+    from ampgraph.pipeline.run import analyze_spec
+    from ampgraph.report.text import data_dependent_warning, dtype_branches_warning
+
+    root = root_options()
+    reports = analyze_spec(
+        model_spec, resolve_settings(settings, device, amp_dtype), seq_len=seq_len, check=check,
+        use_cache=not root["no_cache"], workers=root["jobs"], force=forced(),
+        progress=progress, options=options, meanwhile=meanwhile, timeout=timeout_seconds(),
+    )  # fmt: skip
+    for warning in (dtype_branches_warning(reports[0]), data_dependent_warning(reports[0])):
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
+    unavailable = (reports[0].capture or {}).get("check_unavailable")
+    if check and warn_unchecked and unavailable:
+        click.echo(f"warning: not checked: {unavailable}", err=True)
+    return reports
+
+
+#: The options of a model's analysis, by parameter name: a saved report was analysed already.
+ANALYSIS_OPTIONS = {
+    "device": "--device", "amp_dtype": "--amp-dtype", "seq_len": "--seq-len",
+    "no_check": "--no-check", "force": "--force", "tracer": "--tracer", "timeout": "--timeout",
+}  # fmt: skip
+
+
+def refuse_model_with_reports() -> None:
+    """A usage error (exit 2) when the command was given saved reports (--report) and also a
+    model, or an option of a model's analysis, which would be ignored: ``render gpt2 --report
+    opt.json`` drew OPT without a word. The Sphinx directive refuses the pair too."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    models = ctx.meta.get("ampgraph.model_given") or []
+    if models:
+        raise click.UsageError(
+            f"{' and '.join(models)} and --report exclude each other: give a model to analyse, "
+            "or saved reports", ctx,
+        )  # fmt: skip
+    typed = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    given = [f for n, f in ANALYSIS_OPTIONS.items() if ctx.get_parameter_source(n) in typed]
+    if given:
+        raise click.UsageError(
+            f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --report: "
+            "a saved report was analysed already", ctx,
+        )  # fmt: skip
+
+
+def load_reports(paths: Sequence[Path]) -> list[Any]:
+    """Reports saved by ``ampgraph table --format json`` (one report, or a list of them)."""
+    from ampgraph.report.records import Report, load_json
+
+    reports: list[Report] = []
+    for path in paths:
+        try:
+            data = load_json(path.read_text(encoding="utf-8"))  # NaN and Infinity are refused
+            items = data if isinstance(data, list) else [data]
+            if not items:
+                raise ValueError("holds an empty list, not a report")
+            reports.extend(Report.from_dict(item) for item in items)
+        except RecursionError:
+            raise click.BadParameter(
+                f"{path}: nests too deeply to be a report", param_hint="'--report'"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise click.BadParameter(f"{path}: {exc}", param_hint="'--report'") from None
+    return reports

@@ -1,0 +1,368 @@
+"""The commands for a reviewer: ``audit`` (findings where dtypes meet) and ``diff`` (what changes
+between two analyses, or with a what-if change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from ampgraph.cli.options import (
+    forced,
+    format_option,
+    model_argument,
+    model_options,
+    no_check_option,
+    option_model,
+    report_option,
+    resolve_settings,
+    seq_len_option,
+    setting_options,
+    timeout_seconds,
+)
+from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
+from ampgraph.report.records import Report
+from ampgraph.settings import PRESETS
+
+
+@click.command()
+@model_argument
+@setting_options
+@format_option(
+    ["text", "json", "markdown", "sarif"],
+    "text: a line per finding and the totals; json: schema ampgraph.review.audit; markdown: a "
+    "table for a pull request; sarif: SARIF 2.1.0 for GitHub code scanning.",
+)
+@click.option(
+    "--fail-on", type=click.Choice(["note", "warning", "error", "never"]), default="never",
+    show_default=True, help="Exit 1 when a finding of this severity or worse exists.",
+)  # fmt: skip
+@report_option(
+    "Audit a saved report (ampgraph table --format json) instead of analysing MODEL; repeat for "
+    "several. Needs no torch."
+)
+@no_check_option
+def audit(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int, fmt: str,
+    fail_on: str, report_paths: tuple[Path, ...], no_check: bool,
+) -> None:  # fmt: skip
+    """Findings where dtypes meet: promotions, autocast casts, hazards, 16-bit risks.
+
+    For each setting (all four by default), one finding per node that matters: mixed inputs
+    widened by type promotion (with the bytes widened), the tensors autocast casts (bytes of
+    weights and of activations, and what pre-cast parameters or inputs save), ops without an
+    autocast policy fed mixed dtypes, dtype errors (torch's message), numerically sensitive ops
+    running in 16 bits, fp16 range risks, and autocast-disabled regions with their border casts.
+    Each finding has a severity (note, warning, error) and a suggestion. See docs/audit.md.
+
+    \b
+    Examples:
+      ampgraph audit -s amp-fp32
+      ampgraph audit -s half --fail-on warning
+      ampgraph audit --module model.py:build -s amp-half --format sarif > audit.sarif
+      ampgraph table -s amp-fp32 --format json > r.json && ampgraph audit --report r.json
+    """
+    from ampgraph.review import audit as audit_lib
+
+    if report_paths:
+        refuse_model_with_reports()
+        if settings:
+            raise click.UsageError("--setting and --report exclude each other: a report has one")
+        reports = load_reports(report_paths)
+    else:
+        # Source lines for the findings: the capture keeps stack traces, for audit alone.
+        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
+                           options={"sources": True})  # fmt: skip
+    findings = [audit_lib.audit(r) for r in reports]
+    if fmt == "json":
+        click.echo(audit_lib.to_json(reports))
+    elif fmt == "sarif":
+        click.echo(audit_lib.sarif(reports))
+        unplaced = sorted({
+            r.model for r, found in zip(reports, findings, strict=True)
+            if audit_lib.model_file(r.model) is None and any(f.source is None for f in found)
+        })  # fmt: skip
+        if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
+            click.echo(f"warning: {', '.join(unplaced)}: some results have no source line and "
+                       "the model names no file of model code, so they have logical locations "
+                       "only (see docs/audit.md)", err=True)  # fmt: skip
+    else:
+        show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
+        click.echo("\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True)))
+    if fail_on != "never":
+        failing = sum(len(audit_lib.at_or_above(f, fail_on)) for f in findings)
+        if failing:
+            raise click.ClickException(
+                f"{failing} finding{'s' if failing != 1 else ''} at or above {fail_on}"
+            )
+
+
+# -- diff: what changes between two analyses -----------------------------------------------------
+
+
+def _pick(values: Sequence[str], label: str) -> tuple[str | None, str | None]:
+    """Side A's and side B's value of an option given once (both) or twice (one each)."""
+    if len(values) > 2:
+        raise click.UsageError(f"give {label} at most twice: once for A, once for B")
+    if not values:
+        return None, None
+    return values[0], values[-1]
+
+
+def _release(value: str | None) -> str | None:
+    """``--tables``'s value as the release whose lists it means; None for the installed torch's
+    (so that its analyses share the cache with the default's)."""
+    from ampgraph.policy import ACTIVE_RELEASE, release_name
+
+    if value is None:
+        return None
+    try:
+        release = release_name(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tables'") from None
+    return None if release == ACTIVE_RELEASE else release
+
+
+def _report_file(source: str) -> Report | None:
+    """The report a source names when it is a saved ``ampgraph.report`` or baseline, else None
+    (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
+    import json
+
+    from ampgraph.report.records import load_json
+    from ampgraph.review.baseline import SCHEMA as BASELINE
+    from ampgraph.review.baseline import read_baseline
+
+    path = Path(source)
+    if not path.is_file() or path.suffix != ".json":
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+        try:
+            data, refused = load_json(text), None
+        except ValueError as exc:  # NaN: refused in an ampgraph file, but a config is a model
+            data, refused = json.loads(text), exc
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
+        raise click.ClickException(f"{source}: cannot be read as JSON ({reason})") from None
+    if isinstance(data, dict) and data.get("schema") == BASELINE:
+        return read_baseline(text, source).report
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise click.ClickException(f"{source} holds {len(data)} reports: diff one setting "
+                                       "('ampgraph table -s NAME --format json')")  # fmt: skip
+        data = data[0]
+    if not (isinstance(data, dict) and str(data.get("schema", "")).startswith("ampgraph.")):
+        return None  # a Hugging Face config.json: a model to analyse
+    if refused is not None:
+        raise click.ClickException(f"{source}: {refused}")
+    try:
+        return Report.from_dict(data)
+    except ValueError as exc:
+        raise click.ClickException(f"{source}: {exc}") from None
+
+
+@click.command(name="diff")
+@click.argument("sources", nargs=-1, metavar="[A] [B]")
+@click.option(
+    "--setting", "-s", "settings", multiple=True, metavar="NAME",
+    help="Setting of A, then of B (give it twice to compare two settings, once for both). "
+    f"Presets: {', '.join(PRESETS)}. Default: amp-fp32, or a saved report's setting.",
+)  # fmt: skip
+@click.option(
+    "--device", "devices", type=click.Choice(["cuda", "cpu"]), multiple=True,
+    help="Device type of A, then of B (twice to compare them). Default: cuda.",
+)  # fmt: skip
+@click.option(
+    "--amp-dtype", "amp_dtypes", type=click.Choice(["bf16", "fp16"]), multiple=True,
+    help="Autocast dtype of A, then of B (twice to compare them). Default: bf16.",
+)  # fmt: skip
+@seq_len_option
+@format_option(
+    ["text", "markdown", "json"],
+    "text: a summary and a line per changed node; markdown: a pull-request comment (a summary "
+    "table, details collapsed); json: schema ampgraph.review.diff.",
+)
+@click.option(
+    "--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
+    help="What if: B is A with the modules matching PATTERN (module paths, * and ? as "
+    "wildcards, e.g. 'model.decoder.layers.*.fc2'; repeatable) run in autocast-disabled "
+    "regions with fp32 inputs, as an fp32 wrapper would; B's region is checked against the "
+    "dispatcher.",
+)  # fmt: skip
+@click.option(
+    "--tables", "tables", multiple=True, metavar="RELEASE",
+    help="Annotate with the policy tables of torch RELEASE (2.6 to 2.14; default: the installed "
+    "torch's), for A, then for B: twice to see how a model fares under two releases' autocast "
+    "lists. Another release's side is a prediction for it, not checked against this dispatcher.",
+)  # fmt: skip
+@click.option(
+    "--move-op", "move_ops", multiple=True, metavar="OP=LIST",
+    help="What if: B is A with the op OP (an ATen op such as softmax or softmax.int, or "
+    "ns::op) on another of autocast's lists of the setting's device: lower_precision_fp, fp32, "
+    "fp32_set_opt_dtype, promote or none (repeatable). For B's check the dispatcher runs, for "
+    "the preview only, an autocast kernel for OP that does what LIST does.",
+)  # fmt: skip
+@model_options
+@click.pass_context
+def diff_command(
+    ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
+    devices: tuple[str, ...], amp_dtypes: tuple[str, ...], seq_len: int, fmt: str,
+    tables: tuple[str, ...], keep_fp32: tuple[str, ...], move_ops: tuple[str, ...],
+) -> None:  # fmt: skip
+    """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
+
+    A and B are models (as for 'ampgraph table', default OPT-125M) or saved reports
+    ('ampgraph table --format json > a.json', or a baseline file); --config, --model-dir or
+    --module name one model for both sides instead. Compare two settings, two
+    devices or two autocast dtypes of one model by giving the option twice, or two models,
+    two revisions of one model or two saved reports by giving A and B; a model compared with a
+    report is analysed in the report's setting.
+
+    Nodes are paired by module path and op, not by position in the graph: an op inserted in one
+    module is one added node. For each pair it reports the autocast policy, input and output
+    dtypes, the casts autocast adds or no longer adds, promotions and errors. Where the two
+    were analysed with different policy tables (two torch releases), it says so and points to
+    'ampgraph policy --since', which lists the table changes themselves.
+
+    Policy drift between torch releases: '--tables 2.11 --tables 2.14' analyses the model with
+    the autocast lists of torch 2.11 (A) and 2.14 (B), both traced by the installed torch; the
+    side whose release is not the installed one is a prediction for that release, not checked.
+
+    \b
+    Examples:
+      ampgraph diff -s amp-fp32 -s amp-half          # OPT-125M, two settings
+      ampgraph diff llama-tiny --device cuda --device cpu
+      ampgraph diff -s amp-half --amp-dtype bf16 --amp-dtype fp16
+      ampgraph diff opt-125m gpt2 -s amp-fp32
+      ampgraph diff --module models/mine.py:build -s fp32 -s amp-fp32
+      ampgraph diff before.json after.json --format markdown > comment.md
+      ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
+      ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
+      ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
+    """
+    from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
+    from ampgraph.review.diff import FORMATS, diff_reports
+
+    given = option_model()
+    if given is not None:
+        if sources:
+            raise click.UsageError(
+                f"give the model as A B or with {ctx.meta['ampgraph.model_given'][0]}, not both"
+            )
+        sources = (given,)
+    tracer = ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER
+    sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
+
+    if keep_fp32 or move_ops:
+        from ampgraph.review.whatif import checked_note, findings_note
+
+        if tables:
+            raise click.UsageError("--tables compares two releases' lists: preview a change "
+                                   "with the installed torch's, without --tables")  # fmt: skip
+
+        a, b = _whatif_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32, move_ops)
+        result = diff_reports(a, b)
+        result.notes += [n for n in (findings_note(a, b), checked_note(b, bool(move_ops))) if n]
+        click.echo(FORMATS[fmt](result))
+        if b.check is not None and b.disagreements:
+            n = len(b.disagreements)
+            raise click.ClickException(
+                f"{n} node{'' if n == 1 else 's'} of the preview "
+                f"{'disagrees' if n == 1 else 'disagree'} with the dispatcher"
+            )
+        if not result.equal:
+            ctx.exit(1)
+        return
+
+    if len(sources) > 2:
+        raise click.UsageError("give at most two models or reports: A and B")
+    pairs = {
+        "--setting": _pick(settings, "--setting"),
+        "--device": _pick(devices, "--device"),
+        "--amp-dtype": _pick(amp_dtypes, "--amp-dtype"),
+        "--tables": _pick(tables, "--tables"),
+    }
+    releases = [_release(t) for t in pairs["--tables"]]
+    named = [sources[0], sources[-1]] if sources else [ModelSpec("opt-125m", tracer=tracer)] * 2
+    files = [_report_file(s) for s in dict.fromkeys(named)]
+    files = [files[0], files[-1]]
+    if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes), len(tables)) < 2:
+        raise click.UsageError(
+            "nothing to compare: give two models or reports (A B), or an option twice, e.g. "
+            "'ampgraph diff -s amp-fp32 -s amp-half'"
+        )
+    given = [label for label, (a, _) in pairs.items() if a is not None]
+    if all(r is not None for r in files) and given:
+        saved = (
+            "A and B are saved reports" if len(sources) == 2 else f"{sources[0]} is a saved report"
+        )
+        raise click.UsageError(f"{saved}: {', '.join(given)} cannot change what it holds")
+    reports: list[Report | None] = list(files)
+    for side, report in enumerate(files):
+        if report is not None:
+            continue
+        other = files[1 - side]
+        base = other.setting if other is not None else {}
+        name = pairs["--setting"][side] or base.get("name") or "amp-fp32"
+        device = pairs["--device"][side] or base.get("device_type") or "cuda"
+        amp = pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16"
+        setting = resolve_settings([name], device, amp)[0]
+        options = {"tables": releases[side]} if releases[side] else None
+        # One analysis call for both sides of one model, so the model is built once.
+        if side == 0 and files[1] is None and named[0] == named[1] and len(set(releases)) == 1:
+            name_b = pairs["--setting"][1] or "amp-fp32"
+            setting_b = resolve_settings(
+                [name_b], pairs["--device"][1] or "cuda", pairs["--amp-dtype"][1] or "bf16"
+            )[0]
+            reports = analysed(named[0], [setting, setting_b], device, amp, seq_len,
+                               check=False, options=options)  # fmt: skip
+            break
+        reports[side] = analysed(named[side], [setting], device, amp, seq_len,
+                                 check=False, options=options)[0]  # fmt: skip
+    a, b = reports
+    assert a is not None and b is not None
+    result = diff_reports(a, b)
+    for label, release in zip("AB", releases, strict=True):
+        if release and files["AB".index(label)] is None:
+            import torch
+
+            result.notes.append(
+                f"{label} is a prediction for torch {release}: annotated with its autocast lists "
+                f"on a graph traced by this torch {torch.__version__}, and not checked against "
+                "a dispatcher"
+            )
+    click.echo(FORMATS[fmt](result))
+    if not result.equal:
+        ctx.exit(1)
+
+
+def _whatif_pair(
+    sources: Sequence[str], settings: Sequence[str], devices: Sequence[str],
+    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str], moves: Sequence[str],
+) -> tuple[Report, Report]:  # fmt: skip
+    """``diff --keep-fp32`` / ``--move-op``: one model in one setting, as it is (A) and with the
+    change (B). Never cached: the preview is the point, and a change is no model identity."""
+    from ampgraph.model.specs import ModelSpec
+    from ampgraph.model.usercode import confined
+    from ampgraph.review.whatif import preview
+
+    what = "--keep-fp32" if patterns else "--move-op"
+    if len(sources) > 1 or max(len(settings), len(devices), len(amp_dtypes)) > 1:
+        raise click.UsageError(f"{what} compares one model in one setting with itself: give "
+                               "one MODEL and each option once")  # fmt: skip
+    if sources and _report_file(sources[0]) is not None:
+        raise click.UsageError(f"{what} needs a model to analyse, not a saved report")
+    setting = resolve_settings(
+        [settings[0] if settings else "amp-fp32"],
+        devices[0] if devices else "cuda",
+        amp_dtypes[0] if amp_dtypes else "bf16",
+    )[0]
+    if not setting.autocast:
+        change = "to disable" if patterns else "whose lists to change"
+        raise click.BadParameter(f"{setting.name} has no autocast {change}: use amp-fp32 or "
+                                 "amp-half", param_hint="'--setting'")  # fmt: skip
+    spec = sources[0] if sources else ModelSpec("opt-125m")  # diff made each source a spec
+    with confined(timeout_seconds()):  # the model's code is built and traced here
+        return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=forced())
