@@ -211,7 +211,7 @@ def test_cpu_settings_share_too() -> None:
 
 def test_the_reads_log_leaves_the_graph_as_it_was() -> None:
     """Logging reads must not change what torch.export records."""
-    from ampgraph.capture import trace as C
+    from ampgraph.capture import engines as C
     from ampgraph.capture.reads import TraceReads
 
     inputs = model("llama-tiny")

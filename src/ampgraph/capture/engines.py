@@ -1,0 +1,445 @@
+"""The tracing engines: make-fx, export and draft-export, each turning a model into a graph.
+
+:func:`ampgraph.capture.trace.capture` chooses among them and falls back from one to another;
+each engine here traces once, under the setting's fake tensors and autocast state
+(:func:`_tracing_context`), and returns a :class:`Traced`: the graph, its inputs' kinds and its
+outputs' tree.
+
+>>> from ampgraph.model.build import ModelInputs
+>>> x = torch.randn(2, 4, dtype=torch.bfloat16)
+>>> traced = ENGINES[MAKE_FX](ModelInputs("linear", torch.nn.Linear(4, 4), (x,)), "cpu",
+...                          torch.bfloat16, None)
+>>> [(n.name, str(n.meta["val"].dtype)) for n in traced.graph_module.graph.nodes if n.meta]
+[('p_weight', 'torch.bfloat16'), ('p_bias', 'torch.bfloat16'), ('input', 'torch.bfloat16'), ('linear', 'torch.bfloat16')]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from ampgraph.capture.reads import TraceReads
+from ampgraph.model.build import ModelInputs
+from ampgraph.settings import Setting
+from ampgraph.torchutil import (
+    autocast_state,
+    quiet_logging,
+    simulated_cuda_amp,
+    swapped_tensors,
+    torch_dtype,
+)
+
+EXPORT = "export"
+#: The default: the graph ``torch.export`` makes, traced by ``make_fx`` with export's own passes
+#: and without the rest of export (see :func:`_make_fx`), in about half the time.
+MAKE_FX = "make-fx"
+
+
+#: Whether captures record each node's Python stack (``node.meta["stack_trace"]``), which
+#: :mod:`ampgraph.review.sources` reads source lines from: only while :func:`keeping_stack_traces` lasts.
+_STACK_TRACES = False
+
+
+@contextlib.contextmanager
+def keeping_stack_traces() -> Iterator[None]:
+    """Captures made while it lasts record each node's stack trace (``analyze(...,
+    sources=True)``, for audit's source lines); the others skip it (:func:`_no_stack_traces`)."""
+    global _STACK_TRACES
+    previous, _STACK_TRACES = _STACK_TRACES, True
+    try:
+        yield
+    finally:
+        _STACK_TRACES = previous
+
+
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Skip recording a Python stack trace per node unless :func:`keeping_stack_traces` asks for
+    them: only audit's source lines read them, and symbolising them is a sixth of the trace time."""
+    import torch.fx.config as fx_config
+
+    previous = fx_config.do_not_emit_stack_traces
+    fx_config.do_not_emit_stack_traces = not _STACK_TRACES
+    try:
+        yield
+    finally:
+        fx_config.do_not_emit_stack_traces = previous
+
+
+@contextlib.contextmanager
+def _lift_scalar_constants() -> Iterator[None]:
+    """Trace ``torch.tensor(scalar, device=x.device)`` as a lifted constant plus a copy op.
+
+    By default export computes ops on one-element constants for real, on their device: with fake
+    CUDA tensors and no GPU that needs a CUDA driver (transformers 4.x's eager attention does
+    ``torch.tensor(torch.finfo(dtype).min, device=...)``). Lifting them leaves the graphs of models
+    without such constants unchanged.
+    """
+    from torch.fx.experimental import proxy_tensor
+
+    previous = proxy_tensor.CONSTANT_NUMEL_LIMIT
+    proxy_tensor.CONSTANT_NUMEL_LIMIT = 0
+    try:
+        yield
+    finally:
+        proxy_tensor.CONSTANT_NUMEL_LIMIT = previous
+
+
+def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:
+    def make(t: torch.Tensor) -> torch.Tensor:
+        with fake_mode:
+            return torch.empty(t.shape, dtype=dtype_for(t), device=device)
+
+    return make
+
+
+@dataclass
+class Traced:
+    """What a tracing engine gives the capture: the graph, its inputs' kinds and outputs' tree."""
+
+    graph_module: fx.GraphModule
+    signature: Any  # torch.export.ExportGraphSignature
+    out_spec: pytree.TreeSpec | None
+
+
+def _fake_inputs(
+    model: ModelInputs, fake_mode: FakeTensorMode, device: str, param_dtype: torch.dtype | None
+) -> Any:
+    def param_dtype_for(t: torch.Tensor) -> torch.dtype:
+        # Module.to(dtype) converts floating-point parameters and buffers only.
+        return param_dtype if (param_dtype is not None and t.is_floating_point()) else t.dtype
+
+    make_param = _fake_like(fake_mode, device, param_dtype_for)
+    make_input = _fake_like(fake_mode, device, lambda t: t.dtype)
+    args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
+    return make_param, tuple(args), kwargs
+
+
+@contextlib.contextmanager
+def _tracing_context(
+    model: ModelInputs,
+    device: str,
+    setting: Setting | None,
+    reads: TraceReads | None,
+    make_param: Any,
+) -> Iterator[None]:
+    """Everything both engines trace under: the setting's fake tensors and autocast state."""
+    autocast = (
+        autocast_state(device, True, torch_dtype(setting.amp_dtype))
+        if setting is not None and setting.autocast
+        else contextlib.nullcontext()
+    )
+    with (
+        swapped_tensors(model.module, make_param),
+        autocast,
+        simulated_cuda_amp(setting.device_type if setting is not None else device),
+        warnings.catch_warnings(),
+        quiet_logging(),
+        _no_stack_traces(),
+        _lift_scalar_constants(),
+        reads if reads is not None else contextlib.nullcontext(),
+        reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
+    ):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _export(
+    model: ModelInputs,
+    device: str,
+    param_dtype: torch.dtype | None,
+    setting: Setting | None,
+    reads: TraceReads | None = None,
+) -> Traced:
+    """``torch.export.export`` in the setting (the ``export`` tracer)."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype)
+    with _tracing_context(model, device, setting, reads, make_param):
+        program = torch.export.export(model.module, args, kwargs, strict=False)
+    return Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
+
+
+def _make_fx(
+    model: ModelInputs,
+    device: str,
+    param_dtype: torch.dtype | None,
+    setting: Setting | None,
+    reads: TraceReads | None = None,
+) -> Traced:
+    """The graph ``torch.export`` makes, traced by ``make_fx`` and export's own passes.
+
+    Non-strict export is pre-dispatch ``make_fx`` over a functional call of the module, with
+    module stacks recorded, followed by passes that lift constants, turn autocast and grad-mode
+    regions into higher-order ops and name the placeholders. Here the same trace and the same
+    passes run without the rest of export's machinery (its torch-function handler, guards,
+    verifier and program object), which costs as much again as the trace: the graph is the
+    same, node for node (``tests/test_capture_engines.py``), minus export's
+    ``_assert_tensor_metadata`` checks, which the replay skips anyway.
+    """
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.passes.lift_constants_pass import ConstantAttrMap, lift_constants_pass
+    from torch._export.passes.replace_autocast_with_hop_pass import replace_autocast_with_hop_pass
+    from torch._export.passes.replace_set_grad_with_hop_pass import replace_set_grad_with_hop_pass
+    from torch._export.utils import _compiling_state_context, placeholder_naming_pass
+    from torch.export import graph_signature as sig
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    # A shape environment, as export has, so that ops with data-dependent output sizes
+    # (nonzero, a boolean-mask index) trace with unbacked sizes instead of failing.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype)
+    module = model.module
+    with _tracing_context(model, device, setting, reads, make_param):
+        params = dict(module.named_parameters(remove_duplicate=False))
+        buffers = dict(module.named_buffers(remove_duplicate=False))
+        names = [*params, *buffers]
+        # A tied parameter is one tensor under two names, so every use reads the last alias's
+        # placeholder (OPT's embedding reads ``p_lm_head_weight``), as in export's graph.
+        state = [*params.values(), *buffers.values()]
+        flat_inputs, in_spec = pytree.tree_flatten((args, kwargs))
+        out_specs: list[pytree.TreeSpec] = []
+
+        def forward(*flat: Any) -> tuple[Any, ...]:
+            call_args, call_kwargs = pytree.tree_unflatten(list(flat[len(names) :]), in_spec)
+            tensors = dict(zip(names, flat[: len(names)]))
+            with _reparametrize_module(module, tensors, tie_weights=False, strict=False):
+                out = module(*call_args, **call_kwargs)
+            leaves, spec = pytree.tree_flatten(out)
+            out_specs.append(spec)
+            return tuple(leaves)
+
+        forward._orig_mod = module  # type: ignore[attr-defined] # make_fx's module-stack root
+        # Model code that asks torch.compiler.is_exporting() (transformers' mask builders)
+        # takes export's path, as under export.
+        with (
+            fake_mode,
+            enable_python_dispatcher(),
+            _compiling_state_context(),
+            _use_lazy_graph_module(True),  # see below: nothing runs its code
+        ):
+            gm = make_fx(forward, record_module_stack=True, pre_dispatch=True)(*state, *flat_inputs)
+
+    _runtime_asserts(gm, fake_mode)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = []
+    for i, node in enumerate(placeholders):
+        if i < len(params):
+            inputs.append(
+                sig.InputSpec(sig.InputKind.PARAMETER, sig.TensorArgument(node.name), names[i])
+            )
+        elif i < len(names):
+            inputs.append(
+                sig.InputSpec(
+                    sig.InputKind.BUFFER, sig.TensorArgument(node.name), names[i], persistent=True
+                )
+            )
+        else:
+            value = flat_inputs[i - len(names)]
+            arg = (
+                sig.TensorArgument(node.name)
+                if isinstance(value, torch.Tensor)
+                else sig.ConstantArgument(node.name, value)
+            )
+            inputs.append(sig.InputSpec(sig.InputKind.USER_INPUT, arg, None))
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outputs = [
+        sig.OutputSpec(
+            sig.OutputKind.USER_OUTPUT,
+            sig.TensorArgument(a.name) if isinstance(a, fx.Node) else sig.ConstantArgument("", a),
+            None,
+        )
+        for a in pytree.tree_leaves(output.args)
+    ]
+    signature = sig.ExportGraphSignature(inputs, outputs)
+    constants = lift_constants_pass(gm, signature, ConstantAttrMap())
+    # The region passes split the graph and inline it back, recompiling its Python code each
+    # time (a tenth of a second per recompile for a 70B-shaped graph); nothing here runs that
+    # code, so each module compiles only if something calls it.
+    with _use_lazy_graph_module(True):
+        gm, signature = replace_set_grad_with_hop_pass(gm, signature)
+        gm, signature = replace_autocast_with_hop_pass(gm, signature)
+    # The region passes share meta dicts between graphs: rename each dict once (the old one is
+    # kept alive here, so that its id is not reused while this runs).
+    renamed: dict[int, tuple[Any, dict[str, Any]]] = {}
+    for sub in gm.modules():
+        for node in sub.graph.nodes if isinstance(sub, fx.GraphModule) else ():
+            if node.op in ("placeholder", "output"):
+                node.meta.pop("nn_module_stack", None)
+            elif (stack := node.meta.get("nn_module_stack")) and id(stack) not in renamed:
+                # export's keys name the root ``L__self__``; make_fx's name it "".
+                new = {f"L__self__{k}": v for k, v in stack.items()}
+                renamed[id(stack)] = renamed[id(new)] = (stack, new)
+                node.meta["nn_module_stack"] = new
+            elif stack:
+                node.meta["nn_module_stack"] = renamed[id(stack)][1]
+    with fake_mode:
+        placeholder_naming_pass(
+            gm, signature, module, args, kwargs, dict(zip(names, state)), constants
+        )
+    return Traced(gm, signature, out_specs[-1] if out_specs else None)
+
+
+def _runtime_asserts(gm: fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+    """Export's checks on data-dependent sizes (``_assert_scalar`` on an unbacked size), placed
+    as export places them: they are nodes of its graph."""
+    from torch._export.passes._node_metadata_hook import (
+        _node_metadata_hook,
+        _set_node_metadata_hook,
+    )
+    from torch.fx._utils import first_call_function_nn_module_stack
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    shape_env = fake_mode.shape_env
+    if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
+        return
+    where = 'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
+    hook = functools.partial(_node_metadata_hook, metadata={"stack_trace": where})
+    with _set_node_metadata_hook(gm, hook):
+        insert_deferred_runtime_asserts(
+            gm,
+            shape_env,
+            f"exported program: {first_call_function_nn_module_stack(gm.graph)}",
+            export=True,
+        )
+
+
+@functools.cache
+def make_fx_available() -> bool:
+    """Whether this torch has the export passes :func:`_make_fx` runs (private modules that may
+    move between releases); where it does not, the capture uses ``torch.export.export``."""
+    try:
+        from torch._export.passes._node_metadata_hook import _node_metadata_hook  # noqa: F401
+        from torch._export.passes.lift_constants_pass import lift_constants_pass  # noqa: F401
+        from torch._export.passes.replace_autocast_with_hop_pass import (  # noqa: F401
+            replace_autocast_with_hop_pass,
+        )
+        from torch._export.passes.replace_set_grad_with_hop_pass import (  # noqa: F401
+            replace_set_grad_with_hop_pass,
+        )
+        from torch._export.utils import (  # noqa: F401
+            _compiling_state_context,
+            placeholder_naming_pass,
+        )
+        from torch.fx._utils import first_call_function_nn_module_stack  # noqa: F401
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: How a model is traced in a setting: ``--tracer make-fx`` (the default) or ``--tracer export``.
+ENGINES = {MAKE_FX: _make_fx, EXPORT: _export}
+
+
+def _real_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A real CPU tensor for a (meta) parameter, buffer or input: small normal floats, zero
+    integers (an index in range for any table), true bools, as verify materialises them."""
+    if t.is_floating_point():
+        out = torch.randn(t.shape, generator=generator, dtype=torch.float32) * 0.02
+        return out if t.dtype == torch.float64 else out.to(t.dtype)
+    if t.dtype == torch.bool:
+        return torch.ones(t.shape, dtype=torch.bool)
+    return torch.zeros(t.shape, dtype=t.dtype)
+
+
+def _describe(failure: Any) -> str:
+    """One line for a draft-export failure: where the forward decided what, on data values.
+
+    ``forward line 103: `if boxes.numel() == 0:`: Eq(4*u1, 0) decided False``.
+    """
+    data = getattr(failure, "data", None) or {}
+    what = str(data.get("expr") or getattr(failure.failure_type, "name", "data-dependent"))
+    if data.get("result") is not None:
+        what += f" decided {data['result']}"
+    stack = data.get("user_stack") or []
+    frame = stack[-1] if stack and isinstance(stack[-1], dict) else None
+    if frame is None:
+        return what
+    return (
+        f"{frame.get('name', '?')} line {frame.get('line', '?')}: `{frame.get('loc', '')}`: {what}"
+    )
+
+
+def _draft_export(
+    model: ModelInputs,
+) -> tuple[Traced, list[str], dict[str, int]]:
+    """Trace along the path seeded random values take (see
+    :data:`ampgraph.capture.trace.DRAFT_EXPORT`); also the value each data-dependent size took
+    there, by symbol name (``{"u1": 1000}``)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def make_param(t: torch.Tensor) -> torch.Tensor:
+        real = _real_like(t, generator)
+        if real.is_floating_point() and not isinstance(t, nn.Parameter):
+            # Buffers hold statistics such as a batch norm's running variance: a negative one
+            # makes the whole forward NaN, and every branch on data then takes its empty side.
+            real = real.abs()
+        return real.float() if real.is_floating_point() else real  # fp32: a neutral trace
+
+    args, kwargs = pytree.tree_map_only(
+        torch.Tensor,
+        lambda t: t if t.device.type == "cpu" else _real_like(t, generator),
+        (model.args, model.kwargs),
+    )
+    from torch.fx.experimental import _config as fx_config
+
+    values: dict[str, int] = {}
+    with (
+        _recording_unbacked_values(values),
+        swapped_tensors(model.module, make_param),
+        warnings.catch_warnings(),
+        quiet_logging(),
+        _no_stack_traces(),
+        _lift_scalar_constants(),
+        # Real-value propagation fixes a boolean-mask index's size to its real value, so the
+        # unbacked size it made is not in the output: expected here, not a tracing bug.
+        fx_config.patch(soft_pending_unbacked_not_found_error=True),
+    ):
+        warnings.simplefilter("ignore")
+        program = torch.export.draft_export(model.module, tuple(args), kwargs, strict=False)
+    report = getattr(program, "_report", None)
+    failures = list(getattr(report, "failures", []) or [])
+    traced = Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
+    return traced, list(dict.fromkeys(_describe(f) for f in failures)), values
+
+
+@contextlib.contextmanager
+def _recording_unbacked_values(values: dict[str, int]) -> Iterator[None]:
+    """Note in ``values`` the real value of each data-dependent size as a tracer learns it
+    (some are then replaced by constants, so the finished program no longer lists them)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    original = ShapeEnv.set_real_tensor_prop_unbacked_vals
+
+    def record(self: ShapeEnv, k: Any, v: Any) -> None:
+        original(self, k, v)
+        if getattr(v, "is_integer", False) or isinstance(v, int):
+            values.setdefault(str(k), int(v))
+
+    ShapeEnv.set_real_tensor_prop_unbacked_vals = record  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShapeEnv.set_real_tensor_prop_unbacked_vals = original  # type: ignore[method-assign]
+
+
+__all__ = [
+    "ENGINES",
+    "EXPORT",
+    "MAKE_FX",
+    "Traced",
+    "keeping_stack_traces",
+    "make_fx_available",
+]
