@@ -18,10 +18,17 @@ def _module_name(path: Path) -> str:
 
 
 def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether ``node`` lies in the body of an ``if TYPE_CHECKING:`` (never run); its ``else``
+    runs, and an import inside a function anywhere else is a dependency like any other."""
     while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        parent = parents[node]
+        if (
+            isinstance(parent, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(parent.test)
+            and node in parent.body
+        ):
             return True
+        node = parent
     return False
 
 
@@ -69,6 +76,57 @@ def test_the_import_graph_is_read_whole() -> None:
 def test_no_import_circles() -> None:
     cycles = sorted(nx.simple_cycles(import_graph()), key=len)
     assert not cycles, "import circles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles[:5])
+
+
+def test_late_imports_count_and_type_checking_ones_do_not() -> None:
+    tree = ast.parse(
+        "if TYPE_CHECKING:\n    import a\nelse:\n    import b\ndef f():\n    import c\n"
+    )
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    imports = {n.names[0].name: n for n in ast.walk(tree) if isinstance(n, ast.Import)}
+    assert [_type_checking_only(imports[m], parents) for m in "abc"] == [True, False, False]
+
+
+def test_the_records_do_not_draw_themselves() -> None:
+    """A report is plain data: the notebook display (:mod:`ampgraph.notebook`) draws it, so the
+    records, read by every stage, never import the renderer, not even late."""
+    graph = import_graph()
+    assert not nx.has_path(graph, "ampgraph.report.records", "ampgraph.render")
+    assert graph.has_edge("ampgraph.notebook", "ampgraph.render")  # the late import is seen
+
+
+def test_a_running_ipython_shows_reports_as_diagrams_and_import_stays_cheap() -> None:
+    """``import ampgraph`` in a notebook registers the SVG display of reports with IPython's
+    formatter, without importing the renderer, Graphviz or torch until a report is shown."""
+    code = (
+        "import sys, types\n"
+        "shown = {}\n"
+        "class Formatter:\n"
+        "    def for_type(self, kind, show): shown[kind] = show\n"
+        "formatters = {'image/svg+xml': Formatter()}\n"
+        "shell = types.SimpleNamespace(\n"
+        "    display_formatter=types.SimpleNamespace(formatters=formatters))\n"
+        "ipython = types.ModuleType('IPython')\n"
+        "ipython.get_ipython = lambda: shell\n"
+        "sys.modules['IPython'] = ipython\n"
+        "import ampgraph\n"
+        "from ampgraph.notebook import report_svg\n"
+        "print(shown == {ampgraph.Report: report_svg},\n"
+        "      [m for m in ('ampgraph.render', 'graphviz', 'torch') if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "True []"
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """Every module of the package fits in 600 lines: a longer one holds more than one job."""
+    lengths = {
+        str(path.relative_to(PACKAGE.parent)): len(path.read_text().splitlines())
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+    assert {path: n for path, n in lengths.items() if n > 600} == {}
 
 
 def test_torch_helpers_have_one_home() -> None:

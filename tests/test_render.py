@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ampgraph.errors import RenderError
+from ampgraph.notebook import report_svg
 from ampgraph.report.records import Report
 from ampgraph.render import build_graph, render_files, render_svg, to_dot
 from ampgraph.render.files import MISSING_DOT, atomic_write, run_dot
@@ -239,7 +240,7 @@ def test_missing_dot_says_how_to_install_it(
     assert message == MISSING_DOT and "\n" not in message
     assert "apt-get install graphviz" in message and "--format dot" in message
     assert not (tmp_path / "out").exists()  # failed before writing anything
-    assert opt_report()._repr_svg_() is None  # a notebook falls back to the text repr
+    assert report_svg(opt_report()) is None  # a notebook falls back to the text repr
 
 
 def test_atomic_write_leaves_no_temporary_files(
@@ -283,7 +284,7 @@ def test_svg_is_byte_identical_and_a_notebook_shows_it() -> None:
     svg = render_svg(report)
     assert svg == render_svg(report)
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    assert report._repr_svg_() == svg
+    assert report_svg(report) == svg
 
 
 @needs_dot

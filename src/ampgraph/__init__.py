@@ -12,6 +12,7 @@ Importing ampgraph is cheap: torch is imported by the stages that need it, on fi
 
 from __future__ import annotations
 
+import sys
 import typing
 
 __version__ = "0.1.0"
@@ -20,11 +21,16 @@ from ampgraph.errors import AmpgraphError, CaptureError, ModelSpecError, RenderE
 from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting, seed_matrix
 
+if "IPython" in sys.modules:  # a notebook (or IPython) is running: show reports as diagrams
+    from ampgraph.notebook import register as _register_display
+
+    _register_display()
+
 if typing.TYPE_CHECKING:
-    from ampgraph.pipeline.stages import analyze, analyze_capture
     from ampgraph.capture.trace import Capture
     from ampgraph.model.build import ModelInputs, load_model
     from ampgraph.pipeline.run import analyze_spec
+    from ampgraph.pipeline.stages import analyze, analyze_capture
 
 _LAZY = {
     "analyze": "ampgraph.pipeline.stages",

@@ -49,10 +49,33 @@ from __future__ import annotations
 
 import copy
 import json
-import operator
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
+
+from ampgraph.report.validate import (
+    BOOL,
+    DTYPE_NAMES,  # noqa: F401 - read from here too, with check_setting and load_json
+    OPT_DICT,
+    OPT_STR,
+    STR,
+    Check,
+    Checks,
+    check_setting,
+    is_dtype,
+    is_dtypes,
+    is_inputs,
+    is_opt_dtype,
+    is_promotion,
+    is_shape,
+    is_shapes,
+    is_size,
+    is_source,
+    is_strs,
+    label,
+    load_json,
+    refuse_malformed,
+    typed,
+)
 
 SCHEMA = "ampgraph.report"
 SCHEMA_VERSION = 2
@@ -60,187 +83,18 @@ SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 PASSES = ("forward", "backward", "train")
 
-#: Every dtype name torch has, spelled as reports spell them (``str(torch.bfloat16)`` without
-#: ``torch.``). Kept here, not read from torch, so that reading a report stays torch-free. A dtype
-#: field holding anything else (a number, NaN, a typo) is a damaged file: refused in one line
-#: rather than drawn as ``out=torch.nan`` or failing deep in a renderer. tests/test_data_files.py
-#: checks that the installed torch has no dtype missing here.
-DTYPE_NAMES: frozenset[str] = frozenset({
-    "bool", "float64", "float32", "bfloat16", "float16", "complex128", "complex64", "complex32",
-    "bcomplex32", "int64", "int32", "int16", "int8", "int1", "int2", "int3", "int4", "int5", "int6",
-    "int7", "uint64", "uint32", "uint16", "uint8", "uint1", "uint2", "uint3", "uint4", "uint5",
-    "uint6", "uint7", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-    "float8_e8m0fnu", "float4_e2m1fn_x2", "qint32", "qint8", "quint8", "quint4x2", "quint2x4",
-    "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16",
-})  # fmt: skip
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value (ampgraph writes no NaN or Infinity)")
-
-
-def load_json(text: str | bytes) -> Any:
-    """JSON as the standard defines it, for files a user hands ampgraph (reports, baselines).
-
-    Python's :func:`json.loads` also reads ``NaN``, ``Infinity`` and ``-Infinity``, which no
-    ampgraph file holds; they would pass as numbers and fail later, far from the file. Both
-    they and a nesting too deep for the parser raise ``ValueError`` with one line.
-
-    >>> load_json('{"out": NaN}')
-    Traceback (most recent call last):
-    ...
-    ValueError: NaN is not a JSON value (ampgraph writes no NaN or Infinity)
-    """
-    try:
-        return json.loads(text, parse_constant=_refuse_constant)
-    except RecursionError:
-        raise ValueError("it nests too deeply to be an ampgraph file") from None
-
-
-# -- what a record read from a file must hold: each field's check, by name ------------------------
-
-#: A field's check: the exact types its value may have (JSON gives no subclasses; ``True`` must
-#: not pass for an int), or a function for values with contents to look into. The tuples are
-#: tested inline, without a call: a train report has tens of thousands of records to check.
-_Check = tuple[type, ...] | Callable[[Any], bool]
-
-_NONE = type(None)
-_STR: tuple[type, ...] = (str,)
-_OPT_STR: tuple[type, ...] = (str, _NONE)
-_BOOL: tuple[type, ...] = (bool,)
-_OPT_DICT: tuple[type, ...] = (dict, _NONE)
-#: What a list of dtypes may hold: names, or None (the set's test needs hashable items, so the
-#: items' types are tested first).
-_DTYPE_ITEM_TYPES = frozenset({str, _NONE})
-_DTYPES_OR_NONE = DTYPE_NAMES | {None}
-
-
-def _is_dtype(value: Any) -> bool:
-    return type(value) is str and value in DTYPE_NAMES
-
-
-def _is_opt_dtype(value: Any) -> bool:
-    return value is None or (type(value) is str and value in DTYPE_NAMES)
-
-
-def _is_size(value: Any) -> bool:
-    """A dimension or a byte count: an int, not below 0."""
-    return type(value) is int and value >= 0
-
-
-def _is_strs(value: Any) -> bool:
-    return type(value) is list and {*map(type, value)} <= {str}
-
-
-def _is_dtypes(value: Any) -> bool:
-    """Output dtypes: each a dtype name, or None for a value that is not a tensor."""
-    return (
-        type(value) is list
-        and {*map(type, value)} <= _DTYPE_ITEM_TYPES
-        and _DTYPES_OR_NONE.issuperset(value)
-    )
-
-
-def _is_shape(value: Any) -> bool:
-    return type(value) is list and {*map(type, value)} <= {int} and min(value, default=0) >= 0
-
-
-def _is_shapes(value: Any) -> bool:
-    """Each output's shape, or None (not a tensor, or a symbolic size); None for old reports."""
-    return value is None or (type(value) is list and all(v is None or _is_shape(v) for v in value))
-
-
-def _is_input(value: Any) -> bool:
-    """``{"node", "dtype"}`` (and ``from``, where a view's producer is another node)."""
-    return (
-        type(value) is dict
-        and type(value.get("node")) is str
-        and _is_opt_dtype(value.get("dtype"))
-        and type(value.get("from")) in _OPT_STR
-    )
-
-
-def _is_inputs(value: Any) -> bool:
-    return type(value) is list and all(map(_is_input, value))
-
 
 def _is_cast(cast: Any) -> bool:
     return (
         type(cast) is Cast
         and type(cast.node) is str
-        and _is_dtype(cast.from_dtype)
-        and _is_dtype(cast.to_dtype)
+        and is_dtype(cast.from_dtype)
+        and is_dtype(cast.to_dtype)
     )
 
 
 def _is_casts(value: Any) -> bool:
     return type(value) is list and all(map(_is_cast, value))
-
-
-def _is_promotion(value: Any) -> bool:
-    """``{"inputs", "to"}``: the input dtypes ordinary type promotion widened, and to what."""
-    return value is None or (
-        type(value) is dict
-        and _is_dtypes(value.get("inputs", []))
-        and _is_opt_dtype(value.get("to"))
-    )
-
-
-def _is_source(value: Any) -> bool:
-    """``{"file", "line"}``: what ``ampgraph audit`` prints as ``file:line``."""
-    return value is None or (
-        type(value) is dict and type(value.get("file")) is str and type(value.get("line")) is int
-    )
-
-
-def _label(value: Any) -> str:
-    """A value as an error message names it: quoted, on one line, not too long."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
-class _Checks:
-    """Each field's check (:data:`_Check`), by field name, and the quick test of them all.
-
-    The quick test runs for every record read (a cached report is read on every warm run), so
-    it compares the fields' types with their tuples in C (``map``) and calls functions only for
-    the fields with contents; the fields that failed are looked for only when it fails.
-    """
-
-    def __init__(self, checks: dict[str, _Check]) -> None:
-        self.checks = checks
-        typed = [(k, ok) for k, ok in checks.items() if isinstance(ok, tuple)]
-        self._typed = tuple(k for k, _ in typed)
-        self._types = tuple(ok for _, ok in typed)
-        self._calls = tuple((k, ok) for k, ok in checks.items() if not isinstance(ok, tuple))
-
-    def passes(self, values: dict[str, Any]) -> bool:
-        """Whether every field of ``values`` (which has them all) passes its check."""
-        kinds = map(type, map(values.__getitem__, self._typed))
-        return all(map(operator.contains, self._types, kinds)) and all(
-            ok(values[k]) for k, ok in self._calls
-        )
-
-    def malformed(self, values: dict[str, Any]) -> list[str]:
-        """The fields whose value in ``values`` fails its check."""
-        if self.passes(values):
-            return []
-        return [
-            field
-            for field, ok in self.checks.items()
-            if not (type(values[field]) in ok if isinstance(ok, tuple) else ok(values[field]))
-        ]
-
-
-def _refuse_malformed(record: Any, checks: _Checks, what: str, name: str | None = None) -> None:
-    """``ValueError`` naming every field of ``record`` that fails its check: ``{what}'x' has a
-    malformed ...``, ``'x'`` being the value of the field ``name`` that names the record (quoted
-    only on failure, for the same reason the checks are quick)."""
-    values = vars(record)
-    bad = checks.malformed(values)
-    if bad:
-        label = _label(values[name]) if name is not None else ""
-        raise ValueError(f"{what}{label} has a malformed {', '.join(bad)}")
 
 
 _ATOMS = (str, int, float, bool, type(None))
@@ -358,7 +212,7 @@ class NodeRecord:
         data = dict(data)
         casts = data.get("casts", [])
         if not isinstance(casts, list):
-            raise ValueError(f"node {_label(data.get('name'))} has a malformed casts")  # noqa: TRY004
+            raise ValueError(f"node {label(data.get('name'))} has a malformed casts")  # noqa: TRY004
         data["casts"] = [Cast(c["node"], c["from"], c["to"]) for c in casts]
         rec = cls(**data)
         rec.refuse_malformed()
@@ -372,7 +226,7 @@ class NodeRecord:
         ...
         ValueError: node 'relu' has a malformed outputs
         """
-        _refuse_malformed(self, _NODE_CHECKS, "node ", "name")
+        refuse_malformed(self, _NODE_CHECKS, "node ", "name")
 
 
 @dataclass
@@ -415,7 +269,7 @@ class ModuleCall:
         data["in_dtype"] = data.pop("in")
         data["out_dtype"] = data.pop("out")
         call = cls(**data)
-        _refuse_malformed(call, _MODULE_CHECKS, "module call ", "path")
+        refuse_malformed(call, _MODULE_CHECKS, "module call ", "path")
         return call
 
 
@@ -448,7 +302,7 @@ class SavedTensor:
         if not isinstance(data, dict):
             raise ValueError(f"a saved tensor is a {type(data).__name__}, not an object")  # noqa: TRY004
         saved = cls(**data)
-        _refuse_malformed(saved, _SAVED_CHECKS, "saved tensor of ", "node")
+        refuse_malformed(saved, _SAVED_CHECKS, "saved tensor of ", "node")
         return saved
 
 
@@ -471,7 +325,7 @@ class Gradient:
         if not isinstance(data, dict):
             raise ValueError(f"a gradient is a {type(data).__name__}, not an object")  # noqa: TRY004
         grad = cls(**data)
-        _refuse_malformed(grad, _GRADIENT_CHECKS, "gradient of ", "parameter")
+        refuse_malformed(grad, _GRADIENT_CHECKS, "gradient of ", "parameter")
         return grad
 
 
@@ -527,85 +381,53 @@ class Backward:
         if not isinstance(data, dict):
             raise ValueError(f"the backward is a {type(data).__name__}, not an object")  # noqa: TRY004
         backward = cls(
-            loss=_typed(data, "loss", dict),
+            loss=typed(data, "loss", dict),
             autocast=bool(data["autocast"]),
             method=data.get("method", ""),
             check=data.get("check"),
             skipped=data.get("skipped"),
-            gradients=[Gradient.from_dict(g) for g in _typed(data, "gradients", list)],
-            saved=[SavedTensor.from_dict(t) for t in _typed(data, "saved", list)],
-            nodes=[NodeRecord.from_dict(n) for n in _typed(data, "nodes", list)],
+            gradients=[Gradient.from_dict(g) for g in typed(data, "gradients", list)],
+            saved=[SavedTensor.from_dict(t) for t in typed(data, "saved", list)],
+            nodes=[NodeRecord.from_dict(n) for n in typed(data, "nodes", list)],
         )
-        _refuse_malformed(backward, _BACKWARD_CHECKS, "the backward")
+        refuse_malformed(backward, _BACKWARD_CHECKS, "the backward")
         return backward
-
-
-_SETTING_FIELDS = ("name", "device_type", "autocast", "amp_dtype", "param_dtype")
 
 
 #: Each record's fields and the check a value read from a file must pass: what the renderers,
 #: the audit, the diff and the text formats assume of them (a string where they join or print,
 #: a known dtype where they name one, sizes where they multiply).
-_NODE_CHECKS = _Checks({
-    "name": _STR, "op": _STR, "kind": _STR, "target": _OPT_STR, "module": _OPT_STR,
-    "module_call": _OPT_STR, "stack": _is_strs, "region": _OPT_STR, "autocast": _BOOL,
-    "inputs": _is_inputs, "policy": _OPT_STR, "casts": _is_casts, "outputs": _is_dtypes,
-    "promotion": _is_promotion, "reason": _STR, "error": _OPT_STR, "skipped": _OPT_STR,
-    "trace_time_dtype": _BOOL, "check": _OPT_DICT, "not_analysed": _OPT_STR,
-    "forward": _OPT_STR, "shapes": _is_shapes, "source": _is_source,
+_NODE_CHECKS = Checks({
+    "name": STR, "op": STR, "kind": STR, "target": OPT_STR, "module": OPT_STR,
+    "module_call": OPT_STR, "stack": is_strs, "region": OPT_STR, "autocast": BOOL,
+    "inputs": is_inputs, "policy": OPT_STR, "casts": _is_casts, "outputs": is_dtypes,
+    "promotion": is_promotion, "reason": STR, "error": OPT_STR, "skipped": OPT_STR,
+    "trace_time_dtype": BOOL, "check": OPT_DICT, "not_analysed": OPT_STR,
+    "forward": OPT_STR, "shapes": is_shapes, "source": is_source,
 })  # fmt: skip
-_MODULE_CHECKS = _Checks({
-    "path": _STR, "type": _STR, "bases": _is_strs, "call": _STR, "in_dtype": _is_opt_dtype,
-    "out_dtype": _is_opt_dtype, "nodes": _is_strs, "returns_tensor": _BOOL,
+_MODULE_CHECKS = Checks({
+    "path": STR, "type": STR, "bases": is_strs, "call": STR, "in_dtype": is_opt_dtype,
+    "out_dtype": is_opt_dtype, "nodes": is_strs, "returns_tensor": BOOL,
 })  # fmt: skip
-_SAVED_CHECKS = _Checks({
-    "node": _STR, "module": _OPT_STR, "dtype": _is_dtype, "shape": _is_shape, "bytes": _is_size,
-    "storage": _is_size, "storage_bytes": _is_size, "kind": _STR, "producer": _OPT_STR,
+_SAVED_CHECKS = Checks({
+    "node": STR, "module": OPT_STR, "dtype": is_dtype, "shape": is_shape, "bytes": is_size,
+    "storage": is_size, "storage_bytes": is_size, "kind": STR, "producer": OPT_STR,
 })  # fmt: skip
-_GRADIENT_CHECKS = _Checks({
-    "parameter": _STR, "param_dtype": _is_dtype, "dtype": _is_opt_dtype, "shape": _is_shape,
-    "node": _OPT_STR,
+_GRADIENT_CHECKS = Checks({
+    "parameter": STR, "param_dtype": is_dtype, "dtype": is_opt_dtype, "shape": is_shape,
+    "node": OPT_STR,
 })  # fmt: skip
-_BACKWARD_CHECKS = _Checks({
-    "loss": lambda loss: _is_opt_dtype(loss.get("dtype"))
-    and all(type(loss.get(k)) in _OPT_STR for k in ("output", "expression")),
-    "method": _STR, "check": _OPT_DICT, "skipped": _OPT_STR,
+_BACKWARD_CHECKS = Checks({
+    "loss": lambda loss: is_opt_dtype(loss.get("dtype"))
+    and all(type(loss.get(k)) in OPT_STR for k in ("output", "expression")),
+    "method": STR, "check": OPT_DICT, "skipped": OPT_STR,
 })  # fmt: skip
 #: The capture fields that are joined or printed, where a report has them.
-_CAPTURE_CHECKS: dict[str, _Check] = {
-    "method": _OPT_STR, "trace_time_dtype_nodes": _is_strs, "dtype_branches": _is_strs,
-    "data_dependent": _is_strs, "check_unavailable": _OPT_STR, "graph_of": _OPT_STR,
+_CAPTURE_CHECKS: dict[str, Check] = {
+    "method": OPT_STR, "trace_time_dtype_nodes": is_strs, "dtype_branches": is_strs,
+    "data_dependent": is_strs, "check_unavailable": OPT_STR, "graph_of": OPT_STR,
     "unbacked_values": (dict,),
 }  # fmt: skip
-_SETTING_CHECKS = _Checks({
-    "name": _STR, "device_type": _STR, "autocast": _BOOL, "amp_dtype": _is_dtype,
-    "param_dtype": _is_dtype,
-})  # fmt: skip
-
-
-def check_setting(setting: Any) -> dict[str, Any]:
-    """``setting`` when it is a setting as reports hold it, else ``ValueError`` in one line.
-
-    >>> check_setting({"name": "fp32", "device_type": "cuda", "autocast": "no",
-    ...                "amp_dtype": "bf16", "param_dtype": "float32"})
-    Traceback (most recent call last):
-    ...
-    ValueError: its setting has a malformed autocast, amp_dtype
-    """
-    missing = [k for k in _SETTING_FIELDS if not isinstance(setting, dict) or k not in setting]
-    if missing:
-        raise ValueError(f"its setting lacks {', '.join(missing)}")
-    bad = _SETTING_CHECKS.malformed(setting)
-    if bad:
-        raise ValueError(f"its setting has a malformed {', '.join(bad)}")
-    return dict(setting)
-
-
-def _typed(data: dict[str, Any], key: str, kind: type) -> Any:
-    value = data[key]
-    if not isinstance(value, kind):
-        raise TypeError(f"{key!r} should be a {kind.__name__}, not {type(value).__name__}")
-    return value
 
 
 @dataclass
@@ -681,12 +503,12 @@ class Report:
             raise ValueError(f"damaged {SCHEMA}: {exc}") from None
         try:
             report = cls(
-                model=_typed(data, "model", str),
+                model=typed(data, "model", str),
                 setting=setting,
-                versions=_typed(data, "versions", dict),
-                capture=_typed(data, "capture", dict),
-                nodes=[NodeRecord.from_dict(n) for n in _typed(data, "nodes", list)],
-                modules=[ModuleCall.from_dict(m) for m in _typed(data, "modules", list)],
+                versions=typed(data, "versions", dict),
+                capture=typed(data, "capture", dict),
+                nodes=[NodeRecord.from_dict(n) for n in typed(data, "nodes", list)],
+                modules=[ModuleCall.from_dict(m) for m in typed(data, "modules", list)],
                 check=data.get("check"),
                 pass_=data.get("pass", "forward"),
                 backward=(Backward.from_dict(data["backward"]) if data.get("backward") else None),
@@ -696,14 +518,12 @@ class Report:
         except ValueError as exc:  # a record's own check: its message names the field
             raise ValueError(f"damaged {SCHEMA}: {exc}") from None
         if report.pass_ not in PASSES:
-            raise ValueError(
-                f"damaged {SCHEMA}: pass {_label(report.pass_)} is not one of {PASSES}"
-            )
+            raise ValueError(f"damaged {SCHEMA}: pass {label(report.pass_)} is not one of {PASSES}")
         present = {k: ok for k, ok in _CAPTURE_CHECKS.items() if k in report.capture}
-        bad = _Checks(present).malformed(report.capture)
+        bad = Checks(present).malformed(report.capture)
         if bad:
             raise ValueError(f"damaged {SCHEMA}: its capture has a malformed {', '.join(bad)}")
-        if type(report.check) not in _OPT_DICT:
+        if type(report.check) not in OPT_DICT:
             raise ValueError(f"damaged {SCHEMA}: its check is a {type(report.check).__name__}")
         return report
 
@@ -732,12 +552,3 @@ class Report:
         from ampgraph.report.summary import table
 
         return table(self)
-
-    def _repr_svg_(self) -> str | None:
-        """Jupyter shows a report as its module-view diagram (needs Graphviz's ``dot``)."""
-        from ampgraph.render import render_svg
-
-        try:
-            return render_svg(self)
-        except Exception:  # noqa: BLE001 - no dot: let Jupyter fall back to the text repr
-            return None
