@@ -11,105 +11,54 @@ The tables are the annotator's only source of autocast knowledge. They are prove
 the installed dispatcher, and ``ampgraph check`` compares every annotated node with the dispatcher's
 own autocast kernels.
 
+The category names live in :mod:`ampgraph.policy.categories` and the installed dispatcher's
+kernel queries (:func:`has_autocast_kernel`, :func:`library_rule`) in
+:mod:`ampgraph.policy.kernels`; both are read from here as before.
+
 >>> lookup("cuda", "aten::layer_norm", "")
 'fp32'
 >>> lookup("cpu", "aten::layer_norm", "") is None
 True
 """
 
+# The package re-exports its submodules' names: ampgraph.policy.lookup, ...library_rule, ...
+# ruff: noqa: F401
 from __future__ import annotations
 
 import contextlib
-import functools
-import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from importlib import metadata
 from typing import Final
 
-#: The torch release these lists were read from (major.minor).
-TABLE_TORCH_VERSION: Final = "2.14"
-
-LOWER_PRECISION_FP: Final = "lower_precision_fp"
-FP32: Final = "fp32"
-FP32_SET_OPT_DTYPE: Final = "fp32_set_opt_dtype"
-FP32_APPEND_DTYPE: Final = "fp32_append_dtype"
-PROMOTE: Final = "promote"
-BANNED: Final = "banned"
-#: Casts eligible arguments to fp16 whatever autocast's dtype: cuDNN RNNs' own wrapper
-#: (``aten/src/ATen/cudnn/AutocastRNN.cpp`` hard-codes ``at::kHalf``), so an ``nn.LSTM`` under
-#: bf16 autocast returns fp16 on a GPU.
-FP16: Final = "fp16"
-#: A library's autocast wrapper that runs the op in fp32 and casts its outputs back to the
-#: dtype of its first input (torchvision's ``roi_align``, ``roi_pool``, ``deform_conv2d``, ...).
-FP32_OUTPUT_AS_INPUT: Final = "fp32_output_as_input"
-#: ``torch.library.register_autocast(op, device_type, cast_inputs)``: every eligible floating tensor
-#: argument is cast to ``cast_inputs`` (a fixed dtype, whatever autocast's own), then the op runs
-#: with autocast off. :func:`library_rule` reads ``cast_inputs`` back from the registration.
-CAST_INPUTS: Final = "cast_inputs"
-#: An autocast kernel is registered for the op, but ampgraph does not know what it does.
-OPAQUE: Final = "opaque"
-#: The five CastPolicy categories of autocast_mode.h, ops autocast refuses to run, the rule of
-#: libraries' wrappers ampgraph knows, and kernels it does not know.
-CATEGORIES: Final = (
-    LOWER_PRECISION_FP,
-    FP32,
-    FP32_SET_OPT_DTYPE,
-    FP32_APPEND_DTYPE,
-    PROMOTE,
+from ampgraph.policy.categories import (
     BANNED,
-    FP16,
-    FP32_OUTPUT_AS_INPUT,
     CAST_INPUTS,
+    CATEGORIES,
+    CATEGORY_LABEL,
+    FP16,
+    FP32,
+    FP32_APPEND_DTYPE,
+    FP32_OUTPUT_AS_INPUT,
+    FP32_SET_OPT_DTYPE,
+    LOWER_PRECISION_FP,
     OPAQUE,
+    PROMOTE,
+)
+from ampgraph.policy.kernels import (
+    AUTOCAST_KEYS,
+    LIBRARY_KERNEL_SOURCES,
+    LIBRARY_KERNELS,
+    KernelRule,
+    autocast_device_types,
+    autocast_key,
+    has_autocast_kernel,
+    kernel_site,
+    library_rule,
+    registrations_changed,
 )
 
-#: How each category reads in tables, diagrams and legends.
-CATEGORY_LABEL: Final[dict[str, str]] = {
-    LOWER_PRECISION_FP: "lower precision",
-    FP32: "fp32",
-    FP32_SET_OPT_DTYPE: "fp32 (output dtype)",
-    FP32_APPEND_DTYPE: "fp32 (appended dtype)",
-    PROMOTE: "promote",
-    BANNED: "banned",
-    FP16: "fp16 (whatever autocast's dtype)",
-    FP32_OUTPUT_AS_INPUT: "fp32 (output in input dtype)",
-    CAST_INPUTS: "casts inputs (register_autocast)",
-    OPAQUE: "opaque autocast kernel",
-}
-
-#: Autocast kernels that libraries register, with the rule each applies, read from the library's
-#: source: qualified op -> (device types it is registered for, category). torchvision 0.29
-#: registers them in ``torchvision/_autograd_registrations.py``: every floating (not fp64) tensor
-#: argument is cast to fp32 (``_autocast_cast``), and all but ``nms`` cast their outputs back to
-#: the input's dtype. ``tests/test_policy.py`` proves the device lists against the dispatcher. A
-#: kernel registered anywhere else (another torchvision, another library) is :data:`OPAQUE`.
-LIBRARY_KERNELS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
-    "torchvision::nms": (("cuda", "cpu", "xpu"), FP32),
-    "torchvision::roi_align": (("cuda", "cpu", "xpu"), FP32_OUTPUT_AS_INPUT),
-    "torchvision::roi_pool": (("cuda",), FP32_OUTPUT_AS_INPUT),
-    "torchvision::ps_roi_align": (("cuda",), FP32_OUTPUT_AS_INPUT),
-    "torchvision::ps_roi_pool": (("cuda",), FP32_OUTPUT_AS_INPUT),
-    "torchvision::deform_conv2d": (("cuda",), FP32_OUTPUT_AS_INPUT),
-}
-
-#: Where the wrappers of :data:`LIBRARY_KERNELS` are registered: the end of the path the
-#: dispatcher names for their ``torch.library.Library`` (``torch._C._dispatch_dump``).
-LIBRARY_KERNEL_SOURCES: Final[dict[str, str]] = {
-    "torchvision": "torchvision/_autograd_registrations.py",
-}
-
-#: The dispatch key of each device type's autocast kernels.
-AUTOCAST_KEYS: Final[dict[str, str]] = {
-    "cuda": "AutocastCUDA",
-    "cpu": "AutocastCPU",
-    "xpu": "AutocastXPU",
-    "mps": "AutocastMPS",
-    "mtia": "AutocastMTIA",
-    "hpu": "AutocastHPU",
-    "xla": "AutocastXLA",
-    "privateuseone": "AutocastPrivateUse1",
-}
+#: The torch release these lists were read from (major.minor).
+TABLE_TORCH_VERSION: Final = "2.14"
 
 # AT_FORALL_LOWER_PRECISION_FP, plus the two cudnn convolutions that autocast_mode.cpp
 # registers for CUDA alone.
@@ -480,167 +429,6 @@ def decided(device_type: str, schema_name: str, overload: str) -> bool:
         else (f"{schema_name}.{overload}" if overload and overload != "default" else schema_name)
     )
     return (device_type, name) in _INDEX
-
-
-@dataclass(frozen=True)
-class KernelRule:
-    """What a registered autocast kernel does, as far as ampgraph knows it."""
-
-    #: One of :data:`CATEGORIES`; :data:`OPAQUE` where the kernel is not one ampgraph knows.
-    category: str
-    #: Where the rule was read from, or why it is not known.
-    source: str
-    #: For :data:`CAST_INPUTS`: the dtype name (``"float16"``) floating inputs are cast to.
-    cast_to: str | None = None
-
-
-def autocast_key(device_type: str) -> str | None:
-    """The dispatch key of ``device_type``'s autocast kernels in this build, or None.
-
-    >>> autocast_key("cuda"), autocast_key("cpu")
-    ('AutocastCUDA', 'AutocastCPU')
-    """
-    import torch
-
-    try:
-        key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
-    except RuntimeError:  # not a device type torch knows
-        key = AUTOCAST_KEYS.get(device_type, "")
-    return key if hasattr(torch._C.DispatchKey, key) else None
-
-
-def autocast_device_types() -> list[str]:
-    """Every device type that has an autocast dispatch key in the installed torch, CUDA and CPU
-    first. A key with no op-specific kernel (one for a backend this build does not ship, say)
-    is listed too: :func:`autocast_kernels` then finds nothing for it.
-
-    >>> autocast_device_types()[:2]
-    ['cuda', 'cpu']
-    """
-    import torch
-
-    found = []
-    for key in torch._C.DispatchKey.__members__:
-        if key.startswith("Autocast") and key != "Autocast":
-            backend = key.removeprefix("Autocast")
-            found.append("privateuseone" if backend == "PrivateUse1" else backend.lower())
-    order = {"cuda": 0, "cpu": 1}
-    return sorted(dict.fromkeys(found), key=lambda d: (order.get(d, 2), d))
-
-
-def has_autocast_kernel(device_type: str, op_name: str) -> bool:
-    """Whether the installed dispatcher has an autocast kernel for ``op_name`` on the device.
-
-    Registration metadata only: it says a kernel exists, never what it returns.
-
-    >>> import torchvision
-    >>> has_autocast_kernel("cuda", "torchvision::roi_pool"), has_autocast_kernel("cuda", "aten::add.Tensor")
-    (True, False)
-    """
-    if op_name.startswith("aten::"):
-        return _has_aten_kernel(device_type, op_name)  # cached: see registrations_changed
-    return _has_kernel(device_type, op_name)
-
-
-@functools.cache
-def _has_aten_kernel(device_type: str, op_name: str) -> bool:
-    return _has_kernel(device_type, op_name)
-
-
-def _has_kernel(device_type: str, op_name: str) -> bool:
-    import torch
-
-    key = autocast_key(device_type)
-    if key is None:
-        return False
-    try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op_name, key))
-    except RuntimeError:  # an op the dispatcher has no entry for (prim::device)
-        return False
-
-
-def registrations_changed() -> None:
-    """Forget what :func:`has_autocast_kernel` remembered of ATen's registrations, after code
-    that registers autocast kernels for a while (:func:`ampgraph.review.whatif.moved_kernels`)."""
-    _has_aten_kernel.cache_clear()
-
-
-def kernel_site(device_type: str, op_name: str) -> str | None:
-    """Where the dispatcher says ``op_name``'s autocast kernel was registered (``file:line`` of
-    the ``torch.library.Library`` or ``TORCH_LIBRARY_IMPL`` block), or None without one."""
-    import torch
-
-    key = autocast_key(device_type)
-    if key is None or not has_autocast_kernel(device_type, op_name):
-        return None
-    match = re.search(
-        rf"^{key}: registered at (\S+)", torch._C._dispatch_dump(op_name), re.MULTILINE
-    )
-    return match.group(1) if match else None
-
-
-def _register_autocast_dtype(device_type: str, op_name: str) -> str | None:
-    """``cast_inputs`` of a ``torch.library.register_autocast`` registration, or None.
-
-    ``register_autocast`` leaves its rule where it can be read back: on a ``custom_op`` in the
-    op's definition (``_autocast_dtype``), on any other op as the Python kernel it adds to the
-    overload's ``py_kernels``, a closure over ``cast_inputs``.
-    """
-    import inspect
-
-    import torch
-    from torch._library import custom_ops
-
-    base, _, overload = op_name.partition(".")
-    opdef = custom_ops.OPDEFS.get(base)
-    if opdef is not None and overload in ("", "default"):
-        dtype = getattr(opdef, "_autocast_dtype", {}).get(device_type)
-        if isinstance(dtype, torch.dtype):
-            return str(dtype).removeprefix("torch.")
-    namespace, _, name = base.partition("::")
-    try:
-        op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
-    except (AttributeError, RuntimeError):
-        return None
-    key = autocast_key(device_type)
-    kernel = op.py_kernels.get(getattr(torch._C.DispatchKey, key)) if key else None
-    if kernel is None or getattr(kernel, "__module__", None) != "torch.library":
-        return None
-    if not getattr(kernel, "__qualname__", "").startswith("register_autocast.<locals>."):
-        return None
-    cast = inspect.getclosurevars(kernel).nonlocals.get("cast_inputs")
-    return str(cast).removeprefix("torch.") if isinstance(cast, torch.dtype) else None
-
-
-def library_rule(device_type: str, op_name: str) -> KernelRule | None:
-    """The rule of a non-ATen op's autocast kernel on ``device_type``; None without a kernel.
-
-    A rule is known where the kernel is ``torch.library.register_autocast``'s
-    (:data:`CAST_INPUTS`, its dtype read back from the registration) or a wrapper of
-    :data:`LIBRARY_KERNELS` registered where ampgraph read it (:data:`LIBRARY_KERNEL_SOURCES`);
-    any other kernel is arbitrary code, and :data:`OPAQUE`.
-
-    >>> import torchvision  # registers its ops and their autocast wrappers
-    >>> library_rule("cuda", "torchvision::roi_align").category
-    'fp32_output_as_input'
-    >>> library_rule("cpu", "torchvision::roi_pool") is None  # no CPU autocast kernel
-    True
-    """
-    if not has_autocast_kernel(device_type, op_name):
-        return None
-    cast = _register_autocast_dtype(device_type, op_name)
-    if cast is not None:
-        return KernelRule(
-            CAST_INPUTS, f"torch.library.register_autocast (cast_inputs={cast})", cast
-        )
-    base = op_name.partition(".")[0]
-    site = kernel_site(device_type, op_name) or "an unknown place"
-    devices, category = LIBRARY_KERNELS.get(base, ((), ""))
-    library = base.partition("::")[0]
-    source = LIBRARY_KERNEL_SOURCES.get(library)
-    if device_type in devices and source is not None and site.rsplit(":", 1)[0].endswith(source):
-        return KernelRule(category, f"{library}'s wrapper in {source}")
-    return KernelRule(OPAQUE, f"a kernel registered at {site}, whose rule ampgraph does not know")
 
 
 def autocast_kernels(device_type: str) -> dict[str, str]:
