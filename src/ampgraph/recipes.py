@@ -1,0 +1,548 @@
+"""Recipes: the precision flags of Trainer, Accelerate, Lightning, FSDP and DeepSpeed as settings.
+
+People do not write ``autocast=on,params=fp32``; they write ``Trainer(bf16=True)``,
+``precision="bf16-mixed"`` or ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``. A recipe
+is that flag, spelled ``FAMILY:VALUE``, and :func:`parse_recipe` says what it really runs: the
+:class:`~ampgraph.settings.Setting` of its forward (what ampgraph analyses) and the facts a
+setting does not hold: input and output casts, buffers left in fp32, the dtype of ``.grad``,
+of the gradient reduction and of the weights and gradients the optimizer steps.
+
+========================== ==========================================================
+family                     values
+========================== ==========================================================
+``hf:`` (``Trainer``)      ``bf16``, ``fp16``, ``fp32``
+``accelerate:``            ``bf16``, ``fp16``, ``no`` (``mixed_precision=``)
+``lightning:``, ``fabric:`` ``32-true``, ``16-mixed``, ``bf16-mixed``, ``16-true``,
+                           ``bf16-true`` (``64-true`` is refused: no fp64 setting)
+``fsdp2:``                 ``MixedPrecisionPolicy`` fields: ``param_dtype=bf16,reduce_dtype=fp32``
+``fsdp1:``                 ``MixedPrecision`` fields: ``param_dtype=bf16,buffer_dtype=bf16``
+``deepspeed:``             a ds_config JSON file, or ``bf16`` / ``fp16``
+========================== ==========================================================
+
+Where a recipe depends on the device it does so here too: ``accelerate:fp16`` on the CPU runs
+plain fp32 (Accelerate enables fp16 autocast only off the CPU), and Lightning turns
+``16-mixed`` into ``bf16-mixed`` on the CPU. Each mapping was proved by running the framework's
+own code path on the CPU (``tests/test_recipes.py``), except DeepSpeed's, which was read from
+its source (``Recipe.proved`` says which).
+
+This module is torch-free, like :mod:`ampgraph.settings`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ampgraph.errors import SettingError
+from ampgraph.settings import DEVICE_TYPES, Setting, canonical_dtype, short_dtype
+
+FAMILIES: dict[str, str] = {
+    "hf": "hf",
+    "trainer": "hf",
+    "transformers": "hf",
+    "accelerate": "accelerate",
+    "lightning": "lightning",
+    "pl": "lightning",
+    "fabric": "fabric",
+    "fsdp2": "fsdp2",
+    "fully_shard": "fsdp2",
+    "fsdp1": "fsdp1",
+    "fsdp": "fsdp1",
+    "deepspeed": "deepspeed",
+    "ds": "deepspeed",
+}
+#: One example per family, for messages and ``--help``.
+EXAMPLES = (
+    "hf:bf16",
+    "accelerate:fp16",
+    "lightning:bf16-mixed",
+    "fabric:bf16-true",
+    "fsdp2:param_dtype=bf16,reduce_dtype=fp32",
+    "fsdp1:param_dtype=bf16",
+    "deepspeed:ds_config.json",
+)
+LIGHTNING_PRECISIONS: dict[str, str] = {
+    "32-true": "32-true",
+    "32": "32-true",
+    "16-mixed": "16-mixed",
+    "16": "16-mixed",
+    "bf16-mixed": "bf16-mixed",
+    "bf16": "bf16-mixed",
+    "16-true": "16-true",
+    "bf16-true": "bf16-true",
+    "64-true": "64-true",
+    "64": "64-true",
+}
+#: ``fsdp2:`` keys: ``MixedPrecisionPolicy``'s field names, and the short forms.
+FSDP2_KEYS: dict[str, str] = {
+    "param_dtype": "param_dtype",
+    "param": "param_dtype",
+    "reduce_dtype": "reduce_dtype",
+    "reduce": "reduce_dtype",
+    "output_dtype": "output_dtype",
+    "output": "output_dtype",
+    "cast_forward_inputs": "cast_forward_inputs",
+}
+#: ``fsdp1:`` keys: ``MixedPrecision``'s field names, and the short forms.
+FSDP1_KEYS: dict[str, str] = {
+    "param_dtype": "param_dtype",
+    "param": "param_dtype",
+    "reduce_dtype": "reduce_dtype",
+    "reduce": "reduce_dtype",
+    "buffer_dtype": "buffer_dtype",
+    "buffer": "buffer_dtype",
+    "keep_low_precision_grads": "keep_low_precision_grads",
+    "cast_forward_inputs": "cast_forward_inputs",
+    "cast_root_forward_inputs": "cast_root_forward_inputs",
+}
+FP32 = "float32"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a framework's precision flag runs: a setting, and what a setting does not hold.
+
+    Dtypes are torch's names (``"bfloat16"``); ``None`` means "no such step".
+
+    >>> r = parse_recipe("fsdp2:param_dtype=bf16,reduce_dtype=fp32", device_type="cpu")
+    >>> r.setting.name, r.input_cast, r.master_dtype, r.reduce_dtype
+    ('half', 'bfloat16', 'float32', 'float32')
+    >>> parse_recipe("hf:bf16").setting.name
+    'amp-fp32'
+    """
+
+    spelling: str
+    family: str
+    setting: Setting
+    #: Floating inputs of the model's forward are cast to this before it runs.
+    input_cast: str | None = None
+    #: Floating outputs of the model's forward are cast to this after it returns.
+    output_dtype: str | None = None
+    #: Floating buffers stay as they are (fp32) while parameters take the setting's dtype.
+    buffers_kept: bool = False
+    #: Tensors the forward creates with the default dtype are made in this one.
+    default_dtype: str | None = None
+    #: The dtype of each parameter's ``.grad`` after backward (of the parameters forward used).
+    grad_dtype: str = FP32
+    #: The dtype gradients are all-reduced or reduce-scattered in across data-parallel ranks.
+    reduce_dtype: str = FP32
+    #: The weights the optimizer updates, and the gradients it reads.
+    master_dtype: str = FP32
+    optimizer_grad_dtype: str = FP32
+    #: A gradient scaler (dynamic loss scaling) runs: fp16 gradients.
+    loss_scaling: bool = False
+    notes: tuple[str, ...] = ()
+    #: How the mapping was established: a test that runs the framework, or its source.
+    proved: str = ""
+
+    def gaps(self) -> list[str]:
+        """What of this recipe's forward the setting alone does not express (empty: nothing).
+
+        >>> parse_recipe("lightning:bf16-mixed", device_type="cpu").gaps()
+        []
+        >>> parse_recipe("fsdp2:param_dtype=bf16").gaps()[0]
+        'floating inputs are cast to bf16 before the forward: analyse bf16 example inputs'
+        """
+        out = []
+        if self.input_cast:
+            out.append(
+                f"floating inputs are cast to {short_dtype(self.input_cast)} before the forward: "
+                f"analyse {short_dtype(self.input_cast)} example inputs"
+            )
+        if self.buffers_kept and self.setting.param_dtype != FP32:
+            out.append(
+                "floating buffers stay fp32 while parameters are "
+                f"{short_dtype(self.setting.param_dtype)}; the setting casts both"
+            )
+        if self.default_dtype:
+            out.append(
+                f"tensors the forward creates are {short_dtype(self.default_dtype)} "
+                "(torch.set_default_dtype); the setting leaves the default fp32"
+            )
+        if self.output_dtype:
+            out.append(f"floating outputs are cast to {short_dtype(self.output_dtype)}")
+        return out
+
+    def describe(self) -> str:
+        """A few lines saying what the recipe runs, as ``ampgraph --recipe`` prints them.
+
+        >>> print(parse_recipe("lightning:16-mixed", device_type="cpu").describe())
+        ... # doctest: +ELLIPSIS
+        recipe lightning:16-mixed on cpu -> setting amp-fp32 (autocast cpu bf16, parameters fp32)
+          gradients: .grad fp32, reduced in fp32; optimizer: fp32 weights, fp32 gradients
+          note: Lightning runs 16-mixed as bf16-mixed on the CPU (it warns)
+          note: autocast runs with cache_enabled=False
+          proved: ran Trainer(...
+        """
+        s = self.setting
+        lines = [
+            f"recipe {self.spelling} on {s.device_type} -> setting {s.name} ({s.title})",
+        ]
+        lines += [f"  forward: {gap}" for gap in self.gaps()]
+        scaler = ", with a loss scaler" if self.loss_scaling else ""
+        lines.append(
+            f"  gradients: .grad {short_dtype(self.grad_dtype)}, reduced in "
+            f"{short_dtype(self.reduce_dtype)}; optimizer: {short_dtype(self.master_dtype)} "
+            f"weights, {short_dtype(self.optimizer_grad_dtype)} gradients{scaler}"
+        )
+        lines += [f"  note: {note}" for note in self.notes]
+        if self.proved:
+            lines.append(f"  proved: {self.proved}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (the setting as :meth:`Setting.to_dict` writes it)."""
+        return {
+            "spelling": self.spelling,
+            "family": self.family,
+            "setting": self.setting.to_dict(),
+            "input_cast": self.input_cast,
+            "output_dtype": self.output_dtype,
+            "buffers_kept": self.buffers_kept,
+            "default_dtype": self.default_dtype,
+            "grad_dtype": self.grad_dtype,
+            "reduce_dtype": self.reduce_dtype,
+            "master_dtype": self.master_dtype,
+            "optimizer_grad_dtype": self.optimizer_grad_dtype,
+            "loss_scaling": self.loss_scaling,
+            "gaps": self.gaps(),
+            "notes": list(self.notes),
+            "proved": self.proved,
+        }
+
+
+def _setting(device: str, autocast: bool, dtype: str, params: str = FP32) -> Setting:
+    return Setting(device_type=device, autocast=autocast, amp_dtype=dtype, param_dtype=params)
+
+
+_RAN = "ran {what} on the CPU (tests/test_recipes.py)"
+
+
+def _hf(family: str, value: str, device: str) -> Recipe:
+    names = {"bf16": "bf16", "fp16": "fp16", "no": "no", "fp32": "no", "32": "no"}
+    key = value.lower()
+    if key not in names:
+        flag = "mixed_precision=" if family == "accelerate" else "Trainer("
+        raise SettingError(
+            f"unknown {family} precision {value!r}: write {family}:bf16, {family}:fp16 or "
+            f"{family}:no (as {flag}...)"
+            + (" (fp8 needs a GPU kernel library ampgraph does not model)" if key == "fp8" else "")
+        )
+    mode = names[key]
+    what = (
+        "Trainer(TrainingArguments(use_cpu=True, ...))"
+        if family == "hf"
+        else ("Accelerator(cpu=True, mixed_precision=...).prepare(model)")
+    )
+    spelling = f"{family}:{mode}"
+    proved = _RAN.format(what=what)
+    if mode == "no" or (mode == "fp16" and device == "cpu"):
+        notes: tuple[str, ...] = ()
+        if mode == "fp16":
+            notes = (
+                "Accelerate enables fp16 autocast only off the CPU: on the CPU fp16 runs fp32",
+            )
+        return Recipe(
+            spelling, family, _setting(device, False, "bfloat16"), notes=notes, proved=proved
+        )
+    dtype = "bfloat16" if mode == "bf16" else "float16"
+    return Recipe(
+        spelling,
+        family,
+        _setting(device, True, dtype),
+        output_dtype=FP32,
+        loss_scaling=mode == "fp16",
+        notes=("the model's forward is wrapped in autocast and convert_outputs_to_fp32",),
+        proved=proved,
+    )
+
+
+def _lightning(family: str, value: str, device: str) -> Recipe:
+    key = value.lower()
+    if key not in LIGHTNING_PRECISIONS:
+        raise SettingError(
+            f"unknown Lightning precision {value!r}: write {family}: with one of "
+            "32-true, 16-mixed, bf16-mixed, 16-true, bf16-true"
+        )
+    precision = LIGHTNING_PRECISIONS[key]
+    spelling = f"{family}:{precision}"
+    what = (
+        "Trainer(accelerator='cpu', precision=...).fit"
+        if family == "lightning"
+        else ("Fabric(accelerator='cpu', precision=...).setup")
+    )
+    proved = _RAN.format(what=what)
+    if precision == "64-true":
+        raise SettingError(
+            f"{spelling} runs the model in float64, which no ampgraph setting expresses "
+            "(parameters are fp32, bf16 or fp16): analyse it as lightning:32-true"
+        )
+    if precision == "32-true":
+        return Recipe(spelling, family, _setting(device, False, "bfloat16"), proved=proved)
+    notes: list[str] = []
+    if precision == "16-mixed" and device == "cpu":
+        notes.append("Lightning runs 16-mixed as bf16-mixed on the CPU (it warns)")
+        precision = "bf16-mixed"
+    dtype = "bfloat16" if precision.startswith("bf16") else "float16"
+    if precision.endswith("-mixed"):
+        fabric = family == "fabric"
+        return Recipe(
+            spelling,
+            family,
+            _setting(device, True, dtype),
+            # Fabric's MixedPrecision converts inputs to the autocast dtype and outputs back;
+            # the Trainer's plugin does neither.
+            input_cast=dtype if fabric else None,
+            output_dtype=FP32 if fabric else None,
+            loss_scaling=dtype == "float16",
+            notes=(
+                *notes,
+                "autocast runs with cache_enabled=False"
+                if not fabric
+                else "Fabric casts floating inputs to the autocast dtype and outputs to fp32",
+            ),
+            proved=proved,
+        )
+    return Recipe(
+        spelling,
+        family,
+        _setting(device, False, dtype, dtype),
+        input_cast=dtype,
+        output_dtype=FP32 if family == "fabric" else None,
+        default_dtype=dtype,
+        grad_dtype=dtype,
+        reduce_dtype=dtype,
+        master_dtype=dtype,
+        optimizer_grad_dtype=dtype,
+        notes=("module.to(dtype): parameters and buffers; the optimizer keeps no fp32 copy",),
+        proved=proved,
+    )
+
+
+def _fields(family: str, value: str, keys: dict[str, str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        key, sep, val = part.partition("=")
+        name = keys.get(key.strip().lower())
+        if not sep or name is None:
+            raise SettingError(
+                f"malformed {family} recipe {value!r}: write key=value pairs of "
+                f"{', '.join(sorted(set(keys.values())))}, e.g. {family}:param_dtype=bf16"
+            )
+        if name in fields:
+            raise SettingError(f"{family} recipe {value!r} gives {name} twice: give it once")
+        fields[name] = val.strip()
+    return fields
+
+
+def _dtype(value: str | None) -> str | None:
+    if value is None or value.lower() in ("none", ""):
+        return None
+    return canonical_dtype(value)
+
+
+def _flag(name: str, value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    if value.lower() in ("true", "1", "on", "yes"):
+        return True
+    if value.lower() in ("false", "0", "off", "no"):
+        return False
+    raise SettingError(f"{name} must be true or false, not {value!r}")
+
+
+def _fsdp(family: str, value: str, device: str) -> Recipe:
+    fields = _fields(family, value, FSDP2_KEYS if family == "fsdp2" else FSDP1_KEYS)
+    param = _dtype(fields.get("param_dtype"))
+    reduce = _dtype(fields.get("reduce_dtype"))
+    # Both versions: a reduce_dtype left out reduces in param_dtype (fp32 when that is out too).
+    reduce = reduce or param or FP32
+    params = param or FP32
+    amp = params if params != FP32 else "bfloat16"
+    if family == "fsdp2":
+        casts = _flag("cast_forward_inputs", fields.get("cast_forward_inputs"), True)
+        return Recipe(
+            _spelling(family, fields),
+            family,
+            _setting(device, False, amp, params),
+            input_cast=param if casts else None,
+            output_dtype=_dtype(fields.get("output_dtype")),
+            buffers_kept=True,
+            grad_dtype=FP32,
+            reduce_dtype=reduce,
+            notes=(
+                (
+                    "parameters are all-gathered in param_dtype for the forward; the sharded "
+                    "fp32 parameters are the optimizer's, and gradients are cast back to fp32"
+                ),
+                "each fully_shard module casts its own floating inputs: ampgraph casts the root's",
+            ),
+            proved=_RAN.format(what="fully_shard(model, mp_policy=...) on a 1-process gloo group"),
+        )
+    buffer = _dtype(fields.get("buffer_dtype"))
+    low_grads = _flag("keep_low_precision_grads", fields.get("keep_low_precision_grads"), False)
+    root = _flag("cast_root_forward_inputs", fields.get("cast_root_forward_inputs"), True)
+    every = _flag("cast_forward_inputs", fields.get("cast_forward_inputs"), False)
+    return Recipe(
+        _spelling(family, fields),
+        family,
+        _setting(device, False, amp, params),
+        input_cast=param if (root or every) else None,
+        buffers_kept=buffer != params,
+        grad_dtype=params if low_grads else FP32,
+        reduce_dtype=reduce,
+        optimizer_grad_dtype=params if low_grads else FP32,
+        notes=(
+            ("buffers are cast to buffer_dtype " + short_dtype(buffer))
+            if buffer not in (None, params)
+            else "parameters are cast to param_dtype for the forward; the flat fp32 parameter "
+            "is the optimizer's",
+        ),
+        proved=_RAN.format(what="FullyShardedDataParallel(model, mixed_precision=...) on gloo"),
+    )
+
+
+def _spelling(family: str, fields: dict[str, str]) -> str:
+    return f"{family}:" + ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+def _deepspeed(value: str, device: str) -> Recipe:
+    if value.lower() in ("bf16", "fp16", "fp32"):
+        config: dict[str, Any] = {value.lower(): {"enabled": True}} if value != "fp32" else {}
+        source = value.lower()
+    else:
+        path = Path(value).expanduser()
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SettingError(
+                f"cannot read DeepSpeed config {value!r} ({exc.strerror or exc}): give the path of "
+                "your ds_config.json, or deepspeed:bf16 / deepspeed:fp16"
+            ) from None
+        except ValueError as exc:
+            raise SettingError(f"DeepSpeed config {value!r} is not JSON: {exc}") from None
+        if not isinstance(config, dict):
+            raise SettingError(f"DeepSpeed config {value!r} is not a JSON object")
+        source = str(path)
+    return _deepspeed_config(config, source, device)
+
+
+def _enabled(config: dict[str, Any], key: str, source: str) -> bool:
+    section = config.get(key, {})
+    # DeepSpeed also reads the old top-level "bfloat16" section as "bf16".
+    if key == "bf16" and not section:
+        section = config.get("bfloat16", {})
+    value = section.get("enabled", False) if isinstance(section, dict) else False
+    if value == "auto":
+        raise SettingError(
+            f"{source}: {key}.enabled is 'auto', which the HF Trainer fills in from its own "
+            f"flags: write true or false, or analyse the Trainer's flag (hf:{key})"
+        )
+    return bool(value)
+
+
+def _deepspeed_config(config: dict[str, Any], source: str, device: str) -> Recipe:
+    spelling = f"deepspeed:{source}"
+    bf16, fp16 = _enabled(config, "bf16", source), _enabled(config, "fp16", source)
+    autocast = config.get("torch_autocast", {})
+    if isinstance(autocast, dict) and autocast.get("enabled"):
+        raise SettingError(
+            f"{source}: torch_autocast runs autocast only inside its "
+            "lower_precision_safe_modules, which no ampgraph setting expresses: analyse "
+            "amp-fp32 for a model whose 16-bit ops are all in those modules"
+        )
+    proved = "read from DeepSpeed 0.19.8's runtime/engine.py and config.py (not run here)"
+    if bf16 and fp16:
+        raise SettingError(f"{source}: bf16 and fp16 are both enabled; DeepSpeed refuses that")
+    if not (bf16 or fp16):
+        return Recipe(spelling, "deepspeed", _setting(device, False, "bfloat16"), proved=proved)
+    dtype = "bfloat16" if bf16 else "float16"
+    types = config.get("data_types", {}) if isinstance(config.get("data_types"), dict) else {}
+    accum = _dtype(types.get("grad_accum_dtype")) or dtype
+    buffer = _dtype(types.get("buffer_dtype"))
+    comm = _dtype(config.get("communication_data_type")) or dtype
+    section = config.get("bf16" if bf16 else "fp16", {})
+    master_low = bool(section.get(f"{'bf16' if bf16 else 'fp16'}_master_weights_and_grads"))
+    cast_inputs = fp16 and bool(section.get("auto_cast"))
+    return Recipe(
+        spelling,
+        "deepspeed",
+        _setting(device, False, dtype, dtype),
+        input_cast=dtype if cast_inputs else None,
+        buffers_kept=buffer != dtype,
+        grad_dtype=dtype,
+        reduce_dtype=comm,
+        master_dtype=dtype if master_low else FP32,
+        optimizer_grad_dtype=accum,
+        loss_scaling=fp16,
+        notes=(
+            (
+                "the engine casts parameters (not buffers, unless data_types.buffer_dtype) to "
+                f"{short_dtype(dtype)}; the optimizer keeps fp32 master weights"
+            ),
+        ),
+        proved=proved,
+    )
+
+
+def parse_recipe(text: str, *, device_type: str = "cuda") -> Recipe:
+    """Parse ``FAMILY:VALUE`` (``lightning:bf16-mixed``) into the :class:`Recipe` it runs.
+
+    ``device_type`` is where the recipe runs (``cuda`` or ``cpu``), as ``--device`` gives it:
+    some recipes run differently on the CPU.
+
+    >>> parse_recipe("accelerate:fp16", device_type="cpu").setting.name
+    'fp32'
+    >>> parse_recipe("accelerate:fp16", device_type="cuda").setting.title
+    'autocast cuda fp16, parameters fp32'
+    >>> parse_recipe("lightning:bf16-true").setting.name
+    'half'
+    """
+    if not isinstance(text, str):
+        raise SettingError(f"a recipe is text such as 'hf:bf16', not {type(text).__name__}")
+    if device_type not in DEVICE_TYPES:
+        raise SettingError(f"unknown device type {device_type!r}: use one of cuda, cpu")
+    family, sep, value = text.strip().partition(":")
+    key = family.strip().lower()
+    if not sep or key not in FAMILIES or not value.strip():
+        raise SettingError(
+            f"malformed recipe {text!r}: write FAMILY:VALUE, e.g. {', '.join(EXAMPLES[:5])}"
+        )
+    family, value = FAMILIES[key], value.strip()
+    if family in ("hf", "accelerate"):
+        return _hf(family, value, device_type)
+    if family in ("lightning", "fabric"):
+        return _lightning(family, value, device_type)
+    if family in ("fsdp2", "fsdp1"):
+        return _fsdp(family, value, device_type)
+    return _deepspeed(value, device_type)
+
+
+def cast_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], recipe: Recipe
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The example inputs as the recipe hands them to the forward: floating tensors cast.
+
+    Imports torch (this module otherwise does not).
+
+    >>> import torch
+    >>> a, k = cast_inputs((torch.ones(2), torch.ones(2, dtype=torch.int64)), {},
+    ...                    parse_recipe("fsdp2:param_dtype=bf16"))
+    >>> [t.dtype for t in a]
+    [torch.bfloat16, torch.int64]
+    """
+    import torch
+    from torch.utils import _pytree as pytree
+
+    if recipe.input_cast is None:
+        return args, kwargs
+    dtype = getattr(torch, recipe.input_cast)
+
+    def cast(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.to(dtype)
+        return t
+
+    return pytree.tree_map(cast, (args, kwargs))
