@@ -31,13 +31,9 @@ from typing import Any
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.capture import driverless
 from ampgraph import policy as P
-from ampgraph.capture.trace import Capture
-from ampgraph.policy import rules
-from ampgraph.report.records import Cast, NodeRecord
+from ampgraph.annotate.composite import Decomposed, InnerAutocast, is_composite
 from ampgraph.annotate.replay import (
     Failed,
     FakeReplay,
@@ -51,8 +47,11 @@ from ampgraph.annotate.replay import (
     shape_lists,
     tensor_leaves,
 )
-from ampgraph.settings import Setting, short_dtype
+from ampgraph.capture.trace import Capture
+from ampgraph.policy import rules
+from ampgraph.report.records import Cast, NodeRecord
 from ampgraph.review.sources import source_of
+from ampgraph.settings import Setting, short_dtype
 from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
 
 
@@ -198,7 +197,7 @@ class AutocastAnnotator(FakeReplay):
             self._pending[n.name]["not_analysed"] = opaque_reason(target, device_type)
         inner: InnerAutocast | Decomposed | None = None
         if category is None and self._autocast_on(args, kwargs):
-            inner = Decomposed(self, n, target) if _is_composite(target) else InnerAutocast(self)
+            inner = Decomposed(self, n, target) if is_composite(target) else InnerAutocast(self)
         if inner is None:
             value = op(*call_args, **call_kwargs)
         else:
@@ -431,18 +430,38 @@ class AutocastAnnotator(FakeReplay):
         unknown: str = "?",
         any_device: bool = False,
     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
+        """Cast every eligible tensor argument not already in ``to`` (:meth:`cast_tensor`), as
+        autocast's wrappers do; returns the new arguments and the casts, in argument order.
+
+        ``any_device`` judges each tensor's eligibility on its own device (torchvision's
+        ``_autocast_cast``) rather than on ``device_type`` (autocast's ``is_eligible``).
+        """
         casts: list[Cast] = []
 
-        def cast(t: Any) -> Any:
+        def cast(t: torch.Tensor) -> torch.Tensor:
             eligible = rules.is_eligible(t, device_type if not any_device else device_type_of(t))
             if not eligible or t.dtype == to:
                 return t
             label = self.producer_label(n, t, unknown)
             casts.append(Cast(label, dtype_name(t.dtype), dtype_name(to)))
-            return torch.ops.aten._to_copy.default(t, dtype=to)
+            return self.cast_tensor(t, to, device_type)
 
-        new_args, new_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
+        # autocast's wrappers cast their arguments in a C++ pack expansion, which GCC (torch's
+        # Linux wheels) evaluates right to left: where autograd records the casts (the joint
+        # trace of a training step), their autograd nodes get their sequence numbers in that
+        # order, and the backward runs them by it. On fake tensors alone the order is moot.
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        cast_leaves = [cast(leaf) if isinstance(leaf, torch.Tensor) else leaf
+                       for leaf in reversed(leaves)][::-1]  # fmt: skip
+        casts.reverse()
+        new_args, new_kwargs = pytree.tree_unflatten(cast_leaves, spec)
         return tuple(new_args), dict(new_kwargs), casts
+
+    def cast_tensor(self, t: torch.Tensor, to: torch.dtype, device_type: str) -> torch.Tensor:
+        """One cast autocast makes, ``t`` to ``to``: a hook for the joint trace's annotator
+        (:class:`ampgraph.train.joint_annotator.JointAnnotator`), which marks the cast in its
+        graph and caches a parameter's as autocast's ``cached_cast`` does."""
+        return torch.ops.aten._to_copy.default(t, dtype=to)
 
 
 def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
@@ -460,137 +479,6 @@ def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
         f"ampgraph does not know{where}; its dtypes are what that kernel returned, not a "
         "prediction"
     )
-
-
-def _is_composite(op: torch._ops.OpOverload) -> bool:
-    """Whether ``op`` decomposes above autocast (a CompositeImplicitAutograd kernel)."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
-
-
-#: (op, tensor signature, autocast state) whose decomposition reaches no autocast policy.
-_NO_POLICY_INSIDE: set[Any] = set()
-
-
-class Decomposed:
-    """Autocast inside a CompositeImplicitAutograd op without a policy, at any depth.
-
-    Autocast falls through such an op to its decomposition with autocast still on, and each op
-    the decomposition calls is dispatched from the top again, so autocast's lists apply to it;
-    if that op is itself a composite without a policy, the same happens one level further down
-    (CUDA ``cross_entropy_loss`` -> ``log_softmax`` in fp32 and ``nll_loss_nd`` -> ``nll_loss``).
-    ``make_fx(pre_dispatch=True)`` with the op's own decomposition records those calls at the
-    level autocast sees them; a child annotator then annotates that little graph, recursing
-    where it meets another such composite.
-    """
-
-    def __init__(self, annotator: AutocastAnnotator, n: fx.Node, op: torch._ops.OpOverload):
-        self.annotator = annotator
-        self.node = n
-        self.op = op
-        self.casts: list[Cast] = []
-        self.applied: list[tuple[str, str]] = []
-
-    def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run ``op`` as autocast would, filling ``applied`` and ``casts``."""
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        tensors = [leaves[i] for i in where]
-        key = (
-            self.op,
-            tuple((t.dtype, device_type_of(t)) for t in tensors),
-            tuple(sorted(self.annotator.state.states.items())),
-            id(P._INDEX),  # the tables in use (tests swap in deliberately wrong ones)
-        )
-        if key in _NO_POLICY_INSIDE:
-            return op(*args, **kwargs)
-
-        def call_op(*ts: torch.Tensor) -> Any:
-            filled = list(leaves)
-            for i, t in zip(where, ts):
-                filled[i] = t
-            a, k = pytree.tree_unflatten(filled, spec)
-            return self.op(*a, **k)
-
-        def cpp_decomposition(*a: Any, **k: Any) -> Any:
-            # The C++ kernel a real run takes: op.decompose() would prefer a Python decomposition
-            # registered for tracing (upsample_bilinear2d.vec has one) whose ops differ.
-            return self.op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *a, **k)
-
-        # A composite that asks the GPU driver first (cuDNN RNNs) decomposes by its stand-in.
-        table = {self.op: driverless.decomposition(self.op) or cpp_decomposition}
-        try:
-            gm = self.annotator.trace_decomposition(
-                lambda: make_fx(call_op, pre_dispatch=True, decomposition_table=table)(*tensors)
-            )
-        except Exception:  # noqa: BLE001 - not traceable this way: autocast as one level sees it
-            fallback = InnerAutocast(self.annotator)
-            value = fallback.call(op, args, kwargs)
-            self.applied, self.casts = fallback.applied, fallback.casts
-            if not self.applied:
-                _NO_POLICY_INSIDE.add(key)
-            return value
-        parent = self.annotator
-        child = type(parent)(
-            parent.capture, gm=gm, state=parent.state, records=[],
-            prefix=f"{parent.prefix}{self.node.name}.", region=parent.region,
-        )  # fmt: skip
-        placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
-        child.outer_names = {
-            p.name: parent.producer_label(self.node, t, "?") for p, t in zip(placeholders, tensors)
-        }
-        value = child.run(*tensors)
-        if isinstance(value, Failed):
-            raise RuntimeError(value.message)  # noqa: TRY004 - the inner op's own error
-        for rec in child.records:
-            if rec.policy is not None:
-                name = rec.op.split(".")[1]
-                # A composite inside: name the path down to the ops autocast applies to.
-                nested = child.inner_applied.get(rec.name, [(None, rec.policy)])
-                self.applied += [
-                    (f"{name} → {path}" if path else name, cat) for path, cat in nested
-                ]
-            self.casts += rec.casts
-        if not self.applied:
-            _NO_POLICY_INSIDE.add(key)
-        return value
-
-
-class InnerAutocast(TorchDispatchMode):
-    """Autocast inside a composite op that has no policy of its own.
-
-    Autocast only skips its own key while it runs a policy's wrapper. An op without a policy
-    falls through to its CompositeImplicitAutograd decomposition with autocast still on, so the
-    ops it decomposes into get their policies (CPU ``einsum`` -> ``bmm`` in 16 bits;
-    ``cross_entropy_loss`` -> ``log_softmax`` in fp32 on CUDA). A dispatch mode sees exactly those
-    decomposed ops, after the composite has been expanded; ops handled here are not expanded
-    further, as autocast's wrappers exclude autocast for what they call.
-    """
-
-    def __init__(self, annotator: AutocastAnnotator) -> None:
-        super().__init__()
-        self.annotator = annotator
-        self.casts: list[Cast] = []
-        self.applied: list[tuple[str, str]] = []
-
-    def call(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run ``op`` with this mode on, filling ``applied`` and ``casts``."""
-        with self:
-            return op(*args, **kwargs)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if isinstance(func, torch._ops.OpOverload):
-            category, device_type = self.annotator._policy(func, tuple(args), kwargs)
-            if category is not None:
-                args, kwargs, casts, op, _why = self.annotator._apply(
-                    func, category, device_type, tuple(args), kwargs, None
-                )
-                self.casts += casts
-                self.applied.append((func._schema.name.removeprefix("aten::"), category))
-                return op(*args, **kwargs)
-        return func(*args, **kwargs)
 
 
 def _first(items: list[str | None]) -> str | None:

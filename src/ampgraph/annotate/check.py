@@ -18,8 +18,6 @@ from typing import Any
 import torch
 from torch import fx
 
-from ampgraph.capture.trace import IN_SETTING, Capture
-from ampgraph.report.records import NodeRecord, Report
 from ampgraph.annotate.replay import (
     Failed,
     FakeReplay,
@@ -28,6 +26,8 @@ from ampgraph.annotate.replay import (
     region_args,
     tensor_leaves,
 )
+from ampgraph.capture.trace import IN_SETTING, Capture
+from ampgraph.report.records import NodeRecord, Report
 from ampgraph.torchutil import autocast_state, can_trace_fake, dtype_name, torch_dtype
 
 ORACLE = "dispatcher (real autocast kernels on fake tensors)"

@@ -24,20 +24,34 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 STATISTICS, INPUT = "statistics", "input"
 
+#: op -> (index of the input, indices of its parameters): the CPU normalisations that take a
+#: 16-bit input with fp32 parameters (``mixed_dtypes.h``). As in ``is_mixed_type``, the first
+#: parameter given decides whether the input is mixed. The one table of these indices: the
+#: strict checks (:mod:`ampgraph.annotate.strict`) read them too.
+CPU_NORM_PARAMS: dict[Any, tuple[int, tuple[int, ...]]] = {
+    aten.native_layer_norm.default: (0, (2, 3)),
+    aten.native_group_norm.default: (0, (1, 2)),
+    aten.native_batch_norm.default: (0, (1, 2, 3, 4)),
+    aten._native_batch_norm_legit.default: (0, (1, 2, 3, 4)),
+    aten._native_batch_norm_legit.no_stats: (0, (1, 2)),
+    aten._native_batch_norm_legit_no_training.default: (0, (1, 2, 3, 4)),
+    aten._native_batch_norm_legit_functional.default: (0, (1, 2, 3, 4)),
+    aten._batch_norm_with_update.default: (0, (1, 2, 3, 4)),
+    aten._batch_norm_no_update.default: (0, (1, 2, 3, 4)),
+    aten.native_group_norm_backward.default: (1, (2, 3, 4)),
+}
+
+#: op -> the outputs the fake kernel mistypes, and what the real kernel gives them: fp32
+#: statistics (mean and rstd, outputs 1 and 2), or for the group norm's backward the input's
+#: gradient (output 0) in the input's dtype.
+_MISTYPED: dict[Any, tuple[tuple[int, ...], str]] = {
+    op: ((1, 2), STATISTICS) for op in CPU_NORM_PARAMS
+} | {aten.native_group_norm_backward.default: ((0,), INPUT)}
+
 #: op -> (index of the input, indices of its parameters, outputs the fake kernel mistypes, and
-#: what the real kernel gives them: fp32 statistics, or the input's dtype). As in
-#: ``is_mixed_type``, the first parameter given decides whether the input is mixed.
+#: what the real kernel gives them).
 CPU_MIXED: dict[Any, tuple[int, tuple[int, ...], tuple[int, ...], str]] = {
-    aten.native_layer_norm.default: (0, (2, 3), (1, 2), STATISTICS),
-    aten.native_group_norm.default: (0, (1, 2), (1, 2), STATISTICS),
-    aten.native_batch_norm.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
-    aten._native_batch_norm_legit.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
-    aten._native_batch_norm_legit.no_stats: (0, (1, 2), (1, 2), STATISTICS),
-    aten._native_batch_norm_legit_no_training.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
-    aten._native_batch_norm_legit_functional.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
-    aten._batch_norm_with_update.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
-    aten._batch_norm_no_update.default: (0, (1, 2, 3, 4), (1, 2), STATISTICS),
-    aten.native_group_norm_backward.default: (1, (2, 3, 4), (0,), INPUT),
+    op: (*CPU_NORM_PARAMS[op], *_MISTYPED[op]) for op in CPU_NORM_PARAMS
 }
 
 
@@ -86,4 +100,4 @@ class RealCpuDtypes(TorchDispatchMode):
         return retyped(out, dtypes)
 
 
-__all__ = ["CPU_MIXED", "RealCpuDtypes", "real_cpu_dtypes", "retyped"]
+__all__ = ["CPU_MIXED", "CPU_NORM_PARAMS", "RealCpuDtypes", "real_cpu_dtypes", "retyped"]

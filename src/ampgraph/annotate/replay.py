@@ -30,11 +30,11 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from ampgraph.annotate.kernel_dtypes import RealCpuDtypes
+from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
-from ampgraph.annotate.kernel_dtypes import RealCpuDtypes
 from ampgraph.settings import Setting
-from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
 
 WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)

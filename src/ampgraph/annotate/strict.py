@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampgraph.annotate.kernel_dtypes import CPU_NORM_PARAMS
+
 aten = torch.ops.aten
 
 Check = Callable[[tuple[Any, ...]], str | None]
@@ -176,13 +178,27 @@ def _convolution(device_type: str) -> Check:
 
 
 # -- normalisations -----------------------------------------------------------------------------
-def _cpu_norm(*param_indices: int) -> Check:
+#: The forward normalisations whose CPU kernels' dtype checks are written here (their indices
+#: are :data:`~ampgraph.annotate.kernel_dtypes.CPU_NORM_PARAMS`'s).
+_CHECKED_NORMS = (
+    aten.native_layer_norm.default,
+    aten.native_group_norm.default,
+    aten.native_batch_norm.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit.no_stats,
+)
+
+
+def _cpu_norm(op: Any) -> Check:
     """CPU normalisations, ``mixed_dtypes.h``: the input is "mixed" with its parameters when the
     first defined parameter's dtype differs from it; then every parameter must be fp32 and the
-    input 16-bit. Otherwise the kernel reads every parameter as the input's type."""
+    input 16-bit. Otherwise the kernel reads every parameter as the input's type. Where the
+    input and the parameters are: :data:`~ampgraph.annotate.kernel_dtypes.CPU_NORM_PARAMS`."""
+    x_index, param_indices = CPU_NORM_PARAMS[op]
 
     def check(args: tuple[Any, ...]) -> str | None:
-        x = args[0]
+        x = args[x_index]
         params = [_tensor(args[i]) if i < len(args) else None for i in param_indices]
         defined = [p for p in params if p is not None]
         if not defined:
@@ -316,12 +332,7 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cpu", aten.vdot.default): _dot,
     ("cuda", aten.convolution.default): _convolution("cuda"),
     ("cpu", aten.convolution.default): _convolution("cpu"),
-    ("cpu", aten.native_layer_norm.default): _cpu_norm(2, 3),
-    ("cpu", aten.native_group_norm.default): _cpu_norm(1, 2),
-    ("cpu", aten.native_batch_norm.default): _cpu_norm(1, 2, 3, 4),
-    ("cpu", aten._native_batch_norm_legit_no_training.default): _cpu_norm(1, 2, 3, 4),
-    ("cpu", aten._native_batch_norm_legit.default): _cpu_norm(1, 2, 3, 4),
-    ("cpu", aten._native_batch_norm_legit.no_stats): _cpu_norm(1, 2),
+    **{("cpu", op): _cpu_norm(op) for op in _CHECKED_NORMS},
     **_both(aten.index_put.default, _index_put),
     **_both(aten.index_put_.default, _index_put),
     **_both(aten._index_put_impl_.default, _index_put),

@@ -34,13 +34,11 @@ sequence number, which autograd gave it in the forward). Every tensor autograd s
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import contextvars
 import inspect
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,46 +47,44 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental import proxy_tensor
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.annotate.annotator import AutocastAnnotator, InnerAutocast
-from ampgraph.capture.trace import Capture
-from ampgraph.errors import AmpgraphError
-from ampgraph.annotate.kernel_dtypes import RealCpuDtypes, retyped
-from ampgraph.policy import rules
-from ampgraph.report.records import Backward, Cast, Gradient, NodeRecord, SavedTensor
 from ampgraph.annotate.replay import (
-    WRAP_WITH_SET_GRAD_ENABLED,
     Failed,
     StrictDtypeMode,
     dtype_names,
     op_name,
     placeholder_value,
-    tensor_leaves,
 )
-from ampgraph.settings import Setting, short_dtype
+from ampgraph.capture.trace import Capture
+from ampgraph.errors import AmpgraphError
+from ampgraph.report.records import Backward, Gradient, NodeRecord, SavedTensor
+from ampgraph.settings import short_dtype
 from ampgraph.torchutil import autocast_state, dtype_name
+from ampgraph.train.joint_annotator import (
+    BackwardAutocast,
+    CpuMixedNorms,
+    JointAnnotator,
+    ParameterCopies,
+)
+from ampgraph.train.joint_state import (
+    ACTIVE,
+    AUTOCAST_CAST,
+    BACKWARD,
+    FORWARD,
+    INPUT,
+    LOSS,
+    OWNER,
+    Packed,
+    TraceState,
+    trace_device,
+)
 
 LOSS_EXPRESSION = "output.float().sum()"
-#: node.meta key on the joint graph's ``_to_copy`` nodes that are autocast's casts.
-AUTOCAST_CAST = "ampgraph_autocast_cast"
-#: node.meta key: (phase, forward node) of every joint-graph node.
-OWNER = "ampgraph_owner"
 METHOD = "make_fx over the annotated forward + loss + torch.autograd.grad"
-FORWARD, LOSS, BACKWARD, INPUT = "forward", "loss", "backward", "input"
 
 
 class LossError(AmpgraphError):
     """The loss cannot be taken from the model's output (no floating tensor, unknown --loss)."""
-
-
-def trace_device(setting: Setting) -> str:
-    """Where the joint graph is traced: fake CPU tensors for CPU, the meta device for CUDA.
-
-    >>> trace_device(Setting.parse("amp-fp32"))
-    'meta'
-    """
-    return "cpu" if setting.device_type == "cpu" else "meta"
 
 
 # -- choosing the output the loss reduces --------------------------------------------------------
@@ -143,276 +139,6 @@ def _user_output_nodes(cap: Capture) -> list[Any]:
     flat = list(pytree.tree_leaves(output.args[0]))
     # torch.export returns mutated buffers first, then the user's outputs.
     return flat[len(flat) - len(cap.output_paths) :] if cap.output_paths else flat
-
-
-# -- the state of one joint trace ------------------------------------------------------------------
-class _Segments:
-    """Ranges of a growing sequence (graph nodes, autograd sequence numbers), each with an owner."""
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.owners: list[Any] = []
-
-    def mark(self, start: int, owner: Any) -> None:
-        if self.starts and self.starts[-1] == start:
-            self.owners[-1] = owner
-            return
-        self.starts.append(start)
-        self.owners.append(owner)
-
-    def owner(self, index: int, default: Any = None) -> Any:
-        i = bisect.bisect_right(self.starts, index) - 1
-        return self.owners[i] if i >= 0 else default
-
-
-@dataclass
-class _Saved:
-    owner: str | None
-    tensor: torch.Tensor
-    producer: str | None
-
-
-@dataclass
-class TraceState:
-    """What one joint trace learns besides the graph."""
-
-    setting: Setting
-    graph: fx.Graph
-    tracer: Any
-    nodes: _Segments = field(default_factory=_Segments)
-    seq: _Segments = field(default_factory=_Segments)
-    stack: list[tuple[str, str | None]] = field(default_factory=list)
-    saved: list[_Saved] = field(default_factory=list)
-    #: autocast's cast cache: (id(parameter), dtype) -> the cast (a leaf fp32 tensor that
-    #: requires grad is cast once per autocast context, as ``cached_cast`` does).
-    cast_cache: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict)
-    keep: list[torch.Tensor] = field(default_factory=list)
-    forward_records: list[NodeRecord] = field(default_factory=list)
-    #: storage of each graph input -> its kind (parameter, buffer, input, constant).
-    input_storages: dict[int, str] = field(default_factory=dict)
-    #: the dtype conversions of parameters and buffers made in the forward.
-    copies: Any = None
-
-    def enter(self, owner: tuple[str, str | None]) -> None:
-        self.stack.append(owner)
-        self._mark(owner)
-
-    def exit(self) -> None:
-        self.stack.pop()
-        self._mark(self.stack[-1] if self.stack else (FORWARD, None))
-
-    def _mark(self, owner: tuple[str, str | None]) -> None:
-        self.nodes.mark(len(self.graph.nodes), owner)
-        self.seq.mark(torch.autograd._get_sequence_nr(), owner)
-
-    def node_of(self, t: torch.Tensor) -> fx.Node | None:
-        """The joint-graph node that produced ``t``."""
-        slot = proxy_tensor.get_proxy_slot(t, self.tracer, None)
-        return slot.proxy.node if slot is not None else None
-
-    def new_nodes(self, since: int) -> list[fx.Node]:
-        """Nodes added to the graph since it had ``since`` nodes, in order."""
-        out = []
-        node = self.graph._root.prev
-        for _ in range(len(self.graph.nodes) - since):
-            out.append(node)
-            node = node.prev
-        return out[::-1]
-
-
-_STATE: contextvars.ContextVar[TraceState | None] = contextvars.ContextVar(
-    "ampgraph_joint_trace", default=None
-)
-
-
-def _state() -> TraceState:
-    state = _STATE.get()
-    assert state is not None, "only inside trace_joint"
-    return state
-
-
-# -- the forward, annotated and differentiable ----------------------------------------------------
-class JointAnnotator(AutocastAnnotator):
-    """The annotator, replayed so that autograd records it: on the trace device, casts as
-    explicit ``_to_copy`` calls (cached for parameters as autocast caches them), grad-mode
-    regions honoured, every node's joint-graph nodes and autograd nodes attributed to it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.device = torch.device(trace_device(self.setting))
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op != "call_function":
-            return super().run_node(n)
-        state = _state()
-        state.enter((FORWARD, self.qualified(n)))
-        try:
-            return super().run_node(n)
-        finally:
-            state.exit()
-
-    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
-        if n.target is WRAP_WITH_SET_GRAD_ENABLED:
-            with torch.set_grad_enabled(bool(args[0])):  # no_grad inside a forward: no backward
-                return super().run_region(n, args)
-        return super().run_region(n, args)
-
-    def trace_decomposition(self, trace: Any) -> fx.GraphModule:
-        # Traced apart from the joint graph: neither recorded in it nor seen by autograd.
-        with (
-            proxy_tensor.disable_proxy_modes_tracing(),
-            torch.no_grad(),
-            torch.autograd.graph.disable_saved_tensors_hooks("ampgraph: a side trace"),
-        ):
-            return trace()
-
-    def _cast_all(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        to: torch.dtype,
-        device_type: str,
-        n: fx.Node | None,
-        unknown: str = "?",
-    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast]]:
-        state = _state()
-        lower = self.state.states[device_type][1]
-        casts: list[Cast] = []
-
-        def cast(t: Any) -> Any:
-            if not rules.is_eligible(t, device_type) or t.dtype == to:
-                return t
-            casts.append(Cast(self.producer_label(n, t, unknown), dtype_name(t.dtype),
-                              dtype_name(to)))  # fmt: skip
-            # autocast_mode.cpp cached_cast: fp32 leaves that require grad, cast to the lower
-            # precision dtype, are cast once per autocast context and the copy reused.
-            cacheable = (
-                to == lower and t.dtype == torch.float32 and t.requires_grad and t.is_leaf
-                and not t._is_view()
-            )  # fmt: skip
-            key = (id(t), to)
-            if cacheable and key in state.cast_cache:
-                return state.cast_cache[key]
-            out = _explicit_cast(state, t, to)
-            if cacheable:
-                state.cast_cache[key] = out
-            return out
-
-        # autocast's wrappers cast their arguments in a C++ pack expansion, which GCC (torch's
-        # Linux wheels) evaluates right to left: the casts' autograd nodes get their sequence
-        # numbers in that order, and the backward runs them by it.
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        cast_leaves = [cast(leaf) if isinstance(leaf, torch.Tensor) else leaf
-                       for leaf in reversed(leaves)][::-1]  # fmt: skip
-        casts.reverse()
-        new_args, new_kwargs = pytree.tree_unflatten(cast_leaves, spec)
-        return tuple(new_args), dict(new_kwargs), casts
-
-
-def _explicit_cast(state: TraceState, t: torch.Tensor, to: torch.dtype) -> torch.Tensor:
-    out = torch.ops.aten._to_copy.default(t, dtype=to)
-    node = state.node_of(out)
-    if node is not None:
-        node.meta[AUTOCAST_CAST] = True
-    return out
-
-
-class ParameterCopies(TorchDispatchMode):
-    """Note the storage of every dtype conversion of a parameter or buffer (autocast's 16-bit
-    copies of weights, a model's own ``weight.to(dtype)``): memory that exists only while it is
-    needed, unlike the parameter's. The copies are kept alive so no other tensor reuses their
-    storage while the step runs. :mod:`ampgraph.train.verify` watches the real step with it too.
-    """
-
-    def __init__(self, sources: set[int]) -> None:
-        super().__init__()
-        self.sources = sources
-        self.storages: set[int] = set()
-        self.keep: list[torch.Tensor] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        if (
-            func is torch.ops.aten._to_copy.default
-            and isinstance(out, torch.Tensor)
-            and args[0].untyped_storage()._cdata in self.sources
-        ):
-            self.storages.add(out.untyped_storage()._cdata)
-            self.keep.append(out)
-        return out
-
-
-class CpuMixedNorms(RealCpuDtypes):
-    """Give the CPU's mixed-type normalisations the dtypes the real kernels return, in the
-    joint graph too (:mod:`ampgraph.annotate.kernel_dtypes`): what is saved, and what the backward
-    computes from it, is as on the CPU."""
-
-    def retype(self, out: Any, dtypes: dict[int, torch.dtype]) -> tuple[Any, ...]:
-        state = _state()
-        # The nodes' values are snapshots, as make_fx's own: a node holding a gradient itself
-        # would keep the engine from stealing it into .grad, and add a copy a real step lacks.
-        with proxy_tensor.disable_proxy_modes_tracing():
-            fixed = retyped(out, dtypes)
-            for old, new in zip(out, fixed):
-                if new is old:
-                    continue
-                slot = proxy_tensor.get_proxy_slot(old, state.tracer, None)
-                if slot is not None:
-                    proxy_tensor.set_proxy_slot(new, state.tracer, slot)
-                    slot.proxy.node.meta["val"] = proxy_tensor.extract_val(new)
-            node = state.node_of(out[0])
-            if node is not None and node.args:
-                node.args[0].meta["val"] = proxy_tensor.extract_val(fixed)
-        return fixed
-
-
-class BackwardAutocast(InnerAutocast):
-    """Autocast on the backward's ops, for ``loss.backward()`` called inside the context.
-
-    A dispatch mode sees each op a backward formula calls, as autocast does, and applies the
-    policy tables to it; its casts are explicit ``_to_copy`` nodes, marked, and the op's node
-    records its policy and casts.
-    """
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if not isinstance(func, torch._ops.OpOverload):
-            return func(*args, **kwargs)
-        category, device_type = self.annotator._policy(func, tuple(args), kwargs)
-        if category is None:
-            return func(*args, **kwargs)
-        state = _state()
-        sources = {id(t): state.node_of(t) for t in tensor_leaves((args, kwargs))}
-        before = len(state.graph.nodes)
-        call_args, call_kwargs, casts, op, _why = self.annotator._apply(
-            func, category, device_type, tuple(args), kwargs, None
-        )
-        for node in state.new_nodes(before):
-            node.meta[AUTOCAST_CAST] = True
-        for c, t in zip(casts, _cast_sources(args, kwargs, casts)):
-            source = sources.get(id(t)) if t is not None else None
-            c.node = source.name if source is not None else "?"
-        start = len(state.graph.nodes)
-        out = op(*call_args, **call_kwargs)
-        for node in state.new_nodes(start):
-            node.meta["ampgraph_policy"] = category
-            node.meta["ampgraph_casts"] = casts
-        return out
-
-
-def _cast_sources(
-    args: Any, kwargs: dict[str, Any], casts: list[Cast]
-) -> list[torch.Tensor | None]:
-    """The tensors ``casts`` were made of, in order (the eligible ones of another dtype)."""
-    tensors = [t for t in tensor_leaves((args, kwargs)) if t.is_floating_point()]
-    out: list[torch.Tensor | None] = []
-    i = 0
-    for c in casts:
-        while i < len(tensors) and dtype_name(tensors[i].dtype) != c.from_dtype:
-            i += 1
-        out.append(tensors[i] if i < len(tensors) else None)
-        i += 1
-    return out
 
 
 # -- the joint trace -------------------------------------------------------------------------------
@@ -472,11 +198,11 @@ def trace_joint(
         inputs = list(inputs)
         mode = proxy_tensor.get_proxy_mode()
         state = TraceState(setting, mode.tracer.graph, mode.tracer)
-        token = _STATE.set(state)
+        token = ACTIVE.set(state)
         try:
             return _step(state, inputs)
         finally:
-            _STATE.reset(token)
+            ACTIVE.reset(token)
             outcome["state"] = state
 
     def _step(state: TraceState, inputs: list[Any]) -> Any:
@@ -494,7 +220,7 @@ def trace_joint(
         def pack(t: torch.Tensor) -> torch.Tensor:
             owner = state.stack[-1][1] if state.stack else None
             node = state.node_of(t)
-            state.saved.append(_Saved(owner, t, node.name if node is not None else None))
+            state.saved.append(Packed(owner, t, node.name if node is not None else None))
             return t
 
         # A dispatch mode costs every op a trip through Python: this one only where it acts.
