@@ -41,7 +41,9 @@ from ampgraph.review.audit import to_json as audit_json
 from ampgraph.cli import main
 from ampgraph.review.diff import diff_json, diff_markdown, diff_reports
 from ampgraph.report.records import Report
-from ampgraph.render.dot import node_tooltip, overview_dot, to_dot
+from ampgraph.render.dot import to_dot
+from ampgraph.render.overview import overview_dot
+from ampgraph.render.tooltips import node_tooltip
 from ampgraph.render.graph import build_graph
 from ampgraph.report.text import check_markdown, markdown_table
 from ampgraph.train.formats import markdown_train

@@ -16,7 +16,7 @@ import pytest
 from ampgraph.errors import RenderError
 from ampgraph.report.records import Report
 from ampgraph.render import build_graph, to_dot
-from ampgraph.render.dot import memory_label
+from ampgraph.render.legend import memory_label
 from ampgraph.render.files import diagram_stem
 from ampgraph.render.style import THEMES
 from tests.test_render import check_golden, opt_report

@@ -22,17 +22,24 @@ changes: ``module/model.decoder.layers.0.fc1``, ``op/model.decoder.layers.0/add.
 >>> [path.name for path in render_files([report], tempfile.mkdtemp(), formats=("svg", "dot"))]
 ['Linear-cuda-bf16-amp-fp32.svg', 'Linear-cuda-bf16-amp-fp32.dot']
 
-One job per module: :mod:`~ampgraph.render.graph` builds the graph (views, collapsing, folding),
-:mod:`~ampgraph.render.style` holds colours and shapes as data, :mod:`~ampgraph.render.dot` writes
-Graphviz source, :mod:`~ampgraph.render.files` runs ``dot`` and writes files.
+One job per module: :mod:`~ampgraph.render.graph` builds the graph (views, collapsing) from
+:mod:`~ampgraph.render.boxes` (what a box holds), :mod:`~ampgraph.render.fold` (repeated layers
+drawn once) and :mod:`~ampgraph.render.backward` (the backward pass);
+:mod:`~ampgraph.render.style` holds colours and shapes as data; :mod:`~ampgraph.render.dot` writes
+Graphviz source with :mod:`~ampgraph.render.labels` (labels, escaping),
+:mod:`~ampgraph.render.tooltips`, :mod:`~ampgraph.render.emit` (boxes, frames, edges) and
+:mod:`~ampgraph.render.legend`; :mod:`~ampgraph.render.overview` draws several settings in one
+grid; :mod:`~ampgraph.render.svg` makes the SVG accessible; :mod:`~ampgraph.render.files` runs
+``dot`` and writes files.
 """
 
 from __future__ import annotations
 
 from ampgraph.errors import RenderError
-from ampgraph.render.dot import Diagram, diagram, overview_diagram, to_dot
+from ampgraph.render.dot import Diagram, diagram, to_dot
 from ampgraph.render.files import FORMATS, lay_out, render_files, render_svg
 from ampgraph.render.graph import VIEWS, build_graph
+from ampgraph.render.overview import overview_diagram
 from ampgraph.render.style import THEMES
 
 __all__ = [

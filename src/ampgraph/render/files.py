@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from ampgraph.errors import RenderError
-from ampgraph.report.files import atomic_write
-from ampgraph.render.dot import Diagram, diagram, overview_diagram
-from ampgraph.render.svg import accessible_bytes
-from ampgraph.settings import Setting
 from ampgraph.pipeline.workers import default_workers
+from ampgraph.render.dot import Diagram, diagram
+from ampgraph.render.overview import overview_diagram
+from ampgraph.render.svg import accessible_bytes
+from ampgraph.report.files import atomic_write
+from ampgraph.settings import Setting
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
     from ampgraph.report.records import Report
