@@ -1,418 +1,114 @@
-"""``ampgraph audit``: findings about where dtypes meet, read from a report's records.
+"""``ampgraph audit``'s output: the totals first, then the findings with repeated layers folded.
 
-Torch-free: :func:`audit` takes a :class:`~ampgraph.report.records.Report` (fresh, or saved by
-``ampgraph table --format json``) and returns :class:`Finding` objects; nothing here is hard-coded
-per model, every number is counted from the records. The kinds (:data:`KINDS`):
-
-* ``promotion``: an op with no autocast policy whose mixed inputs ordinary type promotion widens
-  (the residual add ``bf16 + fp32 -> fp32``), with the bytes of the widened output;
-* ``autocast-cast``: the tensors autocast casts before an op, with the bytes cast, split into the
-  model's weights and activations, and which casts pre-casting the parameters or inputs removes;
-* ``mixed-dtypes``: an op with no autocast policy (a custom op, say) that receives mixed floating
-  dtypes and does not promote them;
-* ``dtype-error``: an op that raises on its dtypes, with torch's message;
-* ``fp32-into-16bit-only``: a kernel that only runs in 16 bits, fed fp32;
-* ``sensitive-16bit``: an op on autocast's fp32 list (LayerNorm, softmax, sum, exp, ...) that runs
-  in 16 bits anyway (no autocast, 16-bit parameters; or the CPU lists, which protect fewer ops);
-* ``fp16-range``: an op whose result overflows fp16 easily (exp, pow, sums) running in fp16;
-* ``fp32-island``: an autocast-disabled region and the casts at its borders.
+Torch-free. The findings themselves are :mod:`ampgraph.review.findings`' (re-exported here, the
+module callers import). Text and Markdown open with a few lines (promotions and casts with their
+bytes, the count of each kind, the largest findings), then list each finding once per run of
+identical layers (:mod:`ampgraph.review.fold`): OPT-125M's 97 findings are nine entries, eight of
+them ``model.decoder.layers.0-11 ×12``. JSON keeps every finding and adds the groups; SARIF keeps
+one result per finding (code scanning wants each location) with its group in ``properties``.
 
 >>> from ampgraph.report.records import Cast, NodeRecord, Report
->>> nodes = [
-...     NodeRecord("x", "placeholder", "input", outputs=["float32"], shapes=[[4, 8]]),
-...     NodeRecord("w", "placeholder", "parameter", outputs=["float32"], shapes=[[8, 8]]),
-...     NodeRecord("linear", "aten.linear.default", "op", module="fc", policy="lower_precision_fp",
-...                casts=[Cast("x", "float32", "bfloat16"), Cast("w", "float32", "bfloat16")],
-...                outputs=["bfloat16"], shapes=[[4, 8]]),
-... ]
+>>> def layer(i, linear):
+...     return NodeRecord(linear, "aten.linear.default", "op", module=f"layers.{i}.fc",
+...                       policy="lower_precision_fp", casts=[Cast("x", "float32", "bfloat16")],
+...                       outputs=["bfloat16"], shapes=[[4, 8]])
 >>> setting = {"name": "amp-fp32", "device_type": "cuda", "autocast": True,
 ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
->>> report = Report("demo", setting, {}, {}, nodes, [])
->>> [(f.kind, f.bytes) for f in audit(report)]
-[('autocast-cast', 192)]
->>> summary(report)["casts"]
-{'count': 2, 'bytes': 192, 'weights': 1, 'weights_bytes': 128, 'activations': 1, 'activations_bytes': 64, 'from_inputs': 1}
+>>> x = NodeRecord("x", "placeholder", "input", outputs=["float32"], shapes=[[4, 8]])
+>>> report = Report("demo", setting, {}, {}, [x, layer(0, "linear"), layer(1, "linear_1")], [])
+>>> print(text(report).splitlines()[-2])
+note    autocast-cast        layers.0-1 ×2 (linear … linear_1): autocast casts 1 tensor to bf16 before linear in layers.0-1.fc: 0 weights 0 B, 1 activation 64 B; ×2: 128 B
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ampgraph import policy as P
 from ampgraph.report.markdown import code_span, escape_text
-from ampgraph.report.records import SOURCE_KINDS, NodeRecord, Report
+from ampgraph.report.records import Report
+from ampgraph.review.findings import (
+    FLOATING,
+    ITEMSIZE,
+    KINDS,
+    SEVERITIES,
+    Finding,
+    at_or_above,
+    audit,
+    fmt_bytes,
+    summary,
+    where,
+)  # fmt: skip
+from ampgraph.review.fold import Fold, Names, fold
 from ampgraph.settings import short_dtype
 
-#: Severities, least first: ``--fail-on`` counts a finding at or above the one it names.
-SEVERITIES = ("note", "warning", "error")
-
-#: Every kind, with its severity and a one-line title (SARIF's rule description).
-KINDS: dict[str, tuple[str, str]] = {
-    "dtype-error": ("error", "An op raises on the dtypes it receives"),
-    "fp32-into-16bit-only": ("error", "A kernel that only runs in 16 bits is fed fp32"),
-    "mixed-dtypes": ("warning", "An op without an autocast policy receives mixed floating dtypes"),
-    "fp16-range": ("warning", "An op whose result overflows fp16 easily runs in fp16"),
-    "sensitive-16bit": ("warning", "A numerically sensitive op runs in 16 bits"),
-    "promotion": ("note", "Mixed inputs are widened by type promotion"),
-    "autocast-cast": ("note", "autocast casts tensors before an op"),
-    "fp32-island": ("note", "An autocast-disabled region, and the casts at its borders"),
-}
-
-#: Bytes per element of the dtypes records name.
-ITEMSIZE: dict[str, int] = {
-    "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "complex128": 16, "complex64": 8,
-    "complex32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-}  # fmt: skip
-FLOATING = frozenset({"float64", "float32", "bfloat16", "float16"})
-SIXTEEN_BIT = frozenset({"bfloat16", "float16"})
-#: autocast's categories that keep an op in fp32: the ops it protects from 16 bits.
-_FP32_CATEGORIES = frozenset({P.FP32, P.FP32_SET_OPT_DTYPE, P.FP32_APPEND_DTYPE})
-#: Ops whose results leave fp16's range (max 65504) for ordinary inputs: exp(11.1) already does.
-FP16_RANGE_OPS = frozenset({
-    "exp", "expm1", "pow", "sinh", "cosh", "reciprocal", "rsqrt", "sum", "prod", "cumsum",
-    "cumprod", "logsumexp", "mse_loss",
-})  # fmt: skip
-#: Kernels with no fp32 implementation (FlashAttention's): fp32 inputs make them raise.
-SIXTEEN_BIT_ONLY = frozenset({
-    "_scaled_dot_product_flash_attention", "_flash_attention_forward",
-    "_scaled_dot_product_cudnn_attention",
-})  # fmt: skip
+#: How many of the largest findings (by bytes, all their layers together) the summary names.
+LARGEST = 3
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One finding: what happens at one node, why it matters, and what to do about it."""
+def folded(report: Report, findings: Sequence[Finding] | None = None) -> list[Fold[Finding]]:
+    """The findings, those of identical layers as one entry each (:func:`ampgraph.review.fold.fold`).
 
-    kind: str
-    severity: str
-    node: str
-    op: str
-    module: str | None
-    message: str
-    suggestion: str
-    #: Bytes per forward the finding is about (cast, widened); None where shapes are unknown.
-    bytes: int | None = None
-    #: Kind-specific numbers (the casts and their split, a region's border casts, ...).
-    details: dict[str, Any] = field(default_factory=dict)
-    #: ``{"file", "line"}`` in the model's code, where the records know it (an analysis with
-    #: ``sources=True``, as ``ampgraph audit`` makes; not a report saved by ``ampgraph table``).
-    source: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _op_parts(op: str) -> tuple[str, str] | None:
-    """``aten.softmax.int`` -> ``("softmax", "int")``; None for a non-ATen op."""
-    parts = op.split(".")
-    if len(parts) != 3 or parts[0] != "aten":
-        return None
-    return parts[1], parts[2]
-
-
-def _fp32_listed(op: str) -> bool:
-    """Whether CUDA autocast's fp32 lists name the op (what autocast would protect)."""
-    parts = _op_parts(op)
-    return parts is not None and P.lookup("cuda", f"aten::{parts[0]}", parts[1]) in _FP32_CATEGORIES
-
-
-def _numel(shape: Sequence[int] | None) -> int | None:
-    if shape is None:
-        return None
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _bytes(rec: NodeRecord | None, dtype: str | None, index: int = 0) -> int | None:
-    """Bytes of ``rec``'s output ``index`` held in ``dtype``; None where the shape is unknown."""
-    if rec is None or not rec.shapes or index >= len(rec.shapes) or dtype not in ITEMSIZE:
-        return None
-    numel = _numel(rec.shapes[index])
-    return None if numel is None else numel * ITEMSIZE[dtype]
-
-
-def _sum(values: Sequence[int | None]) -> int | None:
-    """The sum, or None if any part is unknown (an exact figure or none)."""
-    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
-
-
-def fmt_bytes(n: int | None) -> str:
-    """``1179648`` -> ``'1,179,648 B (1.2 MB)'``; ``'? B'`` where the shapes are unknown.
-
-    >>> fmt_bytes(1179648), fmt_bytes(96), fmt_bytes(None)
-    ('1,179,648 B (1.2 MB)', '96 B', '? B')
+    Two layers' findings are the same when everything but the layer is: kind, op, module below the
+    layer, bytes, details, source line, and the texts with the layer's path and node names taken
+    out.
     """
-    if n is None:
-        return "? B"
-    if n < 1000:
-        return f"{n} B"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n:,} B ({n / size:.1f} {unit})"
-    raise AssertionError  # pragma: no cover
-
-
-def _n(count: int, word: str) -> str:
-    """``_n(1, "cast")`` -> ``'1 cast'``, ``_n(2, "cast")`` -> ``'2 casts'``."""
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def _where(rec: NodeRecord) -> str:
-    op = rec.op.removeprefix("aten.").removesuffix(".default")
-    return f"{op} in {rec.module or 'the top level'}"
-
-
-class _Auditor:
-    """One pass over a report's records; each ``_kind`` method adds its findings."""
-
-    def __init__(self, report: Report) -> None:
-        self.report = report
-        self.by_name = {r.name: r for r in report.nodes}
-        # How often each (tensor, target dtype) is cast: autocast caches only leaf weights.
-        self.cast_uses = Counter((c.node, c.to_dtype) for r in report.nodes for c in r.casts)
-        self.findings: list[Finding] = []
-
-    def add(self, kind: str, rec: NodeRecord, message: str, suggestion: str, **extra: Any) -> None:
-        self.findings.append(Finding(kind, KINDS[kind][0], rec.name, rec.op, rec.module, message,
-                                     suggestion, source=rec.source, **extra))  # fmt: skip
-
-    def run(self) -> list[Finding]:
-        for rec in self.report.nodes:
-            if rec.kind not in ("op", "region") or rec.skipped:
-                continue
-            if rec.kind == "region":
-                self.island(rec)
-                continue
-            if rec.error:
-                self.dtype_error(rec)
-                continue
-            self.promotion(rec)
-            self.casts(rec)
-            self.mixed(rec)
-            self.sixteen_only(rec)
-            self.sensitive(rec)
-        order = {r.name: i for i, r in enumerate(self.report.nodes)}
-        rank = {k: i for i, k in enumerate(KINDS)}
-        return sorted(self.findings, key=lambda f: (order.get(f.node, 0), rank[f.kind]))
-
-    def _floating_inputs(self, rec: NodeRecord) -> list[str]:
-        return [i["dtype"] for i in rec.inputs if i.get("dtype") in FLOATING]
-
-    def promotion(self, rec: NodeRecord) -> None:
-        if rec.promotion is None or _op_parts(rec.op) is None:
-            return  # a custom op's dtypes are its own doing, not type promotion: mixed-dtypes
-        to = rec.promotion["to"]
-        widened = _bytes(rec, to)
-        narrow = min((ITEMSIZE.get(d, 0) for d in rec.promotion["inputs"]), default=0)
-        extra = None if widened is None else widened - widened // ITEMSIZE[to] * narrow
-        ins = " + ".join(short_dtype(d) for d in rec.promotion["inputs"])
-        self.add(
-            "promotion", rec,
-            f"{_where(rec)} widens {ins} -> {short_dtype(to)}: {fmt_bytes(widened)} out",
-            "intended for an fp32 residual stream; otherwise cast the wider operand to the "
-            "narrower dtype explicitly, so the result stays 16-bit",
-            bytes=widened, details={"inputs": rec.promotion["inputs"], "to": to,
-                                    "extra_bytes": extra},
-        )  # fmt: skip
-
-    def casts(self, rec: NodeRecord) -> None:
-        if not rec.casts:
-            return
-        weights, activations, from_inputs, repeated = [], [], 0, []
-        for cast in rec.casts:
-            src = self.by_name.get(cast.node)
-            size = _bytes(src, cast.to_dtype)
-            if src is not None and src.kind in SOURCE_KINDS:
-                weights.append(size)
-            else:
-                activations.append(size)
-                from_inputs += src is not None and src.kind == "input"
-                if self.cast_uses[(cast.node, cast.to_dtype)] > 1:
-                    repeated.append(cast.node)
-        to = sorted({short_dtype(c.to_dtype) for c in rec.casts})
-        total = _sum(weights + activations)
-        tips = []
-        if weights:
-            tips.append(f"parameters kept in {'/'.join(to)} remove the "
-                        f"{_n(len(weights), 'weight cast')}")  # fmt: skip
-        if from_inputs:
-            tips.append(f"an input passed in {'/'.join(to)} removes {_n(from_inputs, 'cast')}")
-        if repeated:
-            tips.append(f"{', '.join(sorted(set(repeated)))} is cast again for each op that "
-                        "uses it (autocast caches only weight casts)")  # fmt: skip
-        self.add(
-            "autocast-cast", rec,
-            f"autocast casts {_n(len(rec.casts), 'tensor')} to {'/'.join(to)} before "
-            f"{_where(rec)}: {_n(len(weights), 'weight')} {fmt_bytes(_sum(weights))}, "
-            f"{_n(len(activations), 'activation')} {fmt_bytes(_sum(activations))}",
-            "; ".join(tips) or "expected under autocast",
-            bytes=total,
-            details={"casts": [c.to_dict() for c in rec.casts], "weights": len(weights),
-                     "weights_bytes": _sum(weights), "activations": len(activations),
-                     "activations_bytes": _sum(activations), "from_inputs": from_inputs},
-        )  # fmt: skip
-
-    def mixed(self, rec: NodeRecord) -> None:
-        floats = set(self._floating_inputs(rec))
-        custom = _op_parts(rec.op) is None and "." in rec.op  # "getitem" is Python, not an op
-        if rec.policy is not None or len(floats) < 2 or (rec.promotion is not None and not custom):
-            return
-        if rec.op in ("placeholder", "output") or rec.not_analysed:
-            return
-        got = ", ".join(short_dtype(d) for d in sorted(floats))
-        self.add(
-            "mixed-dtypes", rec,
-            f"{_where(rec)} has no autocast policy and receives {got}; it returns "
-            f"{', '.join(short_dtype(d) for d in rec.outputs if d) or 'nothing'}"
-            + ("" if custom else " without promoting"),
-            "cast its inputs to one dtype before the call, or register an autocast rule for it "
-            "(torch.library.register_autocast)",
-        )  # fmt: skip
-
-    def dtype_error(self, rec: NodeRecord) -> None:
-        got = ", ".join(short_dtype(i.get("dtype")) for i in rec.inputs if i.get("dtype"))
-        self.add(
-            "dtype-error", rec, f"{_where(rec)} raises on inputs {got}: {rec.error}",
-            "cast the inputs to one dtype before this op (x.to(w.dtype)), or run it inside "
-            "torch.autocast, which casts them for it",
-        )  # fmt: skip
-
-    def sixteen_only(self, rec: NodeRecord) -> None:
-        parts = _op_parts(rec.op)
-        if parts is None or parts[0] not in SIXTEEN_BIT_ONLY:
-            return
-        if "float32" in self._floating_inputs(rec) and not rec.casts:
-            self.add(
-                "fp32-into-16bit-only", rec,
-                f"{_where(rec)} only runs in 16 bits and receives fp32",
-                "cast q, k and v to bf16/fp16 first, or call scaled_dot_product_attention, which "
-                "picks a kernel that accepts fp32",
-            )  # fmt: skip
-
-    def sensitive(self, rec: NodeRecord) -> None:
-        out = rec.out_dtype
-        if out not in SIXTEEN_BIT or not _fp32_listed(rec.op):
-            return
-        name = _op_parts(rec.op)[0]  # type: ignore[index]  # _fp32_listed: an ATen op
-        size = _bytes(rec, out)
-        if out == "float16" and name in FP16_RANGE_OPS:
-            self.add(
-                "fp16-range", rec,
-                f"{_where(rec)} runs in fp16, whose largest value is 65504: exp(11.1), a sum "
-                "of a few thousand large values or x**2 of 256 already overflows to inf",
-                "run it in fp32 (x.float()), under CUDA autocast (which does), or use bf16",
-                bytes=size,
-            )  # fmt: skip
-            return
-        self.add(
-            "sensitive-16bit", rec,
-            f"{_where(rec)} runs in {short_dtype(out)}; CUDA autocast's fp32 list would run it "
-            "in fp32",
-            "keep the parameters in fp32 and use autocast, or call it on x.float() and cast the "
-            "result back",
-            bytes=size,
-        )  # fmt: skip
-
-    def island(self, rec: NodeRecord) -> None:
-        inside = [r for r in self.report.nodes if r.region == rec.name]
-        if not inside or inside[0].autocast:
-            return  # an autocast-enabled region (another dtype): no island
-        names = {r.name for r in inside}
-        # Entering: values made outside, converted inside (the body's own .float()).
-        entry = [
-            r for r in inside
-            if r.op.startswith(("aten._to_copy.", "aten.to.")) and r.inputs
-            and r.inputs[0]["node"] not in names and r.inputs[0]["dtype"] != r.out_dtype
-        ]  # fmt: skip
-        produced = names | {rec.name}
-        # Leaving: autocast casts, after the region, of what the region produced.
-        exit_casts = [
-            (r, c) for r in self.report.nodes if r.region != rec.name for c in r.casts
-            if c.node in produced or (self.by_name.get(c.node) is not None
-                                      and self.by_name[c.node].inputs
-                                      and self.by_name[c.node].op == "getitem"
-                                      and self.by_name[c.node].inputs[0]["node"] in produced)
-        ]  # fmt: skip
-        ops = sum(r.kind == "op" for r in inside)
-        size = _sum(
-            [_bytes(r, r.out_dtype) for r in entry]
-            + [_bytes(self.by_name.get(c.node), c.to_dtype) for _r, c in exit_casts]
-        )
-        self.add(
-            "fp32-island", rec,
-            f"autocast is disabled in {rec.name} ({rec.module or 'top level'}): "
-            f"{_n(ops, 'op')} run as written; {_n(len(entry), 'conversion')} on entry, "
-            f"{_n(len(exit_casts), 'autocast cast')} of its results after it, {fmt_bytes(size)}",
-            "keep the region as small as the precision it protects needs; its inputs are 16-bit "
-            "where autocast made them so",
-            bytes=size,
-            details={"ops": ops, "entry": [r.name for r in entry],
-                     "exit": [{"op": r.name, **c.to_dict()} for r, c in exit_casts]},
-        )  # fmt: skip
-
-
-def audit(report: Report) -> list[Finding]:
-    """Every finding in ``report``, in execution order (errors first at a node).
-
-    >>> from ampgraph.report.records import NodeRecord, Report
-    >>> setting = {"name": "half", "device_type": "cuda", "autocast": False,
-    ...            "amp_dtype": "bfloat16", "param_dtype": "bfloat16"}
-    >>> ln = NodeRecord("layer_norm", "aten.layer_norm.default", "op", module="ln",
-    ...                 inputs=[{"node": "x", "dtype": "bfloat16"}], outputs=["bfloat16"],
-    ...                 shapes=[[2, 4]])
-    >>> [(f.kind, f.severity, f.bytes) for f in audit(Report("m", setting, {}, {}, [ln], []))]
-    [('sensitive-16bit', 'warning', 16)]
-    """
-    return _Auditor(report).run()
-
-
-def summary(report: Report, findings: Sequence[Finding] | None = None) -> dict[str, Any]:
-    """Totals per forward: promotions and their widened bytes, casts split into weights and
-    activations, the casts pre-cast parameters or inputs remove, and a count per kind."""
     findings = audit(report) if findings is None else findings
-    proms = [f for f in findings if f.kind == "promotion"]
-    casts = [f for f in findings if f.kind == "autocast-cast"]
+    names = Names(report.nodes)
 
-    def total(items: list[Finding], key: str) -> int | None:
-        return _sum([f.details[key] for f in items])
+    def key(f: Finding, layer: str) -> Hashable:
+        # The message names the node's op and module first (``where``): op and module are in the
+        # key, so that part is set aside before node names are looked for (layer 0's node
+        # ``linear`` is also the op's name, ``linear in ...``).
+        message = f.message.replace(where(f.op, f.module), "\x00W\x00")
+        source = None if f.source is None else (f.source.get("file"), f.source.get("line"))
+        return (
+            f.kind, f.severity, f.op, names.key(f.module, layer), names.node(f.node, layer),
+            f.bytes, source, names.key(message, layer), names.key(f.suggestion, layer),
+            names.key(f.details, layer),
+        )  # fmt: skip
 
-    return {
-        "findings": dict(Counter(f.kind for f in findings)),
-        "severities": dict(Counter(f.severity for f in findings)),
-        "promotions": {"count": len(proms), "bytes": _sum([f.bytes for f in proms])},
-        "casts": {
-            "count": sum(len(f.details["casts"]) for f in casts),
-            "bytes": _sum([f.bytes for f in casts]),
-            "weights": sum(f.details["weights"] for f in casts),
-            "weights_bytes": total(casts, "weights_bytes"),
-            "activations": sum(f.details["activations"] for f in casts),
-            "activations_bytes": total(casts, "activations_bytes"),
-            "from_inputs": sum(f.details["from_inputs"] for f in casts),
-        },
-    }
+    return fold(findings, lambda f: f.module, key)
 
 
-def at_or_above(findings: Sequence[Finding], severity: str) -> list[Finding]:
-    """The findings whose severity is ``severity`` or worse (what ``--fail-on`` counts).
-
-    >>> at_or_above([Finding("promotion", "note", "add", "aten.add.Tensor", None, "", "")],
-    ...             "warning")
-    []
-    """
-    floor = SEVERITIES.index(severity)
-    return [f for f in findings if SEVERITIES.index(f.severity) >= floor]
+def _total(entry: Fold[Finding]) -> int | None:
+    b = entry.first.bytes
+    return None if b is None else b * entry.count
 
 
-# -- formats ----------------------------------------------------------------------------------------
+def _where_shown(entry: Fold[Finding]) -> str:
+    """``linear in lm_head (linear_72)``; ``linear in model.decoder.layers.0-11.fc1 ×12``."""
+    f = entry.first
+    if entry.group is None:
+        return f"{where(f.op, f.module)} ({f.node})"
+    return f"{where(f.op, entry.group.shown(f.module))} ×{entry.count}"
+
+
+def _largest(entries: Sequence[Fold[Finding]]) -> list[str]:
+    """The :data:`LARGEST` entries of most bytes (all their layers together), largest first."""
+    sized = sorted((e for e in entries if _total(e)), key=lambda e: _total(e) or 0, reverse=True)
+    return [f"{fmt_bytes(_total(e))} {e.first.kind} {_where_shown(e)}" for e in sized[:LARGEST]]
+
+
+def _names(entry: Fold[Finding]) -> str:
+    """``linear_72``, or ``linear … linear_66`` for a folded entry (first and last layer's)."""
+    if entry.group is None:
+        return entry.first.node
+    return f"{entry.first.node} … {entry.items[-1].node}"
+
+
+def _message(entry: Fold[Finding]) -> str:
+    f = entry.first
+    if entry.group is None:
+        return f.message
+    total = _total(entry)
+    tail = "" if total is None else f"; ×{entry.count}: {fmt_bytes(total)}"
+    return entry.group.shown_text(f.message) + tail
+
+
 def _title(report: Report) -> str:
     s = report.setting
     amp = f"autocast {s['device_type']} {short_dtype(s['amp_dtype'])}" if s["autocast"] else (
@@ -422,10 +118,19 @@ def _title(report: Report) -> str:
     )
 
 
-def _summary_lines(report: Report, findings: Sequence[Finding]) -> list[str]:
+def _summary_lines(
+    report: Report, findings: Sequence[Finding], entries: Sequence[Fold[Finding]]
+) -> list[str]:
+    """The totals, and the count of each kind and of the entries listed."""
     s = summary(report, findings)
     c, p = s["casts"], s["promotions"]
-    return [
+    kinds = ", ".join(f"{n} {k}" for k, n in s["findings"].items()) or "none"
+    folds = sum(e.group is not None for e in entries)
+    listed = (
+        f"; {len(entries)} entries below, {folds} of them identical layers folded "
+        "(--format json lists each finding)" if folds else ""
+    )  # fmt: skip
+    lines = [
         f"promotions: {p['count']}, widened outputs {fmt_bytes(p['bytes'])} per forward",
         (
             f"autocast casts: {c['count']}, {fmt_bytes(c['bytes'])} per forward: {c['weights']} of "
@@ -434,34 +139,67 @@ def _summary_lines(report: Report, findings: Sequence[Finding]) -> list[str]:
             f"({fmt_bytes(c['activations_bytes'])}; {c['from_inputs']} of the model's inputs, which "
             "an input passed in that dtype removes)"
         ),
-        "findings: " + (", ".join(f"{n} {k}" for k, n in s["findings"].items()) or "none"),
+        f"findings: {kinds}{listed}",
     ]
+    return lines
 
 
 def text(report: Report, findings: Sequence[Finding] | None = None) -> str:
-    """Plain text: a heading, one line per finding with its suggestion (and its source line,
-    where the records know it) under it, the totals."""
+    """Plain text: a heading, the totals and the largest findings, then one line per finding (per
+    run of identical layers) with its suggestion (and its source line, where the records know
+    it) under it."""
     findings = audit(report) if findings is None else findings
-    lines = [f"# audit of {_title(report)}"]
-    for f in findings:
-        lines.append(f"{f.severity:<7} {f.kind:<20} {f.node}: {f.message}")
+    entries = folded(report, findings)
+    lines = [f"# audit of {_title(report)}", *_summary_lines(report, findings, entries)]
+    largest = _largest(entries) if len(entries) > 1 else []
+    lines += (
+        ["largest findings, bytes per forward:", *(f"  {x}" for x in largest)] if largest else []
+    )
+    if entries:
+        lines.append("")
+    for e in entries:
+        f, head = e.first, _names(e)
+        if e.group is not None:
+            head = f"{e.group.label} ×{e.count} ({head})"
+        lines.append(f"{f.severity:<7} {f.kind:<20} {head}: {_message(e)}")
         lines.append(f"{'':<28} suggestion: {f.suggestion}")
         if f.source is not None:
             lines.append(f"{'':<28} at {f.source['file']}:{f.source['line']}")
-    return "\n".join([*lines, *_summary_lines(report, findings)])
+    return "\n".join(lines)
+
+
+def _groups(report: Report, findings: Sequence[Finding]) -> tuple[list[dict[str, Any]],
+                                                                  dict[int, int]]:  # fmt: skip
+    """The folded groups as plain data, each with the positions of its findings, and each
+    grouped finding's group number (by the finding's position)."""
+    position = {id(f): i for i, f in enumerate(findings)}
+    groups: list[dict[str, Any]] = []
+    of: dict[int, int] = {}
+    for e in folded(report, findings):
+        if e.group is None:
+            continue
+        members = [position[id(f)] for f in e.items]
+        groups.append({"id": len(groups), **e.group.to_dict(), "kind": e.first.kind,
+                       "module": e.group.shown(e.first.module), "findings": members})  # fmt: skip
+        of.update((m, len(groups) - 1) for m in members)
+    return groups, of
 
 
 def to_json(reports: Sequence[Report]) -> str:
-    """JSON (schema ``ampgraph.review.audit`` version 1): per report its model, setting, totals and
-    findings."""
-    return json.dumps({
-        "schema": "ampgraph.audit", "version": 1,
-        "audits": [
-            {"model": r.model, "setting": r.setting, "summary": summary(r, fs),
-             "findings": [f.to_dict() for f in fs]}
-            for r, fs in ((r, audit(r)) for r in reports)
-        ],
-    }, indent=1)  # fmt: skip
+    """JSON (schema ``ampgraph.audit`` version 1): per report its model, setting, totals, every
+    finding, and ``groups``: the findings of identical layers that text and Markdown fold, each
+    with its layers and its findings' positions (a grouped finding's ``group`` is its number;
+    null for one that is not)."""
+    audits = []
+    for r in reports:
+        fs = audit(r)
+        groups, of = _groups(r, fs)
+        audits.append({
+            "model": r.model, "setting": r.setting, "summary": summary(r, fs),
+            "findings": [{**f.to_dict(), "group": of.get(i)} for i, f in enumerate(fs)],
+            "groups": groups,
+        })  # fmt: skip
+    return json.dumps({"schema": "ampgraph.audit", "version": 1, "audits": audits}, indent=1)
 
 
 def _at(f: Finding) -> str:
@@ -469,12 +207,13 @@ def _at(f: Finding) -> str:
     the table stays narrow; text, JSON and SARIF give the path)."""
     if f.source is None:
         return ""
-    where = f"{Path(f.source['file']).name}:{f.source['line']}"
-    return f" at {code_span(where)}"
+    place = f"{Path(f.source['file']).name}:{f.source['line']}"
+    return f" at {code_span(place)}"
 
 
 def markdown(report: Report, findings: Sequence[Finding] | None = None) -> str:
-    """A Markdown section for a pull request: the totals, then a table of findings.
+    """A Markdown section for a pull request: the totals, then a table of findings, a row per
+    finding or per run of identical layers (``model.decoder.layers.0-11`` ×12).
 
     Module and node names, and the messages that mention them, are the model's text: they go
     through :mod:`ampgraph.report.markdown`, so none of them can break the table or become a link.
@@ -488,16 +227,25 @@ def markdown(report: Report, findings: Sequence[Finding] | None = None) -> str:
     | warning | sensitive-16bit | `a\\|b` | `layer_norm` | layer_norm in a\\|b
     """
     findings = audit(report) if findings is None else findings
+    entries = folded(report, findings)
     rows = [f"### ampgraph audit: {escape_text(_title(report))}", ""]
-    rows += [f"- {escape_text(line)}" for line in _summary_lines(report, findings)]
-    if findings:
+    rows += [f"- {escape_text(line)}" for line in _summary_lines(report, findings, entries)]
+    largest = _largest(entries) if len(entries) > 1 else []
+    if largest:
+        rows.append(f"- largest findings, bytes per forward: {escape_text('; '.join(largest))}")
+    if entries:
         rows += ["", "| severity | kind | module | node | finding | suggestion |",
                  "|---|---|---|---|---|---|"]  # fmt: skip
-        rows += [
-            f"| {f.severity} | {f.kind} | {code_span(f.module or '-')} | {code_span(f.node)}"
-            f"{_at(f)} | {escape_text(f.message)} | {escape_text(f.suggestion)} |"
-            for f in findings
-        ]
+    for e in entries:
+        f = e.first
+        module, node = code_span(f.module or "-"), code_span(f.node)
+        if e.group is not None:
+            module = f"{code_span(e.group.shown(f.module) or '-')} ×{e.count}"
+            node = f"{node} … {code_span(e.items[-1].node)}"
+        rows.append(
+            f"| {f.severity} | {f.kind} | {module} | {node}{_at(f)} | {escape_text(_message(e))} "
+            f"| {escape_text(f.suggestion)} |"
+        )
     return "\n".join(rows)
 
 
@@ -535,11 +283,16 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
     the node: a path relative to the working directory where the file lies under it, else a
     ``file://`` URI); for records without source lines (a report saved by ``ampgraph table``)
     the model's own file (``--module path/model.py:factory``, a ``config.json``) at line 1.
+    A finding of identical layers, which text folds into one entry, stays one result per layer,
+    with ``properties.group``: the layers (``model.decoder.layers.0-11``), their count and
+    indices, and the module as text shows it.
     """
     results = []
     for report in reports:
         artifact = uri(report.model)
-        for f in audit(report):
+        findings = audit(report)
+        groups, of = _groups(report, findings)
+        for i, f in enumerate(findings):
             location: dict[str, Any] = {"logicalLocations": [
                 {"fullyQualifiedName": f"{f.module or '<top>'}/{f.node}", "kind": "member"},
             ]}  # fmt: skip
@@ -549,7 +302,7 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
                     "artifactLocation": {"uri": artifact_uri(str(source["file"]))},
                     "region": {"startLine": source["line"]},
                 }
-            results.append({
+            result: dict[str, Any] = {
                 "ruleId": f.kind,
                 "level": f.severity,
                 "message": {"text": f"[{report.setting['name']}] {f.message}. "
@@ -557,7 +310,12 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
                 "locations": [location],
                 "partialFingerprints": {
                     "ampgraph/v1": f"{report.model}:{report.setting['name']}:{f.kind}:{f.node}"},
-            })  # fmt: skip
+            }  # fmt: skip
+            if i in of:
+                g = groups[of[i]]
+                result["properties"] = {"group": {k: g[k] for k in (
+                    "layers", "prefix", "indices", "count", "module")}}  # fmt: skip
+            results.append(result)
     from ampgraph import __version__
 
     rules = [
@@ -579,8 +337,7 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
 
 
 __all__ = [
-    "KINDS", "SEVERITIES", "Finding", "artifact_uri", "at_or_above", "audit", "markdown",
-    "model_file", "sarif",
-    "summary",
-    "text", "to_json",
+    "FLOATING", "ITEMSIZE", "KINDS", "SEVERITIES", "Finding", "artifact_uri", "at_or_above",
+    "audit", "fmt_bytes", "folded", "markdown", "model_file", "sarif", "summary", "text",
+    "to_json",
 ]  # fmt: skip
