@@ -34,83 +34,52 @@ import contextlib
 import difflib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.train.backward import ParameterCopies
 from ampgraph.capture.trace import training_mode
 from ampgraph.errors import first_line
-from ampgraph.train.memory import activation_bytes_by_dtype
 from ampgraph.model.build import ModelInputs
 from ampgraph.report.records import Report, SavedTensor
 from ampgraph.settings import Setting, short_dtype
 from ampgraph.torchutil import autocast_state, dtype_name, swapped_tensors, torch_dtype
+from ampgraph.train.backward import ParameterCopies
+from ampgraph.train.memory import activation_bytes_by_dtype
 from ampgraph.verify.device import check_memory, device_name, resolve_device
-from ampgraph.verify.results import Agreement, Disagreement, now, versions
+from ampgraph.verify.results import Agreement, Disagreement, Verification, now, versions
 from ampgraph.verify.tensors import random_like, real_inputs
 
 
-@dataclass
-class TrainVerifyResult:
+@dataclass(kw_only=True)
+class TrainVerifyResult(Verification):
     """The training step of one model in one setting, prediction against real execution."""
 
-    model: str
-    setting: Setting
     backward_autocast: bool
-    device: str
-    device_name: str
-    versions: dict[str, str]
-    date: str
     gradients: Agreement
     saved: Agreement
     memory: Agreement
     backward_ops: Agreement
-    disagreements: list[Disagreement]
-    seconds: dict[str, float] = field(default_factory=dict)
-    report: Report | None = field(default=None, repr=False)
 
-    @property
-    def ok(self) -> bool:
-        return not self.disagreements
+    #: Training-step records have called their counts ``figures`` from the start.
+    AGREEMENT_KEY: ClassVar[str] = "figures"
 
-    def summary_line(self) -> str:
-        """``opt-125m amp-fp32 (cpu bf16) train on <cpu>: gradients 197/197, ...``."""
-        n = len(self.disagreements)
-        where = " backward in autocast" if self.backward_autocast else ""
-        return (
-            f"{self.model} {self.setting.name} ({self.setting.device_type} "
-            f"{short_dtype(self.setting.amp_dtype)}) train{where} on {self.device_name}: "
-            f"gradients {self.gradients}, saved {self.saved}, memory {self.memory}, "
-            f"backward ops {self.backward_ops} agree; {n} disagreement{'s' if n != 1 else ''}"
-        )
-
-    def disagreement_lines(self) -> list[str]:
-        return [d.line() for d in self.disagreements]
-
-    def to_dict(self) -> dict[str, Any]:
+    def agreement(self) -> dict[str, Agreement]:
         return {
-            "model": self.model,
-            "setting": self.setting.to_dict(),
-            "pass": "train",
-            "backward_autocast": self.backward_autocast,
-            "device": self.device,
-            "device_name": self.device_name,
-            "versions": self.versions,
-            "date": self.date,
-            "ok": self.ok,
-            "figures": {
-                "gradients": self.gradients.to_dict(),
-                "saved": self.saved.to_dict(),
-                "memory": self.memory.to_dict(),
-                "backward_ops": self.backward_ops.to_dict(),
-            },
-            "disagreements": [d.to_dict() for d in self.disagreements],
-            "seconds": self.seconds,
+            "gradients": self.gradients,
+            "saved": self.saved,
+            "memory": self.memory,
+            "backward_ops": self.backward_ops,
         }
+
+    def what(self) -> str:
+        return " train" + (" backward in autocast" if self.backward_autocast else "")
+
+    def _run(self) -> dict[str, Any]:
+        return {"pass": "train", "backward_autocast": self.backward_autocast}
 
 
 # -- running the step for real ----------------------------------------------------------------------

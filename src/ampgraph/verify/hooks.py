@@ -1,4 +1,7 @@
-"""The seed notebook's forward hooks on the eager model, on fake tensors: a second oracle.
+"""The seed notebook's forward hooks on the eager model (one hook loop), on fake tensors here.
+
+:class:`LeafHooks` is the hook loop both eager oracles share: :func:`eager_hook_lines` runs it on
+fake tensors, :func:`ampgraph.verify.eager.run_eager` on real ones.
 
 The dispatcher check (:mod:`ampgraph.annotate.check`) replays the *captured graph*; this runs the user's
 *eager module* itself, as the seed notebook did, with the real autocast kernels (CUDA's included,
@@ -22,18 +25,20 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.annotate.replay import not_analysable
+from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
 from ampgraph.model.build import ModelInputs
-from ampgraph.annotate.replay import not_analysable
 from ampgraph.settings import Setting
-from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.torchutil import (
     autocast_state,
     dtype_name,
@@ -48,14 +53,100 @@ from ampgraph.torchutil import (
 
 
 def first_dtype(value: Any) -> str | None:
-    """The dtype name the seed's hook prints for a call's input or output (None: no tensor)."""
+    """The dtype name the seed's hook prints for a call's input or output (None: no tensor).
+
+    >>> first_dtype((torch.ones(1, dtype=torch.bfloat16), 3)), first_dtype([3])
+    ('bfloat16', None)
+    """
     # The seed's hook: ``inp[0].dtype if isinstance(inp, (tuple, list)) else inp.dtype``.
     item = value[0] if isinstance(value, (tuple, list)) and value else value
     return dtype_name(item.dtype) if isinstance(item, torch.Tensor) else None
 
 
-def _line(path: str, in_dtype: str | None, tail: str) -> str:
-    return f"[{path}] in={'torch.' + in_dtype if in_dtype else 'None'} -> {tail}"
+@dataclass
+class HookCall:
+    """One leaf-module call as the seed notebook's forward hook saw it."""
+
+    path: str
+    type: str
+    in_dtype: str | None
+    out_dtype: str | None = None
+    error: str | None = None
+    #: The error is one fake tensors cannot follow (:func:`~ampgraph.annotate.replay.not_analysable`),
+    #: not the model's own: the line says ``not analysed``.
+    not_analysed: bool = False
+
+    def hook_line(self) -> str:
+        """``[path] in=torch.float32 -> out=torch.bfloat16`` (or ``-> error: ...``).
+
+        >>> HookCall("fc", "Linear", "float32", error="boom").hook_line()
+        '[fc] in=torch.float32 -> error: boom'
+        """
+
+        def name(d: str | None) -> str:
+            return f"torch.{d}" if d else "None"
+
+        if self.error:
+            tail = f"{'not analysed' if self.not_analysed else 'error'}: {self.error}"
+        else:
+            tail = f"out={name(self.out_dtype)}"
+        return f"[{self.path}] in={name(self.in_dtype)} -> {tail}"
+
+
+class LeafHooks:
+    """The seed notebook's forward hooks on every leaf module of ``module`` while it lasts: the
+    one hook loop of both eager oracles, on fake tensors (:func:`eager_hook_lines`) and on real
+    ones (:func:`ampgraph.verify.eager.run_eager`).
+
+    ``calls`` lists each leaf call as it returns; a call that raises is added by :meth:`failed`,
+    and ends the list, as the notebook's run would end.
+
+    >>> lin = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> with LeafHooks(lin) as hooks:
+    ...     _ = lin(torch.ones(1, 2))
+    >>> [c.hook_line() for c in hooks.calls]
+    ['[0] in=torch.float32 -> out=torch.float32']
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.calls: list[HookCall] = []
+        self._running: list[HookCall] = []
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> LeafHooks:  # noqa: PYI034 - a final class of its own
+        for path, mod in self.module.named_modules():
+            if next(iter(mod.children()), None) is not None:
+                continue
+            pre = self._pre_hook(path, type(mod).__name__)
+            self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _pre_hook(self, path: str, type_: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, inp: Any, kw: dict[str, Any]) -> None:
+            self._running.append(
+                HookCall(path, type_, first_dtype(inp if inp else list(kw.values())))
+            )
+
+        return hook
+
+    def _post_hook(self, _m: nn.Module, _inp: Any, _kw: dict[str, Any], out: Any) -> None:
+        call = self._running.pop()
+        call.out_dtype = first_dtype(out)
+        self.calls.append(call)
+
+    def failed(self, exc: BaseException) -> HookCall:
+        """Record that the run raised ``exc`` in the innermost running call (or at top level)."""
+        failing = self._running[-1] if self._running else HookCall("(top level)", "", None)
+        failing.error = first_line(exc)
+        self.calls.append(failing)
+        return failing
 
 
 def eager_hook_lines(
@@ -88,60 +179,36 @@ def eager_hook_lines(
         with fake:
             return torch.zeros(t.shape, dtype=t.dtype, device=device)
 
-    lines: list[str] = []
-    running: list[tuple[str, str | None]] = []
-    handles = []
-
-    def pre(path: str) -> Any:
-        def hook(_m: nn.Module, inp: Any, kw: dict[str, Any]) -> None:
-            running.append((path, first_dtype(inp if inp else list(kw.values()))))
-
-        return hook
-
-    def post(_m: nn.Module, _inp: Any, _kw: dict[str, Any], out: Any) -> None:
-        path, in_dtype = running.pop()
-        out_dtype = first_dtype(out)
-        lines.append(_line(path, in_dtype, f"out={'torch.' + out_dtype if out_dtype else 'None'}"))
-
     module = model.module
-    for path, mod in module.named_modules():
-        if next(iter(mod.children()), None) is None:
-            handles.append(mod.register_forward_pre_hook(pre(path), with_kwargs=True))
-            handles.append(mod.register_forward_hook(post, with_kwargs=True))
     args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
     autocast = (
         autocast_state(device, True, torch_dtype(setting.amp_dtype))
         if setting.autocast
         else contextlib.nullcontext()
     )
-    try:
-        with (
-            swapped_tensors(module, make_param),
-            silenced("torch._subclasses.fake_tensor"),
-            fake,
-            # The dtype errors real kernels raise and fake ones skip (strict.STRICT_CHECKS).
-            StrictDtypeMode(device),
-            # cuDNN RNNs ask the GPU driver first; stand-ins follow the GPU's path without one.
-            cudnn_rnn_stand_ins(device),
-            torch.no_grad(),
-            autocast,
-            simulated_cuda_amp(device),
-            unbacked_values(unbacked or {}),
-            warnings.catch_warnings(),
-            quiet_logging(),
-        ):
-            warnings.simplefilter("ignore")
-            try:
-                module(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the model's own error: the hook line says it
-                path, in_dtype = running[-1] if running else ("(top level)", None)
-                message = first_line(exc)
-                tail = "error: " if not_analysable(message) is None else "not analysed: "
-                lines.append(_line(path, in_dtype, tail + message))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return lines
+    with (
+        LeafHooks(module) as hooks,
+        swapped_tensors(module, make_param),
+        silenced("torch._subclasses.fake_tensor"),
+        fake,
+        # The dtype errors real kernels raise and fake ones skip (strict.STRICT_CHECKS).
+        StrictDtypeMode(device),
+        # cuDNN RNNs ask the GPU driver first; stand-ins follow the GPU's path without one.
+        cudnn_rnn_stand_ins(device),
+        torch.no_grad(),
+        autocast,
+        simulated_cuda_amp(device),
+        unbacked_values(unbacked or {}),
+        warnings.catch_warnings(),
+        quiet_logging(),
+    ):
+        warnings.simplefilter("ignore")
+        try:
+            module(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the model's own error: the hook line says it
+            failing = hooks.failed(exc)
+            failing.not_analysed = not_analysable(failing.error or "") is not None
+    return [call.hook_line() for call in hooks.calls]
 
 
-__all__ = ["eager_hook_lines", "first_dtype"]
+__all__ = ["HookCall", "LeafHooks", "eager_hook_lines", "first_dtype"]

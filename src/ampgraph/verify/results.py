@@ -13,7 +13,7 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ampgraph.errors import AmpgraphError
 from ampgraph.report.files import atomic_write
@@ -65,9 +65,15 @@ class Disagreement:
         }  # fmt: skip
 
 
-@dataclass
-class VerifyResult:
-    """The three cross-checks of one model in one setting on one real device."""
+@dataclass(kw_only=True)
+class Verification:
+    """What every verification of an analysis against real execution records: the model, the
+    setting and the real device, the agreement counts, and the disagreements.
+
+    One piece of code for the forward's (:class:`VerifyResult`) and the training step's
+    (:class:`ampgraph.train.verify.TrainVerifyResult`) results: each names its counts
+    (:meth:`agreement`) and what its record adds.
+    """
 
     model: str
     setting: Setting
@@ -75,54 +81,89 @@ class VerifyResult:
     device_name: str
     versions: dict[str, str]
     date: str
-    nodes: Agreement
-    modules: Agreement
-    casts: Agreement
     disagreements: list[Disagreement]
-    #: The seed notebook's hook lines, as the eager model printed them.
-    eager_hooks: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     #: The prediction that was verified (not part of the JSON record: ``ampgraph table`` has it).
     report: Report | None = field(default=None, repr=False)
+
+    #: What the JSON record calls the agreement counts.
+    AGREEMENT_KEY: ClassVar[str] = "agreement"
 
     @property
     def ok(self) -> bool:
         return not self.disagreements
 
+    def agreement(self) -> dict[str, Agreement]:
+        """The agreement counts by name, in the order the summary line and the record give them."""
+        raise NotImplementedError
+
+    def what(self) -> str:
+        """What was run, after the setting in the summary line (``" train"``); empty for the
+        forward."""
+        return ""
+
     def summary_line(self) -> str:
         """``opt-125m amp-fp32 (cpu bf16) on <device>: nodes 354/354, ... 0 disagreements``."""
         n = len(self.disagreements)
+        counts = ", ".join(f"{k.replace('_', ' ')} {a}" for k, a in self.agreement().items())
         return (
             f"{self.model} {self.setting.name} ({self.setting.device_type} "
-            f"{short_dtype(self.setting.amp_dtype)}) on {self.device_name}: "
-            f"nodes {self.nodes}, modules {self.modules}, casts {self.casts} agree; "
-            f"{n} disagreement{'s' if n != 1 else ''}"
+            f"{short_dtype(self.setting.amp_dtype)}){self.what()} on {self.device_name}: "
+            f"{counts} agree; {n} disagreement{'s' if n != 1 else ''}"
         )
 
     def disagreement_lines(self) -> list[str]:
         return [d.line() for d in self.disagreements]
 
+    def _header(self) -> dict[str, Any]:
+        """The record's first fields, before ``model``."""
+        return {}
+
+    def _run(self) -> dict[str, Any]:
+        """The record's fields on what was run, after ``setting``."""
+        return {}
+
+    def _observed(self) -> dict[str, Any]:
+        """The record's fields on what was observed, after ``disagreements``."""
+        return {}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON record: device, versions and date, setting, agreement, disagreements."""
         return {
-            "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
+            **self._header(),
             "model": self.model,
             "setting": self.setting.to_dict(),
+            **self._run(),
             "device": self.device,
             "device_name": self.device_name,
             "versions": self.versions,
             "date": self.date,
             "ok": self.ok,
-            "agreement": {
-                "nodes": self.nodes.to_dict(),
-                "modules": self.modules.to_dict(),
-                "casts": self.casts.to_dict(),
-            },
+            self.AGREEMENT_KEY: {k: a.to_dict() for k, a in self.agreement().items()},
             "disagreements": [d.to_dict() for d in self.disagreements],
-            "eager_hooks": self.eager_hooks,
+            **self._observed(),
             "seconds": self.seconds,
         }
+
+
+@dataclass(kw_only=True)
+class VerifyResult(Verification):
+    """The three cross-checks of one model in one setting on one real device."""
+
+    nodes: Agreement
+    modules: Agreement
+    casts: Agreement
+    #: The seed notebook's hook lines, as the eager model printed them.
+    eager_hooks: list[str] = field(default_factory=list)
+
+    def agreement(self) -> dict[str, Agreement]:
+        return {"nodes": self.nodes, "modules": self.modules, "casts": self.casts}
+
+    def _header(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "version": SCHEMA_VERSION}
+
+    def _observed(self) -> dict[str, Any]:
+        return {"eager_hooks": self.eager_hooks}
 
 
 def verify_record(results: Sequence[VerifyResult], **extra: Any) -> dict[str, Any]:
@@ -184,4 +225,12 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-__all__ = ["SCHEMA", "Agreement", "Disagreement", "VerifyResult", "verify_record", "write_record"]
+__all__ = [
+    "SCHEMA",
+    "Agreement",
+    "Disagreement",
+    "Verification",
+    "VerifyResult",
+    "verify_record",
+    "write_record",
+]
