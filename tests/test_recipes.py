@@ -437,3 +437,16 @@ def test_recipe_costs_no_more_than_its_setting() -> None:
     only that setting: its analysis is the setting's (same cache key, same work)."""
     recipe = parse_recipe("lightning:bf16-mixed", device_type="cpu")
     assert recipe.setting == Setting.parse("amp-fp32", device_type="cpu")
+
+
+def test_cli_recipe_option() -> None:
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    runner = CliRunner()
+    bad = runner.invoke(main, ["table", "--recipe", "lightning:mixed"])
+    assert bad.exit_code == 2 and "bf16-mixed" in bad.output
+    both = runner.invoke(main, ["table", "--recipe", "hf:bf16", "-s", "fp32"])
+    assert both.exit_code == 2 and "not both" in both.output
+    assert "lightning:bf16-mixed" in runner.invoke(main, ["table", "--help"]).output

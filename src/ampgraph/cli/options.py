@@ -145,6 +145,20 @@ def setting_options(f: F) -> F:
             "Default: all four.",
         ),
         click.option(
+            "--recipe",
+            "recipes",
+            multiple=True,
+            metavar="FAMILY:VALUE",
+            expose_value=False,
+            callback=_remember,
+            help="Instead of --setting, your framework's precision flag, spelled as it spells "
+            "it: hf:bf16 (Trainer(bf16=True)), accelerate:fp16, lightning:bf16-mixed, "
+            "fabric:bf16-true, fsdp2:param_dtype=bf16,reduce_dtype=fp32, "
+            "fsdp1:param_dtype=bf16, deepspeed:ds_config.json. Analyses the setting it runs on "
+            "--device and prints, on stderr, what else it does (input casts, buffers, gradient "
+            "and optimizer dtypes). Table: docs/recipes.md.",
+        ),
+        click.option(
             "--device",
             type=click.Choice(["cuda", "cpu"]),
             default="cuda",
@@ -213,7 +227,22 @@ def train_options(pass_: str, loss: str | None, backward_autocast: bool) -> dict
 
 
 def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[Setting]:
-    """Setting names from the command line, or the seed's four when none are given."""
+    """Setting names from the command line, the settings of its --recipe flags, or the seed's
+    four when neither is given."""
+    ctx = click.get_current_context(silent=True)
+    recipes = ctx.meta.get("ampgraph.recipes") if ctx is not None else None
+    if recipes:
+        if names:
+            raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
+        from ampgraph.recipes import parse_recipe
+
+        try:
+            parsed = [parse_recipe(r, device_type=device) for r in recipes]
+        except SettingError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--recipe'") from None
+        for recipe in parsed:
+            click.echo(recipe.describe(), err=True)
+        return [r.setting for r in parsed]
     if not names:
         return seed_matrix(device, amp_dtype)
     try:
