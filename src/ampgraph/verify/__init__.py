@@ -31,10 +31,10 @@ import time
 
 import torch
 
-from ampgraph.pipeline.stages import analyze_capture
 from ampgraph.capture.trace import capture
 from ampgraph.errors import NoDeviceError, VerifyError
 from ampgraph.model.build import ModelInputs
+from ampgraph.pipeline.stages import analyze_capture
 from ampgraph.settings import Setting
 from ampgraph.verify.casts import CastLog
 from ampgraph.verify.compare import compare_modules, compare_nodes

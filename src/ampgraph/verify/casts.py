@@ -33,9 +33,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import policy as P
+from ampgraph.annotate.replay import tensor_leaves
 from ampgraph.policy import rules
 from ampgraph.report.records import NodeRecord
-from ampgraph.annotate.replay import tensor_leaves
 from ampgraph.settings import short_dtype
 from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
 

@@ -7,8 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ampgraph.report.records import NodeRecord, Report
-from ampgraph.settings import short_dtype
 from ampgraph.report.text import call_error
+from ampgraph.settings import short_dtype
 from ampgraph.verify.casts import cast_text
 from ampgraph.verify.eager import HookCall
 from ampgraph.verify.execution import Observed
