@@ -10,7 +10,8 @@ added node, and modules that run in another order pair up by name.
 
 For each pair, what autocast cares about is compared: the policy, the input and output dtypes,
 the casts (by input position, since the producers' names differ too), the promotion and the
-error. Unpaired nodes are added or removed.
+error. Unpaired nodes are added or removed. The formats (:mod:`ampgraph.review.diff_format`,
+re-exported here) fold the changes of identical layers into one entry each.
 
 >>> from ampgraph.report.records import NodeRecord, Report
 >>> def rep(*ops):
@@ -26,16 +27,16 @@ error. Unpaired nodes are added or removed.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
-from typing import Any, Final
+from typing import Any
 
 from ampgraph.errors import AmpgraphError
-from ampgraph.report.markdown import code_span, escape_text
 from ampgraph.report.records import PLACEHOLDER_KINDS, NodeRecord, Report
+from ampgraph.review.findings import summary
+from ampgraph.review.fold import Names
 from ampgraph.settings import short_dtype
 
 SCHEMA = "ampgraph.diff"
@@ -90,6 +91,9 @@ class ReportDiff:
     changes: list[NodeChange] = field(default_factory=list)
     #: Context worth saying though it is no change of the flow, e.g. other policy tables.
     notes: list[str] = field(default_factory=list)
+    #: Each side's node names per layer, by ``(side, section)``: what folding identical layers
+    #: takes out (:mod:`ampgraph.review.fold`); not part of the diff's data.
+    names: dict[tuple[str, str], Names] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def equal(self) -> bool:
@@ -310,31 +314,9 @@ def _side(report: Report) -> dict[str, Any]:
         "method": (report.capture or {}).get("method"),
         "pass": report.pass_,
         "nodes": len(report.nodes),
+        # Autocast's casts and the promotions per forward, with their bytes: the summary's.
+        "totals": {k: v for k, v in summary(report).items() if k in ("casts", "promotions")},
     }
-
-
-def describe(side: dict[str, Any]) -> str:
-    """One side of a diff in a few words: ``opt-125m amp-fp32 (autocast cuda bf16, ...)``.
-
-    >>> describe({"model": "m", "setting": {"name": "fp32", "device_type": "cuda",
-    ...           "autocast": False, "amp_dtype": "bfloat16", "param_dtype": "float32"}})
-    'm fp32 (no autocast, parameters fp32)'
-    >>> describe({"model": "m", "tables": "2.11", "setting": {"name": "amp-fp32",
-    ...           "device_type": "cuda", "autocast": True, "amp_dtype": "bfloat16",
-    ...           "param_dtype": "float32"}})
-    "m amp-fp32 (autocast cuda bf16, parameters fp32, torch 2.11's lists)"
-    """
-    s = side.get("setting") or {}
-    amp = (
-        f"autocast {s.get('device_type')} {short_dtype(s.get('amp_dtype'))}"
-        if s.get("autocast")
-        else "no autocast"
-    )
-    extra = "" if side.get("pass", "forward") == "forward" else f", {side['pass']} pass"
-    if side.get("tables"):  # set where the two sides' policy tables differ
-        extra += f", torch {side['tables']}'s lists"
-    params = short_dtype(s.get("param_dtype"))
-    return f"{side.get('model')} {s.get('name')} ({amp}, parameters {params}{extra})"
 
 
 def diff_reports(a: Report, b: Report) -> ReportDiff:
@@ -359,8 +341,11 @@ def diff_reports(a: Report, b: Report) -> ReportDiff:
             f"A is a {a.pass_} pass and B a {b.pass_} pass: analyse both with the same --pass"
         )
     result = ReportDiff(_side(a), _side(b), diff_nodes(a.nodes, b.nodes))
+    result.names = {("a", "forward"): Names(a.nodes), ("b", "forward"): Names(b.nodes)}
     if a.backward is not None and b.backward is not None:
         result.changes += diff_nodes(a.backward.nodes, b.backward.nodes, "backward")
+        result.names[("a", "backward")] = Names(a.backward.nodes)
+        result.names[("b", "backward")] = Names(b.backward.nodes)
     ta, tb = a.versions.get("policy_tables"), b.versions.get("policy_tables")
     if ta and tb and ta != tb:
         result.a["tables"], result.b["tables"] = ta, tb
@@ -374,183 +359,17 @@ def diff_reports(a: Report, b: Report) -> ReportDiff:
     return result
 
 
-# -- formats -----------------------------------------------------------------------------------
-
-
-def _summary_line(d: ReportDiff) -> str:
-    c = d.counts()
-    if d.equal:
-        return f"no changes in the dtype flow ({d.b.get('nodes')} nodes)"
-    parts = [f"{c['changed']} changed", f"{c['added']} added", f"{c['removed']} removed"]
-    labels = {"policy": ("policy", "policies"), "inputs": ("input dtype", "input dtypes"),
-              "outputs": ("output dtype", "output dtypes"),
-              "promotion": ("promotion", "promotions"), "error": ("error", "errors")}  # fmt: skip
-    what = [f"{c[f]} {label[c[f] != 1]}" for f, label in labels.items() if c[f]]
-    casts = f"casts +{c['casts_added']} −{c['casts_removed']}"
-    return f"{d.a.get('nodes')} → {d.b.get('nodes')} nodes: {', '.join(parts)}; " + ", ".join(
-        [*what, casts]
-    )
-
-
-def change_line(change: NodeChange) -> str:
-    """One change as a line: ``~ linear aten.linear.default: outputs fp32 → bf16; ...``.
-
-    >>> print(change_line(NodeChange("changed", "forward", "fc", "aten.relu", "r", "r",
-    ...                              (FieldChange("outputs", "fp32", "bf16"),))))
-    ~ r aten.relu: outputs fp32 → bf16
-    """
-    if change.change != "changed":
-        mark = "+" if change.change == "added" else "-"
-        return f"{mark} {change.name} {change.op}: {change.detail}"
-    parts = []
-    for f in change.fields:
-        if f.field == "casts":
-            if change.casts_added:
-                parts.append("casts added " + ", ".join(change.casts_added))
-            if change.casts_removed:
-                parts.append("casts removed " + ", ".join(change.casts_removed))
-        else:
-            parts.append(f"{f.field} {f.before} → {f.after}")
-    return f"~ {change.name} {change.op}: {'; '.join(parts)}"
-
-
-def _grouped(d: ReportDiff) -> list[tuple[str, list[NodeChange]]]:
-    groups: dict[str, list[NodeChange]] = {}
-    for c in d.changes:
-        head = c.module or ("graph inputs" if c.op == "placeholder" else "top level")
-        if c.section != "forward":
-            head = f"{c.section}: {head}"
-        groups.setdefault(head, []).append(c)
-    return list(groups.items())
-
-
-#: Graph inputs that change alike are listed as one line from this many on: a change of the
-#: parameter dtype changes every parameter the same way, and 196 lines of it bury the ops.
-FOLD_INPUTS_FROM: Final = 4
-
-
-def _folded(changes: Sequence[NodeChange]) -> list[NodeChange | tuple[list[NodeChange], str]]:
-    """``changes`` with the graph inputs that change alike (same fields, no casts) gathered into
-    one ``(changes, text)`` entry where there are :data:`FOLD_INPUTS_FROM` or more of them."""
-    alike: dict[str, list[NodeChange]] = {}
-    for c in changes:
-        if c.op == "placeholder" and c.change == "changed":
-            alike.setdefault(change_line(c).split(": ", 1)[1], []).append(c)
-    out: list[NodeChange | tuple[list[NodeChange], str]] = []
-    for c in changes:
-        text = change_line(c).split(": ", 1)[1] if c.op == "placeholder" else None
-        group = alike.get(text or "", [])
-        if c.change != "changed" or len(group) < FOLD_INPUTS_FROM:
-            out.append(c)
-        elif group[0] is c:
-            out.append((group, text or ""))
-    return out
-
-
-def _fold_name(group: Sequence[NodeChange]) -> str:
-    return f"{len(group)} graph inputs ({group[0].name} … {group[-1].name})"
-
-
-def diff_text(d: ReportDiff) -> str:
-    """The diff as plain text: who is compared, a summary line, then the changes by module.
-
-    Graph inputs that change alike (every parameter when the parameter dtype changes) are one
-    line; ``--format json`` lists each.
-    """
-    lines = [f"A: {describe(d.a)}", f"B: {describe(d.b)}", _summary_line(d)]
-    lines += [f"note: {n}" for n in d.notes]
-    for head, changes in _grouped(d):
-        lines.append(head)
-        for entry in _folded(changes):
-            if isinstance(entry, tuple):
-                group, text = entry
-                lines.append(f"  ~ {_fold_name(group)} placeholder: {text}")
-            else:
-                lines.append(f"  {change_line(entry)}")
-    return "\n".join(lines)
-
-
-def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
-    """The diff as a pull-request comment: a summary table, the changes collapsed per module.
-
-    At most ``limit`` changes are listed (GitHub refuses comments over 65,536 characters); the
-    summary table counts them all. Module, node and op names and the changes' text are the
-    model's: they go through :mod:`ampgraph.report.markdown`, so none can break the table or become a
-    link.
-
-    >>> print(diff_markdown(ReportDiff({"model": "m", "nodes": 3}, {"model": "m", "nodes": 3})))
-    ... # doctest: +NORMALIZE_WHITESPACE
-    ### ampgraph diff: no changes in the dtype flow
-    <BLANKLINE>
-    A: `m None (no autocast, parameters -)` → B: `m None (no autocast, parameters -)`, 3 nodes.
-    """
-    c = d.counts()
-    if d.equal:
-        return (
-            "### ampgraph diff: no changes in the dtype flow\n\n"
-            f"A: {code_span(describe(d.a), table=False)} → "
-            f"B: {code_span(describe(d.b), table=False)}, {d.b.get('nodes')} nodes."
-        )
-    rows = [
-        "### ampgraph diff: the dtype flow changes",
-        "",
-        f"A: {code_span(describe(d.a), table=False)}  ",
-        f"B: {code_span(describe(d.b), table=False)}",
-        "",
-        (
-            "| nodes changed | added | removed | policy | input dtypes | output dtypes "
-            "| casts added | casts removed | promotions | errors |"
-        ),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        (
-            f"| {c['changed']} | {c['added']} | {c['removed']} | {c['policy']} | {c['inputs']} "
-            f"| {c['outputs']} | {c['casts_added']} | {c['casts_removed']} | {c['promotion']} "
-            f"| {c['error']} |"
-        ),
-        "",
-    ]
-    rows += [f"> {escape_text(n, line_start=True)}" for n in d.notes] + ([""] if d.notes else [])
-    groups = _grouped(d)
-    rows += [
-        (
-            f"<details><summary>{len(d.changes)} changes in {len(groups)} module"
-            f"{'s' if len(groups) != 1 else ''}</summary>"
-        ),
-        "",
-        "| module | node | op | change |",
-        "|---|---|---|---|",
-    ]
-    listed = [(head, entry) for head, changes in groups for entry in _folded(changes)]
-    for head, entry in listed[:limit]:
-        if isinstance(entry, tuple):
-            group, text = entry
-            rows.append(
-                f"| {code_span(head)} | {escape_text(_fold_name(group))} | `placeholder` "
-                f"| {escape_text(text)} |"
-            )
-            continue
-        text = change_line(entry).split(": ", 1)[1]
-        mark = {"added": "added: ", "removed": "removed: "}.get(entry.change, "")
-        rows.append(
-            f"| {code_span(head)} | {code_span(entry.name)} | {code_span(entry.op)} "
-            f"| {escape_text(mark + text)} |"
-        )
-    if len(listed) > limit:
-        rows += ["", f"… and {len(listed) - limit} more: `ampgraph diff` (text or JSON) lists all."]
-    rows += ["", "</details>"]
-    return "\n".join(rows)
-
-
-def diff_json(d: ReportDiff) -> str:
-    """The diff as JSON (schema ``ampgraph.review.diff``): both sides, the counts and every change.
-
-    >>> json.loads(diff_json(ReportDiff({}, {})))["equal"]
-    True
-    """
-    return json.dumps(d.to_dict(), indent=1)
-
-
-FORMATS = {"text": diff_text, "markdown": diff_markdown, "json": diff_json}
+# The formats live in diff_format (this module was at its size limit); diff is where callers find
+# them. Imported last: diff_format needs nothing of this module at import time.
+from ampgraph.review.diff_format import (
+    FORMATS,
+    change_line,
+    describe,
+    diff_json,
+    diff_markdown,
+    diff_text,
+    folded,
+)  # fmt: skip
 
 __all__ = [
     "FORMATS",
@@ -565,4 +384,5 @@ __all__ = [
     "diff_nodes",
     "diff_reports",
     "diff_text",
+    "folded",
 ]
