@@ -11,11 +11,13 @@ SVG, PNG, PDF and Graphviz source, are the renderer's: :data:`ampgraph.render.FO
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from ampgraph.report.markdown import code_span, escape_text
 from ampgraph.policy import CATEGORY_LABEL
+from ampgraph.report.markdown import code_span, escape_text
 from ampgraph.report.records import ModuleCall, NodeRecord, Report
+from ampgraph.review.fold import Names, fold
 from ampgraph.settings import short_dtype
 
 #: The seed notebook's WATCH tuple: what its hooks printed.
@@ -161,29 +163,58 @@ def check_summary(report: Report) -> str:
     )
 
 
+def _disagreement_line(rec: NodeRecord) -> str:
+    """What ampgraph predicted at one node and what the dispatcher did, after the node's name."""
+    check = rec.check or {}
+    predicted = (
+        f"error: {rec.error}" if rec.error else ", ".join(short_dtype(d) for d in rec.outputs)
+    )
+    observed_d = check.get("dispatcher", {})
+    observed = (
+        f"error: {observed_d['error']}"
+        if "error" in observed_d
+        else "ran it, traced in this setting"
+        if observed_d.get("ran_in_setting")
+        else ", ".join(short_dtype(d) for d in observed_d.get("outputs", []))
+    )
+    extra = f"; export traced {check['export']}" if "export" in check else ""
+    if "note" in check:
+        extra = f"; {check['note']}"
+    return f"predicted {predicted or '-'}, dispatcher {observed or '-'}{extra}"
+
+
 def disagreement_lines(report: Report) -> list[str]:
-    """One line per node whose annotation the dispatcher contradicts."""
+    """The nodes whose annotation the dispatcher contradicts: a count per op first where there
+    are several, then a line per node, one per run of identical layers (``layers.0-11 ×12``).
+
+    >>> from ampgraph.report.records import NodeRecord
+    >>> check = {"agree": False, "dispatcher": {"outputs": ["bfloat16"]}}
+    >>> recs = [NodeRecord(f"relu_{i}", "aten.relu", "op", module=f"layers.{i}",
+    ...                    outputs=["float32"], check=check) for i in range(3)]
+    >>> r = Report("m", {"name": "fp32"}, {}, {}, recs, [], check={"compared": 3})
+    >>> print("\\n".join(disagreement_lines(r)))
+      3 disagreements: 3 aten.relu
+      relu_0 … relu_2 (aten.relu, layers.0-2 ×3): predicted fp32, dispatcher bf16
+    """
+    recs = report.disagreements
+    names = Names(report.nodes)
+    entries = fold(recs, lambda r: r.module, lambda r, layer: (
+        r.op, names.key(r.module, layer), names.node(r.name, layer),
+        names.key(_disagreement_line(r), layer)))  # fmt: skip
     lines = []
-    for rec in report.disagreements:
-        check = rec.check or {}
-        predicted = (
-            f"error: {rec.error}" if rec.error else ", ".join(short_dtype(d) for d in rec.outputs)
-        )
-        observed_d = check.get("dispatcher", {})
-        observed = (
-            f"error: {observed_d['error']}"
-            if "error" in observed_d
-            else "ran it, traced in this setting"
-            if observed_d.get("ran_in_setting")
-            else ", ".join(short_dtype(d) for d in observed_d.get("outputs", []))
-        )
-        extra = f"; export traced {check['export']}" if "export" in check else ""
-        if "note" in check:
-            extra = f"; {check['note']}"
-        lines.append(
-            f"  {rec.name} ({rec.op}, {rec.module or 'top level'}): predicted {predicted or '-'}, "
-            f"dispatcher {observed or '-'}{extra}"
-        )
+    if len(entries) < len(recs) or len(recs) > 3:
+        ops = Counter(r.op for r in recs)
+        lines.append(f"  {len(recs)} disagreements: " + ", ".join(
+            f"{n} {op}" for op, n in ops.most_common()))  # fmt: skip
+    for e in entries:
+        rec = e.first
+        where, name = rec.module or "top level", rec.name
+        if e.group is not None:
+            where = f"{e.group.shown(rec.module)} ×{e.count}"
+            name = f"{rec.name} … {e.items[-1].name}"
+        text = _disagreement_line(rec)
+        lines.append(f"  {name} ({rec.op}, {where}): "
+                     f"{e.group.shown_text(text) if e.group else text}")  # fmt: skip
     return lines
 
 
