@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+import graphviz
 import networkx as nx
 
 from ampgraph.errors import RenderError
@@ -69,7 +70,12 @@ def _cell_label(graph: nx.MultiDiGraph, theme: Theme) -> str:
             size=FONT_SIZE,
         )
     caption = title_text(graph).split(" — ", 1)[-1]
-    return f"<<B>{html_text(caption)}</B><BR/>{facts_html}>"
+    # A table with padding: dot makes a cluster only as wide as its label, so a bare label as
+    # wide as the cell's diagram ran into the frame on both sides.
+    return (
+        f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="{CELL_TITLE_PAD}">'
+        f"<TR><TD><B>{html_text(caption)}</B><BR/>{facts_html}</TD></TR></TABLE>>"
+    )
 
 
 def _cell_prefixes(reports: Sequence[Report]) -> list[str]:
@@ -81,6 +87,29 @@ def _cell_prefixes(reports: Sequence[Report]) -> list[str]:
     if len(set(names)) < len(names):
         names = [f"{n}.{i}" for i, n in enumerate(names)]
     return [f"{n}/" for n in names]
+
+
+#: Room around a cell's title, in points, off the cell's frame.
+CELL_TITLE_PAD: Final = "10"
+
+
+def _add_cell(target: graphviz.Digraph, emitter: Emitter, theme: Theme) -> None:
+    """One framed cell: its title inside the frame, padded off the border, and the diagram."""
+    graph = emitter.graph
+    with target.subgraph(name=dot_name(f"cluster_{emitter.prefix}cell")) as cell:
+        cell.attr(
+            id=dot_name(f"{emitter.prefix}cell"),
+            label=_cell_label(graph, theme),
+            tooltip=dot_string(describe(graph)),
+            labeljust="c",
+            fontsize="14",
+            fontcolor=theme.text,
+            style="rounded",
+            color=theme.muted,
+            penwidth="1.2",
+            margin="16",
+        )
+        emitter.emit(cell)
 
 
 def overview_dot(
@@ -120,28 +149,15 @@ def overview_diagram(
     dot = new_digraph("overview", title, subtitle, th)
     emitters: list[list[Emitter]] = []
     graphs = []
-    for r_i, row in enumerate(grid):
+    for row in grid:
         emitters.append([])
-        for c_i, report in enumerate(row):
+        for report in row:
             graph = build_graph(report, view=view, fold=fold)
             graphs.append(graph)
-            prefix = prefixes[id(report)]
-            emitter = Emitter(graph, th, prefix=prefix, compact=True)
-            emitters[-1].append(emitter)
-            with dot.subgraph(name=dot_name(f"cluster_{prefix}cell")) as cell:
-                cell.attr(
-                    id=dot_name(f"{prefix}cell"),
-                    label=_cell_label(graph, th),
-                    tooltip=dot_string(describe(graph)),
-                    labeljust="c",
-                    fontsize="14",
-                    fontcolor=th.text,
-                    style="rounded",
-                    color=th.muted,
-                    penwidth="1.2",
-                    margin="16",
-                )
-                emitter.emit(cell)
+            emitters[-1].append(Emitter(graph, th, prefix=prefixes[id(report)], compact=True))
+    for row_emitters in emitters:
+        for emitter in row_emitters:
+            _add_cell(dot, emitter, th)
     # Align the rows: each row's cells start on the same rank.
     for r_i, row_emitters in enumerate(emitters):
         firsts = [e.first() for e in row_emitters if e.first()]
@@ -156,7 +172,14 @@ def overview_diagram(
         for c_i, below in enumerate(emitters[r_i]):
             above = emitters[r_i - 1][c_i] if c_i < len(emitters[r_i - 1]) else None
             if above is not None and above.last() and below.first():
-                write_edge(dot, str(above.last()), str(below.first()), style="invis", weight="0")
+                write_edge(
+                    dot,
+                    str(above.last()),
+                    str(below.first()),
+                    style="invis",
+                    weight="50",
+                    minlen="2",
+                )
     bottom = [e.last() for e in emitters[-1] if e.last()]
     add_legend(dot, LegendFacts.of(graphs), th, [str(b) for b in bottom], same_rank=False)
     description = " ".join(
