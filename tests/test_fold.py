@@ -136,6 +136,8 @@ def test_check_disagreements_fold_and_are_counted_first(opt: Report) -> None:
     lines = disagreement_lines(Report.from_dict(data))
     assert lines == [
         "  12 disagreements: 12 aten.relu.default",
-        "  relu … relu_11 (aten.relu.default, model.decoder.layers.0-11.activation_fn ×12): "
-        "predicted bf16, dispatcher fp32",
+        (
+            "  relu … relu_11 (aten.relu.default, model.decoder.layers.0-11.activation_fn ×12): "
+            "predicted bf16, dispatcher fp32"
+        ),
     ]
