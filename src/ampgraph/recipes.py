@@ -124,7 +124,8 @@ class Recipe:
     buffers_kept: bool = False
     #: Tensors the forward creates with the default dtype are made in this one.
     default_dtype: str | None = None
-    #: The dtype of each parameter's ``.grad`` after backward (of the parameters forward used).
+    #: The dtype of each parameter's ``.grad`` the user reads after backward. The backward itself
+    #: makes gradients in the setting's parameter dtype (``Report.backward``); FSDP casts them.
     grad_dtype: str = FP32
     #: The dtype gradients are all-reduced or reduce-scattered in across data-parallel ranks.
     reduce_dtype: str = FP32
@@ -171,7 +172,7 @@ class Recipe:
         >>> print(parse_recipe("lightning:16-mixed", device_type="cpu").describe())
         ... # doctest: +ELLIPSIS
         recipe lightning:16-mixed on cpu -> setting amp-fp32 (autocast cpu bf16, parameters fp32)
-          gradients: .grad fp32, reduced in fp32; optimizer: fp32 weights, fp32 gradients
+          backward: fp32 gradients, reduced in fp32, .grad fp32; optimizer: fp32 weights, fp32 gradients
           note: Lightning runs 16-mixed as bf16-mixed on the CPU (it warns)
           note: autocast runs with cache_enabled=False
           proved: ran Trainer(...
@@ -183,9 +184,10 @@ class Recipe:
         lines += [f"  forward: {gap}" for gap in self.gaps()]
         scaler = ", with a loss scaler" if self.loss_scaling else ""
         lines.append(
-            f"  gradients: .grad {short_dtype(self.grad_dtype)}, reduced in "
-            f"{short_dtype(self.reduce_dtype)}; optimizer: {short_dtype(self.master_dtype)} "
-            f"weights, {short_dtype(self.optimizer_grad_dtype)} gradients{scaler}"
+            f"  backward: {short_dtype(s.param_dtype)} gradients, reduced in "
+            f"{short_dtype(self.reduce_dtype)}, .grad {short_dtype(self.grad_dtype)}; optimizer: "
+            f"{short_dtype(self.master_dtype)} weights, {short_dtype(self.optimizer_grad_dtype)} "
+            f"gradients{scaler}"
         )
         lines += [f"  note: {note}" for note in self.notes]
         if self.proved:
