@@ -7,7 +7,7 @@ lists. A layer is a module path's outermost numbered component (``model.decoder.
 items are those whose module lies in it. Two layers fold when their items are identical once the
 layer is taken out: the layer's path, and the names of its nodes (``linear_6`` in layer 1 is
 ``linear`` in layer 0: a node's name is its position in one graph), which :class:`Names` replaces
-by the node's position inside the layer. Anything else that differs (a shape, a dtype, a cast, a
+by the node's position inside the layer (or inside the layer before it, which a layer reads). Anything else that differs (a shape, a dtype, a cast, a
 source line, a node of another layer) keeps the layers apart: the last layer of a model that
 differs is its own entry (``layers.0-10 ×11`` and ``layers.11``).
 
@@ -195,18 +195,19 @@ def _home(rec: NodeRecord) -> str | None:
 class Names:
     """The nodes of each layer of one graph, to take a layer out of what mentions it.
 
-    :meth:`key` replaces, in a value (a text, a list, a dict), the layer's path and the names of
-    its nodes by marks of their position in the layer, so that layer 0's ``linear`` and layer 1's
-    ``linear_6`` read the same. A name is replaced only as a whole word not joined to a dot (the
-    op ``add.Tensor`` is no node ``add``): where a name is also a word of the text, the layers
-    stay apart, never wrongly together.
+        :meth:`key` replaces, in a value (a text, a list, a dict), the layer's path and the names of
+        its nodes by marks of their position in the layer, so that layer 0's ``linear`` and layer 1's
+        ``linear_6`` read the same; so are the names of the previous layer's nodes, which a layer reads
+    (its input is the last op of the layer before it). A name is replaced only as a whole word not joined to a dot (the
+        op ``add.Tensor`` is no node ``add``): where a name is also a word of the text, the layers
+        stay apart, never wrongly together.
 
-    >>> from ampgraph.report.records import NodeRecord as N
-    >>> names = Names([N("linear", "aten.linear", "op", module="m.layers.0.fc"),
-    ...                N("linear_6", "aten.linear", "op", module="m.layers.1.fc")])
-    >>> names.key("linear_6 in m.layers.1.fc", "m.layers.1") == names.key(
-    ...     "linear in m.layers.0.fc", "m.layers.0")
-    True
+        >>> from ampgraph.report.records import NodeRecord as N
+        >>> names = Names([N("linear", "aten.linear", "op", module="m.layers.0.fc"),
+        ...                N("linear_6", "aten.linear", "op", module="m.layers.1.fc")])
+        >>> names.key("linear_6 in m.layers.1.fc", "m.layers.1") == names.key(
+        ...     "linear in m.layers.0.fc", "m.layers.0")
+        True
     """
 
     def __init__(self, nodes: Iterable[NodeRecord]) -> None:
@@ -217,10 +218,24 @@ class Names:
                 own = self._members.setdefault(instance_path(*layer), {})
                 own.setdefault(rec.name, _node_mark(len(own)))
         self._patterns: dict[str, re.Pattern[str]] = {}
+        self._marked: dict[str, dict[str, str]] = {}
+
+    def _marks(self, layer: str) -> dict[str, str]:
+        """The layer's node names and the previous layer's (a layer reads the one before it:
+        layer 1's first op reads layer 0's last, layer 2's reads layer 1's), each to its mark."""
+        if layer not in self._marked:
+            marks: dict[str, str] = {}
+            parsed = layer_of(layer)
+            if parsed is not None and parsed[1] > 0:
+                before = self._members.get(instance_path(parsed[0], parsed[1] - 1), {})
+                marks.update((name, "\x00P" + mark[2:]) for name, mark in before.items())
+            marks.update(self._members.get(layer, {}))
+            self._marked[layer] = marks
+        return self._marked[layer]
 
     def _pattern(self, layer: str) -> re.Pattern[str]:
         if layer not in self._patterns:
-            names = sorted(self._members.get(layer, {}), key=len, reverse=True)
+            names = sorted(self._marks(layer), key=len, reverse=True)
             alternatives = [rf"{re.escape(layer)}(?!\w)"]
             if names:
                 alternatives.append(rf"(?:{'|'.join(map(re.escape, names))})(?![\w.])")
@@ -231,12 +246,12 @@ class Names:
         """The mark of node ``name`` in ``layer``, or the name where it is not the layer's."""
         if name is None:
             return None
-        return self._members.get(layer, {}).get(name, name)
+        return self._marks(layer).get(name, name)
 
     def key(self, value: Any, layer: str) -> Hashable:
         """``value`` with ``layer`` taken out, as something hashable to compare."""
         if isinstance(value, str):
-            own = self._members.get(layer, {})
+            own = self._marks(layer)
             if value in own:
                 return own[value]
             return self._pattern(layer).sub(
