@@ -80,3 +80,30 @@ def test_nothing_off_a_terminal_or_when_disabled() -> None:
     with StageLine(sys.stderr, enabled=False, delay=0.0) as line:  # --quiet
         line("building")
         assert line._timer is None
+
+
+def _cli_on_a_terminal(*args: str) -> str:
+    return _on_a_terminal(
+        "import sys\n"
+        "from ampgraph.cli import main\n"
+        f"sys.argv = ['ampgraph', *{list(args)!r}]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+    )
+
+
+def test_a_cold_command_names_its_stages_on_a_terminal() -> None:
+    shown = _cli_on_a_terminal("--no-cache", "table", "llama-tiny", "-s", "amp-fp32", "--no-check")
+    assert "building llama-tiny on the meta device" in shown
+    assert "[model.embed_tokens] in=torch.int64" in shown  # the answer, after the line is gone
+
+
+def test_quiet_silences_it_before_or_after_the_command() -> None:
+    for args in (
+        ("--quiet", "--no-cache", "table", "llama-tiny", "-s", "amp-fp32", "--no-check"),
+        ("--no-cache", "table", "llama-tiny", "-s", "amp-fp32", "--no-check", "-q"),
+    ):
+        shown = _cli_on_a_terminal(*args)
+        assert "building" not in shown and "[model.embed_tokens]" in shown

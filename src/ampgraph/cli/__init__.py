@@ -37,8 +37,16 @@ from ampgraph.cli.console import AmpgraphGroup, exit_now, stdout_closed
     default=None,
     help="Worker processes for analysing several settings. Default: one per CPU core.",
 )
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    envvar="AMPGRAPH_QUIET",
+    help="No progress line on stderr (on a terminal, slow commands name their stage and the "
+    "time so far).",
+)
 @click.pass_context
-def main(ctx: click.Context, no_cache: bool, jobs: int | None) -> None:
+def main(ctx: click.Context, no_cache: bool, jobs: int | None, quiet: bool) -> None:
     """What torch.autocast really does inside a PyTorch model, node by node.
 
     ampgraph traces MODEL (OPT-125M by default, built from a bundled config on the meta device:
@@ -62,7 +70,7 @@ def main(ctx: click.Context, no_cache: bool, jobs: int | None) -> None:
       ampgraph diff -s amp-fp32 -s amp-half          # what changes between two settings
       ampgraph render --pass backward -s amp-fp32    # the gradients' dtypes, saved memory
     """
-    ctx.obj = {"no_cache": no_cache, "jobs": jobs}
+    ctx.obj = {"no_cache": no_cache, "jobs": jobs, "quiet": quiet}
 
 
 # In the order they were written; ``ampgraph --help`` lists them by name.

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ampgraph.cli.console import progress
+from ampgraph.cli.console import progress, progress_done
 from ampgraph.cli.options import (
     forced,
     format_option,
@@ -287,9 +286,11 @@ def render(
         )  # fmt: skip
     from ampgraph.render import render_files
 
+    progress(f"laying out {len(reports)} diagram{'s' if len(reports) != 1 else ''} with dot")
     paths = render_files(
         reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme, pass_=pass_
     )
+    progress_done()
     for path in paths:
         click.echo(str(path))
 
@@ -372,7 +373,6 @@ def verify(
         resolve_device(setting)  # no GPU: one line now, before the model is built
     if record_path is not None:
         check_writable(Path(record_path), "record")  # before the work, not after it
-    start = time.perf_counter()
     results = []
     # The model's code (its build, the eager runs) prints to stderr; the lines between are ours.
     with deadline(timeout_seconds()):
@@ -380,6 +380,7 @@ def verify(
             built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
         for i, setting in enumerate(resolved, 1):
             step: list[Any] = []
+            progress(f"verifying {setting.name} on real tensors ({i} of {len(resolved)})")
             with model_code():
                 if pass_ != "backward":
                     step.append(
@@ -390,8 +391,7 @@ def verify(
                         built, setting, random_seed=random_seed, force=forced(), loss=loss,
                         backward_autocast=backward_autocast,
                     ))  # fmt: skip
-            progress(f"[{i}/{len(resolved)}] {setting.name}: done at "
-                     f"{time.perf_counter() - start:.1f}s")  # fmt: skip
+            progress_done()  # the setting's lines come next
             for result in step if fmt == "text" else ():
                 click.echo(result.summary_line())
                 for line in result.disagreement_lines():

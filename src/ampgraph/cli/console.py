@@ -9,11 +9,13 @@ teardown.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, NoReturn
 
 import click
 
 from ampgraph.errors import AmpgraphError
+from ampgraph.pipeline.progress import StageLine
 
 
 class AmpgraphGroup(click.Group):
@@ -24,15 +26,47 @@ class AmpgraphGroup(click.Group):
             return super().invoke(ctx)
         except AmpgraphError as exc:
             raise click.ClickException(str(exc)) from None
+        finally:
+            progress_done()
+
+
+#: The command's stage line while one is up (one per process: a command runs once).
+_LINE: StageLine | None = None
+#: When the command started: a stage line put up again after output counts from here.
+_STARTED = time.monotonic()
+
+
+def quiet() -> bool:
+    """Whether the command was given ``--quiet`` (before or after the command's name)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    root = ctx.find_root().obj
+    return bool(ctx.meta.get("ampgraph.quiet") or (isinstance(root, dict) and root.get("quiet")))
 
 
 def progress(message: str) -> None:
-    """A progress note on stderr, only when a person is watching it.
+    """Name the stage the command is in: a transient line on stderr with the elapsed time
+    (:class:`~ampgraph.pipeline.progress.StageLine`), after a second, on a terminal, without
+    ``--quiet``; nothing otherwise.
 
-    >>> progress("[1/4] fp32: done at 0.2s")  # stderr is no terminal here: nothing is written
+    >>> progress("building opt-125m")  # stderr is no terminal here: nothing is written
+    >>> progress_done()
     """
-    if sys.stderr.isatty():
-        click.echo(message, err=True)
+    global _LINE
+    if _LINE is None:
+        _LINE = StageLine(enabled=False if quiet() else None)
+        _LINE.started = _STARTED
+    _LINE(message)
+
+
+def progress_done() -> None:
+    """Take the stage line down before the command writes its answer (and when it ends):
+    stdout and the line share the terminal, and a redraw would erase what was printed."""
+    global _LINE
+    if _LINE is not None:
+        _LINE.close()
+        _LINE = None
 
 
 def stdout_closed() -> bool:

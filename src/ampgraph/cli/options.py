@@ -94,10 +94,20 @@ def model_options(f: F) -> F:
             "for simple modules. Both FX graphs are lowered by torch.export.",
         ),
     ]  # fmt: skip
-    f = timeout_option(f)  # first: it is listed after the options that name the model
+    f = quiet_option(f)
+    f = timeout_option(f)  # it and --quiet are listed after the options that name the model
     for param in reversed(params):
         f = param(f)
     return f
+
+
+def quiet_option(f: F) -> F:
+    """--quiet: no progress line (also ``ampgraph --quiet COMMAND``, or AMPGRAPH_QUIET=1)."""
+    return click.option(
+        "--quiet", "-q", is_flag=True, expose_value=False, callback=_remember,
+        help="No progress line on stderr. It shows only on a terminal, after a second's work, "
+        "and goes when the answer comes.",
+    )(f)  # fmt: skip
 
 
 def timeout_option(f: F) -> F:

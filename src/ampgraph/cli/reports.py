@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ampgraph.cli.console import progress
+from ampgraph.cli.console import progress, progress_done
 from ampgraph.cli.options import forced, resolve_settings, root_options, timeout_seconds
 from ampgraph.report.records import Report
 
@@ -34,6 +34,7 @@ def analysed(
         use_cache=not root["no_cache"], workers=root["jobs"], force=forced(),
         progress=progress, options=options, meanwhile=meanwhile, timeout=timeout_seconds(),
     )  # fmt: skip
+    progress_done()  # the command's answer comes next
     for warning in (dtype_branches_warning(reports[0]), data_dependent_warning(reports[0])):
         if warning:
             click.echo(f"warning: {warning}", err=True)

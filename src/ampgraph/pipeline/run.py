@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ampgraph.model.specs import DEFAULT_TRACER, spec_tracer
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting, seed_matrix
-from ampgraph.model.specs import DEFAULT_TRACER, spec_tracer
 
 if TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs
@@ -89,8 +88,8 @@ def prepare(
     """
     _say(progress, f"building {spec} on the meta device...")
     with frozen_imports():
-        from ampgraph.pipeline.stages import trace
         from ampgraph.model.build import load_model
+        from ampgraph.pipeline.stages import trace
 
         return trace(load_model(spec, seq_len=seq_len, force=force), spec_tracer(spec))
 
@@ -219,7 +218,7 @@ def analyze_spec(
         if meanwhile is not None:
             meanwhile()
         return [r for r in reports if r is not None]
-    start = time.perf_counter()
+    finished: list[str] = []
 
     def done(j: int, report: Report) -> None:
         from ampgraph.pipeline import cache
@@ -229,7 +228,9 @@ def analyze_spec(
         request = requests[index]
         if request is not None:
             cache.store(request, report.to_dict())
-        _say(progress, f"  {resolved[index].name}: done at {time.perf_counter() - start:.1f}s")
+        finished.append(resolved[index].name)
+        _say(progress, f"analysing {_settings(len(missing))}: {len(finished)} done "
+                       f"({', '.join(finished)})")  # fmt: skip
 
     def compute(on_done: Callable[[int, Report], None]) -> None:
         from ampgraph.model.usercode import model_code
@@ -239,8 +240,8 @@ def analyze_spec(
             model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
             from ampgraph.pipeline.stages import analyze_many
 
-            _say(progress, f"  built in {time.perf_counter() - start:.1f}s; analysing "
-                           f"{len(missing)} setting{'s' if len(missing) != 1 else ''}")  # fmt: skip
+            _say(progress, f"analysing {_settings(len(missing))} (trace, annotate"
+                           + (", check)" if check else ")"))  # fmt: skip
             analyze_many(
                 model,
                 [resolved[i] for i in missing],
@@ -268,6 +269,10 @@ def analyze_spec(
         with deadline(timeout):
             compute(done)
     return [r for r in reports if r is not None]
+
+
+def _settings(count: int) -> str:
+    return f"{count} setting{'s' if count != 1 else ''}"
 
 
 def analysis_beside(workers: int | None = None, *, pass_: str | None = None) -> bool:
