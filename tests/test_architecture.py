@@ -168,3 +168,19 @@ def test_the_public_surface_is_what_dir_lists_and_every_name_resolves() -> None:
     assert dir(ampgraph) == sorted([*ampgraph.__all__, "__version__"])
     assert {"analyze", "analyze_spec", "Report", "Setting"} <= set(dir(ampgraph))
     assert all(getattr(ampgraph, name) is not None for name in ampgraph.__all__)
+
+
+def test_the_api_page_follows_the_public_surface() -> None:
+    """docs/api.md lists every name of ``ampgraph.__all__`` with the module that defines it."""
+    import ampgraph
+
+    page = (PACKAGE.parent.parent / "docs" / "api.md").read_text()
+    table = {
+        line.split("|")[1].strip().strip("`")
+        for line in page.splitlines()
+        if line.startswith("| `")
+    }
+    assert table == set(ampgraph.__all__)
+    for name in ampgraph.__all__:
+        obj = getattr(ampgraph, name)
+        assert f"{obj.__module__}.{name}" in page, name

@@ -303,7 +303,7 @@ def test_a_module_baseline_is_checked_only_with_its_module_given(factory: Path) 
 
     checked = invoke("baseline", "check", "b.json", "--module", "marked_model.py:build")
     assert checked.exit_code == 0, checked.output
-    assert "matches (6 nodes)" in checked.output
+    assert "matches (6 graph nodes)" in checked.output
     assert (tmp / "MARKER").exists()
 
 

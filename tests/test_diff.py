@@ -78,7 +78,7 @@ def test_modules_in_another_order_pair_by_name() -> None:
             node("v", "placeholder", None, kind="parameter", target="layers.1.weight"))  # fmt: skip
     b = rep(*reversed(a.nodes))
     assert diff_reports(a, b).equal
-    assert "no changes in the dtype flow (4 nodes)" in diff_text(diff_reports(a, b))
+    assert "no changes in the dtype flow (4 graph nodes)" in diff_text(diff_reports(a, b))
 
 
 def test_every_compared_field() -> None:
@@ -260,7 +260,7 @@ def test_cli_diff_of_saved_reports(tmp_path: Path, opt_pair: tuple[Report, Repor
     fa, fb = save(tmp_path, "a.json", opt_pair[0]), save(tmp_path, "b.json", opt_pair[1])
     same = invoke("diff", fa, fa)
     assert same.exit_code == 0, same.output
-    assert same.stdout.splitlines()[2] == "no changes in the dtype flow (566 nodes)"
+    assert same.stdout.splitlines()[2] == "no changes in the dtype flow (566 graph nodes)"
     differ = invoke("diff", fa, fb, "--format", "json")
     assert differ.exit_code == 1 and "Error" not in differ.output
     data = json.loads(differ.stdout)
@@ -417,7 +417,7 @@ def test_baseline_of_a_config_is_checked_against_its_next_revision(tmp_path: Pat
     config.write_text(json.dumps(data | {"do_layer_norm_before": False}))
     failed = invoke("baseline", "check", path)
     assert failed.exit_code == 1
-    assert "566 → 563 nodes: 0 changed, 0 added, 3 removed; casts +0 −0" in failed.stdout
+    assert "566 → 563 graph nodes: 0 changed, 0 added, 3 removed; casts +0 −0" in failed.stdout
     assert "  - model.decoder.final_layer_norm.weight placeholder: out fp32" in failed.stdout
 
 
@@ -594,7 +594,7 @@ def test_hugging_face_llama_is_immune_to_the_rms_norm_drift(setting: str) -> Non
                     "--tables", "2.14")  # fmt: skip
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[2] == "no changes in the dtype flow (202 nodes)"
+    assert lines[2] == "no changes in the dtype flow (202 graph nodes)"
     assert lines[0].endswith("torch 2.11's lists)") and lines[1].endswith("torch 2.14's lists)")
     assert "note: A is a prediction for torch 2.11" in result.stdout
 

@@ -185,15 +185,15 @@ def test_cli_move_op() -> None:
     lines = result.stdout.splitlines()
     assert lines[1] == "B: llama-tiny [silu → fp32] amp-fp32 (autocast cuda bf16, parameters fp32)"
     assert lines[2] == (
-        "202 → 202 nodes: 6 changed, 0 added, 0 removed; 2 policies, 4 input dtypes, "
+        "202 → 202 graph nodes: 6 changed, 0 added, 0 removed; 2 policies, 4 input dtypes, "
         "4 output dtypes, 2 promotions, casts +4 −0"
     )
     assert "note: audit findings: autocast-cast 17 → 19, promotion 12 → 14" in lines
     assert any(line.startswith("note: B checked against the dispatcher: ") and "all agree" in line
                for line in lines)  # fmt: skip
     assert (
-        "  ~ silu aten.silu.default: policy none → fp32; casts added linear_4 bf16→fp32; "
-        "outputs bf16 → fp32"
+        "  ~ silu … silu_1 aten.silu.default: policy none → fp32; casts added linear_4 "
+        "bf16→fp32; outputs bf16 → fp32"
     ) in lines
     for args, message in [
         (["--move-op", "softmax"], "Error: 'softmax': a move is OP=LIST"),

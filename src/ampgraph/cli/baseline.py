@@ -72,7 +72,7 @@ def baseline_write(
     text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
                          tracer=spec.tracer)  # fmt: skip
     _write_baseline(file, text)
-    click.echo(f"{file}: {len(report.nodes)} nodes of {report.model} {report.setting['name']}")
+    click.echo(f"{file}: {len(report.nodes)} graph nodes of {report.model} {report.setting['name']}")
 
 
 def _given(ctx: click.Context, name: str) -> bool:
@@ -138,7 +138,7 @@ def baseline_check(
         click.echo(
             FORMATS[fmt](result)
             if fmt != "text"  # a pull-request comment says "no changes" too
-            else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} nodes)"
+            else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} graph nodes)"
         )
         return
     click.echo(FORMATS[fmt](result))

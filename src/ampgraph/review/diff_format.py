@@ -65,14 +65,14 @@ def describe(side: dict[str, Any]) -> str:
 def _summary_line(d: ReportDiff) -> str:
     c = d.counts()
     if d.equal:
-        return f"no changes in the dtype flow ({d.b.get('nodes')} nodes)"
+        return f"no changes in the dtype flow ({d.b.get('nodes')} graph nodes)"
     parts = [f"{c['changed']} changed", f"{c['added']} added", f"{c['removed']} removed"]
     labels = {"policy": ("policy", "policies"), "inputs": ("input dtype", "input dtypes"),
               "outputs": ("output dtype", "output dtypes"),
               "promotion": ("promotion", "promotions"), "error": ("error", "errors")}  # fmt: skip
     what = [f"{c[f]} {label[c[f] != 1]}" for f, label in labels.items() if c[f]]
     casts = f"casts +{c['casts_added']} −{c['casts_removed']}"
-    return f"{d.a.get('nodes')} → {d.b.get('nodes')} nodes: {', '.join(parts)}; " + ", ".join(
+    return f"{d.a.get('nodes')} → {d.b.get('nodes')} graph nodes: {', '.join(parts)}; " + ", ".join(
         [*what, casts]
     )
 
@@ -253,7 +253,7 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
         return (
             "### ampgraph diff: no changes in the dtype flow\n\n"
             f"A: {code_span(describe(d.a), table=False)} → "
-            f"B: {code_span(describe(d.b), table=False)}, {d.b.get('nodes')} nodes."
+            f"B: {code_span(describe(d.b), table=False)}, {d.b.get('nodes')} graph nodes."
         )
     rows = [
         "### ampgraph diff: the dtype flow changes",
