@@ -2,7 +2,9 @@
 
 The seed's four settings make its 2x2 matrix (rows the parameter dtype, columns autocast off and
 on); other sets are laid out in rows of two. Each cell is a compact module view headed by its
-setting and its counts of autocast casts and promotions.
+setting and its counts of autocast casts and promotions. The grid is exact: each cell lies
+between two invisible spacers as wide as its column's widest cell (measured by laying the
+figure out once before), a row's spacers share ranks and a column's stand one above the other.
 
 This module is torch-free.
 
@@ -14,6 +16,10 @@ This module is torch-free.
 
 from __future__ import annotations
 
+import itertools
+import json
+import shutil
+import subprocess
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -91,11 +97,40 @@ def _cell_prefixes(reports: Sequence[Report]) -> list[str]:
 
 #: Room around a cell's title, in points, off the cell's frame.
 CELL_TITLE_PAD: Final = "10"
+#: Room between a cell's frame and its boxes, in points (its spacers' ends touch it).
+CELL_MARGIN: Final = 16
+#: The gap between two cells of a row, in ``nodesep`` units less the two cells' margins: 3 x
+#: 0.3 in, 65 points between the spacers' ends, leaves 33 points between the frames.
+COLUMN_GAP_NODESEPS: Final = "3"
+#: Points a spacer is wider than its column's widest cell was measured: room for rounding.
+SPACER_SLACK: Final = 2.0
 
 
-def _add_cell(target: graphviz.Digraph, emitter: Emitter, theme: Theme) -> None:
-    """One framed cell: its title inside the frame, padded off the border, and the diagram."""
+def _spacer(target: graphviz.Digraph, name: str, width: float) -> None:
+    """An invisible box ``width`` points wide and next to no height: a cell's head or foot."""
+    target.node(
+        dot_name(name),
+        label="",
+        shape="box",
+        style="invis",
+        fixedsize="true",
+        width=f"{width / 72:.4f}",
+        height="0.01",
+    )
+
+
+def _add_cell(
+    target: graphviz.Digraph, emitter: Emitter, theme: Theme, width: float
+) -> tuple[str, str]:
+    """One framed cell: its title inside the frame, padded off the border, and the diagram
+    between two spacers ``width`` points wide; returns the spacers' names (head, foot).
+
+    The head is above every box of the cell and the foot below, each alone on its rank, so a
+    cell's frame is its spacers' width plus its margin wherever its boxes lie, and the overview
+    lines its cells up by lining the spacers up.
+    """
     graph = emitter.graph
+    head, foot = f"{emitter.prefix}cell/head", f"{emitter.prefix}cell/foot"
     with target.subgraph(name=dot_name(f"cluster_{emitter.prefix}cell")) as cell:
         cell.attr(
             id=dot_name(f"{emitter.prefix}cell"),
@@ -107,9 +142,45 @@ def _add_cell(target: graphviz.Digraph, emitter: Emitter, theme: Theme) -> None:
             style="rounded",
             color=theme.muted,
             penwidth="1.2",
-            margin="16",
+            margin=str(CELL_MARGIN),
         )
+        _spacer(cell, head, width)
         emitter.emit(cell)
+        _spacer(cell, foot, width)
+    order = sorted(graph.nodes, key=lambda n: graph.nodes[n]["order"])
+    sources = [n for n in order if not graph.in_degree(n)]
+    sinks = [n for n in order if not graph.out_degree(n)]
+    for node in sources:
+        write_edge(target, head, emitter.node_id(node), style="invis")
+    for node in sinks:
+        write_edge(target, emitter.node_id(node), foot, style="invis")
+    if not order:
+        write_edge(target, head, foot, style="invis")
+    return head, foot
+
+
+def _cell_widths(source: str, prefixes: Sequence[str]) -> dict[str, float]:
+    """The frames' widths in points, by cell prefix, as ``dot`` lays ``source`` out; empty
+    where Graphviz is not installed (the cells are then drawn as wide as their boxes)."""
+    from ampgraph.render.files import DOT_TIMEOUT_S  # here: files imports this module
+
+    dot = shutil.which("dot")
+    if dot is None:
+        return {}
+    try:
+        proc = subprocess.run(
+            [dot, "-Tjson0"], input=source.encode("utf-8"), capture_output=True,
+            timeout=DOT_TIMEOUT_S, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}  # the layout proper reports the failure
+    names = {f"cluster_{p}cell": p for p in prefixes}
+    widths = {}
+    for obj in json.loads(proc.stdout).get("objects", []):
+        if obj.get("name") in names and "bb" in obj:
+            x0, _, x1, _ = (float(v) for v in obj["bb"].split(","))
+            widths[names[obj["name"]]] = x1 - x0
+    return widths
 
 
 def overview_dot(
@@ -146,44 +217,53 @@ def overview_diagram(
         + " · edges coloured and labelled by dtype"
     )
     prefixes = dict(zip(map(id, reports), _cell_prefixes(reports)))
-    dot = new_digraph("overview", title, subtitle, th)
-    emitters: list[list[Emitter]] = []
-    graphs = []
-    for row in grid:
-        emitters.append([])
-        for report in row:
-            graph = build_graph(report, view=view, fold=fold)
-            graphs.append(graph)
-            emitters[-1].append(Emitter(graph, th, prefix=prefixes[id(report)], compact=True))
-    for row_emitters in emitters:
-        for emitter in row_emitters:
-            _add_cell(dot, emitter, th)
-    # Align the rows: each row's cells start on the same rank.
-    for r_i, row_emitters in enumerate(emitters):
-        firsts = [e.first() for e in row_emitters if e.first()]
-        if len(firsts) > 1:
-            with dot.subgraph(name=f"row_{r_i}") as same:
-                same.attr(rank="same")
-                for node in firsts:
-                    same.node(dot_name(str(node)))
-    # Stack the rows: an invisible edge from each cell's last box to the first box of the cell
-    # below puts the two in one column (dot lays unconnected columns side by side, in order).
-    for r_i in range(1, len(emitters)):
-        for c_i, below in enumerate(emitters[r_i]):
-            above = emitters[r_i - 1][c_i] if c_i < len(emitters[r_i - 1]) else None
-            if above is not None and above.last() and below.first():
-                write_edge(
-                    dot,
-                    str(above.last()),
-                    str(below.first()),
-                    style="invis",
-                    weight="50",
-                    minlen="2",
-                )
-    bottom = [e.last() for e in emitters[-1] if e.last()]
-    add_legend(dot, LegendFacts.of(graphs), th, [str(b) for b in bottom], same_rank=False)
+    graphs = [[build_graph(r, view=view, fold=fold) for r in row] for row in grid]
+    emitters = [
+        [Emitter(g, th, prefix=prefixes[id(r)], compact=True) for r, g in zip(row, g_row)]
+        for row, g_row in zip(grid, graphs)
+    ]
+    # Laid out once with spacers of no width to measure the cells, then with each column's
+    # spacers as wide as its widest cell: every frame of a column is then exactly as wide.
+    dot = _grid(new_digraph("overview", title, subtitle, th), emitters, th, {})
+    measured = _cell_widths(dot.source, list(prefixes.values()))
+    if measured:
+        widths: dict[str, float] = {}
+        for c_i in range(max(map(len, emitters))):
+            column = [row[c_i].prefix for row in emitters if c_i < len(row)]
+            widest = max(measured.get(p, 0.0) for p in column) - 2 * CELL_MARGIN
+            widths.update(dict.fromkeys(column, max(widest, 0.0) + SPACER_SLACK))
+        dot = _grid(new_digraph("overview", title, subtitle, th), emitters, th, widths)
+    flat = [g for row in graphs for g in row]
     description = " ".join(
         f"Cell {prefixes[id(r)].rstrip('/')}: {describe(g)}"
-        for r, g in zip([r for row in grid for r in row], graphs)
+        for r, g in zip([r for row in grid for r in row], flat)
     )
     return Diagram(dot.source, title, description)
+
+
+def _grid(
+    dot: graphviz.Digraph, emitters: list[list[Emitter]], theme: Theme, widths: dict[str, float]
+) -> graphviz.Digraph:
+    """The cells in ``dot``, a grid: a row's heads on one rank and its feet on one, a column's
+    spacers one above the other, the legend below; spacers ``widths[prefix]`` points wide."""
+    spacers = [
+        [_add_cell(dot, e, theme, widths.get(e.prefix, 0.0)) for e in row] for row in emitters
+    ]
+    for r_i, row in enumerate(spacers):
+        for end in (0, 1):  # the heads, then the feet
+            with dot.subgraph(name=f"row_{r_i}_{'foot' if end else 'head'}") as same:
+                same.attr(rank="same")
+                for cell in row:
+                    same.node(dot_name(cell[end]))
+            # A flat edge keeps the columns in order, left to right, with a gap between.
+            for left, right in itertools.pairwise(row):
+                write_edge(dot, left[end], right[end], style="invis", minlen=COLUMN_GAP_NODESEPS)
+    # A column's foot above the head of the cell below: one x, so their frames line up.
+    for above, below in itertools.pairwise(spacers):
+        for (_, foot), (head, _) in zip(above, below):
+            write_edge(dot, foot, head, style="invis", weight="1000", minlen="2")
+    graphs = [e.graph for row in emitters for e in row]
+    add_legend(
+        dot, LegendFacts.of(graphs), theme, [foot for _, foot in spacers[-1]], same_rank=False
+    )
+    return dot
