@@ -125,12 +125,52 @@ class TraceReads(TorchFunctionMode):
         self.unaccounted: list[str] = []
         #: Python-level torch functions being run with this mode on the stack.
         self._inside: list[Any] = []
+        #: Trace on past the first op that raises (see :meth:`_call`); what it raised, if any.
+        self.past_raise = False
+        self.raised: str | None = None
 
     def clear(self) -> None:
         """Forget what was read (a trace that failed and is traced again)."""
         self.reads.clear()
         self.unaccounted.clear()
         self.depth = 0
+        self.raised = None
+
+    def _call(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``func(*args, **kwargs)``; where that raises a kernel's error (the model's own dtype
+        error, in its setting), call it again on its floating inputs made fp32 by
+        :data:`PAST_RAISE` casts, which :func:`drop_past_raise` takes out of the graph after the
+        trace: the graph then holds the op as the model called it, where a real run raises, and
+        everything the code read up to there is the setting's own."""
+        graph = getattr(self._tracer(), "graph", None)
+        last = graph._root.prev if graph is not None else None  # noqa: SLF001 - fx's own list
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            if type(exc) not in (RuntimeError, NotImplementedError):
+                raise
+            # The node the tracer made for the call that raised, before its kernel ran.
+            while graph is not None and graph._root.prev is not last:  # noqa: SLF001
+                node = graph._root.prev  # noqa: SLF001
+                if node.users:
+                    break
+                graph.erase_node(node)
+            if self.raised is None:
+                self.raised = f"{_name_of(func)}(): {str(exc).strip().splitlines()[0]}"
+                # What the code reads after the raise follows the casts, not the setting.
+                self.unaccounted.append(f"a trace past the raise in {_name_of(func)}()")
+
+            def cast(t: Any) -> Any:
+                floating = isinstance(t, torch.Tensor) and t.is_floating_point()
+                if floating and t.dtype != torch.float64:
+                    return past_raise_op()(t, torch.float32)
+                return t
+
+            args, kwargs = pytree.tree_map(cast, (args, kwargs))
+            try:
+                return func(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - not a dtype error: the first one is the finding
+                raise exc from None
 
     # -- dtype reads ----------------------------------------------------------------------------
     @staticmethod
@@ -198,7 +238,7 @@ class TraceReads(TorchFunctionMode):
             return func(*args, **kwargs)
         # Which nodes the inputs are, before an op that returns its input rebinds them.
         before = [(t, self._node(tracer, t)) for t in tensors]
-        out = func(*args, **kwargs)
+        out = self._call(func, args, kwargs) if self.past_raise else func(*args, **kwargs)
         outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not outputs:
             if name not in DTYPE_FREE:
@@ -288,6 +328,51 @@ class TraceReads(TorchFunctionMode):
         for reason in self.unaccounted:
             out.append(Read("unaccounted", reason, ""))
         return out
+
+
+_PAST_RAISE: list[Any] = []
+
+
+def past_raise_op() -> Any:
+    """``ampgraph::past_raise(x, dtype)``: ``x`` cast to ``dtype``, the cast a trace past a raise
+    adds (:meth:`TraceReads._call`) and :func:`drop_past_raise` takes out again; defined once."""
+    if not _PAST_RAISE:
+
+        @torch.library.custom_op("ampgraph::past_raise", mutates_args=())
+        def past_raise(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return x.to(dtype, copy=True)
+
+        @past_raise.register_fake
+        def _(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty_like(x, dtype=dtype)
+
+        _PAST_RAISE.append(torch.ops.ampgraph.past_raise.default)
+    return _PAST_RAISE[0]
+
+
+def drop_past_raise(gm: fx.GraphModule) -> int:
+    """Take the casts a trace past a raise added out of ``gm``; how many there were.
+
+    >>> import torch
+    >>> g = fx.Graph()
+    >>> x = g.placeholder("x")
+    >>> y = g.call_function(past_raise_op(), (x, torch.float32))
+    >>> _ = g.output(g.call_function(torch.ops.aten.relu.default, (y,)))
+    >>> gm = fx.GraphModule(torch.nn.Module(), g)
+    >>> drop_past_raise(gm), [n.op for n in gm.graph.nodes]
+    (1, ['placeholder', 'call_function', 'output'])
+    """
+    if not _PAST_RAISE:
+        return 0
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _PAST_RAISE[0]:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            dropped += 1
+    if dropped:
+        gm.recompile()
+    return dropped
 
 
 def layout_of(t: torch.Tensor) -> str:
@@ -402,4 +487,11 @@ def annotation_difference(shared: Any, fresh: Any) -> str | None:
     return None
 
 
-__all__ = ["Read", "TraceReads", "annotation_difference", "serves"]
+__all__ = [
+    "Read",
+    "TraceReads",
+    "annotation_difference",
+    "drop_past_raise",
+    "past_raise_op",
+    "serves",
+]

@@ -40,7 +40,7 @@ from ampgraph.capture.engines import (
     make_fx_available,
 )
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
-from ampgraph.capture.reads import TraceReads
+from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
@@ -202,6 +202,34 @@ def _retrace_neutral(
     return ENGINES[engine](model, setting.device_type, torch.float32, None, reads)
 
 
+def _trace_past_raise(
+    model: ModelInputs,
+    setting: Setting,
+    recorder: ModuleIORecorder,
+    exc: Exception,
+    reads: TraceReads | None,
+    engine: str,
+) -> Any:
+    """Trace again in ``setting``, on past the op that raised (:meth:`TraceReads._call`).
+
+    The graph is the setting's own up to that op, every dtype the code read there included
+    (``x.to(self.weight.dtype)``), and the op is in it as the model called it: the annotation
+    and the check find the error where a real run raises it (issue 25).
+    """
+    if reads is None or not _raised_by_a_kernel(exc):
+        raise exc
+    recorder.reset()
+    reads.clear()
+    reads.past_raise = True
+    try:
+        dtype = torch_dtype(setting.param_dtype)
+        program = ENGINES[engine](model, setting.device_type, dtype, setting, reads)
+    finally:
+        reads.past_raise = False
+    drop_past_raise(program.graph_module)
+    return program
+
+
 def _retype_parameters(
     gm: fx.GraphModule, kinds: dict[str, tuple[str, str]], dtype: torch.dtype
 ) -> None:
@@ -289,8 +317,17 @@ def capture(
                     if not on_data:
                         raised = recorder.raised(exc)
                         try:
-                            program = _retrace_neutral(model, setting, recorder, exc, reads, engine)
-                            method = EXPORT_RETYPED
+                            program = _trace_past_raise(
+                                model, setting, recorder, exc, reads, engine
+                            )
+                        except Exception:  # noqa: BLE001 - it cannot: fp32 parameters, as before
+                            program = None
+                        try:
+                            if program is None:
+                                program = _retrace_neutral(
+                                    model, setting, recorder, exc, reads, engine
+                                )
+                                method = EXPORT_RETYPED
                         except Exception as again:  # the same rule again
                             # The half setting of a detector: its first layer raises, and the
                             # neutral trace then stops where the forward branches on data.

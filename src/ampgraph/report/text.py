@@ -90,6 +90,13 @@ def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
             lines.append(f"{head}error: {error}")
         else:
             lines.append(call.hook_line())
+    if only is None and not any(error for _call, error in printed_calls(report)):
+        # An op outside every leaf call that raises (F.binary_cross_entropy in the forward
+        # itself): the eager hooks print it at the top level (:mod:`ampgraph.verify.hooks`).
+        in_calls = {name for call in report.modules for name in call.nodes}
+        raised = next((r for r in report.nodes if r.error and r.name not in in_calls), None)
+        if raised is not None:
+            lines.append(f"[(top level)] in=None -> error: {raised.error}")
     return lines
 
 
