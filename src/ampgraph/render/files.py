@@ -28,6 +28,7 @@ from ampgraph.errors import RenderError
 from ampgraph.pipeline.workers import default_workers
 from ampgraph.render.dot import Diagram, diagram
 from ampgraph.render.overview import overview_diagram
+from ampgraph.render.style import DOT_TIMEOUT_S
 from ampgraph.render.svg import accessible_bytes
 from ampgraph.report.files import atomic_write
 from ampgraph.settings import Setting
@@ -45,8 +46,6 @@ DOT_FLAGS: Final[dict[str, tuple[str, ...]]] = {
     "png": ("-Tpng:cairo",),
     "pdf": ("-Tpdf",),
 }
-#: A diagram that takes longer than this to lay out is unreadable anyway.
-DOT_TIMEOUT_S: Final = 120
 #: How many layouts run at once (``dot`` processes); None: one per core.
 LAYOUT_WORKERS: int | None = None
 

@@ -32,7 +32,7 @@ from ampgraph.render.emit import Emitter, new_digraph
 from ampgraph.render.graph import build_graph
 from ampgraph.render.labels import dot_name, dot_string, font, html_text, write_edge
 from ampgraph.render.legend import LegendFacts, add_legend
-from ampgraph.render.style import FONT_SIZE, PROMOTION_MARK, THEMES, Theme
+from ampgraph.render.style import DOT_TIMEOUT_S, FONT_SIZE, PROMOTION_MARK, THEMES, Theme
 from ampgraph.render.tooltips import describe, title_text
 
 if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
@@ -162,8 +162,6 @@ def _add_cell(
 def _cell_widths(source: str, prefixes: Sequence[str]) -> dict[str, float]:
     """The frames' widths in points, by cell prefix, as ``dot`` lays ``source`` out; empty
     where Graphviz is not installed (the cells are then drawn as wide as their boxes)."""
-    from ampgraph.render.files import DOT_TIMEOUT_S  # here: files imports this module
-
     dot = shutil.which("dot")
     if dot is None:
         return {}

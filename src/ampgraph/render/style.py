@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+#: A diagram that takes longer than this to lay out (with ``dot``) is unreadable anyway.
+DOT_TIMEOUT_S: Final = 120
+
 #: Okabe–Ito colours by name, for the tables below.
 OKABE_ITO: Final[dict[str, str]] = {
     "black": "#000000",
