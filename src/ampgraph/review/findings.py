@@ -284,11 +284,19 @@ class _Auditor:
 
     def dtype_error(self, rec: NodeRecord) -> None:
         got = ", ".join(short_dtype(i.get("dtype")) for i in rec.inputs if i.get("dtype"))
-        self.add(
-            "dtype-error", rec, f"{_where(rec)} raises on inputs {got}: {rec.error}",
-            "cast the inputs to one dtype before this op (x.to(w.dtype)), or run it inside "
-            "torch.autocast, which casts them for it",
-        )  # fmt: skip
+        if rec.policy == "banned":
+            # It raises because it runs under autocast: autocast is no fix for it (issue 25).
+            fix = (
+                "use binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss) on the logits, "
+                "which autocast runs in fp32, or run this op with autocast disabled "
+                "(torch.autocast(device_type, enabled=False)) on fp32 inputs"
+            )
+        else:
+            fix = (
+                "cast the inputs to one dtype before this op (x.to(w.dtype)), or run it inside "
+                "torch.autocast, which casts them for it"
+            )
+        self.add("dtype-error", rec, f"{_where(rec)} raises on inputs {got}: {rec.error}", fix)
 
     def sixteen_only(self, rec: NodeRecord) -> None:
         parts = _op_parts(rec.op)
