@@ -312,6 +312,18 @@ def _embedding_bag_cpu(args: tuple[Any, ...]) -> str | None:
     return None
 
 
+def _embedding_bag_cuda(args: tuple[Any, ...]) -> str | None:
+    """CUDA ``_embedding_bag_cuda`` (``cuda/EmbeddingBag.cu``, also ``_embedding_bag_forward_only``'s)
+    checks no dtype of ``per_sample_weights``: its sum/mean kernel, dispatched on the weight's
+    type, reads them with ``const_data_ptr<scalar_t>()``. The max kernel does not read them."""
+    weight = args[0]
+    psw = _tensor(args[6]) if len(args) > 6 else None
+    mode = args[4] if len(args) > 4 else 0
+    if psw is None or mode == 2:
+        return None
+    return _data_ptr(weight, psw)
+
+
 def _both(op: Any, check: Check) -> dict[tuple[str, Any], Check]:
     return {("cpu", op): check, ("cuda", op): check}
 
@@ -354,6 +366,8 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cpu", aten._cdist_forward.default): _cdist_cpu,
     ("cpu", aten._embedding_bag.default): _embedding_bag_cpu,
     ("cpu", aten._embedding_bag_forward_only.default): _embedding_bag_cpu,
+    ("cuda", aten._embedding_bag.default): _embedding_bag_cuda,
+    ("cuda", aten._embedding_bag_forward_only.default): _embedding_bag_cuda,
 }
 
 

@@ -61,10 +61,83 @@ def _register_meta_kernels() -> list[Any]:
     def grid_sampler(x, grid):  # type: ignore[no-untyped-def]
         return x.new_empty((x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]))
 
-    for name, kernel in (("_thnn_fused_gru_cell", gru_cell), ("cudnn_grid_sampler", grid_sampler)):
-        if not has_meta(name):
+    kernels: tuple[tuple[str, Callable[..., Any]], ...] = (
+        ("_thnn_fused_gru_cell", gru_cell),
+        ("cudnn_grid_sampler", grid_sampler),
+        *_CUDNN_META,
+    )
+    for name, kernel in kernels:
+        if not has_meta(name.partition(".")[0]):
             lib.impl(name, kernel, "Meta")
     return [lib]
+
+
+def _same_type(op: str, *tensors: torch.Tensor | None) -> None:
+    """cuDNN's ``checkAllSameType`` (``cudnn/ConvShared.cpp``): its message is not written here,
+    so a mismatch is reported as what it is on this machine, a check only a GPU runs."""
+    dtypes = [t.dtype for t in tensors if t is not None]
+    if len(set(dtypes)) > 1:
+        raise RuntimeError(
+            f"{op} checks that its tensors share one dtype ({', '.join(map(str, dtypes))}) in "
+            f"cuDNN itself: Found no NVIDIA driver on this machine to run that check"
+        )
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor, stride: Any, padding: Any, dilation: Any,
+          groups: int, transposed: bool = False, output_padding: Any = None) -> torch.Tensor:  # fmt: skip
+    """The output of a cuDNN convolution: ``convolution``'s shape, the input's dtype (cuDNN
+    allocates it with ``input->options()``)."""
+    output_padding = output_padding if output_padding is not None else [0] * len(stride)
+    out = aten.convolution.default(
+        x, w.to(x.dtype), None, stride, padding, dilation, transposed, output_padding, groups
+    )
+    return out.to(x.dtype)
+
+
+def _cudnn_convolution(x, w, padding, stride, dilation, groups, *_flags):  # type: ignore[no-untyped-def]
+    _same_type("cudnn_convolution", x, w)
+    return _conv(x, w, stride, padding, dilation, groups)
+
+
+def _cudnn_convolution_transpose(x, w, padding, output_padding, stride, dilation, groups, *_flags):  # type: ignore[no-untyped-def]
+    _same_type("cudnn_convolution_transpose", x, w)
+    return _conv(x, w, stride, padding, dilation, groups, True, output_padding)
+
+
+def _cudnn_convolution_relu(x, w, bias, stride, padding, dilation, groups):  # type: ignore[no-untyped-def]
+    _same_type("cudnn_convolution_relu", x, w, bias)
+    return _conv(x, w, stride, padding, dilation, groups)
+
+
+def _cudnn_convolution_add_relu(x, w, z, alpha, bias, stride, padding, dilation, groups):  # type: ignore[no-untyped-def]
+    _same_type("cudnn_convolution_add_relu", x, w, z, bias)
+    return _conv(x, w, stride, padding, dilation, groups)
+
+
+def _cudnn_affine_grid_generator(theta, n, c, h, w):  # type: ignore[no-untyped-def]
+    """``cudnn/AffineGridGenerator.cpp``: an ``{N, H, W, 2}`` grid in ``theta``'s options."""
+    return theta.new_empty((n, h, w, 2))
+
+
+def _cudnn_ctc_loss(log_probs, targets, input_lengths, target_lengths, *_rest):  # type: ignore[no-untyped-def]
+    """``cudnn/LossCTC.cpp``: costs ``{batch}`` and a gradient like ``log_probs``, in its options
+    (cuDNN takes fp32 log-probabilities only; ``ctc_loss`` sends nothing else there)."""
+    if log_probs.dtype != torch.float32:
+        _same_type("_cudnn_ctc_loss", log_probs, log_probs.new_empty((), dtype=torch.float32))
+    return log_probs.new_empty((log_probs.shape[1],)), log_probs.new_empty(log_probs.shape)
+
+
+#: cuDNN ops that have no meta kernel, so fake tensors ran their CUDA kernel, which asks the driver
+#: first: a model that calls them directly (``torch.cudnn_convolution``) stopped the capture.
+_CUDNN_META: tuple[tuple[str, Callable[..., Any]], ...] = (
+    ("cudnn_convolution", _cudnn_convolution),
+    ("cudnn_convolution_transpose", _cudnn_convolution_transpose),
+    ("cudnn_convolution_relu", _cudnn_convolution_relu),
+    ("cudnn_convolution_add_relu", _cudnn_convolution_add_relu),
+    ("cudnn_affine_grid_generator", _cudnn_affine_grid_generator),
+    ("_cudnn_ctc_loss", _cudnn_ctc_loss),
+    ("_cudnn_ctc_loss.Tensor", _cudnn_ctc_loss),
+)
 
 
 _LIBRARIES = _register_meta_kernels()

@@ -77,17 +77,20 @@ def _no_stack_traces() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _lift_scalar_constants() -> Iterator[None]:
-    """Trace ``torch.tensor(scalar, device=x.device)`` as a lifted constant plus a copy op.
+    """Trace every tensor the forward makes from data (``torch.tensor(...)``) as a fake tensor:
+    a lifted constant plus a copy op, never a constant computed for real.
 
-    By default export computes ops on one-element constants for real, on their device: with fake
-    CUDA tensors and no GPU that needs a CUDA driver (transformers 4.x's eager attention does
-    ``torch.tensor(torch.finfo(dtype).min, device=...)``). Lifting them leaves the graphs of models
-    without such constants unchanged.
+    By default ``make_fx`` keeps tensors of at most one element that the forward built from data
+    as real "constants" beside their fake values, and computes every op on them for real, on
+    their device: with fake CUDA tensors and no GPU that needs a CUDA driver (transformers 4.x's
+    eager attention does ``torch.tensor(torch.finfo(dtype).min, device=...)``; its cache setup
+    ``torch.tensor([], device=...)``, an empty one, which a limit of 0 still keeps). A limit
+    below 0 keeps none. Lifting them leaves the graphs of models without such tensors unchanged.
     """
     from torch.fx.experimental import proxy_tensor
 
     previous = proxy_tensor.CONSTANT_NUMEL_LIMIT
-    proxy_tensor.CONSTANT_NUMEL_LIMIT = 0
+    proxy_tensor.CONSTANT_NUMEL_LIMIT = -1
     try:
         yield
     finally:
@@ -100,6 +103,42 @@ def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:
             return torch.empty(t.shape, dtype=dtype_for(t), device=device)
 
     return make
+
+
+def plain_outputs(value: Any) -> Any:
+    """``value`` with every object pytree does not know that holds tensors (a Hugging Face
+    ``EncoderDecoderCache`` in a ``use_cache=True`` output) made a dict of its attributes that
+    hold tensors, so that the graph can return them: each is an output of the graph, under a
+    path such as ``past_key_values.self_attention_cache.layers.0.keys``. An object holding no
+    tensor stays as it is.
+
+    >>> class Cache:
+    ...     def __init__(self):
+    ...         self.keys, self.size = torch.zeros(1), 3
+    >>> out = plain_outputs({"logits": torch.ones(1), "cache": Cache()})
+    >>> sorted(out["cache"])
+    ['keys']
+    """
+    return _plain(value, set())
+
+
+def _plain(value: Any, seen: set[int]) -> Any:
+    def leaf(item: Any) -> Any:
+        if isinstance(item, (torch.Tensor, nn.Module, type)) or not hasattr(item, "__dict__"):
+            return item
+        if id(item) in seen:  # a cycle: the object is already being flattened
+            return None
+        seen.add(id(item))
+        held = {k: _plain(v, seen) for k, v in vars(item).items()}
+        seen.discard(id(item))
+        kept = {
+            k: v
+            for k, v in held.items()
+            if any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(v))
+        }
+        return kept or item
+
+    return pytree.tree_map(leaf, value)
 
 
 @dataclass
@@ -216,7 +255,7 @@ def _make_fx(
             tensors = dict(zip(names, flat[: len(names)]))
             with _reparametrize_module(module, tensors, tie_weights=False, strict=False):
                 out = module(*call_args, **call_kwargs)
-            leaves, spec = pytree.tree_flatten(out)
+            leaves, spec = pytree.tree_flatten(plain_outputs(out))
             out_specs.append(spec)
             return tuple(leaves)
 
