@@ -13,20 +13,11 @@ from torch.nn import functional as F
 
 from ampgraph import analyze
 from ampgraph.model.build import ModelInputs
-from ampgraph.report.text import hook_lines
 from ampgraph.review.findings import audit
 from ampgraph.settings import Setting
-from ampgraph.verify.hooks import eager_hook_lines
 
-SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
-
-
-def _agree(model: ModelInputs, setting: Setting) -> list[str]:
-    report = analyze(model, setting)
-    assert report.check is not None and report.check["disagreements"] == 0, report.check
-    lines = hook_lines(report)
-    assert lines == eager_hook_lines(model, setting)
-    return lines
+# The fidelity tests' comparison: checked by the dispatcher, equal to the eager run's hooks.
+from .test_fidelity import SETTINGS, _agree
 
 
 class Fp32Function(torch.autograd.Function):
