@@ -55,8 +55,7 @@ def progress(message: str) -> None:
     """
     global _LINE
     if _LINE is None:
-        _LINE = StageLine(enabled=False if quiet() else None)
-        _LINE.started = _STARTED
+        _LINE = StageLine(enabled=False if quiet() else None, started=_STARTED)
     _LINE(message)
 
 

@@ -35,13 +35,19 @@ class StageLine:
     """
 
     def __init__(
-        self, stream: TextIO | None = None, *, enabled: bool | None = None, delay: float = DELAY
+        self,
+        stream: TextIO | None = None,
+        *,
+        enabled: bool | None = None,
+        delay: float = DELAY,
+        started: float | None = None,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = _is_terminal(self.stream) if enabled is None else enabled
         self.delay = delay
         self.stage = ""
-        self.started = time.monotonic()
+        # When the work began (time.monotonic()): the delay and the elapsed time count from it.
+        self.started = time.monotonic() if started is None else started
         self._lock = threading.Lock()
         self._live: Any = None
         self._task: Any = None
