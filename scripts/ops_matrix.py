@@ -231,12 +231,12 @@ def markdown(rows: list[Row], seconds: float) -> str:
         ),
         "",
         (
-            "*Flagged* cells are inexact and say so. In `half`, where the forward raises while "
-            "traced, the graph is traced again with fp32 parameters and replayed in the setting, "
-            "so `x.to(self.fc.weight.dtype)` holds fp32 there. The check holds the replay to "
-            "where the forward traced in the setting raised (`capture.raised_in_setting`) and "
-            "counts a disagreement where they part. A cell neither agreeing nor flagged would be "
-            "a wrong report that passes `check`; the script fails on it."
+            "*Flagged* cells would be inexact and say so: the check counts a disagreement where "
+            "a graph traced again after a raise parts from the setting's own trace. In `half`, "
+            "where the forward raises while traced, the trace goes on past the raise in the "
+            "setting's own dtypes, so `x.to(self.fc.weight.dtype)` holds the 16-bit dtype as in "
+            "a real run. A cell neither agreeing nor flagged would be a wrong report that passes "
+            "`check`; the script fails on it."
         ),
         "",
         (
