@@ -88,9 +88,9 @@ def main() -> None:
     phases = Phases()
 
     with phases.phase("import ampgraph (no torch)"):
+        from ampgraph.model.specs import spec_kind  # noqa: F401 - what the CLI reads before torch
         from ampgraph.pipeline.run import frozen_imports
         from ampgraph.settings import Setting, seed_matrix
-        from ampgraph.model.specs import spec_kind  # noqa: F401 - what the CLI reads before torch
     # As the CLI does (ampgraph.pipeline.run.prepare): no garbage collection while torch,
     # transformers and the model load, and what they made frozen after.
     with frozen_imports():
@@ -98,8 +98,8 @@ def main() -> None:
             import torch  # noqa: F401
         with phases.phase("import ampgraph's analysis"):
             from ampgraph.capture import reads
-            from ampgraph.pipeline import stages as analysis
             from ampgraph.model.build import architecture_for
+            from ampgraph.pipeline import stages as analysis
             from ampgraph.render import files
         with phases.phase("import the model's code (transformers)"):
             config = json.loads((ROOT / "src/ampgraph/model/configs" / f"{args.model}.json").read_text()) if (

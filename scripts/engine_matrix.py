@@ -63,9 +63,9 @@ def difference(a: object, b: object) -> str | None:
 
 
 def run_model(job: tuple[str, tuple[str, ...]]) -> Row:
-    from ampgraph.pipeline.stages import analyze_capture, trace
     from ampgraph.capture.trace import capture
     from ampgraph.model.build import load_model
+    from ampgraph.pipeline.stages import analyze_capture, trace
     from ampgraph.settings import Setting, short_dtype
 
     name, devices = job
@@ -165,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # noqa: F401 - imported once, before the workers fork
     import transformers  # noqa: F401
 
-    from ampgraph.pipeline.stages import analyze_capture  # noqa: F401
     from ampgraph.model.build import bundled_models
+    from ampgraph.pipeline.stages import analyze_capture  # noqa: F401
 
     names = opts.model or [*bundled_models(), *vision_models()]
     jobs = [(n, devices) for n in sorted(names, key=lambda n: -COST_HINT.get(n, 1))]

@@ -60,10 +60,10 @@ class Row:
 
 def run_model(name: str) -> Row:
     """Build one model and check it in all 16 settings."""
-    from ampgraph.pipeline.stages import analyze, analyze_group
     from ampgraph.model.build import CatalogueEntry, bundled_models, count_parameters, load_model
-    from ampgraph.settings import Setting, short_dtype
+    from ampgraph.pipeline.stages import analyze, analyze_group
     from ampgraph.report.text import disagreement_lines
+    from ampgraph.settings import Setting, short_dtype
 
     start = time.perf_counter()
     row = Row(name, origin=bundled_models().get(name, ""))
@@ -212,8 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        from ampgraph.pipeline.stages import analyze  # noqa: F401
         from ampgraph.model.build import bundled_models
+        from ampgraph.pipeline.stages import analyze  # noqa: F401
 
     names = opts.model or list(bundled_models())
     order = sorted(names, key=lambda n: -COST_HINT.get(n, 1))

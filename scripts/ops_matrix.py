@@ -165,10 +165,10 @@ def run_op(name: str) -> Row:
     """The op's 16 cells against both oracles."""
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
-    from ampgraph.verify.hooks import eager_hook_lines
     from ampgraph.model.build import ModelInputs
-    from ampgraph.settings import Setting
     from ampgraph.report.text import hook_lines
+    from ampgraph.settings import Setting
+    from ampgraph.verify.hooks import eager_hook_lines
 
     torch.manual_seed(0)
     model = ModelInputs(name, OneOp(name).eval(), (torch.randn(SHAPE),))

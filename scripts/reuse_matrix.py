@@ -46,9 +46,9 @@ class Row:
 
 
 def run_model(job: tuple[str, tuple[str, ...]]) -> Row:
-    from ampgraph.pipeline.stages import analyze, analyze_group
-    from ampgraph.model.build import load_model
     from ampgraph.capture.reads import annotation_difference
+    from ampgraph.model.build import load_model
+    from ampgraph.pipeline.stages import analyze, analyze_group
     from ampgraph.settings import Setting, short_dtype
 
     name, devices = job
@@ -171,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # noqa: F401 - imported once, before the workers fork
     import transformers  # noqa: F401
 
-    from ampgraph.pipeline.stages import analyze_group  # noqa: F401
     from ampgraph.model.build import bundled_models
+    from ampgraph.pipeline.stages import analyze_group  # noqa: F401
 
     names = opts.model or list(bundled_models())
     jobs = [(n, devices) for n in sorted(names, key=lambda n: -COST_HINT.get(n, 1))]

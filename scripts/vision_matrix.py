@@ -156,10 +156,10 @@ def run_model(name: str) -> Row:
 
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
-    from ampgraph.verify.hooks import eager_hook_lines
     from ampgraph.model.build import ModelInputs
-    from ampgraph.settings import Setting
     from ampgraph.report.text import hook_lines
+    from ampgraph.settings import Setting
+    from ampgraph.verify.hooks import eager_hook_lines
 
     torch.set_num_threads(1)
     start = time.perf_counter()

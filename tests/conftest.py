@@ -16,8 +16,8 @@ from types import ModuleType
 import pytest
 
 from ampgraph import Report, Setting
-from ampgraph.pipeline.stages import analyze
 from ampgraph.model.build import ModelInputs, load_model
+from ampgraph.pipeline.stages import analyze
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent

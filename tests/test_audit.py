@@ -14,9 +14,18 @@ from click.testing import CliRunner
 from torch import nn
 
 from ampgraph import Setting, analyze
-from ampgraph.review.audit import KINDS, SEVERITIES, Finding, at_or_above, audit, markdown, sarif, summary
 from ampgraph.cli import main
 from ampgraph.report.records import Report
+from ampgraph.review.audit import (
+    KINDS,
+    SEVERITIES,
+    Finding,
+    at_or_above,
+    audit,
+    markdown,
+    sarif,
+    summary,
+)
 from tests.conftest import report as bundled_report
 
 

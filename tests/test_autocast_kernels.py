@@ -14,10 +14,10 @@ from torch.nn import functional as F
 
 from ampgraph import analyze, policy
 from ampgraph.docs import reference
-from ampgraph.verify.hooks import eager_hook_lines
 from ampgraph.model.build import ModelInputs
-from ampgraph.settings import Setting
 from ampgraph.report.text import hook_lines
+from ampgraph.settings import Setting
+from ampgraph.verify.hooks import eager_hook_lines
 
 
 @torch.library.custom_op("ampgraph_kernels::scale", mutates_args=())
@@ -147,8 +147,8 @@ def test_export_traced_dtypes_of_python_decompositions_are_explained(name: str) 
 def test_an_unexplained_export_difference_is_a_disagreement() -> None:
     """The export-traced dtype is a second oracle: where it differs from the kernels with no
     reason ampgraph can name, the check fails rather than note it."""
-    from ampgraph.capture.trace import capture
     from ampgraph.annotate.check import check
+    from ampgraph.capture.trace import capture
 
     model = ModelInputs("linear", nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
     cap = capture(model, Setting.parse("amp-fp32"))

@@ -16,13 +16,13 @@ from click.testing import CliRunner
 from torch import nn
 
 from ampgraph import analyze
-from ampgraph.train.backward import LossError
 from ampgraph.cli import main
-from ampgraph.train.memory import activation_bytes_by_dtype
 from ampgraph.model.build import ModelInputs
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
+from ampgraph.train.backward import LossError
 from ampgraph.train.formats import backward_lines, cast_pairs, gradient_origin, markdown_train
+from ampgraph.train.memory import activation_bytes_by_dtype
 from ampgraph.train.verify import verify_train
 from tests.conftest import model
 
@@ -309,9 +309,9 @@ def test_the_report_round_trips_and_version_1_reports_still_read() -> None:
 
 def test_a_wrong_backward_prediction_is_caught_by_the_dispatcher() -> None:
     """Tamper with the joint graph's prediction: the replay with real kernels disagrees."""
+    from ampgraph.capture.trace import capture
     from ampgraph.train.backward import backward_section, trace_joint
     from ampgraph.train.check import check_backward
-    from ampgraph.capture.trace import capture
 
     trace = trace_joint(capture(island(), cpu("amp-fp32"), training=True), backward_autocast=True)
     bw = backward_section(trace)

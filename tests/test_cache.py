@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ampgraph.pipeline import cache
 from ampgraph.model.specs import ModelSpec
+from ampgraph.pipeline import cache
 
 
 def ampgraph(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -194,8 +194,8 @@ def test_an_alias_is_served_from_the_cache(opt_report, monkeypatch, tmp_path: Pa
     """`ampgraph table opt` reads the entry `ampgraph table opt-125m` wrote: no model is built."""
     from click.testing import CliRunner
 
-    from ampgraph.pipeline import run as pipeline
     from ampgraph.cli import main
+    from ampgraph.pipeline import run as pipeline
     from ampgraph.settings import Setting
 
     monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
@@ -304,8 +304,8 @@ def test_an_entry_with_nan_dtypes_is_a_miss(tmp_path: Path) -> None:
 def test_a_report_that_does_not_read_is_a_miss(tmp_path: Path, monkeypatch) -> None:
     """Whatever Report.from_dict raises for an entry (the project's error for a dtype that is
     none, or a plain ValueError, TypeError or KeyError), the entry is a miss, not a crash."""
-    from ampgraph.pipeline import run as pipeline
     from ampgraph.errors import AmpgraphError
+    from ampgraph.pipeline import run as pipeline
     from ampgraph.report.records import Report
     from ampgraph.settings import Setting
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from ampgraph.pipeline.stages import analyze_capture, trace
+from ampgraph.capture.reads import annotation_difference
 from ampgraph.capture.trace import EXPORT, MAKE_FX, capture
 from ampgraph.model.build import ModelInputs, load_model
-from ampgraph.capture.reads import annotation_difference
+from ampgraph.pipeline.stages import analyze_capture, trace
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from ampgraph import analyze
-from ampgraph.verify.hooks import eager_hook_lines
 from ampgraph.model.build import ModelInputs
-from ampgraph.settings import Setting
 from ampgraph.report.text import hook_lines
+from ampgraph.settings import Setting
+from ampgraph.verify.hooks import eager_hook_lines
 
 
 class KeepPositive(nn.Module):

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from ampgraph.review.baseline import BaselineError, baseline_text, read_baseline, spec_to_check
 from ampgraph.cli import main
 from ampgraph.report.records import DTYPE_NAMES, Cast, ModuleCall, NodeRecord, Report, load_json
+from ampgraph.review.baseline import BaselineError, baseline_text, read_baseline, spec_to_check
 
 from .test_diff import SETTING  # the amp-fp32 setting the diff's hand-made reports use
 

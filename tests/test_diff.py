@@ -12,10 +12,10 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ampgraph.review.baseline import baseline_text, check_report, read_baseline
 from ampgraph.cli import main
-from ampgraph.review.diff import diff_json, diff_markdown, diff_reports, diff_text
 from ampgraph.report.records import Cast, NodeRecord, Report
+from ampgraph.review.baseline import baseline_text, check_report, read_baseline
+from ampgraph.review.diff import diff_json, diff_markdown, diff_reports, diff_text
 
 from .conftest import report as analysed_report
 
@@ -575,8 +575,8 @@ def test_rms_norm_under_the_tables_of_torch_2_11_and_2_14() -> None:
 def test_tables_of_a_release_the_history_does_not_reach() -> None:
     import torch
 
-    from ampgraph.pipeline.stages import analyze
     from ampgraph.errors import SettingError
+    from ampgraph.pipeline.stages import analyze
 
     with pytest.raises(SettingError, match="reach back to torch 2.6 and up to 2.14, not 2.5"):
         analyze(torch.nn.Linear(2, 2), "amp-fp32", args=(torch.randn(1, 2),), tables="2.5")

@@ -114,8 +114,8 @@ def gallery_models() -> list[str]:
 
 def expected_boxes(model: str) -> int:
     """How many boxes the model's four-setting overview draws: from the analysis itself."""
-    from ampgraph.render import build_graph
     from ampgraph.docs.directive import analysis_reports
+    from ampgraph.render import build_graph
 
     reports = analysis_reports(
         model, [], device="cuda", amp_dtype="bf16", seq_len=8, check=True, workers=None

@@ -13,10 +13,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampgraph import analyze, policy
-from ampgraph.verify.hooks import eager_hook_lines
 from ampgraph.model.build import ModelInputs
-from ampgraph.settings import Setting
 from ampgraph.report.text import hook_lines
+from ampgraph.settings import Setting
+from ampgraph.verify.hooks import eager_hook_lines
 
 SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
 

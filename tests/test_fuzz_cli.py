@@ -177,8 +177,8 @@ def test_baseline_files(
     """A baseline is data: whatever its header says, checking it is output or one Error line,
     and the code it names never runs (the spec, under every kind, names a file that would leave
     MARKER)."""
-    from ampgraph.review.baseline import baseline_text
     from ampgraph.report.records import NodeRecord, Report
+    from ampgraph.review.baseline import baseline_text
 
     monkeypatch.chdir(tmp_path)  # relative specs find the hostile file, and nothing else
     (tmp_path / "hostile_model.py").write_text(HOSTILE_FACTORY)

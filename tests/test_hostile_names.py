@@ -34,18 +34,18 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from torch import nn
 
+from ampgraph.cli import main
 from ampgraph.pipeline.stages import analyze, analyze_group
+from ampgraph.render.dot import to_dot
+from ampgraph.render.graph import build_graph
+from ampgraph.render.overview import overview_dot
+from ampgraph.render.tooltips import node_tooltip
+from ampgraph.report.records import Report
+from ampgraph.report.text import check_markdown, markdown_table
 from ampgraph.review.audit import artifact_uri, sarif
 from ampgraph.review.audit import markdown as audit_markdown
 from ampgraph.review.audit import to_json as audit_json
-from ampgraph.cli import main
 from ampgraph.review.diff import diff_json, diff_markdown, diff_reports
-from ampgraph.report.records import Report
-from ampgraph.render.dot import to_dot
-from ampgraph.render.overview import overview_dot
-from ampgraph.render.tooltips import node_tooltip
-from ampgraph.render.graph import build_graph
-from ampgraph.report.text import check_markdown, markdown_table
 from ampgraph.train.formats import markdown_train
 
 # -- the models ------------------------------------------------------------------------------------

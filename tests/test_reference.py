@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ampgraph import policy as P
-from ampgraph.docs import reference
 from ampgraph.cli import main
+from ampgraph.docs import reference
 from ampgraph.torchutil import autocast_state
 
 

@@ -22,10 +22,10 @@ import pytest
 
 from ampgraph.errors import RenderError
 from ampgraph.notebook import report_svg
-from ampgraph.report.records import Report
 from ampgraph.render import build_graph, render_files, render_svg, to_dot
 from ampgraph.render.files import MISSING_DOT, atomic_write, run_dot
 from ampgraph.render.style import THEMES, dtype_colour
+from ampgraph.report.records import Report
 
 HERE = Path(__file__).parent
 DATA = HERE / "data"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ampgraph.report.records import Report
 from ampgraph.render import build_graph, overview_diagram, render_svg, to_dot
 from ampgraph.render.svg import accessible
+from ampgraph.report.records import Report
 
 DATA = Path(__file__).parent / "data"
 SVG = "{http://www.w3.org/2000/svg}"

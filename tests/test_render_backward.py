@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from ampgraph.errors import RenderError
-from ampgraph.report.records import Report
 from ampgraph.render import build_graph, to_dot
-from ampgraph.render.legend import memory_label
 from ampgraph.render.files import diagram_stem
+from ampgraph.render.legend import memory_label
 from ampgraph.render.style import THEMES
+from ampgraph.report.records import Report
 from tests.test_render import check_golden, opt_report
 
 needs_dot = pytest.mark.skipif(

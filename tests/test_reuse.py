@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampgraph import Setting
-from ampgraph.pipeline.stages import analyze, analyze_group, plan_jobs
 from ampgraph.capture.reads import annotation_difference
+from ampgraph.pipeline.stages import analyze, analyze_group, plan_jobs
 from tests.conftest import model, report
 
 SEED = ("fp32", "half", "amp-half", "amp-fp32")

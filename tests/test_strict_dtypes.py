@@ -17,11 +17,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampgraph import analyze
-from ampgraph.verify.hooks import eager_hook_lines
-from ampgraph.model.build import ModelInputs
 from ampgraph.annotate.replay import fake_mode
-from ampgraph.settings import Setting
 from ampgraph.annotate.strict import STRICT_CHECKS, StrictDtypeMode
+from ampgraph.model.build import ModelInputs
+from ampgraph.settings import Setting
+from ampgraph.verify.hooks import eager_hook_lines
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 

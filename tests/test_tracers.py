@@ -16,15 +16,15 @@ from click.testing import CliRunner
 from torch import nn
 
 from ampgraph import Report, Setting, analyze
-from ampgraph.pipeline import cache
+from ampgraph.capture.tracers import TRACERS, GraphForward, apply_tracer, hf_fx_available
 from ampgraph.cli import main
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs, load_model
-from ampgraph.pipeline.run import report_keys
 from ampgraph.model.specs import TRACERS as SPEC_TRACERS
 from ampgraph.model.specs import ModelSpec
+from ampgraph.pipeline import cache
+from ampgraph.pipeline.run import report_keys
 from ampgraph.report.text import SEED_WATCH, hook_lines
-from ampgraph.capture.tracers import TRACERS, GraphForward, apply_tracer, hf_fx_available
 
 from .conftest import seed_hook_blocks
 from .test_regions import Fp32Island, NestedDtype

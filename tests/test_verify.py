@@ -18,8 +18,8 @@ from ampgraph import Setting
 from ampgraph import policy as P
 from ampgraph.cli import main
 from ampgraph.model.build import ModelInputs
-from ampgraph.settings import seed_matrix
 from ampgraph.report.text import SEED_WATCH
+from ampgraph.settings import seed_matrix
 from ampgraph.verify import (
     NO_CUDA_MESSAGE,
     CastLog,

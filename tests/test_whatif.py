@@ -11,12 +11,12 @@ from click.testing import CliRunner
 from torch import nn
 
 from ampgraph import policy as P
-from ampgraph.pipeline.stages import analyze
 from ampgraph.cli import main
-from ampgraph.review.diff import diff_reports
 from ampgraph.errors import AmpgraphError
 from ampgraph.model.build import ModelInputs
+from ampgraph.pipeline.stages import analyze
 from ampgraph.report.records import Report
+from ampgraph.review.diff import diff_reports
 from ampgraph.review.whatif import findings_note, moved_kernels, parse_moves, preview_moves
 
 #: The cuda settings trace fake CUDA tensors (DESIGN.md fact 4): a CUDA build of torch.

@@ -35,9 +35,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from ampgraph.review.diff import ReportDiff, diff_reports
 from ampgraph.errors import AmpgraphError
-from ampgraph.report.records import PLACEHOLDER_KINDS, Cast, NodeRecord, Report, check_setting, load_json
 from ampgraph.model.specs import (
     DEFAULT_TRACER,
     SPEC_KINDS,
@@ -46,6 +44,15 @@ from ampgraph.model.specs import (
     bundled_key,
     resolve_config,
 )
+from ampgraph.report.records import (
+    PLACEHOLDER_KINDS,
+    Cast,
+    NodeRecord,
+    Report,
+    check_setting,
+    load_json,
+)
+from ampgraph.review.diff import ReportDiff, diff_reports
 
 SCHEMA = "ampgraph.baseline"
 SCHEMA_VERSION = 1

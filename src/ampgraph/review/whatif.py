@@ -365,8 +365,8 @@ def preview(
     check (``check``, on B only: A needs no new proof) says whether the change behaves as
     predicted. Never cached: the preview is the point, and a change is no model identity.
     """
-    from ampgraph.pipeline.stages import analyze
     from ampgraph.pipeline.run import prepare
+    from ampgraph.pipeline.stages import analyze
 
     setting = Setting.parse(setting)
     parsed = parse_moves(moves, setting.device_type)

@@ -16,11 +16,11 @@ from typing import Any
 
 from torch import fx
 
-from ampgraph.train.backward import AUTOCAST_CAST, BACKWARD, LOSS, OWNER, JointTrace
 from ampgraph.annotate.check import dispatcher_unavailable
-from ampgraph.report.records import Backward
 from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names, fake_session
+from ampgraph.report.records import Backward
 from ampgraph.torchutil import autocast_state, torch_dtype
+from ampgraph.train.backward import AUTOCAST_CAST, BACKWARD, LOSS, OWNER, JointTrace
 
 ORACLE = "dispatcher (the joint graph on fake tensors, real autocast kernels in the backward)"
 

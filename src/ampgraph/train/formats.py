@@ -31,6 +31,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ampgraph.report.markdown import code_span, escape_text
+from ampgraph.report.records import Backward, Gradient, NodeRecord, Report
+from ampgraph.settings import short_dtype
 from ampgraph.train.memory import (
     ACTIVATION,
     PARAMETER_COPY,
@@ -39,8 +41,6 @@ from ampgraph.train.memory import (
     human_bytes,
     total_bytes,
 )
-from ampgraph.report.records import Backward, Gradient, NodeRecord, Report
-from ampgraph.settings import short_dtype
 
 #: Ops that compute nothing (views, aliases, Python's getitem): left out of op counts.
 NO_COMPUTE = frozenset({
