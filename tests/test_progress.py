@@ -83,14 +83,10 @@ def test_nothing_off_a_terminal_or_when_disabled() -> None:
 
 
 def _cli_on_a_terminal(*args: str) -> str:
+    """``ampgraph ARGS`` in a fresh interpreter, as a person runs it, on a pseudo-terminal."""
     return _on_a_terminal(
-        "import sys\n"
-        "from ampgraph.cli import main\n"
-        f"sys.argv = ['ampgraph', *{list(args)!r}]\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit:\n"
-        "    pass\n"
+        "import os, sys\n"
+        f"os.execv(sys.executable, [sys.executable, '-m', 'ampgraph', *{list(args)!r}])\n"
     )
 
 

@@ -22,6 +22,8 @@ class AmpgraphGroup(click.Group):
     """Turn AmpgraphError into a one-line ``Error:`` message with exit status 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        global _STARTED
+        _STARTED = time.monotonic()  # the stage line's time counts from the command's start
         try:
             return super().invoke(ctx)
         except AmpgraphError as exc:
@@ -32,7 +34,8 @@ class AmpgraphGroup(click.Group):
 
 #: The command's stage line while one is up (one per process: a command runs once).
 _LINE: StageLine | None = None
-#: When the command started: a stage line put up again after output counts from here.
+#: When the command started (:meth:`AmpgraphGroup.invoke`): a stage line put up again after
+#: output counts from here too.
 _STARTED = time.monotonic()
 
 

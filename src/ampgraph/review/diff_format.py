@@ -246,7 +246,7 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
     ... # doctest: +NORMALIZE_WHITESPACE
     ### ampgraph diff: no changes in the dtype flow
     <BLANKLINE>
-    A: `m None (no autocast, parameters -)` → B: `m None (no autocast, parameters -)`, 3 nodes.
+    A: `m None (no autocast, parameters -)` → B: `m None (no autocast, parameters -)`, 3 graph nodes.
     """
     c = d.counts()
     if d.equal:
