@@ -84,6 +84,18 @@ def test_grad_mode_regions_are_walked_node_by_node() -> None:
     ]
 
 
+def test_the_callers_grad_mode_does_not_change_the_graph() -> None:
+    """A notebook cell under torch.no_grad() analyses the graph the CLI does: export keeps the
+    model's own no_grad region only where grad was on around it (CI once lost it when an
+    earlier test left grad off in the process)."""
+    from .conftest import model, report
+
+    with torch.no_grad():
+        quiet = analyze(model("llama-tiny"), Setting.parse("amp-fp32"))
+        assert not torch.is_grad_enabled()  # the caller's mode, given back
+    assert quiet.to_dict() == report("llama-tiny", "amp-fp32").to_dict()
+
+
 class FailingIsland(nn.Module):
     """A bf16 Linear inside an autocast-disabled region, fed fp32: the body raises."""
 

@@ -306,7 +306,10 @@ def capture(
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
     reads: TraceReads | None = TraceReads()
     try:
-        with recorder, mode:
+        # Grad mode on, whatever the caller's: export records a model's own torch.no_grad()
+        # region (Llama's rotary embedding) only where grad was on around it, so a notebook
+        # cell under torch.no_grad() would otherwise get another graph than the CLI.
+        with recorder, mode, torch.enable_grad():
             if can_trace_fake(setting.device_type):
                 try:
                     program = trace_in_setting(
