@@ -8,6 +8,7 @@ from torch import nn
 
 from ampgraph import Setting, analyze
 from ampgraph import policy as P
+from ampgraph.model.build import ModelInputs
 
 
 class Fp32Island(nn.Module):
@@ -69,15 +70,32 @@ def test_a_wrong_table_is_caught_by_the_check(monkeypatch: pytest.MonkeyPatch) -
     assert rep.check["disagreements"] >= 1
 
 
-def test_grad_mode_regions_are_walked_node_by_node() -> None:
-    """Llama's rotary embedding runs under @torch.no_grad(): export wraps it in
-    wrap_with_set_grad_enabled, whose body must be annotated op by op, not as one opaque call."""
-    from .conftest import report
+class NoGradTable(nn.Module):
+    """A table computed under torch.no_grad() inside forward, as Llama's rotary embedding was
+    until transformers 5.24 (which dropped the decorator): the region is the model's own."""
 
-    rep = report("llama-tiny", "amp-fp32")
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            angles = torch.arange(x.shape[-1], device=x.device, dtype=torch.float32) * 0.5
+            cos, sin = angles.cos(), angles.sin()
+        return self.proj(x) * cos + sin
+
+
+NO_GRAD_TABLE = ModelInputs("no-grad-table", NoGradTable(), (torch.randn(2, 8),))
+
+
+def test_grad_mode_regions_are_walked_node_by_node() -> None:
+    """export wraps a forward's torch.no_grad() region in wrap_with_set_grad_enabled, whose body
+    must be annotated op by op, not as one opaque call."""
+    rep = analyze(NO_GRAD_TABLE, Setting.parse("amp-fp32"))
     (grad_region,) = [n for n in rep.nodes if n.op == "higher_order.wrap_with_set_grad_enabled"]
     body = [n for n in rep.nodes if n.name.startswith(f"{grad_region.name}.")]
     assert {"aten.cos.default", "aten.sin.default"} <= {n.op for n in body}
+    assert rep.check is not None and rep.check["disagreements"] == 0
     assert all(n.check is None or n.check["agree"] for n in body)
     assert not [
         n for n in rep.nodes if n.op.startswith("higher_order") and n.reason == "Python-level op"
@@ -86,14 +104,13 @@ def test_grad_mode_regions_are_walked_node_by_node() -> None:
 
 def test_the_callers_grad_mode_does_not_change_the_graph() -> None:
     """A notebook cell under torch.no_grad() analyses the graph the CLI does: export keeps the
-    model's own no_grad region only where grad was on around it (CI once lost it when an
-    earlier test left grad off in the process)."""
-    from .conftest import model, report
-
+    model's own no_grad region only where grad was on around it."""
+    setting = Setting.parse("amp-fp32")
     with torch.no_grad():
-        quiet = analyze(model("llama-tiny"), Setting.parse("amp-fp32"))
+        quiet = analyze(NO_GRAD_TABLE, setting)
         assert not torch.is_grad_enabled()  # the caller's mode, given back
-    assert quiet.to_dict() == report("llama-tiny", "amp-fp32").to_dict()
+    assert quiet.to_dict() == analyze(NO_GRAD_TABLE, setting).to_dict()
+    assert any(n.op == "higher_order.wrap_with_set_grad_enabled" for n in quiet.nodes)
 
 
 class FailingIsland(nn.Module):
