@@ -8,6 +8,8 @@ they share is counted once), with the ratios the budgets are written in:
 * ``ampgraph cold``: ``ampgraph render`` of OPT-125M in the four settings, with the dispatcher
   check, into a fresh output folder, with an empty cache;
 * ``ampgraph cold 1``: the same in one setting (``-s amp-fp32``);
+* ``cold 1 recipe``: the same setting named as a recipe, ``--recipe accelerate:bf16`` (issue 26:
+  a recipe must cost no more than the setting it maps to);
 * ``cold 1 export``: the same with ``--tracer export`` (``torch.export.export`` instead of the
   default make-fx capture of the same graph);
 * ``ampgraph warm``: the four settings with the cache filled by a previous run;
@@ -28,7 +30,8 @@ machine does not inflate: compare CPU ratios when the machine is busy. Then one 
 Budgets (issue 13; a ratio is to torchview's single drawing): the four-setting cold render
 <= 1.25x (goal 1.0x); one setting <= 1.0x; warm <= 0.15x; llama-3-70b <= 15 s and <= 1 GB; every
 layout <= 5 s; the model matrix <= 257 s (half of 515 s); ``--pass train`` <= 2x the forward run,
-its llama-3-70b <= 90 s and <= 3 GB. Each is printed PASS or FAIL, and ``--json`` records it all.
+its llama-3-70b <= 90 s and <= 3 GB; a recipe <= 1.05x its setting (the 5% is the noise
+between two cold runs of one command here). Each is printed PASS or FAIL, and ``--json`` records it all.
 
     python bench/bench.py            # 3 runs per case
     python bench/bench.py --runs 5 --matrix --json bench/results/DATE-MACHINE.json
@@ -272,7 +275,7 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="ampgraph-bench-"))
-    names = ["ampgraph cold", "ampgraph cold 1", "cold 1 export", "ampgraph warm", "torchview",
+    names = ["ampgraph cold", "ampgraph cold 1", "cold 1 recipe", "cold 1 export", "ampgraph warm", "torchview",
              "export floor"]  # fmt: skip
     train = supports_train_pass()
     if train:
@@ -296,6 +299,8 @@ def main() -> None:
             ("ampgraph cold", render, env),
             ("ampgraph cold 1", [*AMPGRAPH, "render", "-s", "amp-fp32", "--out",
                                  str(work / f"one-{i}")], fresh("one")),
+            ("cold 1 recipe", [*AMPGRAPH, "render", "--recipe", "accelerate:bf16", "--out",
+                               str(work / f"recipe-{i}")], fresh("recipe")),
             ("cold 1 export", [*AMPGRAPH, "render", "-s", "amp-fp32", "--tracer", "export",
                                "--out", str(work / f"onex-{i}")], fresh("onex")),
             ("ampgraph warm", [*AMPGRAPH, "render", "--out", str(work / f"warm-{i}")], env),
@@ -379,6 +384,10 @@ def main() -> None:
         ("layout <= 5 s each", max(layouts.values()) <= 5,
          f"slowest {max(layouts, key=layouts.get)} {max(layouts.values()):.2f} s"),
     ]  # fmt: skip
+    one, recipe = cases["ampgraph cold 1"], cases["cold 1 recipe"]
+    detail = (f"{recipe.wall / one.wall:.2f}x ({recipe.wall:.2f} s vs {one.wall:.2f} s; "
+              f"CPU {recipe.cpu / one.cpu:.2f}x)")  # fmt: skip
+    budgets.append(("recipe <= 1.05x its setting", recipe.wall <= 1.05 * one.wall, detail))
     if "llama-3-70b" in cases:
         big = cases["llama-3-70b"]
         budgets += [
