@@ -10,6 +10,9 @@ per model, every number is counted from the records. The kinds (:data:`KINDS`):
   model's weights and activations, and which casts pre-casting the parameters or inputs removes;
 * ``mixed-dtypes``: an op with no autocast policy (a custom op, say) that receives mixed floating
   dtypes and does not promote them;
+* ``no-autocast-rule``: a custom op (any non-ATen op) with no autocast kernel on the device that,
+  inside an enabled autocast region, receives fp32 mixed with 16-bit inputs or only fp32: it runs
+  in its inputs' dtype, where an ATen op of the same work would be cast;
 * ``dtype-error``: an op that raises on its dtypes, with torch's message;
 * ``fp32-into-16bit-only``: a kernel that only runs in 16 bits, fed fp32;
 * ``sensitive-16bit``: an op on autocast's fp32 list (LayerNorm, softmax, sum, exp, ...) that runs
@@ -53,6 +56,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "dtype-error": ("error", "An op raises on the dtypes it receives"),
     "fp32-into-16bit-only": ("error", "A kernel that only runs in 16 bits is fed fp32"),
     "mixed-dtypes": ("warning", "An op without an autocast policy receives mixed floating dtypes"),
+    "no-autocast-rule": ("warning", "A custom op with no autocast rule runs in its inputs' dtype"),
     "fp16-range": ("warning", "An op whose result overflows fp16 easily runs in fp16"),
     "sensitive-16bit": ("warning", "A numerically sensitive op runs in 16 bits"),
     "promotion": ("note", "Mixed inputs are widened by type promotion"),
@@ -111,6 +115,18 @@ def _op_parts(op: str) -> tuple[str, str] | None:
     if len(parts) != 3 or parts[0] != "aten":
         return None
     return parts[1], parts[2]
+
+
+def _custom_op(op: str) -> bool:
+    """Whether ``op`` names an operator of a library other than ATen's (``mylib.mm.default``):
+    one anybody can register an autocast rule for. Python-level calls (``getitem``) and
+    higher-order ops (``higher_order.wrap_with_autocast``) have two parts or fewer.
+
+    >>> _custom_op("mylib.mm.default"), _custom_op("aten.mm.default"), _custom_op("getitem")
+    (True, False, False)
+    """
+    parts = op.split(".")
+    return len(parts) == 3 and parts[0] not in ("aten", "prims", "higher_order")
 
 
 def _fp32_listed(op: str) -> bool:
@@ -201,7 +217,8 @@ class _Auditor:
                 continue
             self.promotion(rec)
             self.casts(rec)
-            self.mixed(rec)
+            if not self.no_rule(rec):  # says what mixed-dtypes would, and why
+                self.mixed(rec)
             self.sixteen_only(rec)
             self.sensitive(rec)
         order = {r.name: i for i, r in enumerate(self.report.nodes)}
@@ -281,6 +298,36 @@ class _Auditor:
             "cast its inputs to one dtype before the call, or register an autocast rule for it "
             "(torch.library.register_autocast)",
         )  # fmt: skip
+
+    def no_rule(self, rec: NodeRecord) -> bool:
+        """A custom op autocast leaves alone, inside autocast: whether it was found.
+
+        The records are torch-free, so "no autocast kernel on the device" is read from them: the
+        annotator gives a non-ATen op a policy exactly where the dispatcher has an autocast
+        kernel for it on the device autocast is enabled on (``register_autocast``'s, a known
+        library wrapper's, or an opaque one), or where autocast applies inside its decomposition.
+        """
+        if not rec.autocast or rec.policy is not None or rec.not_analysed:
+            return False
+        if not _custom_op(rec.op):
+            return False
+        floats = self._floating_inputs(rec)
+        kinds = set(floats)
+        if "float32" not in kinds or not kinds <= SIXTEEN_BIT | {"float32"}:
+            return False  # 16-bit only: already low precision; fp64: autocast never casts it
+        device = self.report.setting.get("device_type", "the device")
+        outs = ", ".join(short_dtype(d) for d in rec.outputs if d) or "nothing"
+        low = sorted(short_dtype(d) for d in kinds - {"float32"})
+        ran = f"{' and '.join(low)} mixed with fp32 here" if low else "fp32 here"
+        self.add(
+            "no-autocast-rule", rec,
+            f"{_where(rec)} has no autocast rule on {device}: inside autocast it runs in its "
+            f"inputs' dtype ({ran}) and returns {outs}",
+            f"register one with torch.library.register_autocast(op, {device!r}, cast_inputs=...) "
+            "or cast its inputs before the call",
+            details={"inputs": floats, "outputs": list(rec.outputs), "device_type": device},
+        )  # fmt: skip
+        return True
 
     def dtype_error(self, rec: NodeRecord) -> None:
         got = ", ".join(short_dtype(i.get("dtype")) for i in rec.inputs if i.get("dtype"))
