@@ -36,7 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from ampgraph.errors import SettingError
-from ampgraph.settings import DEVICE_TYPES, Setting, canonical_dtype, short_dtype
+from ampgraph.settings import Setting, canonical_dtype, check_device_type, short_dtype
+
+#: The devices whose recipes are modelled: each framework's CPU rules are read from its source,
+#: and XPU's and MPS's (Accelerate's fp16 on MPS, ...) are not.
+RECIPE_DEVICE_TYPES = ("cuda", "cpu")
 
 FAMILIES: dict[str, str] = {
     "hf": "hf",
@@ -504,8 +508,12 @@ def parse_recipe(text: str, *, device_type: str = "cuda") -> Recipe:
     """
     if not isinstance(text, str):
         raise SettingError(f"a recipe is text such as 'hf:bf16', not {type(text).__name__}")
-    if device_type not in DEVICE_TYPES:
-        raise SettingError(f"unknown device type {device_type!r}: use one of cuda, cpu")
+    if device_type not in RECIPE_DEVICE_TYPES:
+        check_device_type(device_type)  # an unknown or plugin device says so first
+        raise SettingError(
+            f"recipes are modelled on cuda and cpu, not {device_type}: give the setting "
+            f"itself (--setting amp-half --device {device_type})"
+        )
     family, sep, value = text.strip().partition(":")
     key = family.strip().lower()
     if not sep or key not in FAMILIES or not value.strip():

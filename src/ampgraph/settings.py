@@ -20,6 +20,7 @@ This module is torch-free: dtypes are names (``"float32"``, ``"bfloat16"``) and 
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass
 
 from ampgraph.errors import SettingError
@@ -44,9 +45,51 @@ SHORT_DTYPE: dict[str, str] = {
     "int32": "int32",
     "bool": "bool",
 }
-DEVICE_TYPES = ("cuda", "cpu")
+#: The device types ampgraph analyses: those whose autocast kernels ATen registers in-tree and
+#: ampgraph has lists for (:mod:`ampgraph.policy`). None needs the device: fake tensors on it run
+#: its real autocast kernels.
+DEVICE_TYPES = ("cuda", "cpu", "xpu", "mps")
+#: Device types with an autocast dispatch key whose kernels an out-of-tree plugin registers, and
+#: the plugin's module (None: whichever backend claims PrivateUse1).
+PLUGIN_DEVICE_TYPES: dict[str, str | None] = {
+    "hpu": "habana_frameworks",
+    "ipu": "poptorch",
+    "privateuseone": None,
+}
 AMP_DTYPES = ("bfloat16", "float16")
 PRESETS = ("fp32", "half", "amp-fp32", "amp-half")
+
+
+def check_device_type(device_type: str) -> str:
+    """``device_type`` if ampgraph analyses it; else a :class:`SettingError` in one line that
+    says why: an unknown name (with those that exist), or one whose autocast kernels come from
+    a plugin.
+
+    >>> check_device_type("mps")
+    'mps'
+    >>> check_device_type("hpu")
+    Traceback (most recent call last):
+    ...
+    ampgraph.errors.SettingError: hpu's autocast kernels are not torch's but come from an out-of-tree plugin, habana_frameworks, not installed here, and ampgraph has no lists for them: analyse with --device cuda, cpu, xpu or mps
+    """
+    if device_type in DEVICE_TYPES:
+        return device_type
+    if device_type in PLUGIN_DEVICE_TYPES:
+        plugin = PLUGIN_DEVICE_TYPES[device_type]
+        if plugin is None:
+            where = "an out-of-tree backend that renames PrivateUse1"
+        else:  # find_spec looks for the plugin without importing it (nor torch)
+            installed = importlib.util.find_spec(plugin) is not None
+            where = f"an out-of-tree plugin, {plugin}, {'installed' if installed else 'not installed'} here"
+        raise SettingError(
+            f"{device_type}'s autocast kernels are not torch's but come from {where}, and "
+            f"ampgraph has no lists for them: analyse with --device {', '.join(DEVICE_TYPES[:-1])} or "
+            f"{DEVICE_TYPES[-1]}"
+        )
+    raise SettingError(
+        f"unknown device type {device_type!r}: use one of {', '.join(DEVICE_TYPES)} "
+        f"({', '.join(PLUGIN_DEVICE_TYPES)} have autocast keys whose kernels come from plugins)"
+    )
 
 
 def canonical_dtype(name: str) -> str:
@@ -91,10 +134,7 @@ class Setting:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.device_type not in DEVICE_TYPES:
-            raise SettingError(
-                f"unknown device type {self.device_type!r}: use one of {', '.join(DEVICE_TYPES)}"
-            )
+        check_device_type(self.device_type)
         if self.amp_dtype not in AMP_DTYPES:
             raise SettingError(
                 f"autocast dtype must be bf16 or fp16, not {short_dtype(self.amp_dtype)}"

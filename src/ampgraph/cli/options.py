@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 import click
 
 from ampgraph.errors import SettingError
-from ampgraph.settings import PRESETS, Setting, seed_matrix
+from ampgraph.settings import (
+    DEVICE_TYPES,
+    PLUGIN_DEVICE_TYPES,
+    PRESETS,
+    Setting,
+    check_device_type,
+    seed_matrix,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -141,6 +148,64 @@ def seq_len_option(f: F) -> F:
     )(f)  # fmt: skip
 
 
+def _device_type(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """--device checked in one line: an unknown name is a usage error (exit 2) that lists the
+    device types; one whose autocast kernels come from a plugin cannot be analysed (exit 1)."""
+    for device in value if isinstance(value, tuple) else (value,):
+        try:
+            check_device_type(device)
+        except SettingError as exc:
+            if device in PLUGIN_DEVICE_TYPES:
+                raise click.ClickException(str(exc)) from None
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return value
+
+
+def device_option(*, several: bool = False) -> Callable[[F], F]:
+    """--device, the device type whose autocast applies: ``device`` (default cuda), or with
+    ``several`` one per side of a diff, ``devices``.
+
+    >>> @click.command()
+    ... @device_option()
+    ... def show(device: str) -> None:
+    ...     click.echo(device)
+    >>> from click.testing import CliRunner
+    >>> CliRunner().invoke(show, ["--device", "mps"]).output
+    'mps\\n'
+    """
+    names = ", ".join(DEVICE_TYPES)
+    if several:
+        return click.option(
+            "--device", "devices", multiple=True, metavar="TYPE", callback=_device_type,
+            help=f"Device type of A, then of B (twice to compare them): {names}. Default: cuda.",
+        )  # fmt: skip
+    return click.option(
+        "--device", metavar="TYPE", default="cuda", show_default=True, callback=_device_type,
+        help=f"Device type whose autocast policy applies: {names}. None needs the device: fake "
+        "tensors on it run its real autocast kernels.",
+    )  # fmt: skip
+
+
+def recipe_option(*, sides: bool = False) -> Callable[[F], F]:
+    """--recipe (repeatable): settings named by a framework's precision flag, left for
+    :func:`resolve_settings`; with ``sides``, one for A and one for B of a diff."""
+    what = (
+        "Instead of --setting, the framework precision flag A runs with, then B's (twice to "
+        "compare them)"
+        if sides
+        else "Instead of --setting, your framework's precision flag"
+    )
+    return click.option(
+        "--recipe", "recipes", multiple=True, metavar="FAMILY:VALUE", expose_value=False,
+        callback=_remember,
+        help=f"{what}, spelled as it spells it: hf:bf16 (Trainer(bf16=True)), accelerate:fp16, "
+        "lightning:bf16-mixed, fabric:bf16-true, fsdp2:param_dtype=bf16,reduce_dtype=fp32, "
+        "fsdp1:param_dtype=bf16, deepspeed:ds_config.json. Analyses the setting it runs on "
+        "--device (cuda or cpu) and prints, on stderr, what else it does (input casts, buffers, "
+        "gradient and optimizer dtypes). Table: docs/recipes.md.",
+    )  # fmt: skip
+
+
 def setting_options(f: F) -> F:
     """--setting (repeatable), --device, --amp-dtype, --force and --seq-len: which settings of
     the model to analyse; the command receives them but --force (read with :func:`forced`)."""
@@ -154,27 +219,8 @@ def setting_options(f: F) -> F:
             help=f"Setting to analyse; repeat for several. Presets: {', '.join(PRESETS)}. "
             "Default: all four.",
         ),
-        click.option(
-            "--recipe",
-            "recipes",
-            multiple=True,
-            metavar="FAMILY:VALUE",
-            expose_value=False,
-            callback=_remember,
-            help="Instead of --setting, your framework's precision flag, spelled as it spells "
-            "it: hf:bf16 (Trainer(bf16=True)), accelerate:fp16, lightning:bf16-mixed, "
-            "fabric:bf16-true, fsdp2:param_dtype=bf16,reduce_dtype=fp32, "
-            "fsdp1:param_dtype=bf16, deepspeed:ds_config.json. Analyses the setting it runs on "
-            "--device and prints, on stderr, what else it does (input casts, buffers, gradient "
-            "and optimizer dtypes). Table: docs/recipes.md.",
-        ),
-        click.option(
-            "--device",
-            type=click.Choice(["cuda", "cpu"]),
-            default="cuda",
-            show_default=True,
-            help="Device type whose autocast policy applies. No GPU is needed for either.",
-        ),
+        recipe_option(),
+        device_option(),
         click.option(
             "--amp-dtype",
             type=click.Choice(["bf16", "fp16"]),

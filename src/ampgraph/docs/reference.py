@@ -286,7 +286,7 @@ def _device_line(d: DeviceReference) -> str:
         return f"{d.device_type} ({d.key}): no op has an autocast kernel in this build"
     tables = (
         f"{len(d.differences)} difference{'s' if len(d.differences) != 1 else ''} from "
-        "ampgraph's tables"
+        f"ampgraph's tables, read from {P.table_source(d.device_type)}"
         if d.has_tables
         else f"ampgraph has no {d.device_type} tables"
     )

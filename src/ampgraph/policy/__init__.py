@@ -162,6 +162,78 @@ TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
     },
 }
 
+# AutocastXPU (autocast_mode.cpp): the same AT_FORALL_* macros as CUDA, so CUDA's lists without
+# what autocast_mode.cpp and AutocastRNN.cpp register for CUDA alone (the cuDNN kernels) and
+# without linalg_matrix_sqrth, which 2.14 registers for CUDA and CPU only.
+_NOT_ON_XPU = ("cudnn_convolution", "cudnn_convolution_transpose", "_cudnn_rnn",
+               "linalg_matrix_sqrth")  # fmt: skip
+
+# AutocastMPS (autocast_mode.cpp): lists of its own. Its reductions and softmaxes are registered
+# as fp32 (inputs cast), not fp32_set_opt_dtype (dtype=float32 added) as on CUDA.
+_MPS_LOWER_PRECISION_FP = (
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution",
+    "_mps_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv",
+    "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "lstm_cell",
+    "scaled_dot_product_attention",
+)  # fmt: skip
+
+_MPS_FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
+    "softplus", "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim",
+    "nuclear_norm", "nuclear_norm.dim", "batch_norm", "cosine_similarity", "poisson_nll_loss",
+    "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
+    "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
+    "sum.dim_IntList",
+)  # fmt: skip
+
+#: The lists of the device types beyond CUDA and CPU, as torch :data:`TABLE_TORCH_VERSION`
+#: registers them (tests/test_devices.py proves them against its dispatcher and kernels). There
+#: is no history of them: :func:`tables_for` gives them for that release only.
+DEVICE_TABLES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
+    "xpu": {
+        category: tuple(e for e in entries if e not in _NOT_ON_XPU)
+        for category, entries in TABLES["cuda"].items()
+    },
+    "mps": {
+        LOWER_PRECISION_FP: _MPS_LOWER_PRECISION_FP,
+        FP32: _MPS_FP32,
+        FP32_SET_OPT_DTYPE: (),
+        FP32_APPEND_DTYPE: (),
+        PROMOTE: tuple(e for e in _CUDA_PROMOTE if e != "vdot"),  # CUDA's, vdot not
+        BANNED: (),
+        FP16: (),
+    },
+}
+
+#: Where each device type's lists were read from: what ``ampgraph policy`` labels them with.
+TABLE_SOURCES: Final[dict[str, str]] = {
+    "cuda": "aten/src/ATen/autocast_mode.h and autocast_mode.cpp (AutocastCUDA)",
+    "cpu": "aten/src/ATen/autocast_mode.cpp (AutocastCPU)",
+    "xpu": "aten/src/ATen/autocast_mode.cpp (AutocastXPU: CUDA's AT_FORALL lists, no cuDNN)",
+    "mps": "aten/src/ATen/autocast_mode.cpp (AutocastMPS: lists of its own)",
+}
+
+
+def table_source(device_type: str) -> str | None:
+    """Where ampgraph's lists for ``device_type`` come from, with the torch release; None for a
+    device type it has none for (their kernels are opaque to it).
+
+    >>> table_source("mps")
+    'aten/src/ATen/autocast_mode.cpp (AutocastMPS: lists of its own), torch 2.14'
+    >>> table_source("hpu") is None
+    True
+    """
+    if device_type not in TABLE_SOURCES:
+        return None
+    return f"{TABLE_SOURCES[device_type]}, torch {TABLE_TORCH_VERSION}"
+
+
 #: How the lists changed, newest release first: (release, device type, category, entry, change).
 #: For an older installed torch the changes of every newer release are undone, so the tables match
 #: the dispatcher of the torch that runs (tests/test_policy.py proves it for the one installed, and
@@ -226,6 +298,9 @@ def tables_for(version: str) -> dict[str, dict[str, tuple[str, ...]]]:
     if version.partition("+")[2] == "cpu":
         for device, category, entry in CUDNN_ONLY:
             out[device][category].remove(entry)
+    if _release(version) == _release(TABLE_TORCH_VERSION):
+        out.update({device: {cat: list(entries) for cat, entries in table.items()}
+                    for device, table in DEVICE_TABLES.items()})  # fmt: skip
     return {device: {cat: tuple(e) for cat, e in table.items()} for device, table in out.items()}
 
 
