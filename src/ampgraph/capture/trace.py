@@ -264,6 +264,62 @@ def _branches_on_data(exc: BaseException) -> bool:
     return False
 
 
+def _check_fake_device(device_type: str) -> None:
+    """One line where this build cannot trace fake ``device_type`` tensors: without XPU or MPS
+    compiled in, their autocast kernels run but views and autograd need a device guard it lacks."""
+    built = {"xpu": lambda: torch.xpu._is_compiled(), "mps": torch.backends.mps.is_built}
+    if device_type in built and not built[device_type]():
+        raise CaptureError(
+            f"torch {torch.__version__} is built without {device_type}: fake {device_type} "
+            "tensors run its autocast kernels but not views, so no model can be traced on it "
+            f"here; 'ampgraph policy --device {device_type}' lists its autocast lists, and a "
+            f"torch built with {device_type} analyses it"
+        )
+
+
+def _trace_on_path(
+    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, unbacked: dict[str, int]
+) -> Traced | None:
+    """Trace in ``setting`` with each data-dependent value given as ``unbacked`` has it; None
+    where the forward still branches on a value it lacks (a branch the setting's dtypes reach
+    and the run that found ``unbacked`` did not). Any other error is raised."""
+    try:
+        with unbacked_values(unbacked):
+            return _export(model, setting.device_type, torch_dtype(setting.param_dtype), setting)
+    except Exception as exc:
+        if not _branches_on_data(exc):
+            raise
+        recorder.reset()
+        return None
+
+
+def _follow_setting_run(
+    model: ModelInputs,
+    setting: Setting,
+    recorder: ModuleIORecorder,
+    neutral: list[str],
+    unbacked: dict[str, int],
+) -> tuple[Traced, list[str], dict[str, int]]:
+    """The graph in ``setting`` along the path a run in its own dtypes takes on seeded values,
+    with that run's branches and values. Where no such run decides it (the CPU cannot run the
+    setting's dtypes), ``neutral`` gains a line saying the graph past the branch is the fp32
+    run's path, and the error propagates to the caller's fallback (the draft graph)."""
+    try:
+        _, branches, values = _draft_export(model, setting)
+        recorder.reset()
+        program = _trace_on_path(model, setting, recorder, values)
+        if program is None:
+            raise CaptureError("the run in its dtypes left a branch on data undecided")
+    except Exception as exc:  # the CPU cannot run the setting's dtypes here, or it raised
+        neutral.append(
+            f"the {setting.name} setting branches on data where the fp32 run does not, and no "
+            f"run in its dtypes decided it ({error_line(exc)}): past that branch the graph is "
+            "the fp32 run's path, not analysed in this setting"
+        )
+        raise
+    return program, branches, values
+
+
 @contextlib.contextmanager
 def training_mode(module: nn.Module, training: bool) -> Iterator[None]:
     """``module.train(training)`` for a while; every submodule's own flag comes back after."""
@@ -291,6 +347,7 @@ def capture(
     engine = engine or model.engine
     if engine not in ENGINES:
         raise CaptureError(f"unknown capture engine {engine!r}: use one of {', '.join(ENGINES)}")
+    _check_fake_device(setting.device_type)
     if engine == MAKE_FX and not make_fx_available():
         engine = EXPORT
     param_dtype = torch_dtype(setting.param_dtype)
@@ -345,9 +402,14 @@ def capture(
                         draft = (program, dict(recorder.calls), list(recorder.order))
                         recorder.reset()
                         try:
-                            with unbacked_values(unbacked):
-                                program = _export(model, setting.device_type, param_dtype, setting)
-                            method = EXPORT_DATA_PATH
+                            on_path = _trace_on_path(model, setting, recorder, unbacked)
+                            if on_path is None:  # the setting branches on data the neutral run
+                                # never met (inside `if x.dtype == torch.float16`): follow a run
+                                # in the setting's own dtypes, or say the graph cannot follow it.
+                                on_path, data_dependent, unbacked = _follow_setting_run(
+                                    model, setting, recorder, data_dependent, unbacked
+                                )
+                            program, method = on_path, EXPORT_DATA_PATH
                         except Exception:  # noqa: BLE001 - it raises in its setting: the draft
                             program, calls, order = draft
                             recorder.calls.clear()
