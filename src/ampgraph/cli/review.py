@@ -10,12 +10,14 @@ from pathlib import Path
 import click
 
 from ampgraph.cli.options import (
+    device_option,
     forced,
     format_option,
     model_argument,
     model_options,
     no_check_option,
     option_model,
+    recipe_option,
     report_option,
     resolve_settings,
     seq_len_option,
@@ -24,7 +26,7 @@ from ampgraph.cli.options import (
 )
 from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
 from ampgraph.report.records import Report
-from ampgraph.settings import PRESETS
+from ampgraph.settings import PRESETS, Setting
 
 
 @click.command()
@@ -170,10 +172,8 @@ def _report_file(source: str) -> Report | None:
     help="Setting of A, then of B (give it twice to compare two settings, once for both). "
     f"Presets: {', '.join(PRESETS)}. Default: amp-fp32, or a saved report's setting.",
 )  # fmt: skip
-@click.option(
-    "--device", "devices", type=click.Choice(["cuda", "cpu"]), multiple=True,
-    help="Device type of A, then of B (twice to compare them). Default: cuda.",
-)  # fmt: skip
+@recipe_option(sides=True)
+@device_option(several=True)
 @click.option(
     "--amp-dtype", "amp_dtypes", type=click.Choice(["bf16", "fp16"]), multiple=True,
     help="Autocast dtype of A, then of B (twice to compare them). Default: bf16.",
@@ -252,6 +252,10 @@ def diff_command(
                 f"give the model as A B or with {ctx.meta['ampgraph.model_given'][0]}, not both"
             )
         sources = (given,)
+    # Each side's recipe is read here, not by resolve_settings (which would give both to each).
+    recipes: tuple[str, ...] = tuple(ctx.meta.pop("ampgraph.recipes", None) or ())
+    if recipes and settings:
+        raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
     tracer = ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER
     sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
 
@@ -262,6 +266,9 @@ def diff_command(
             raise click.UsageError("--tables compares two releases' lists: preview a change "
                                    "with the installed torch's, without --tables")  # fmt: skip
 
+        if recipes:
+            raise click.UsageError("--recipe names the two sides of a diff: preview a change "
+                                   "in one setting, with --setting")  # fmt: skip
         a, b = _whatif_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32, move_ops)
         result = diff_reports(a, b)
         result.notes += [n for n in (findings_note(a, b), checked_note(b, bool(move_ops))) if n]
@@ -283,12 +290,13 @@ def diff_command(
         "--device": _pick(devices, "--device"),
         "--amp-dtype": _pick(amp_dtypes, "--amp-dtype"),
         "--tables": _pick(tables, "--tables"),
+        "--recipe": _pick(recipes, "--recipe"),
     }
     releases = [_release(t) for t in pairs["--tables"]]
     named = [sources[0], sources[-1]] if sources else [ModelSpec("opt-125m", tracer=tracer)] * 2
     files = [_report_file(s) for s in dict.fromkeys(named)]
     files = [files[0], files[-1]]
-    if len(sources) < 2 and max(len(settings), len(devices), len(amp_dtypes), len(tables)) < 2:
+    if len(sources) < 2 and max(map(len, (settings, devices, amp_dtypes, tables, recipes))) < 2:
         raise click.UsageError(
             "nothing to compare: give two models or reports (A B), or an option twice, e.g. "
             "'ampgraph diff -s amp-fp32 -s amp-half'"
@@ -305,17 +313,13 @@ def diff_command(
             continue
         other = files[1 - side]
         base = other.setting if other is not None else {}
-        name = pairs["--setting"][side] or base.get("name") or "amp-fp32"
         device = pairs["--device"][side] or base.get("device_type") or "cuda"
         amp = pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16"
-        setting = resolve_settings([name], device, amp)[0]
+        setting = _side_setting(pairs, side, base)
         options = {"tables": releases[side]} if releases[side] else None
         # One analysis call for both sides of one model, so the model is built once.
         if side == 0 and files[1] is None and named[0] == named[1] and len(set(releases)) == 1:
-            name_b = pairs["--setting"][1] or "amp-fp32"
-            setting_b = resolve_settings(
-                [name_b], pairs["--device"][1] or "cuda", pairs["--amp-dtype"][1] or "bf16"
-            )[0]
+            setting_b = _side_setting(pairs, 1, {})
             reports = analysed(named[0], [setting, setting_b], device, amp, seq_len,
                                check=False, options=options)  # fmt: skip
             break
@@ -336,6 +340,29 @@ def diff_command(
     click.echo(FORMATS[fmt](result))
     if not result.equal:
         ctx.exit(1)
+
+
+def _side_setting(
+    pairs: dict[str, tuple[str | None, str | None]], side: int, base: dict[str, object]
+) -> Setting:
+    """Side ``side``'s setting of a diff: its --recipe's, else its --setting in its --device and
+    --amp-dtype; what a side leaves out comes from ``base`` (the other side's saved report), then
+    from the defaults (amp-fp32, cuda, bf16)."""
+    device = str(pairs["--device"][side] or base.get("device_type") or "cuda")
+    recipe = pairs["--recipe"][side]
+    if recipe is not None:
+        from ampgraph.errors import SettingError
+        from ampgraph.recipes import parse_recipe
+
+        try:
+            parsed = parse_recipe(recipe, device_type=device)
+        except SettingError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--recipe'") from None
+        click.echo(f"{'AB'[side]}: {parsed.describe()}", err=True)
+        return parsed.setting
+    name = str(pairs["--setting"][side] or base.get("name") or "amp-fp32")
+    amp = str(pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16")
+    return resolve_settings([name], device, amp)[0]
 
 
 def _whatif_pair(
