@@ -247,6 +247,7 @@ def test_a_custom_op_fed_16bit_and_fp32_inside_autocast_has_no_rule(device: str)
     assert f.severity == KINDS["no-autocast-rule"][0] == "warning"
     inputs = [i["dtype"] for i in report.node(f.node).inputs]
     assert sorted(inputs) == ["bfloat16", "float32"]  # what the annotator saw, checked above
+    assert report.node(f.node).reason.startswith(f"no autocast rule for ampg_test::mm on {device}")
     assert f.message.startswith(f"ampg_test.mm in op has no autocast rule on {device}: ")
     assert "bf16 mixed with fp32 here" in f.message and "returns fp32" in f.message
     assert "torch.library.register_autocast" in f.suggestion

@@ -223,7 +223,7 @@ class AutocastAnnotator(FakeReplay):
         pending = self._pending.pop(n.name)
         outputs = dtype_names(value)
         promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
-        if promotion is not None:
+        if promotion is not None and target.namespace == "aten":  # a custom op's is its own
             pending["reason"] = (
                 f"no autocast policy; type promotion widens "
                 f"{' + '.join(short_dtype(d) for d in promotion['inputs'])} -> "
@@ -311,6 +311,12 @@ class AutocastAnnotator(FakeReplay):
                 if enabled
                 else ("autocast off here: runs as called")
             )
+            if enabled and op.namespace != "aten":
+                # Not ATen's lists' silence: nobody registered a kernel (register_autocast).
+                why = (
+                    f"no autocast rule for {op.name()} on {self.setting.device_type}: runs in "
+                    "its inputs' dtype and returns what its kernel returns"
+                )
             return args, kwargs, [], op, why
         lower = self.state.states[device_type][1]
         if category == P.BANNED:
