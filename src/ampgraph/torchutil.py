@@ -163,7 +163,7 @@ def fake_mode() -> FakeTensorMode:
 
 
 @contextlib.contextmanager
-def unbacked_values(values: dict[str, int]) -> Iterator[None]:
+def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
     """Give each data-dependent size a tracer makes (``u0``, ``u1``, ...) the value in ``values``.
 
     The shape environment then decides a branch on such a size as those values decide it, and
@@ -186,11 +186,35 @@ def unbacked_values(values: dict[str, int]) -> Iterator[None]:
             self.set_real_tensor_prop_unbacked_vals(symbol.node.expr, value)
         return symbol
 
+    original_bool = ShapeEnv.create_unbacked_symbool
+
+    def create_bool(self: ShapeEnv) -> torch.SymBool:
+        # ``bool(x.all())``: the truth value is ``Eq(u0, 1)`` on a symbol given the same way.
+        truth = original_bool(self)
+        symbol = truth.node.expr.args[0]
+        value = values.get(str(symbol))
+        if value is not None:
+            self.set_real_tensor_prop_unbacked_vals(symbol, value)
+        return truth
+
+    original_float = ShapeEnv.create_unbacked_symfloat
+
+    def create_float(self: ShapeEnv) -> torch.SymFloat:  # ``x.max().item()``
+        number = original_float(self)
+        value = values.get(str(number.node.expr))
+        if value is not None:
+            self.set_real_tensor_prop_unbacked_vals(number.node.expr, value)
+        return number
+
     ShapeEnv.create_unbacked_symint = create  # type: ignore[method-assign]
+    ShapeEnv.create_unbacked_symbool = create_bool  # type: ignore[method-assign]
+    ShapeEnv.create_unbacked_symfloat = create_float  # type: ignore[method-assign]
     try:
         yield
     finally:
         ShapeEnv.create_unbacked_symint = original  # type: ignore[method-assign]
+        ShapeEnv.create_unbacked_symbool = original_bool  # type: ignore[method-assign]
+        ShapeEnv.create_unbacked_symfloat = original_float  # type: ignore[method-assign]
 
 
 __all__ = [

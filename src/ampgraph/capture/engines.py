@@ -412,12 +412,20 @@ def _describe(failure: Any) -> str:
 
 
 def _draft_export(
-    model: ModelInputs,
-) -> tuple[Traced, list[str], dict[str, int]]:
+    model: ModelInputs, setting: Setting | None = None
+) -> tuple[Traced, list[str], dict[str, int | float]]:
     """Trace along the path seeded random values take (see
-    :data:`ampgraph.capture.trace.DRAFT_EXPORT`); also the value each data-dependent size took
-    there, by symbol name (``{"u1": 1000}``)."""
+    :data:`ampgraph.capture.trace.DRAFT_EXPORT`); also the value each data-dependent size or
+    truth value took there, by symbol name (``{"u1": 1000}``).
+
+    Without ``setting`` the run is neutral: fp32 parameters, autocast off. With it, the run is
+    the setting's on the CPU: parameters in its dtype and, where it autocasts, the CPU's autocast
+    to its dtype. A branch on data inside a branch on a dtype (BART's ``if hidden_states.dtype
+    == torch.float16 and not torch.isfinite(hidden_states).all()``) exists in that setting only,
+    and only a run in its dtypes meets it and decides it on values.
+    """
     generator = torch.Generator().manual_seed(0)
+    dtype = torch.float32 if setting is None else torch_dtype(setting.param_dtype)
 
     def make_param(t: torch.Tensor) -> torch.Tensor:
         real = _real_like(t, generator)
@@ -425,7 +433,7 @@ def _draft_export(
             # Buffers hold statistics such as a batch norm's running variance: a negative one
             # makes the whole forward NaN, and every branch on data then takes its empty side.
             real = real.abs()
-        return real.float() if real.is_floating_point() else real  # fp32: a neutral trace
+        return real.to(dtype) if real.is_floating_point() else real
 
     args, kwargs = pytree.tree_map_only(
         torch.Tensor,
@@ -434,9 +442,15 @@ def _draft_export(
     )
     from torch.fx.experimental import _config as fx_config
 
-    values: dict[str, int] = {}
+    values: dict[str, int | float] = {}
+    autocast = (
+        autocast_state("cpu", True, torch_dtype(setting.amp_dtype))
+        if setting is not None and setting.autocast
+        else contextlib.nullcontext()
+    )
     with (
         _recording_unbacked_values(values),
+        autocast,
         swapped_tensors(model.module, make_param),
         warnings.catch_warnings(),
         quiet_logging(),
@@ -455,16 +469,23 @@ def _draft_export(
 
 
 @contextlib.contextmanager
-def _recording_unbacked_values(values: dict[str, int]) -> Iterator[None]:
+def _recording_unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
     """Note in ``values`` the real value of each data-dependent size as a tracer learns it
     (some are then replaced by constants, so the finished program no longer lists them)."""
+    import sympy
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     original = ShapeEnv.set_real_tensor_prop_unbacked_vals
 
     def record(self: ShapeEnv, k: Any, v: Any) -> None:
         original(self, k, v)
-        if getattr(v, "is_integer", False) or isinstance(v, int):
+        # A truth value from data (``bool(x.all())``) is the expression ``Eq(u0, 1)`` on a
+        # symbol of its own: the value that symbol took is what a tracer is given back.
+        if isinstance(k, sympy.Eq) and k.args[1] == 1 and isinstance(k.args[0], sympy.Symbol):
+            k, v = k.args[0], int(bool(v))
+        if isinstance(v, float) or getattr(v, "is_Float", False):
+            values.setdefault(str(k), float(v))  # ``x.max().item()``: a float, kept as one
+        elif getattr(v, "is_integer", False) or isinstance(v, int):
             values.setdefault(str(k), int(v))
 
     ShapeEnv.set_real_tensor_prop_unbacked_vals = record  # type: ignore[method-assign]

@@ -110,7 +110,7 @@ class Capture:
     data_dependent: list[str] = field(default_factory=list)
     #: The value each data-dependent size took on that path, by symbol (``{"u1": 1000}``):
     #: what :func:`ampgraph.torchutil.unbacked_values` gives another tracer (the eager hooks) to follow it too.
-    unbacked_values: dict[str, int] = field(default_factory=dict)
+    unbacked_values: dict[str, int | float] = field(default_factory=dict)
     #: Where each of the graph's outputs sits in what the model returns: ``logits``, ``0``,
     #: ``past_key_values.0.1`` (a backward pass picks the output its loss reduces by it).
     output_paths: list[str] = field(default_factory=list)
@@ -278,7 +278,10 @@ def _check_fake_device(device_type: str) -> None:
 
 
 def _trace_on_path(
-    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, unbacked: dict[str, int]
+    model: ModelInputs,
+    setting: Setting,
+    recorder: ModuleIORecorder,
+    unbacked: dict[str, int | float],
 ) -> Traced | None:
     """Trace in ``setting`` with each data-dependent value given as ``unbacked`` has it; None
     where the forward still branches on a value it lacks (a branch the setting's dtypes reach
@@ -298,8 +301,8 @@ def _follow_setting_run(
     setting: Setting,
     recorder: ModuleIORecorder,
     neutral: list[str],
-    unbacked: dict[str, int],
-) -> tuple[Traced, list[str], dict[str, int]]:
+    unbacked: dict[str, int | float],
+) -> tuple[Traced, list[str], dict[str, int | float]]:
     """The graph in ``setting`` along the path a run in its own dtypes takes on seeded values,
     with that run's branches and values. Where no such run decides it (the CPU cannot run the
     setting's dtypes), ``neutral`` gains a line saying the graph past the branch is the fp32
@@ -357,7 +360,7 @@ def capture(
     method = engine
     trace_in_setting = ENGINES[engine]
     data_dependent: list[str] = []
-    unbacked: dict[str, int] = {}
+    unbacked: dict[str, int | float] = {}
     raised: dict[str, Any] | None = None
     recorder = ModuleIORecorder(model.module)
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
