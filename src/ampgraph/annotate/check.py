@@ -7,7 +7,9 @@ reading of them are wrong, and the node is reported.
 
 Where the graph was captured in the setting itself (``Capture.method`` ``make-fx`` or
 ``export``), the dtypes the trace recorded (``node.meta["val"]``) are a second, independent oracle
-for the top-level nodes.
+for the top-level nodes, and the dtypes the leaf modules' hooks saw while it traced one for the
+module view (the hook lines): which node a call received is ampgraph's attribution, which every
+node's dtype being right does not prove (:func:`check_module_calls`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from ampgraph.annotate.replay import (
     region_args,
     tensor_leaves,
 )
+from ampgraph.capture.module_io import HOOK_DTYPES
 from ampgraph.capture.trace import IN_SETTING, Capture
+from ampgraph.pipeline.calls import indexed_module_calls
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.torchutil import autocast_state, can_trace_fake, dtype_name, torch_dtype
 
@@ -195,7 +199,69 @@ def check(
                "disagreements": disagreements}  # fmt: skip
     if not_analysed:
         summary["not_analysed"] = not_analysed
+    check_module_calls(capture, records, summary)
     return summary
+
+
+def check_module_calls(
+    capture: Capture, records: list[NodeRecord], summary: dict[str, Any]
+) -> None:
+    """Compare each leaf call's predicted hook line with what its hook saw while tracing.
+
+    The module view says which graph node a call received and returned (``in``/``out``); the
+    nodes' dtypes can all be right while a call is given the wrong node (an MoE expert's
+    activation attributed the routing indices). In a trace made in the setting, the hooks saw
+    the dispatcher's own dtypes: a call whose predicted ``in`` or ``out`` differs is a
+    disagreement, counted once at the call's first node (where the report shows it). Only a
+    prediction that runs to its end is compared: past a predicted error or an op not analysed,
+    the hooks that ran are not the ones the prediction prints.
+
+    >>> summary = {"disagreements": 0}
+    >>> from ampgraph.settings import Setting
+    >>> from torch import fx
+    >>> cap = Capture("m", Setting.parse("fp32"), fx.GraphModule({}, fx.Graph()), "meta", {}, {})
+    >>> check_module_calls(cap, [], summary); summary
+    {'disagreements': 0}
+    """
+    if capture.method not in IN_SETTING or capture.graph_of is not None:
+        return  # traced in another setting: its hooks saw that setting's dtypes
+    seen = capture.graph_module.meta.get(HOOK_DTYPES)
+    if seen is None or any(r.error or r.skipped or r.not_analysed for r in records):
+        return
+    by_name = {r.name: r for r in records}
+    calls = indexed_module_calls(records, capture.modules, capture.module_io, capture.call_order)
+    compared = 0
+    for (path, index), call in calls:
+        of_path = seen.get(path, [])
+        if index >= len(of_path):
+            continue
+        compared += 1
+        hook_in, hook_out = of_path[index]
+        wrong = [
+            f"{side}={_torch_name(predicted)} where its hook saw {_torch_name(saw)}"
+            for side, predicted, saw in (("in", call.in_dtype, hook_in),
+                                         ("out", call.out_dtype, hook_out))  # fmt: skip
+            if predicted != saw
+        ]
+        rec = by_name.get(call.nodes[0]) if call.nodes else None
+        if not wrong:
+            continue
+        if rec is None:  # a call without nodes: counted, said in the summary
+            summary["disagreements"] += 1
+        elif (rec.check or {}).get("agree") is not False:
+            summary["disagreements"] += 1
+        note = (
+            f"the module view prints [{path}] (call {index}) with {'; '.join(wrong)} "
+            "when traced in this setting"
+        )
+        summary.setdefault("module_disagreements", []).append(note)
+        if rec is not None:
+            rec.check = {**(rec.check or {}), "agree": False, "note": note}
+    summary["modules_compared"] = compared
+
+
+def _torch_name(dtype: str | None) -> str:
+    return f"torch.{dtype}" if dtype else "None"
 
 
 def hold_to_the_raise(report: Report) -> None:

@@ -17,10 +17,21 @@ import torch
 from torch import fx, nn
 
 from ampgraph.errors import first_line
+from ampgraph.torchutil import dtype_name
 
 #: In :attr:`Capture.module_io`: the hook's value is no tensor (a detector's ``transform`` takes a
 #: list of images and returns an ``ImageList``), so its hook prints ``None``; not "unknown".
 NO_TENSOR = ""
+
+#: ``graph_module.meta`` key of what each leaf call's hook saw while that graph was traced
+#: (:meth:`ModuleIORecorder.observed`), kept with the graph it was traced with for the check.
+HOOK_DTYPES = "ampgraph_hook_dtypes"
+
+
+def _dtype_of(value: Any) -> str | None:
+    """The dtype name the seed's hook prints for ``value`` (None: no tensor)."""
+    value = _hook_value(value)
+    return dtype_name(value.dtype) if isinstance(value, torch.Tensor) else None
 
 
 def error_line(exc: BaseException) -> str:
@@ -32,18 +43,52 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc, default='')}".rstrip(": ")
 
 
+def _hook_value(value: Any) -> Any:
+    """What the seed's hook reads of a call's input or output: its first item if a tuple or list
+    (as :func:`ampgraph.verify.hooks.first_dtype` reads it)."""
+    return value[0] if isinstance(value, (tuple, list)) and value else value
+
+
+def _final_nodes(gm: fx.GraphModule, prefix: str = "") -> list[tuple[str, fx.Node]]:
+    """Every node of ``gm`` by the name the annotation gives it, the bodies of autocast and grad
+    regions included (``wrap_with_set_grad_enabled.to_2``, as :func:`reads.record_names`)."""
+    from ampgraph.annotate.replay import REGION_OPS
+
+    out: list[tuple[str, fx.Node]] = []
+    for n in gm.graph.nodes:
+        out.append((f"{prefix}{n.name}", n))
+        if n.op == "call_function" and n.target in REGION_OPS:
+            body_arg = n.args[REGION_OPS[n.target]]
+            body = getattr(gm, body_arg.target, None) if isinstance(body_arg, fx.Node) else None
+            if isinstance(body, fx.GraphModule):
+                out += _final_nodes(body, f"{prefix}{n.name}.")
+    return out
+
+
+def _same_value(a: fx.Node, b: fx.Node) -> bool:
+    """Whether two nodes' recorded values have one dtype and one shape (None if either has none)."""
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    if not isinstance(va, torch.Tensor) or not isinstance(vb, torch.Tensor):
+        return False
+    return va.dtype == vb.dtype and tuple(va.shape) == tuple(vb.shape)
+
+
 class ModuleIORecorder:
     """Remember which graph node each leaf module call received first and returned first.
 
     A forward hook sees ``inp[0]`` even when the module only reads its dtype or device (Llama's
     rotary embedding takes ``x`` for ``x.dtype``), so the graph alone cannot say what the hook
-    would print. Hooks during the trace look up the node that produced each tensor; they record
-    graph identities only, never dtypes, so the annotation stays independent of the dispatcher.
+    would print. Hooks during the trace look up the node that produced each tensor. The
+    annotation reads graph identities only (:meth:`resolve`), never dtypes, so it stays
+    independent of the dispatcher; the dtypes the hooks saw (:meth:`observed`) are kept apart,
+    for the check to compare the module view with.
     """
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.calls: dict[str, list[list[fx.Node | str | None]]] = {}
+        #: path -> per call: [input node, output node, input dtype, output dtype] (the dtypes as
+        #: the hook saw them while tracing, None where no tensor).
+        self.calls: dict[str, list[list[Any]]] = {}
         #: (path, call index, graph size when the call began or None, whether it added no node)
         self.order: list[list[Any]] = []
         #: The leaf calls begun and not yet returned: where a trace that raises stopped.
@@ -64,8 +109,7 @@ class ModuleIORecorder:
         :func:`ampgraph.verify.hooks.first_dtype` reads it); :data:`NO_TENSOR` if that is no tensor."""
         from torch.fx.experimental import proxy_tensor
 
-        if isinstance(value, (tuple, list)) and value:
-            value = value[0]
+        value = _hook_value(value)
         if not isinstance(value, torch.Tensor):
             return NO_TENSOR
         mode = proxy_tensor.get_proxy_mode()
@@ -81,23 +125,30 @@ class ModuleIORecorder:
             if next(iter(mod.children()), None) is not None:
                 continue
 
-            def pre(_mod: nn.Module, args: tuple[Any, ...], path: str = path) -> None:
-                # The hook's ``inp[0]`` is args[0] itself: a list of images is no tensor.
-                first = self._node_of(args) if args else None
+            def pre(
+                _mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], path: str = path
+            ) -> None:
+                # The hook's ``inp[0]`` is args[0] itself (a list of images is no tensor); a
+                # call by keywords only gives the eager hooks its keyword values instead.
+                inp = args if args else list(kwargs.values())
                 calls = self.calls.setdefault(path, [])
                 self.order.append([path, len(calls), self._graph_size(), False])
                 self.open.append((path, len(calls)))
-                calls.append([first, None])
+                calls.append([self._node_of(inp), None, _dtype_of(inp), None])
 
             def post(_mod: nn.Module, _args: Any, out: Any, path: str = path) -> None:
                 self.calls[path][-1][1] = self._node_of(out)
+                self.calls[path][-1][3] = _dtype_of(out)
                 if self.open and self.open[-1][0] == path:
                     self.open.pop()
                 entry = next(e for e in reversed(self.order) if e[0] == path)
                 size = self._graph_size()
                 entry[3] = size is not None and entry[2] == size
 
-            self._handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+            self._handles += [
+                mod.register_forward_pre_hook(pre, with_kwargs=True),
+                mod.register_forward_hook(post),
+            ]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -105,9 +156,22 @@ class ModuleIORecorder:
             handle.remove()
 
     def resolve(self, gm: fx.GraphModule) -> dict[str, list[tuple[str | None, str | None]]]:
-        """Trace-time nodes -> names in the exported graph (export renames placeholders only)."""
+        """Trace-time nodes -> the names the annotation gives them in the exported graph.
+
+        Export's passes after the trace (the grad and autocast regions split out and inlined
+        back) copy nodes and renumber their names: a trace-time ``getitem_10`` may be another
+        ``getitem`` of the final graph (a ``topk``'s values, a ``sort``'s indices). A copy keeps
+        the value its node recorded (``meta["val"]``, the same tensor object), so that is what
+        finds the node; a name alone is trusted only where its value has the same dtype and
+        shape, and placeholders go by position (export renames them).
+        """
+        nodes = _final_nodes(gm)
         final = {n.name: n for n in gm.graph.nodes}
         final_placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        by_value: dict[int, list[tuple[str, fx.Node]]] = {}
+        for qualified, n in nodes:
+            if isinstance(value := n.meta.get("val"), torch.Tensor):
+                by_value.setdefault(id(value), []).append((qualified, n))
 
         def name(node: fx.Node | str | None) -> str | None:
             if node is None or isinstance(node, str):
@@ -116,10 +180,36 @@ class ModuleIORecorder:
                 traced = [n for n in node.graph.nodes if n.op == "placeholder"]
                 index = traced.index(node)
                 return final_placeholders[index].name if index < len(final_placeholders) else None
+            value = node.meta.get("val")
+            found = by_value.get(id(value), []) if isinstance(value, torch.Tensor) else []
+            if found:
+                # The same value in a region's body and outside it (its output): the outside
+                # one, which the calls after the region read, unless the name says otherwise.
+                same_name = [q for q, n in found if n.name == node.name and q == n.name]
+                top = [q for q, n in found if q == n.name]
+                return (same_name or top or [found[0][0]])[0]
             match = final.get(node.name)
-            return node.name if match is not None and match.target == node.target else None
+            if match is not None and match.target == node.target and _same_value(match, node):
+                return node.name
+            return None
 
-        return {path: [(name(i), name(o)) for i, o in calls] for path, calls in self.calls.items()}
+        # What the hooks saw goes with the graph, apart from the names the annotation reads.
+        gm.meta[HOOK_DTYPES] = self.observed()
+        return {
+            path: [(name(c[0]), name(c[1])) for c in calls] for path, calls in self.calls.items()
+        }
+
+    def observed(self) -> dict[str, list[tuple[str | None, str | None]]]:
+        """Per leaf call, the dtypes its hook saw while tracing (``inp[0]``, ``out[0]``; None where
+        no tensor): in a trace in the setting, the dispatcher's own, for the check only.
+
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> with ModuleIORecorder(model) as recorder:
+        ...     _ = model(torch.ones(1, 2, dtype=torch.float64).float())
+        >>> recorder.observed()
+        {'0': [('float32', 'float32')]}
+        """
+        return {path: [(c[2], c[3]) for c in calls] for path, calls in self.calls.items()}
 
     def reset(self) -> None:
         """Forget a trace that failed, before the next one runs under the same hooks."""
@@ -140,4 +230,4 @@ class ModuleIORecorder:
         return [(path, index, empty) for path, index, _size, empty in self.order]
 
 
-__all__ = ["NO_TENSOR", "ModuleIORecorder", "error_line"]
+__all__ = ["HOOK_DTYPES", "NO_TENSOR", "ModuleIORecorder", "error_line"]

@@ -21,7 +21,24 @@ def module_calls(
     module_io: dict[str, list[tuple[str | None, str | None]]] | None = None,
     call_order: Sequence[tuple[str, int, bool]] = (),
 ) -> list[ModuleCall]:
-    """Group node records into leaf-module calls, each with the dtypes a forward hook would see.
+    """Group node records into leaf-module calls, each with the dtypes a forward hook would see
+    (:func:`indexed_module_calls`, without the calls' indices).
+
+    >>> module_calls([], {}, {"fc": [("x", "linear")]}, [("fc", 0, False)])
+    []
+    """
+    return [call for _key, call in indexed_module_calls(records, modules, module_io, call_order)]
+
+
+def indexed_module_calls(
+    records: Sequence[NodeRecord],
+    modules: dict[str, ModuleInfo],
+    module_io: dict[str, list[tuple[str | None, str | None]]] | None = None,
+    call_order: Sequence[tuple[str, int, bool]] = (),
+) -> list[tuple[tuple[str, int], ModuleCall]]:
+    """Group node records into leaf-module calls, each with the dtypes a forward hook would see,
+    and with its (path, call index): the k-th call of a path is the k-th its hook saw, which is
+    what the check compares with the hooks of the trace (:mod:`ampgraph.annotate.check`).
 
     ``in`` and ``out`` are the annotated dtypes of the graph nodes the capture saw the module
     receive as ``inp[0]`` and return as ``out[0]`` (``module_io``). Where those are unknown,
@@ -32,6 +49,9 @@ def module_calls(
     A call that added no node to the graph (``nn.Identity``, an eval-mode ``StochasticDepth``)
     still fires its hook: it is listed where ``call_order`` puts it, with the dtypes of the value
     it received and returned.
+
+    >>> indexed_module_calls([], {})
+    []
     """
     module_io = module_io or {}
     # The k-th call of a path that has graph nodes is its n-th call in all (empty ones count).
@@ -109,7 +129,7 @@ def module_calls(
         ))  # fmt: skip
 
     # Calls without nodes go right after the call that preceded them in the forward.
-    after: dict[tuple[str, int] | None, list[ModuleCall]] = {}
+    after: dict[tuple[str, int] | None, list[tuple[tuple[str, int], ModuleCall]]] = {}
     previous: tuple[str, int] | None = None
     for path, index, empty in call_order:
         if not empty:
@@ -121,7 +141,8 @@ def module_calls(
         # ``out=None``; one that returns a tensor the trace does not know cannot be named.
         if info is None or (rec_out is None and hook_names(path, index)[1] != NO_TENSOR):
             continue
-        after.setdefault(previous, []).append(
+        after.setdefault(previous, []).append((
+            (path, index),
             ModuleCall(
                 path=path,
                 type=info.type,
@@ -131,15 +152,15 @@ def module_calls(
                 out_dtype=rec_out.out_dtype if rec_out is not None else None,
                 nodes=[],
                 returns_tensor=rec_out is not None,
-            )
-        )
+            ),
+        ))  # fmt: skip
     ordered = list(after.pop(None, []))
     for key, call in calls:
-        ordered.append(call)
+        ordered.append((key, call))
         ordered.extend(after.pop(key, []))
     for rest in after.values():  # the preceding call left no group (not seen so far)
         ordered.extend(rest)
     return ordered
 
 
-__all__ = ["module_calls"]
+__all__ = ["indexed_module_calls", "module_calls"]
