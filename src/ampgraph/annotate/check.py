@@ -239,16 +239,18 @@ def check_module_calls(
         hook_in, hook_out = of_path[index]
         wrong = [
             f"{side}={_torch_name(predicted)} where its hook saw {_torch_name(saw)}"
-            for side, predicted, saw in (("in", call.in_dtype, hook_in),
-                                         ("out", call.out_dtype, hook_out))  # fmt: skip
+            for side, predicted, saw in (
+                ("in", call.in_dtype, hook_in),
+                ("out", call.out_dtype, hook_out),
+            )
             if predicted != saw
         ]
         rec = by_name.get(call.nodes[0]) if call.nodes else None
         if not wrong:
             continue
-        if rec is None:  # a call without nodes: counted, said in the summary
-            summary["disagreements"] += 1
-        elif (rec.check or {}).get("agree") is not False:
+        # Counted once: at the call's first node unless counted there already; a call without
+        # nodes is counted and said in the summary only.
+        if rec is None or (rec.check or {}).get("agree") is not False:
             summary["disagreements"] += 1
         note = (
             f"the module view prints [{path}] (call {index}) with {'; '.join(wrong)} "
