@@ -113,13 +113,51 @@ def quiet_logging() -> Iterator[None]:
         logging.disable(previous)
 
 
+#: The GPU that fake CUDA tensors stand for, where model code asks the device what it is: a
+#: bf16-capable Hopper (compute capability 9.0), so code that picks a kernel by capability
+#: (transformers' MoE experts take ``torch._grouped_mm`` from 8.0 on) follows a current GPU's path.
+VIRTUAL_GPU_NAME = "NVIDIA H100 80GB HBM3"
+VIRTUAL_GPU_CAPABILITY = (9, 0)
+
+
+class VirtualGpuProperties:
+    """What ``torch.cuda.get_device_properties`` returns for :data:`VIRTUAL_GPU_NAME` (the fields
+    model code reads; an H100 SXM's figures).
+
+    >>> VirtualGpuProperties().major, VirtualGpuProperties().name
+    (9, 'NVIDIA H100 80GB HBM3')
+    """
+
+    name = VIRTUAL_GPU_NAME
+    major, minor = VIRTUAL_GPU_CAPABILITY
+    total_memory = 80 * 1024**3
+    multi_processor_count = 132
+    warp_size = 32
+    is_integrated = 0
+    is_multi_gpu_board = 0
+    max_threads_per_multi_processor = 2048
+    L2_cache_size = 50 * 1024**2
+    gcnArchName = "NVIDIA H100 80GB HBM3"
+
+    def __repr__(self) -> str:
+        return f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor})"
+
+
 @contextlib.contextmanager
 def simulated_cuda_amp(device_type: str) -> Iterator[None]:
-    """Let ``torch.autocast("cuda", ...)`` in model code behave as on a bf16-capable GPU.
+    """Let model code that asks the GPU what it is get the answers of a bf16-capable GPU.
 
     Without a GPU, ``torch.autocast("cuda")`` disables itself at construction, so a traced
-    ``with torch.autocast("cuda", dtype=torch.float16):`` region would be recorded as disabled.
-    The fake CUDA tensors being traced stand for such a GPU, so its availability checks answer yes.
+    ``with torch.autocast("cuda", dtype=torch.float16):`` region would be recorded as disabled;
+    and ``torch.cuda.get_device_capability()`` asks the driver, so a forward that picks its kernel
+    by capability raised "Found no NVIDIA driver" in the trace and in the eager oracle alike. The
+    fake CUDA tensors being traced stand for such a GPU (:data:`VIRTUAL_GPU_NAME`), so its
+    availability and capability queries answer as it would. ``torch.cuda.is_available()`` is left
+    alone: code that takes it as leave to launch work on the device would need the driver.
+
+    >>> with simulated_cuda_amp("cuda"):
+    ...     torch.cuda.get_device_capability("cuda"), torch.cuda.is_bf16_supported()
+    ((9, 0), True)
     """
     if device_type != "cuda":
         yield
@@ -128,8 +166,24 @@ def simulated_cuda_amp(device_type: str) -> Iterator[None]:
 
     import torch.cuda.amp.common as amp_common
 
-    with mock.patch.object(amp_common, "amp_definitely_not_available", return_value=False), \
-            mock.patch.object(torch.cuda, "is_bf16_supported", return_value=True):  # fmt: skip
+    def capability(device: Any = None) -> tuple[int, int]:
+        return VIRTUAL_GPU_CAPABILITY
+
+    def properties(device: Any = None) -> VirtualGpuProperties:
+        return VirtualGpuProperties()
+
+    def name(device: Any = None) -> str:
+        return VIRTUAL_GPU_NAME
+
+    with contextlib.ExitStack() as stack:
+        for module, attr, value in (
+            (amp_common, "amp_definitely_not_available", lambda: False),
+            (torch.cuda, "is_bf16_supported", lambda *a, **k: True),
+            (torch.cuda, "get_device_capability", capability),
+            (torch.cuda, "get_device_properties", properties),
+            (torch.cuda, "get_device_name", name),
+        ):
+            stack.enter_context(mock.patch.object(module, attr, value))
         yield
 
 
@@ -218,6 +272,9 @@ def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
 
 
 __all__ = [
+    "VIRTUAL_GPU_CAPABILITY",
+    "VIRTUAL_GPU_NAME",
+    "VirtualGpuProperties",
     "autocast_state",
     "can_trace_fake",
     "dtype_name",

@@ -1,0 +1,106 @@
+"""Meta kernels stricter than the real kernels they stand for, replaced by ones that follow them.
+
+A fake tensor computes dtypes with the op's meta kernel. Where that kernel refuses a dtype the real
+kernel accepts, a trace or the eager-hook oracle reports an error a real run never raises, and
+everything after it is lost. Each replacement here keeps the meta kernel's shapes and strides and
+takes its dtype rules from the real kernel's source, and is proved against the real CPU kernel,
+which shares the rule (``tests/test_meta_kernels.py``):
+
+* ``aten::_grouped_mm`` (``torch.nn.functional.grouped_mm``; transformers' MoE experts from 5.0
+  on a GPU of compute capability 8.0 or newer): the meta kernel of torch 2.14 takes bf16 only, and
+  fp16 only with cuBLASLt 13.3 on an sm_90+ GPU it can query. The real CUDA and CPU kernels
+  (``aten/src/ATen/native/GroupedMMUtils.h``: ``_grouped_mm_validate_inputs``, then the bf16 fast
+  path or ``_grouped_mm_fallback``'s loop of ``mm_out``) take fp32, bf16 and fp16, return
+  ``mat_a``'s dtype, and raise ``mm``'s error where the two dtypes differ.
+
+>>> import torch
+>>> from ampgraph.torchutil import fake_mode
+>>> with fake_mode():
+...     a, b = torch.empty(8, 16, device="cuda"), torch.empty(4, 16, 32, device="cuda")
+...     torch._grouped_mm(a, b, offs=torch.tensor([2, 4, 6, 8], dtype=torch.int32, device="cuda")).dtype
+torch.float32
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+#: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
+GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: How c10 prints a dtype in ``mm``'s message (``float != c10::BFloat16``) and in a ScalarType.
+_SCALAR_NAMES = {
+    torch.float32: "float",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float16: "c10::Half",
+}
+_TYPE_NAMES = {torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.int8: "Char",
+               torch.uint8: "Byte", torch.bool: "Bool"}  # fmt: skip
+
+
+def _scalar(dtype: torch.dtype) -> str:
+    return _SCALAR_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _grouped_mm(
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``_grouped_mm`` as the real kernels type it; the meta kernel's output layout."""
+    from torch._meta_registrations import meta_grouped_mm
+
+    for name, mat in (("mat_a", mat_a), ("mat_b", mat_b)):
+        if mat.dtype not in GROUPED_MM_DTYPES:
+            raise RuntimeError(
+                f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got "
+                f"{_TYPE_NAMES.get(mat.dtype, str(mat.dtype).removeprefix('torch.'))}"
+            )
+    if (out_dtype or mat_a.dtype) != mat_a.dtype:
+        raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
+    if mat_a.dtype != mat_b.dtype:  # the fallback's mm_out, and the fast path takes bf16 only
+        raise RuntimeError(
+            "expected m1 and m2 to have the same dtype, but got: "
+            f"{_scalar(mat_a.dtype)} != {_scalar(mat_b.dtype)}"
+        )
+    # Shapes, offsets and strides as the meta kernel checks and lays them out, on bf16 stand-ins.
+    out = meta_grouped_mm(mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16), offs, bias, None)
+    return torch.empty_strided(out.shape, out.stride(), dtype=mat_a.dtype, device=out.device)
+
+
+#: Op name -> the replacement meta kernel.
+REPLACED: dict[str, Any] = {"_grouped_mm": _grouped_mm}
+
+
+def _register() -> list[torch.library.Library]:
+    """Replace each meta kernel where fake tensors look for it: the dispatcher's Meta key (a plain
+    fake tensor), and the Python kernel and the meta table that ``register_meta`` also filled
+    (what a trace under the Python dispatcher, make_fx's and export's, calls first)."""
+    from torch._C import DispatchKey
+    from torch._decomp import meta_table
+
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive in _LIBRARIES
+    with warnings.catch_warnings():
+        # "Overriding a previously registered kernel": the point, said once here.
+        warnings.simplefilter("ignore")
+        for name, kernel in REPLACED.items():
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                continue
+            lib.impl(name, kernel, "Meta")
+            op = getattr(torch.ops.aten, name).default
+            if DispatchKey.Meta in op.py_kernels:
+                op.py_kernels[DispatchKey.Meta] = kernel
+                op._dispatch_cache.clear()
+            if op in meta_table:
+                meta_table[op] = kernel
+    return [lib]
+
+
+_LIBRARIES = _register()
+
+__all__ = ["GROUPED_MM_DTYPES", "REPLACED"]

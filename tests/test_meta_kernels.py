@@ -1,0 +1,115 @@
+"""Issue 25, further families: forwards that ask the GPU what it is, and meta kernels stricter than
+their real kernels (``ampgraph.capture.meta_kernels``, ``ampgraph.torchutil.simulated_cuda_amp``).
+
+Expectations are the real CPU kernel (which shares ``_grouped_mm``'s dtype rule with the CUDA one)
+and the eager model's own forward hooks on fake tensors, never ampgraph's output.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ampgraph.capture import meta_kernels
+from ampgraph.model.build import ModelInputs
+from ampgraph.settings import Setting
+from ampgraph.torchutil import VIRTUAL_GPU_CAPABILITY, fake_mode, simulated_cuda_amp
+
+from .test_fidelity import _agree
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _grouped(a_dtype: torch.dtype, b_dtype: torch.dtype, device: str) -> torch.Tensor | str:
+    """``_grouped_mm`` of a 2D by 3D pair (the MoE layout) on ``device``: its output or error."""
+    a = torch.randn(8, 16).to(a_dtype)
+    b = torch.randn(4, 16, 32).to(b_dtype)
+    offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32)
+    try:
+        return torch._grouped_mm(a.to(device), b.to(device), offs=offs.to(device))
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", list(itertools.product(DTYPES, DTYPES)))
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_fake_grouped_mm_types_as_the_real_kernel(
+    a_dtype: torch.dtype, b_dtype: torch.dtype, device: str
+) -> None:
+    real = _grouped(a_dtype, b_dtype, "cpu")
+    with fake_mode():
+        fake = _grouped(a_dtype, b_dtype, device)
+    if isinstance(real, str):
+        assert fake == real
+    else:
+        assert isinstance(fake, torch.Tensor), fake
+        assert (fake.dtype, fake.shape) == (real.dtype, real.shape)
+
+
+def test_the_replacement_is_registered_for_every_op_it_lists() -> None:
+    for name in meta_kernels.REPLACED:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")
+
+
+class ByCapability(nn.Module):
+    """Experts that take ``F.grouped_mm`` on a GPU of compute capability 8.0 or newer and a loop
+    of matmuls elsewhere, as transformers' MoE experts do; autocast has no rule for either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(16, 4)
+        self.experts = nn.Parameter(torch.randn(4, 16, 32))
+        self.act = nn.SiLU()
+        self.out = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x)
+        offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32, device=x.device)
+        w = self.experts
+        if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (8, 0):
+            h = F.grouped_mm(x.to(w.dtype), w, offs=offs)
+        else:
+            h = torch.cat([x[2 * i : 2 * i + 2].to(w.dtype) @ w[i] for i in range(4)])
+        return self.out(self.act(h)) + logits.sum()
+
+
+@pytest.mark.parametrize("name", ["fp32", "half", "amp-half", "amp-fp32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_forward_that_asks_the_gpu_its_capability(name: str, dtype: str) -> None:
+    model = ModelInputs("by-capability", ByCapability().eval(), (torch.randn(8, 16),))
+    setting = Setting.parse(name, amp_dtype=dtype)
+    lines = _agree(model, setting)
+    if name != "half":  # half raises at the router: fp32 input, 16-bit weight
+        assert any(line.startswith("[act]") for line in lines)
+
+
+def test_the_virtual_gpu_is_a_bf16_capable_one_only_while_tracing() -> None:
+    with simulated_cuda_amp("cuda"):
+        assert torch.cuda.get_device_capability() == VIRTUAL_GPU_CAPABILITY >= (8, 0)
+        assert torch.cuda.get_device_properties(0).major == VIRTUAL_GPU_CAPABILITY[0]
+    if not torch.cuda.is_available():  # outside, the query reaches the (absent) driver again
+        with pytest.raises((RuntimeError, AssertionError)):
+            torch.cuda.get_device_capability()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fp32", "half", "amp-half", "amp-fp32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_jamba_hybrid_moe_and_mamba(name: str, dtype: str) -> None:
+    """transformers' Jamba (Mamba layers and MoE experts): its experts ask the GPU's capability
+    and, in bf16, run ``_grouped_mm``."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.JambaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    module = transformers.JambaForCausalLM(config).eval()
+    model = ModelInputs("jamba", module, kwargs={"input_ids": torch.randint(0, 128, (1, 8))})
+    _agree(model, Setting.parse(name, amp_dtype=dtype))
