@@ -80,6 +80,30 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 torch.library.register_autocast(_mm_cuda_rule, "cuda", torch.float16)
 
+
+# Python bodies a real run reaches with autocast on (the op has no autocast kernel): one of torch
+# calls, which autocast casts, with a fake that says what it returns with autocast off; and one
+# through NumPy, which fake tensors cannot run and autocast never reaches.
+@torch.library.custom_op("ampg_test::mm_body", mutates_args=())
+def _mm_body(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a @ b
+
+
+@_mm_body.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a @ b
+
+
+@torch.library.custom_op("ampg_test::mm_numpy", mutates_args=())
+def _mm_numpy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(a.numpy() @ b.numpy())
+
+
+@_mm_numpy.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a @ b
+
+
 # (e) The older API: torch.library.Library("ns", "DEF"), define and impl; one op without an
 # autocast rule, one with register_autocast through the library (a Python kernel, no OpDef).
 _LIB = torch.library.Library("ampg_lib", "DEF")
@@ -135,6 +159,10 @@ OPS: dict[str, Op] = {
     "custom-fwd-cast": CastFn.apply,
     "custom-fwd": PlainFn.apply,
 }
+BODIES: dict[str, Op] = {
+    "torch-body": torch.ops.ampg_test.mm_body,
+    "numpy-body": torch.ops.ampg_test.mm_numpy,
+}
 
 
 class Call(nn.Module):
@@ -170,7 +198,8 @@ SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
 
 def model_of(case: str) -> ModelInputs:
     fed_fp32 = case.endswith("-fed-fp32")
-    module = Between(OPS[case.removesuffix("-fed-fp32")], fed_fp32=fed_fp32).eval()
+    fn = {**OPS, **BODIES}[case.removesuffix("-fed-fp32")]
+    module = Between(fn, fed_fp32=fed_fp32).eval()
     return ModelInputs(case, module, (torch.randn(2, 8),))
 
 
@@ -223,6 +252,36 @@ def test_the_cpu_prediction_is_what_the_real_cpu_kernels_return(case: str, name:
     setting = Setting.parse(name, device_type="cpu", amp_dtype="bf16")
     _report, lines = agree(model_of(case), setting)
     assert lines == real_cpu_lines(case, setting)
+
+
+@pytest.mark.parametrize("name", ["fp32", "amp-fp32"])
+def test_a_python_body_autocast_reaches_is_not_analysed_where_its_fake_says_otherwise(
+    name: str,
+) -> None:
+    """On a real run the body's matmul is cast (autocast stays on for an op without an autocast
+    kernel); the fake, and so every fake-tensor run, says fp32. The node says it is no
+    prediction, naming what the real kernel returns."""
+    setting = Setting.parse(name, device_type="cpu", amp_dtype="bf16")
+    report, lines = agree(model_of("torch-body-fed-fp32"), setting)
+    node = report.node(op_node(report))
+    real = real_cpu_lines("torch-body-fed-fp32", setting)
+    (real_op,) = [line for line in real if line.startswith("[op] ")]
+    if name == "fp32":
+        assert node.not_analysed is None and real == lines
+        return
+    assert real_op.endswith("out=torch.bfloat16") and node.outputs == ["float32"]
+    assert node.not_analysed is not None and "returns bf16, where its register_fake" in (
+        node.not_analysed
+    )
+    assert report.check is not None and report.check["not_analysed"] == 1
+    assert rule_findings(report) == []  # it does not run in its inputs' dtype
+
+
+def test_a_body_fake_tensors_cannot_run_leaves_the_fake_standing() -> None:
+    setting = Setting.parse("amp-fp32", device_type="cpu", amp_dtype="bf16")
+    report, lines = agree(model_of("numpy-body-fed-fp32"), setting)
+    assert report.node(op_node(report)).not_analysed is None
+    assert lines == real_cpu_lines("numpy-body-fed-fp32", setting)
 
 
 # -- audit: the no-autocast-rule finding -------------------------------------------------------

@@ -49,6 +49,7 @@ from ampgraph.annotate.replay import (
 )
 from ampgraph.capture.trace import Capture
 from ampgraph.policy import rules
+from ampgraph.policy.kernels import python_kernel
 from ampgraph.report.records import Cast, NodeRecord
 from ampgraph.review.sources import source_of
 from ampgraph.settings import Setting, short_dtype
@@ -222,6 +223,10 @@ class AutocastAnnotator(FakeReplay):
                     )
         pending = self._pending.pop(n.name)
         outputs = dtype_names(value)
+        if isinstance(inner, InnerAutocast) and not inner.applied and target.namespace != "aten":
+            cast_inside = self._cast_inside(target, call_args, call_kwargs, outputs)
+            if cast_inside is not None:
+                pending.update(not_analysed=cast_inside, reason=f"not analysed: {cast_inside}")
         promotion = _promotion(call_args, call_kwargs, outputs) if category is None else None
         if promotion is not None and target.namespace == "aten":  # a custom op's is its own
             pending["reason"] = (
@@ -231,6 +236,46 @@ class AutocastAnnotator(FakeReplay):
             )
         self._record(n, outputs=outputs, promotion=promotion, **pending)
         return value
+
+    def _cast_inside(
+        self,
+        op: torch._ops.OpOverload,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        outputs: list[str | None],
+    ) -> str | None:
+        """Why a custom op's dtypes are no prediction, or None: its real kernel, a Python body
+        run with autocast still enabled (the op has no autocast kernel), returns other dtypes
+        than its ``register_fake``, which fake tensors run with autocast off, says.
+
+        The body runs here on the fake tensors with autocast enabled as at this node, through
+        the dispatcher's own autocast kernels, as :data:`~ampgraph.policy.OPAQUE` kernels do: a
+        second opinion on user code, honouring the body's own ``torch.autocast`` blocks. A
+        body fake tensors cannot run (a Triton launch, ``.item()``, NumPy) leaves the fake's
+        word standing. Not in a subclass that traces itself (the joint annotator): the body's
+        ops would land in its trace.
+        """
+        if type(self).trace_decomposition is not AutocastAnnotator.trace_decomposition:
+            return None
+        device_type = self.setting.device_type
+        body = python_kernel(device_type, op.name())
+        enabled, lower = self.state.states.get(device_type, (False, None))
+        if body is None or not enabled or lower is None:
+            return None
+        try:
+            with autocast_state(device_type, True, lower):
+                got = dtype_names(body(*args, **kwargs))
+        except Exception:  # noqa: BLE001 - any failure of user code means: no second opinion
+            return None
+        if got == outputs:
+            return None
+        return (
+            f"{op.name()} has no autocast kernel, so on a real run its Python kernel runs with "
+            f"autocast on, and returns {', '.join(short_dtype(d) for d in got)}, where its "
+            f"register_fake (run with autocast off) returns "
+            f"{', '.join(short_dtype(d) for d in outputs)}: the dtypes here are the fake's, "
+            "not a prediction"
+        )
 
     def _autocast_on(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         devices = {device_type_of(t) for t in tensor_leaves((args, kwargs))}

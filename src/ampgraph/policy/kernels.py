@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from ampgraph.policy.categories import CAST_INPUTS, FP32, FP32_OUTPUT_AS_INPUT, OPAQUE
 
@@ -179,6 +180,26 @@ def _register_autocast_dtype(device_type: str, op_name: str) -> str | None:
         return None
     cast = inspect.getclosurevars(kernel).nonlocals.get("cast_inputs")
     return str(cast).removeprefix("torch.") if isinstance(cast, torch.dtype) else None
+
+
+def python_kernel(device_type: str, op_name: str) -> Callable[..., Any] | None:
+    """The Python function a ``torch.library.custom_op`` runs as its real kernel on the device
+    type (its ``register_kernel`` for it, else the decorated function), or None for any other op.
+
+    A custom op with no autocast kernel runs that function with autocast still enabled, so the
+    torch ops in it are cast on a real run, while its ``register_fake`` runs with autocast off.
+
+    >>> python_kernel("cuda", "aten::mm") is None
+    True
+    """
+    from torch._library import custom_ops
+
+    base, _, overload = op_name.partition(".")
+    opdef = custom_ops.OPDEFS.get(base)
+    if opdef is None or overload not in ("", "default"):
+        return None
+    fns = opdef._backend_fns
+    return fns.get(device_type) or fns.get(None)
 
 
 def library_rule(device_type: str, op_name: str) -> KernelRule | None:
