@@ -143,15 +143,15 @@ class TraceReads(TorchFunctionMode):
         trace: the graph then holds the op as the model called it, where a real run raises, and
         everything the code read up to there is the setting's own."""
         graph = getattr(self._tracer(), "graph", None)
-        last = graph._root.prev if graph is not None else None  # noqa: SLF001 - fx's own list
+        last = graph._root.prev if graph is not None else None  # fx's own list
         try:
             return func(*args, **kwargs)
         except Exception as exc:
             if type(exc) not in (RuntimeError, NotImplementedError):
                 raise
             # The node the tracer made for the call that raised, before its kernel ran.
-            while graph is not None and graph._root.prev is not last:  # noqa: SLF001
-                node = graph._root.prev  # noqa: SLF001
+            while graph is not None and graph._root.prev is not last:
+                node = graph._root.prev
                 if node.users:
                     break
                 graph.erase_node(node)
@@ -365,13 +365,20 @@ def drop_past_raise(gm: fx.GraphModule) -> int:
     if not _PAST_RAISE:
         return 0
     dropped = 0
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is _PAST_RAISE[0]:
-            node.replace_all_uses_with(node.args[0])
-            gm.graph.erase_node(node)
-            dropped += 1
-    if dropped:
-        gm.recompile()
+    # A raise inside a region (custom_fwd's autocast-off body, a ``wrap_with_autocast``
+    # submodule) leaves its casts in that body's graph, not the top one.
+    for sub in gm.modules():
+        if not isinstance(sub, fx.GraphModule):
+            continue
+        here = 0
+        for node in list(sub.graph.nodes):
+            if node.op == "call_function" and node.target is _PAST_RAISE[0]:
+                node.replace_all_uses_with(node.args[0])
+                sub.graph.erase_node(node)
+                here += 1
+        if here:
+            sub.recompile()
+            dropped += here
     return dropped
 
 
