@@ -107,7 +107,9 @@ def _totals_line(d: ReportDiff) -> str | None:
         return None
 
     def side(t: dict[str, Any], key: str) -> str:
-        return f"{t[key]['count']} ({fmt_bytes(t[key]['bytes'])})"
+        # A baseline keeps no shapes: its bytes are unknown, and "? B" would read as a bug.
+        count, size = t[key]["count"], t[key]["bytes"]
+        return str(count) if size is None else f"{count} ({fmt_bytes(size)})"
 
     return (
         f"autocast casts per forward {side(ta, 'casts')} → {side(tb, 'casts')}; promotions "
