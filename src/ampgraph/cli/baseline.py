@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 
-from ampgraph.cli.options import format_option, model_argument, resolve_settings, seq_len_option
+from ampgraph.cli.options import (
+    device_option,
+    format_option,
+    model_argument,
+    resolve_settings,
+    seq_len_option,
+)
 from ampgraph.cli.reports import analysed
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS
@@ -53,8 +59,7 @@ def _baseline_report(model: str, setting: str, device: str, amp_dtype: str, seq_
 @model_argument
 @click.option("--setting", "-s", "setting", default="amp-fp32", show_default=True,
               metavar="NAME", help=f"The setting to snapshot. Presets: {', '.join(PRESETS)}.")  # fmt: skip
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-              help="Device type whose autocast policy applies.")  # fmt: skip
+@device_option()
 @click.option("--amp-dtype", type=click.Choice(["bf16", "fp16"]), default="bf16",
               show_default=True, help="The 16-bit dtype autocast uses.")  # fmt: skip
 @seq_len_option
@@ -72,7 +77,9 @@ def baseline_write(
     text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
                          tracer=spec.tracer)  # fmt: skip
     _write_baseline(file, text)
-    click.echo(f"{file}: {len(report.nodes)} graph nodes of {report.model} {report.setting['name']}")
+    click.echo(
+        f"{file}: {len(report.nodes)} graph nodes of {report.model} {report.setting['name']}"
+    )
 
 
 def _given(ctx: click.Context, name: str) -> bool:

@@ -182,7 +182,7 @@ def device_option(*, several: bool = False) -> Callable[[F], F]:
     return click.option(
         "--device", metavar="TYPE", default="cuda", show_default=True, callback=_device_type,
         help=f"Device type whose autocast policy applies: {names}. None needs the device: fake "
-        "tensors on it run its real autocast kernels.",
+        "tensors on it run its real autocast kernels (xpu and mps need a torch built with them).",
     )  # fmt: skip
 
 
