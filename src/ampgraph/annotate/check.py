@@ -231,12 +231,10 @@ def check_module_calls(
         return
     by_name = {r.name: r for r in records}
     calls = indexed_module_calls(records, capture.modules, capture.module_io, capture.call_order)
-    compared = 0
     for (path, index), call in calls:
         of_path = seen.get(path, [])
         if index >= len(of_path):
             continue
-        compared += 1
         hook_in, hook_out = of_path[index]
         wrong = [
             f"{side}={_torch_name(predicted)} where its hook saw {_torch_name(saw)}"
@@ -260,7 +258,6 @@ def check_module_calls(
         summary.setdefault("module_disagreements", []).append(note)
         if rec is not None:
             rec.check = {**(rec.check or {}), "agree": False, "note": note}
-    summary["modules_compared"] = compared
 
 
 def _torch_name(dtype: str | None) -> str:

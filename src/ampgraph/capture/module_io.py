@@ -28,10 +28,12 @@ NO_TENSOR = ""
 HOOK_DTYPES = "ampgraph_hook_dtypes"
 
 
-def _dtype_of(value: Any) -> str | None:
-    """The dtype name the seed's hook prints for ``value`` (None: no tensor)."""
+def _hook_tensor(value: Any) -> torch.Tensor | None:
+    """The tensor whose dtype the seed's hook prints for ``value`` (None: no tensor). Its dtype
+    is read after the trace: a read during it would count as the code reading its setting
+    (:mod:`ampgraph.capture.reads`), and keep the graph from serving other settings."""
     value = _hook_value(value)
-    return dtype_name(value.dtype) if isinstance(value, torch.Tensor) else None
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def error_line(exc: BaseException) -> str:
@@ -86,8 +88,8 @@ class ModuleIORecorder:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        #: path -> per call: [input node, output node, input dtype, output dtype] (the dtypes as
-        #: the hook saw them while tracing, None where no tensor).
+        #: path -> per call: [input node, output node, input tensor, output tensor] (the tensors
+        #: the hook saw while tracing, None where no tensor).
         self.calls: dict[str, list[list[Any]]] = {}
         #: (path, call index, graph size when the call began or None, whether it added no node)
         self.order: list[list[Any]] = []
@@ -134,11 +136,11 @@ class ModuleIORecorder:
                 calls = self.calls.setdefault(path, [])
                 self.order.append([path, len(calls), self._graph_size(), False])
                 self.open.append((path, len(calls)))
-                calls.append([self._node_of(inp), None, _dtype_of(inp), None])
+                calls.append([self._node_of(inp), None, _hook_tensor(inp), None])
 
             def post(_mod: nn.Module, _args: Any, out: Any, path: str = path) -> None:
                 self.calls[path][-1][1] = self._node_of(out)
-                self.calls[path][-1][3] = _dtype_of(out)
+                self.calls[path][-1][3] = _hook_tensor(out)
                 if self.open and self.open[-1][0] == path:
                     self.open.pop()
                 entry = next(e for e in reversed(self.order) if e[0] == path)
@@ -209,7 +211,13 @@ class ModuleIORecorder:
         >>> recorder.observed()
         {'0': [('float32', 'float32')]}
         """
-        return {path: [(c[2], c[3]) for c in calls] for path, calls in self.calls.items()}
+
+        def name(t: torch.Tensor | None) -> str | None:
+            return dtype_name(t.dtype) if t is not None else None
+
+        return {
+            path: [(name(c[2]), name(c[3])) for c in calls] for path, calls in self.calls.items()
+        }
 
     def reset(self) -> None:
         """Forget a trace that failed, before the next one runs under the same hooks."""
