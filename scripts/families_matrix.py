@@ -264,13 +264,6 @@ WHY: dict[str, str] = {
         "has the same branch and agrees: called with labels, its cache is off (issue 25, "
         "mechanism 4, with the cache on)."
     ),
-    "custom-fwd": (
-        "In `amp-half` the Function's fp32 output meets the 16-bit LayerNorm, which raises in the "
-        "eager run. Alone in a process (`-m custom-fwd -j 1`) ampgraph says so too, in all 8 "
-        "cells; after other models were traced in the same process the trace of custom_fwd's "
-        "autocast-off region no longer raises, and both the annotator and the check miss the "
-        "error (issue 25, custom_fwd state left between traces)."
-    ),
 }
 
 
@@ -414,8 +407,9 @@ def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
         "",
         (
             "One or more small models of each family nobody here tuned ampgraph for (issue 25): "
-            "encoder-only, encoder-decoder called with labels and its cache on, speech, mixture "
-            "of experts, state-space, and a custom autograd Function under "
+            "encoder-only; encoder-decoder (T5 called with labels and its cache on, BART with its "
+            "cache on, Marian with labels, given which it turns its cache off); speech; mixture "
+            "of experts; state-space; and a custom autograd Function under "
             "`torch.amp.custom_fwd(cast_inputs=torch.float32)`. Each is a small Hugging Face "
             "config built on the CPU with random weights (no download; the builders are in the "
             "script), analysed in the seed's four settings (fp32, half, amp-half, amp-fp32) with "
