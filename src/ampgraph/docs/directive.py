@@ -18,11 +18,17 @@ or in MyST Markdown::
 
 The argument is any model spec ``ampgraph`` takes (a bundled name, a Hugging Face
 ``config.json`` -- relative to the document or the working directory -- or
-``package.module:factory``); ``:report: FILE`` draws a saved ``ampgraph table --format json``
+``package.module:factory``, or ``file.py:factory`` relative to the document, whose figure is
+titled as written); ``:report: FILE`` draws a saved ``ampgraph table --format json``
 report instead, without torch. Options:
 
 * ``:setting:`` -- setting names, separated by commas or spaces (default: the seed's four,
   drawn as the 2x2 overview); one setting draws its full diagram, several the overview.
+* ``:recipe:`` -- instead of ``:setting:``, a framework's precision flag as ``--recipe`` takes
+  it (``lightning:bf16-mixed``, ``fsdp2:param_dtype=bf16,reduce_dtype=fp32``; several separated
+  by spaces, since a recipe holds commas), read by :func:`ampgraph.recipes.parse_recipe` for the
+  ``:device:``; a DeepSpeed config is found relative to the document. ``:describe:`` adds what
+  each recipe runs below the figure, as ``--recipe`` prints it on stderr.
 * ``:view:`` -- ``modules`` (default) or ``ops``; ``:unfold:`` draws every repeated layer.
 * ``:pass:`` -- ``forward`` (default) or ``backward``: the gradients of a training step, with the
   memory saved for backward (one setting: a backward has no overview).
@@ -48,11 +54,15 @@ rest of the build goes on.
 >>> from ampgraph.docs.directive import parse_settings
 >>> parse_settings("amp-fp32, fp32")
 ['amp-fp32', 'fp32']
+>>> parse_recipes("fsdp2:param_dtype=bf16,reduce_dtype=fp32  accelerate:bf16")
+['fsdp2:param_dtype=bf16,reduce_dtype=fp32', 'accelerate:bf16']
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from html import escape
@@ -81,7 +91,9 @@ if TYPE_CHECKING:
     from sphinx.application import Sphinx
     from sphinx.util.typing import ExtensionMetadata
 
+    from ampgraph.recipes import Recipe
     from ampgraph.render import Diagram
+    from ampgraph.settings import Setting
 
 logger = logging.getLogger(__name__)
 
@@ -101,13 +113,24 @@ def parse_settings(text: str | None) -> list[str]:
     return [s for s in re.split(r"[\s,]+", text or "") if s]
 
 
+def parse_recipes(text: str | None) -> list[str]:
+    """Recipes from the ``:recipe:`` option: spaces between them (a recipe holds commas)."""
+    return (text or "").split()
+
+
+#: A recipe whose value names a file: DeepSpeed's ds_config.json (``deepspeed:``, ``ds:``).
+CONFIG_RECIPE: Final = re.compile(r"^\s*(deepspeed|ds)\s*:\s*(?P<path>.+?)\s*$", re.IGNORECASE)
+#: A factory in a Python file (``block.py:tiny_block``): the file, then the factory's name.
+FILE_FACTORY: Final = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_]\w*)$")
+
+
 def _choice(values: Sequence[str]) -> Any:
     return lambda argument: directives.choice(argument, tuple(values))
 
 
 def analysis_reports(
     spec: str,
-    settings: Sequence[str],
+    settings: Sequence[str | Setting],
     *,
     device: str,
     amp_dtype: str,
@@ -118,13 +141,16 @@ def analysis_reports(
 ) -> list[Report]:
     """The reports of ``spec`` in ``settings``, through ampgraph's cache (computed on a miss);
     ``pass_`` ``backward`` analyses a training step (its default loss, backward outside
-    autocast) as ``ampgraph render --pass backward`` does."""
+    autocast) as ``ampgraph render --pass backward`` does. A setting is a name, read for
+    ``device`` and ``amp_dtype``, or a :class:`~ampgraph.settings.Setting` (a recipe's), used
+    as it is."""
     from ampgraph.pipeline.run import analyze_spec
     from ampgraph.settings import Setting, seed_matrix
 
-    resolved = [Setting.parse(s, device_type=device, amp_dtype=amp_dtype) for s in settings] or (
-        seed_matrix(device, amp_dtype)
-    )
+    resolved = [
+        s if isinstance(s, Setting) else Setting.parse(s, device_type=device, amp_dtype=amp_dtype)
+        for s in settings
+    ] or seed_matrix(device, amp_dtype)
     # The forward keeps empty options, so its cache keys stay as they were (cli.train_options).
     options = (
         {} if pass_ == "forward" else {"pass_": pass_, "loss": None, "backward_autocast": False}
@@ -144,6 +170,8 @@ class AmpgraphDirective(SphinxDirective):
     option_spec: ClassVar[dict[str, Any]] = {
         "setting": directives.unchanged,
         "settings": directives.unchanged,
+        "recipe": directives.unchanged,
+        "describe": directives.flag,
         "report": directives.path,
         "view": _choice(("modules", "ops")),
         "pass": _choice(("forward", "backward")),
@@ -162,7 +190,8 @@ class AmpgraphDirective(SphinxDirective):
 
     def run(self) -> list[nodes.Node]:
         try:
-            reports = self._reports()
+            recipes = self._recipes()
+            reports = self._reports(recipes)
             figures = self._figures(reports)
         except Exception as exc:  # noqa: BLE001 - any failure is one warning, never a crash
             what = self.arguments[0] if self.arguments else self.options.get("report", "")
@@ -175,36 +204,96 @@ class AmpgraphDirective(SphinxDirective):
                 subtype="analysis",
             )
             return []
-        return self._wrap(figures)
+        out = self._wrap(figures)
+        if "describe" in self.options:
+            # One block, figure and text together: a grid of two such figures (two recipes
+            # side by side) keeps each description under its own figure.
+            out = [
+                nodes.container(
+                    "", *out, *self._descriptions(recipes), classes=["ampgraph-described"]
+                )
+            ]
+        return out
 
-    def _reports(self) -> list[Report]:
-        settings = parse_settings(self.options.get("setting") or self.options.get("settings"))
+    def _recipes(self) -> list[Recipe]:
+        """The ``:recipe:`` option read as the CLI's ``--recipe`` reads it, for the ``:device:``:
+        the same :func:`~ampgraph.recipes.parse_recipe`, so a figure shows what the command
+        analyses. A DeepSpeed config next to the document is a dependency of it."""
+        texts = parse_recipes(self.options.get("recipe"))
+        if not texts:
+            if "describe" in self.options:
+                raise ValueError(":describe: describes a :recipe:; give one")
+            return []
+        if self.options.get("setting") or self.options.get("settings"):
+            raise ValueError("give :setting: or :recipe:, not both (a recipe is a setting)")
+        if "amp-dtype" in self.options:
+            raise ValueError("a recipe fixes its 16-bit dtype: leave out :amp-dtype:")
+        from ampgraph.recipes import parse_recipe
+
+        recipes = []
+        for written in texts:
+            text = written
+            match = CONFIG_RECIPE.match(written)
+            if match and match["path"].lower() not in ("bf16", "fp16", "fp32"):
+                rel, path = self.env.relfn2path(match["path"])
+                if Path(path).is_file():
+                    self.env.note_dependency(rel)
+                    text = f"{match[1]}:{path}"
+            recipe = parse_recipe(text, device_type=self.options.get("device", "cuda"))
+            if match and text != written:
+                # Described as the document spells it, not by the build machine's folders.
+                recipe = dataclasses.replace(recipe, spelling=f"deepspeed:{match['path']}")
+            recipes.append(recipe)
+        return recipes
+
+    def _descriptions(self, recipes: list[Recipe]) -> list[nodes.Node]:
+        """What each recipe runs, as ``--recipe`` prints it: one text block under the figure."""
+        text = "\n".join(recipe.describe() for recipe in recipes)
+        block = nodes.literal_block(text, text, classes=["ampgraph-recipe"])
+        block["language"] = "text"
+        self.set_source_info(block)
+        return [block]
+
+    def _reports(self, recipes: Sequence[Recipe] = ()) -> list[Report]:
+        settings: list[Any] = parse_settings(
+            self.options.get("setting") or self.options.get("settings")
+        )
+        if recipes:
+            settings = [recipe.setting for recipe in recipes]
         if "report" in self.options:
             if self.arguments:
                 raise ValueError("give a model or :report:, not both")
             rel, path = self.env.relfn2path(self.options["report"])
             self.env.note_dependency(rel)
             data = Path(path).read_text(encoding="utf-8")
-            import json
-
             loaded = json.loads(data)
             reports = [
                 Report.from_dict(d) for d in (loaded if isinstance(loaded, list) else [loaded])
             ]
             if settings:
-                reports = [r for r in reports if r.setting.get("name") in settings]
+                # A recipe picks the report of its setting; a name picks by name.
+                wanted = [getattr(s, "name", s) for s in settings]
+                reports = [r for r in reports if r.setting.get("name") in wanted]
                 if not reports:
-                    raise ValueError(f"{self.options['report']} has none of {', '.join(settings)}")
+                    raise ValueError(f"{self.options['report']} has none of {', '.join(wanted)}")
             return reports
-        spec = self.arguments[0] if self.arguments else "opt-125m"
+        written = spec = self.arguments[0] if self.arguments else "opt-125m"
         rel, path = self.env.relfn2path(spec)
+        factory = FILE_FACTORY.match(spec)
         if Path(path).exists():
             # A config shipped with the documentation: relative to the document, and a
             # dependency, so editing it redraws the figure.
             self.env.note_dependency(rel)
             spec = str(path)
+        elif factory:
+            rel, path = self.env.relfn2path(factory["path"])
+            if Path(path).is_file():
+                # A model defined next to the document, as a config can be; named below as the
+                # document writes it, so the figure's title holds no folder of the build machine.
+                self.env.note_dependency(rel)
+                spec = f"{path}:{factory['name']}"
         config = self.config
-        return analysis_reports(
+        reports = analysis_reports(
             spec,
             settings,
             device=self.options.get("device", "cuda"),
@@ -214,6 +303,9 @@ class AmpgraphDirective(SphinxDirective):
             workers=config.ampgraph_jobs,
             pass_=self.options.get("pass", "forward"),
         )
+        if factory and spec != written:
+            reports = [dataclasses.replace(r, model=written) for r in reports]
+        return reports
 
     def _figures(self, reports: list[Report]) -> list[ampgraph_diagram]:
         from ampgraph.render import diagram, overview_diagram
