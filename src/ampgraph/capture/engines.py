@@ -202,7 +202,7 @@ def _export(
     """``torch.export.export`` in the setting (the ``export`` tracer)."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype)
-    with _tracing_context(model, device, setting, reads, make_param):
+    with _tracing_context(model, device, setting, reads, make_param), _plain_forward(model.module):
         program = torch.export.export(model.module, args, kwargs, strict=False)
     return Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
 
@@ -411,6 +411,28 @@ def _describe(failure: Any) -> str:
     )
 
 
+@contextlib.contextmanager
+def _plain_forward(module: nn.Module) -> Iterator[None]:
+    """``module``'s forward returning :func:`plain_outputs`: export cannot return a cache object
+    (BART's ``EncoderDecoderCache`` with ``use_cache=True``), as make-fx's flattening cannot.
+    The forward is swapped on the instance, so every module path stays as it is."""
+    forward = module.forward
+    had = "forward" in vars(module)  # another swap's, or the model's own
+
+    @functools.wraps(forward)  # export names the graph's inputs from the forward's signature
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        return plain_outputs(forward(*args, **kwargs))
+
+    module.forward = plain  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            module.forward = forward  # type: ignore[method-assign]
+        else:  # the class's forward again
+            vars(module).pop("forward", None)
+
+
 def _draft_export(
     model: ModelInputs, setting: Setting | None = None
 ) -> tuple[Traced, list[str], dict[str, int | float]]:
@@ -461,7 +483,8 @@ def _draft_export(
         fx_config.patch(soft_pending_unbacked_not_found_error=True),
     ):
         warnings.simplefilter("ignore")
-        program = torch.export.draft_export(model.module, tuple(args), kwargs, strict=False)
+        with _plain_forward(model.module):
+            program = torch.export.draft_export(model.module, tuple(args), kwargs, strict=False)
     report = getattr(program, "_report", None)
     failures = list(getattr(report, "failures", []) or [])
     traced = Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
