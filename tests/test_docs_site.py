@@ -31,6 +31,9 @@ SHOTS = DOCS / "_build" / "screenshots"
 
 pytestmark = pytest.mark.slow
 
+#: The pages of docs/recipes/, one per framework (docs/recipes.md's toctree).
+RECIPE_FAMILIES = ("accelerate", "lightning", "fsdp2", "fsdp1", "deepspeed")
+
 #: Everything the test wants to know about each figure on a page, from inside the browser.
 INSPECT = r"""
 (async () => {
@@ -164,8 +167,11 @@ def test_guide_pages_show_one_figure_per_directive(
     site: Path, browser: Browser, dark: bool
 ) -> None:
     with serve(site) as base:
-        for page, count in (("index", 1), ("reading-diagrams", 2), ("opt-125m-settings", 4)):
-            figures = look(browser, f"{base}/{page}.html", dark=dark, shot=page)
+        pages = [("index", 1), ("reading-diagrams", 2), ("opt-125m-settings", 4)]
+        # One page per recipe family: a small model under two recipes, side by side.
+        pages += [(f"recipes/{family}", 2) for family in RECIPE_FAMILIES]
+        for page, count in pages:
+            figures = look(browser, f"{base}/{page}.html", dark=dark, shot=page.replace("/", "-"))
             shown = [f for f in figures if f["shown"]]
             assert len(figures) == 2 * count and len(shown) == count, (page, figures)
             assert all(f["ink"] > 0.02 and f["boxes"] > 5 for f in shown), (page, shown)

@@ -235,3 +235,109 @@ def test_pass_backward_draws_the_backward_of_a_saved_report(tmp_path: Path) -> N
     assert len(found) == 2  # light and dark
     svg = (tmp_path / "out" / found[0][1]).read_text()
     assert "backward of 2" in svg and "saved for backward" in svg and 'id="input/loss"' in svg
+
+
+# -- :recipe: a framework's precision flag, read as --recipe reads it (issue 26) ----------------
+
+
+def test_recipe_picks_its_setting_and_describes_what_it_runs(tmp_path: Path) -> None:
+    """``:recipe:`` goes through :func:`ampgraph.recipes.parse_recipe`, as ``--recipe`` does:
+    the figure is the recipe's setting, and ``:describe:`` puts the recipe's lines under it, in
+    one block with the figure (so a grid of two keeps each text under its own figure)."""
+    from ampgraph.recipes import parse_recipe
+
+    recipe = parse_recipe("lightning:bf16-mixed")
+    page = (
+        "Recipe\n======\n\n.. ampgraph::\n   :report: report.json\n"
+        "   :recipe: lightning:bf16-mixed\n   :describe:\n   :caption: Lightning\n"
+    )
+    src = make_project(tmp_path / "src", {"index.rst": page})
+    proc = build(src, tmp_path / "out", "-W")
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "out" / "index.html").read_text()
+    assert recipe.setting.name == "amp-fp32" and len(objects(html)) == 2  # light and dark
+    described = html.index('<div class="ampgraph-described docutils container">')
+    figure, text = html.index("<figure", described), html.index("ampgraph-recipe", described)
+    assert figure < text
+    first = recipe.describe().splitlines()[0].replace("->", "-&gt;")
+    assert first in html and "proved: ran Trainer" in html
+
+
+def test_a_deepspeed_config_is_read_next_to_the_document(tmp_path: Path) -> None:
+    """``deepspeed:ds.json`` is found relative to the document, as a config model is, and the
+    description names it as the document does, not by the build machine's folders."""
+    import json
+
+    from ampgraph.recipes import parse_recipe
+
+    src = make_project(tmp_path / "src", {"index.rst": "Top\n===\n\n.. toctree::\n\n   sub/page\n"})
+    (src / "sub").mkdir()
+    (src / "sub" / "ds.json").write_text(json.dumps({"bf16": {"enabled": True}}))
+    # A saved report in the setting the config maps to (the drawing is not what is tested).
+    report = json.loads((src / "report.json").read_text())
+    report["setting"] = parse_recipe("deepspeed:bf16").setting.to_dict()
+    (src / "sub" / "report.json").write_text(json.dumps(report))
+    page = "# DeepSpeed\n\n```{ampgraph}\n:report: report.json\n:recipe: deepspeed:ds.json\n:describe:\n```\n"
+    (src / "sub" / "page.md").write_text(page)
+    proc = build(src, tmp_path / "out", "-W")
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "out" / "sub" / "page.html").read_text()
+    assert len(objects(html)) == 2
+    assert "recipe deepspeed:ds.json on cuda -&gt; setting half" in html
+    assert str(src) not in html
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (":recipe: nonsense:x", "malformed recipe 'nonsense:x': write FAMILY:VALUE"),
+        (":recipe: hf:bf16\n   :setting: amp-fp32", "give :setting: or :recipe:, not both"),
+        (":recipe: hf:bf16\n   :amp-dtype: fp16", "a recipe fixes its 16-bit dtype"),
+        (":describe:", ":describe: describes a :recipe:"),
+        (":recipe: deepspeed:missing.json", "cannot read DeepSpeed config 'missing.json'"),
+    ],
+)
+def test_a_wrong_recipe_is_one_warning(tmp_path: Path, options: str, says: str) -> None:
+    page = f"Recipe\n======\n\n.. ampgraph::\n   :report: report.json\n   {options}\n"
+    src = make_project(tmp_path / "src", {"index.rst": page})
+    proc = build(src, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert "ampgraph could not draw" in warning and says in warning, warning
+    assert objects((tmp_path / "out" / "index.html").read_text()) == []
+
+
+BLOCK = """\
+import torch
+from torch import nn
+
+
+def tiny():
+    return nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 8), nn.LayerNorm(8)), torch.zeros(2, 3, dtype=torch.long)
+"""
+
+
+@pytest.mark.slow
+def test_a_factory_next_to_the_document_under_two_recipes(tmp_path: Path) -> None:
+    """``block.py:tiny`` is found relative to the document, its figure is titled as the
+    document writes it, and two recipes draw two settings (the docs' recipe pages)."""
+    from ampgraph.recipes import parse_recipe
+
+    src = make_project(tmp_path / "src", {"index.rst": "Top\n===\n\n.. toctree::\n\n   sub/page\n"})
+    (src / "sub").mkdir()
+    (src / "sub" / "block.py").write_text(BLOCK)
+    pair = "fsdp2:param_dtype=bf16,reduce_dtype=fp32", "accelerate:bf16"
+    page = "# Pair\n\n" + "".join(
+        f"```{{ampgraph}} block.py:tiny\n:recipe: {r}\n:no-check:\n```\n\n" for r in pair
+    )
+    (src / "sub" / "page.md").write_text(page)
+    proc = build(src, tmp_path / "out", "-W", cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    figures = objects((tmp_path / "out" / "sub" / "page.html").read_text())
+    assert len(figures) == 4  # two recipes, light and dark
+    svgs = [(tmp_path / "out" / "sub" / path).resolve().read_text() for _, path in figures[::2]]
+    for recipe, svg in zip(pair, svgs, strict=True):
+        name = parse_recipe(recipe).setting.name
+        assert f"block.py:tiny — {name}" in svg, name
+        assert str(src) not in svg
+    assert "bf16 → bf16" in svgs[0] and "fp32 → bf16" in svgs[1]  # the Linear, in each
