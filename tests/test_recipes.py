@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from ampgraph import Setting, SettingError, analyze
-from ampgraph.recipes import Recipe, cast_inputs, parse_recipe
+from ampgraph.recipes import Recipe, parse_recipe
+from ampgraph.settings import short_dtype
 
 
 class Block(nn.Module):
@@ -69,14 +70,14 @@ def record(model: nn.Module, lines: list[str], prefix: str = "") -> None:
 
 
 def predict(recipe: Recipe) -> tuple[list[str], str, list[str]]:
-    """ampgraph's hook lines, output dtype and gradient dtypes for the recipe on the CPU."""
-    args, _ = cast_inputs((example(),), {}, recipe)
-    report = analyze(Block(), recipe.setting, args=args, pass_="train", check=False)
+    """ampgraph's hook lines, output dtype and gradient dtypes for the recipe on the CPU, from
+    the fp32 inputs the user gives: the recipe's setting casts them, and the output, itself."""
+    report = analyze(Block(), recipe.setting, args=(example(),), pass_="train", check=False)
     output = next(n for n in report.nodes if n.kind == "output").outputs[0]
     assert output is not None and report.backward is not None
     return (
         [m.hook_line() for m in report.modules],
-        recipe.output_dtype or output,
+        output,
         sorted({g.dtype or "-" for g in report.backward.gradients}),
     )
 
@@ -325,18 +326,78 @@ def test_fsdp2_and_accelerate_bf16_differ_where_ampgraph_says() -> None:
     ]
     ops = {}
     for recipe in (fsdp2, acc):
-        args, _ = cast_inputs((example(),), {}, recipe)
-        report = analyze(Block(), recipe.setting, args=args, check=False)
+        report = analyze(Block(), recipe.setting, args=(example(),), check=False)
         ops[recipe.family] = {n.name: n.out_dtype for n in report.nodes if n.kind == "op"}
-    assert {k for k, v in ops["fsdp2"].items() if v != ops["accelerate"][k]} == {
+    changed = {k for k in ops["fsdp2"].keys() & ops["accelerate"].keys()}
+    assert {k for k in changed if ops["fsdp2"][k] != ops["accelerate"][k]} == {
         "add",
         "layer_norm",
         "transpose",
     }
+    # Accelerate's convert_outputs_to_fp32 is a node of its graph: the cast of the bf16 logits.
+    assert ops["accelerate"].keys() - ops["fsdp2"].keys() == {"to"}
+    assert ops["accelerate"]["to"] == "float32"
     # Outputs: FSDP2 returns bf16, Accelerate converts to fp32. Gradients: the backward makes
     # bf16 ones under FSDP2 (cast to fp32 for the reduce and .grad), fp32 ones under autocast.
     assert (out_a, out_b, grads_a, grads_b) == ("bfloat16", "float32", ["bfloat16"], ["float32"])
     assert fsdp2.grad_dtype == acc.grad_dtype == "float32"
+
+
+BLOCK_FACTORY = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.norm(self.fc1(x) + x)
+        attn = torch.softmax(h @ h.transpose(-1, -2), dim=-1)
+        return self.fc2(attn @ h)
+
+
+def build():
+    return Block(), torch.randn(2, 3, 8)
+"""
+
+
+def test_cli_diff_of_two_recipes_names_the_ops_and_the_gradients(tmp_path: Path) -> None:
+    """``ampgraph diff --recipe A --recipe B``: each side's recipe, its gradient and optimizer
+    dtypes on stderr, and on stdout every op whose dtypes differ between the two analyses
+    (each proved against its framework above), the output cast included."""
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    (tmp_path / "blk.py").write_text(BLOCK_FACTORY)
+    fsdp2, acc = "fsdp2:param_dtype=bf16,reduce_dtype=fp32", "accelerate:bf16"
+    result = CliRunner().invoke(
+        main,
+        ["--no-cache", "diff", "--module", f"{tmp_path / 'blk.py'}:build", "--device", "cpu"]
+        + ["--recipe", fsdp2, "--recipe", acc],
+    )
+    assert result.exit_code == 1, result.output  # they differ
+    out, err = result.stdout, result.stderr
+    for side, text in (("A", fsdp2), ("B", acc)):
+        recipe = parse_recipe(text, device_type="cpu")
+        assert f"{side}: recipe {text} on cpu -> setting {recipe.setting.name}" in err
+        assert f"backward: {short_dtype(recipe.setting.param_dtype)} gradients, reduced in " in err
+        assert f".grad {short_dtype(recipe.grad_dtype)}" in err
+    reports = [
+        analyze(Block(), parse_recipe(t, device_type="cpu").setting, args=(example(),), check=False)
+        for t in (fsdp2, acc)
+    ]
+    a, b = ({(n.name, n.op): n.out_dtype for n in r.nodes if n.kind == "op"} for r in reports)
+    for name, op in a.keys() & b.keys():
+        if a[name, op] != b[name, op]:
+            assert f"~ {name} {op}:" in out
+    for name, op in b.keys() - a.keys():
+        assert f"+ {name} {op}:" in out
 
 
 # --- Parsing: spellings, errors, DeepSpeed configs ---------------------------------------------
@@ -345,21 +406,32 @@ def test_fsdp2_and_accelerate_bf16_differ_where_ampgraph_says() -> None:
 @pytest.mark.parametrize(
     ("text", "device", "name"),
     [
-        ("hf:bf16", "cuda", "amp-fp32"),
-        ("trainer:fp16", "cuda", "amp-fp32"),
+        ("hf:bf16", "cuda", "amp-fp32,outputs=fp32"),
+        ("trainer:fp16", "cuda", "amp-fp32,outputs=fp32"),
         ("hf:fp16", "cpu", "fp32"),
         ("accelerate:no", "cuda", "fp32"),
         ("lightning:16-mixed", "cuda", "amp-fp32"),
         ("lightning:bf16", "cpu", "amp-fp32"),
-        ("lightning:16-true", "cuda", "half"),
-        ("fsdp2:param=bf16", "cuda", "half"),
+        ("lightning:16-true", "cuda", "half,inputs=fp16"),
+        ("fabric:bf16-mixed", "cuda", "amp-fp32,inputs=bf16,outputs=fp32"),
+        ("fsdp2:param=bf16", "cuda", "half,inputs=bf16,buffers=fp32"),
+        (
+            "fsdp2:param=bf16,cast_forward_inputs=false,output=fp32",
+            "cuda",
+            "half,buffers=fp32,outputs=fp32",
+        ),
         ("fsdp2:reduce_dtype=fp32", "cuda", "fp32"),
-        ("fsdp1:param_dtype=fp16", "cuda", "half"),
-        ("deepspeed:bf16", "cuda", "half"),
+        ("fsdp1:param_dtype=fp16", "cuda", "half,inputs=fp16,buffers=fp32"),
+        ("fsdp1:param_dtype=fp16,buffer_dtype=fp16", "cuda", "half,inputs=fp16"),
+        ("deepspeed:bf16", "cuda", "half,buffers=fp32"),
     ],
 )
 def test_spellings(text: str, device: str, name: str) -> None:
-    assert parse_recipe(text, device_type=device).setting.name == name
+    setting = parse_recipe(text, device_type=device).setting
+    assert setting.name == name
+    # The name is the setting: --setting takes it back, and the report's dict reads it back.
+    assert Setting.parse(name, device_type=device, amp_dtype=setting.amp_dtype) == setting
+    assert Setting.from_dict(setting.to_dict()) == setting
 
 
 def test_fp16_dtypes_follow_the_device() -> None:
@@ -398,14 +470,14 @@ def write(tmp_path: Path, config: dict[str, Any]) -> str:
 def test_deepspeed_configs(tmp_path: Path) -> None:
     bf16 = parse_recipe(write(tmp_path, {"bf16": {"enabled": True}, "zero_optimization": {}}))
     assert (bf16.setting.name, bf16.setting.amp_dtype, bf16.input_cast) == (
-        "half",
+        "half,buffers=fp32",
         "bfloat16",
         None,
     )
     assert (bf16.grad_dtype, bf16.reduce_dtype, bf16.master_dtype) == ("bfloat16",) * 2 + (
         "float32",
     )
-    assert bf16.buffers_kept and bf16.gaps()[0].startswith("floating buffers stay fp32")
+    assert bf16.buffers_kept and bf16.setting.buffers == "float32" and not bf16.gaps()
     fp16 = parse_recipe(
         write(
             tmp_path,

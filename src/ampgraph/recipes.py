@@ -3,21 +3,21 @@
 People do not write ``autocast=on,params=fp32``; they write ``Trainer(bf16=True)``,
 ``precision="bf16-mixed"`` or ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``. A recipe
 is that flag, spelled ``FAMILY:VALUE``, and :func:`parse_recipe` says what it really runs: the
-:class:`~ampgraph.settings.Setting` of its forward (what ampgraph analyses) and the facts a
-setting does not hold: input and output casts, buffers left in fp32, the dtype of ``.grad``,
-of the gradient reduction and of the weights and gradients the optimizer steps.
+:class:`~ampgraph.settings.Setting` of its forward, which ampgraph analyses (autocast, its
+device and dtype, the parameters' dtype, and what the recipe does around them: floating inputs
+cast before the forward, buffers kept in their own dtype, floating outputs cast after it), and
+what training keeps: the dtype of ``.grad``, of the gradient reduction and of the weights and
+gradients the optimizer steps.
 
-========================== ==========================================================
-family                     values
-========================== ==========================================================
-``hf:`` (``Trainer``)      ``bf16``, ``fp16``, ``fp32``
-``accelerate:``            ``bf16``, ``fp16``, ``no`` (``mixed_precision=``)
-``lightning:``, ``fabric:`` ``32-true``, ``16-mixed``, ``bf16-mixed``, ``16-true``,
-                           ``bf16-true`` (``64-true`` is refused: no fp64 setting)
-``fsdp2:``                 ``MixedPrecisionPolicy`` fields: ``param_dtype=bf16,reduce_dtype=fp32``
-``fsdp1:``                 ``MixedPrecision`` fields: ``param_dtype=bf16,buffer_dtype=bf16``
-``deepspeed:``             a ds_config JSON file, or ``bf16`` / ``fp16``
-========================== ==========================================================
+The families and their values:
+
+* ``hf:`` (the ``Trainer``): ``bf16``, ``fp16``, ``fp32``.
+* ``accelerate:`` (``mixed_precision=``): ``bf16``, ``fp16``, ``no``.
+* ``lightning:`` and ``fabric:``: ``32-true``, ``16-mixed``, ``bf16-mixed``, ``16-true``,
+  ``bf16-true`` (``64-true`` is refused: no setting has fp64 parameters).
+* ``fsdp2:``: ``MixedPrecisionPolicy``'s fields, ``param_dtype=bf16,reduce_dtype=fp32``.
+* ``fsdp1:``: ``MixedPrecision``'s fields, ``param_dtype=bf16,buffer_dtype=bf16``.
+* ``deepspeed:``: a ds_config JSON file, or ``bf16`` / ``fp16``.
 
 Where a recipe depends on the device it does so here too: ``accelerate:fp16`` on the CPU runs
 plain fp32 (Accelerate enables fp16 autocast only off the CPU), and Lightning turns
@@ -112,20 +112,15 @@ class Recipe:
 
     >>> r = parse_recipe("fsdp2:param_dtype=bf16,reduce_dtype=fp32", device_type="cpu")
     >>> r.setting.name, r.input_cast, r.master_dtype, r.reduce_dtype
-    ('half', 'bfloat16', 'float32', 'float32')
+    ('half,inputs=bf16,buffers=fp32', 'bfloat16', 'float32', 'float32')
     >>> parse_recipe("hf:bf16").setting.name
-    'amp-fp32'
+    'amp-fp32,outputs=fp32'
     """
 
     spelling: str
     family: str
+    #: The forward as the recipe runs it, input, buffer and output dtypes included.
     setting: Setting
-    #: Floating inputs of the model's forward are cast to this before it runs.
-    input_cast: str | None = None
-    #: Floating outputs of the model's forward are cast to this after it returns.
-    output_dtype: str | None = None
-    #: Floating buffers stay as they are (fp32) while parameters take the setting's dtype.
-    buffers_kept: bool = False
     #: Tensors the forward creates with the default dtype are made in this one.
     default_dtype: str | None = None
     #: The dtype of each parameter's ``.grad`` the user reads after backward. The backward itself
@@ -142,32 +137,41 @@ class Recipe:
     #: How the mapping was established: a test that runs the framework, or its source.
     proved: str = ""
 
-    def gaps(self) -> list[str]:
-        """What of this recipe's forward the setting alone does not express (empty: nothing).
+    @property
+    def input_cast(self) -> str | None:
+        """The dtype floating inputs are cast to before the forward (None: none are)."""
+        return self.setting.input_dtype
 
-        >>> parse_recipe("lightning:bf16-mixed", device_type="cpu").gaps()
+    @property
+    def output_dtype(self) -> str | None:
+        """The dtype floating outputs are cast to after the forward (None: none are)."""
+        return self.setting.output_dtype
+
+    @property
+    def buffers_kept(self) -> bool:
+        """Whether floating buffers keep a dtype other than the parameters'."""
+        return self.setting.buffer_dtype is not None
+
+    def gaps(self) -> list[str]:
+        """What this recipe runs that the analysis does not model (empty: nothing), and why.
+
+        Input casts, buffers kept in their dtype and output casts are part of the setting and
+        analysed; what is left is said here.
+
+        >>> parse_recipe("fsdp2:param_dtype=bf16").gaps()
         []
-        >>> parse_recipe("fsdp2:param_dtype=bf16").gaps()[0]
-        'floating inputs are cast to bf16 before the forward: analyse bf16 example inputs'
+        >>> parse_recipe("lightning:bf16-true").gaps()[0].split(" (")[0]
+        'tensors the forward creates with the default dtype are bf16'
         """
         out = []
-        if self.input_cast:
-            out.append(
-                f"floating inputs are cast to {short_dtype(self.input_cast)} before the forward: "
-                f"analyse {short_dtype(self.input_cast)} example inputs"
-            )
-        if self.buffers_kept and self.setting.param_dtype != FP32:
-            out.append(
-                "floating buffers stay fp32 while parameters are "
-                f"{short_dtype(self.setting.param_dtype)}; the setting casts both"
-            )
         if self.default_dtype:
             out.append(
-                f"tensors the forward creates are {short_dtype(self.default_dtype)} "
-                "(torch.set_default_dtype); the setting leaves the default fp32"
+                f"tensors the forward creates with the default dtype are "
+                f"{short_dtype(self.default_dtype)} (torch.set_default_dtype around the forward); "
+                "the analysis makes them fp32: the graph records a factory call such as "
+                "torch.zeros(n) without its dtype, and the stages that replay it run under "
+                "torch's default"
             )
-        if self.output_dtype:
-            out.append(f"floating outputs are cast to {short_dtype(self.output_dtype)}")
         return out
 
     def describe(self) -> str:
@@ -185,7 +189,7 @@ class Recipe:
         lines = [
             f"recipe {self.spelling} on {s.device_type} -> setting {s.name} ({s.title})",
         ]
-        lines += [f"  forward: {gap}" for gap in self.gaps()]
+        lines += [f"  not analysed: {gap}" for gap in self.gaps()]
         scaler = ", with a loss scaler" if self.loss_scaling else ""
         lines.append(
             f"  backward: {short_dtype(s.param_dtype)} gradients, reduced in "
@@ -219,8 +223,25 @@ class Recipe:
         }
 
 
-def _setting(device: str, autocast: bool, dtype: str, params: str = FP32) -> Setting:
-    return Setting(device_type=device, autocast=autocast, amp_dtype=dtype, param_dtype=params)
+def _setting(
+    device: str,
+    autocast: bool,
+    dtype: str,
+    params: str = FP32,
+    *,
+    inputs: str | None = None,
+    buffers: str | None = None,
+    outputs: str | None = None,
+) -> Setting:
+    return Setting(
+        device_type=device,
+        autocast=autocast,
+        amp_dtype=dtype,
+        param_dtype=params,
+        input_dtype=inputs,
+        buffer_dtype=buffers,
+        output_dtype=outputs,
+    )
 
 
 _RAN = "ran {what} on the CPU (tests/test_recipes.py)"
@@ -257,8 +278,7 @@ def _hf(family: str, value: str, device: str) -> Recipe:
     return Recipe(
         spelling,
         family,
-        _setting(device, True, dtype),
-        output_dtype=FP32,
+        _setting(device, True, dtype, outputs=FP32),
         loss_scaling=mode == "fp16",
         notes=("the model's forward is wrapped in autocast and convert_outputs_to_fp32",),
         proved=proved,
@@ -297,11 +317,15 @@ def _lightning(family: str, value: str, device: str) -> Recipe:
         return Recipe(
             spelling,
             family,
-            _setting(device, True, dtype),
             # Fabric's MixedPrecision converts inputs to the autocast dtype and outputs back;
             # the Trainer's plugin does neither.
-            input_cast=dtype if fabric else None,
-            output_dtype=FP32 if fabric else None,
+            _setting(
+                device,
+                True,
+                dtype,
+                inputs=dtype if fabric else None,
+                outputs=FP32 if fabric else None,
+            ),
             loss_scaling=dtype == "float16",
             notes=(
                 *notes,
@@ -314,9 +338,15 @@ def _lightning(family: str, value: str, device: str) -> Recipe:
     return Recipe(
         spelling,
         family,
-        _setting(device, False, dtype, dtype),
-        input_cast=dtype,
-        output_dtype=FP32 if family == "fabric" else None,
+        # module.to(dtype) converts buffers with the parameters (half.py's convert_module).
+        _setting(
+            device,
+            False,
+            dtype,
+            dtype,
+            inputs=dtype,
+            outputs=FP32 if family == "fabric" else None,
+        ),
         default_dtype=dtype,
         grad_dtype=dtype,
         reduce_dtype=dtype,
@@ -372,10 +402,16 @@ def _fsdp(family: str, value: str, device: str) -> Recipe:
         return Recipe(
             _spelling(family, fields),
             family,
-            _setting(device, False, amp, params),
-            input_cast=param if casts else None,
-            output_dtype=_dtype(fields.get("output_dtype")),
-            buffers_kept=True,
+            # fully_shard manages parameters only: buffers keep the dtype the model has.
+            _setting(
+                device,
+                False,
+                amp,
+                params,
+                inputs=param if casts else None,
+                buffers=FP32,
+                outputs=_dtype(fields.get("output_dtype")),
+            ),
             grad_dtype=FP32,
             reduce_dtype=reduce,
             notes=(
@@ -394,9 +430,15 @@ def _fsdp(family: str, value: str, device: str) -> Recipe:
     return Recipe(
         _spelling(family, fields),
         family,
-        _setting(device, False, amp, params),
-        input_cast=param if (root or every) else None,
-        buffers_kept=buffer != params,
+        # buffer_dtype None: _cast_buffers_to_dtype_and_device leaves each buffer's dtype.
+        _setting(
+            device,
+            False,
+            amp,
+            params,
+            inputs=param if (root or every) else None,
+            buffers=buffer or FP32,
+        ),
         grad_dtype=params if low_grads else FP32,
         reduce_dtype=reduce,
         optimizer_grad_dtype=params if low_grads else FP32,
@@ -475,9 +517,14 @@ def _deepspeed_config(config: dict[str, Any], source: str, device: str) -> Recip
     return Recipe(
         spelling,
         "deepspeed",
-        _setting(device, False, dtype, dtype),
-        input_cast=dtype if cast_inputs else None,
-        buffers_kept=buffer != dtype,
+        _setting(
+            device,
+            False,
+            dtype,
+            dtype,
+            inputs=dtype if cast_inputs else None,
+            buffers=buffer or FP32,
+        ),
         grad_dtype=dtype,
         reduce_dtype=comm,
         master_dtype=dtype if master_low else FP32,
@@ -502,9 +549,9 @@ def parse_recipe(text: str, *, device_type: str = "cuda") -> Recipe:
     >>> parse_recipe("accelerate:fp16", device_type="cpu").setting.name
     'fp32'
     >>> parse_recipe("accelerate:fp16", device_type="cuda").setting.title
-    'autocast cuda fp16, parameters fp32'
+    'autocast cuda fp16, parameters fp32, outputs cast to fp32'
     >>> parse_recipe("lightning:bf16-true").setting.name
-    'half'
+    'half,inputs=bf16'
     """
     if not isinstance(text, str):
         raise SettingError(f"a recipe is text such as 'hf:bf16', not {type(text).__name__}")
@@ -535,7 +582,8 @@ def cast_inputs(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The example inputs as the recipe hands them to the forward: floating tensors cast.
 
-    Imports torch (this module otherwise does not).
+    The analysis casts them itself (the setting's ``input_dtype``); this is for running the
+    model as the recipe does, beside it. Imports torch (this module otherwise does not).
 
     >>> import torch
     >>> a, k = cast_inputs((torch.ones(2), torch.ones(2, dtype=torch.int64)), {},
@@ -543,16 +591,6 @@ def cast_inputs(
     >>> [t.dtype for t in a]
     [torch.bfloat16, torch.int64]
     """
-    import torch
-    from torch.utils import _pytree as pytree
+    from ampgraph.capture.casts import cast_floating
 
-    if recipe.input_cast is None:
-        return args, kwargs
-    dtype = getattr(torch, recipe.input_cast)
-
-    def cast(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            return t.to(dtype)
-        return t
-
-    return pytree.tree_map(cast, (args, kwargs))
+    return cast_floating((args, kwargs), recipe.input_cast)  # type: ignore[no-any-return]

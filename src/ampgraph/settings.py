@@ -14,6 +14,15 @@ amp-half   on        the 16-bit dtype
 Any other combination is spelled ``autocast=on,params=fp16`` (keys: ``autocast``, ``params``,
 ``dtype``, ``device``), so a setting always has a name that round-trips through the CLI.
 
+A framework's precision recipe (:mod:`ampgraph.recipes`) also says what happens around the
+parameters, and a setting holds that too, after a preset or the keys above: ``inputs=bf16``
+(floating inputs cast before the forward, as FSDP2's ``cast_forward_inputs`` does),
+``buffers=fp32`` (floating buffers kept in that dtype while the parameters are cast, as FSDP2
+does) and ``outputs=fp32`` (floating outputs cast after it, as Accelerate's
+``convert_outputs_to_fp32`` does): ``half,inputs=bf16,buffers=fp32``. Left out, each is what
+``Module.to(dtype)`` and a plain call do, and the setting's dictionary has no such key, so
+reports and cache keys written before these keys existed still read the same.
+
 This module is torch-free: dtypes are names (``"float32"``, ``"bfloat16"``) and are turned into
 ``torch.dtype`` by the stages that need torch.
 """
@@ -58,6 +67,9 @@ PLUGIN_DEVICE_TYPES: dict[str, str | None] = {
 }
 AMP_DTYPES = ("bfloat16", "float16")
 PRESETS = ("fp32", "half", "amp-fp32", "amp-half")
+#: What a recipe adds to a setting: the keys of its spelling, and its fields, in one order.
+EXTRA_KEYS = ("inputs", "buffers", "outputs")
+EXTRA_FIELDS = ("input_dtype", "buffer_dtype", "output_dtype")
 
 
 def check_device_type(device_type: str) -> str:
@@ -132,6 +144,12 @@ class Setting:
     autocast: bool = False
     amp_dtype: str = "bfloat16"
     param_dtype: str = "float32"
+    #: Floating inputs of the forward are cast to this before it runs (None: as given).
+    input_dtype: str | None = None
+    #: Floating buffers have this dtype (None: the parameters', as ``Module.to(dtype)`` does).
+    buffer_dtype: str | None = None
+    #: Floating outputs of the forward are cast to this after it returns (None: as computed).
+    output_dtype: str | None = None
 
     def __post_init__(self) -> None:
         check_device_type(self.device_type)
@@ -143,26 +161,91 @@ class Setting:
             raise SettingError(
                 f"parameter dtype must be fp32, bf16 or fp16, not {self.param_dtype}"
             )
+        for key, value in zip(EXTRA_KEYS, self._extras(), strict=True):
+            if value is not None and value not in ("float32", *AMP_DTYPES):
+                raise SettingError(f"{key} must be fp32, bf16 or fp16, not {value}")
+        if self.buffer_dtype == self.param_dtype:
+            # One spelling per setting (names and cache keys): buffers in the parameters' dtype
+            # are what Module.to(dtype) gives anyway.
+            object.__setattr__(self, "buffer_dtype", None)
+
+    def _extras(self) -> tuple[str | None, str | None, str | None]:
+        return (self.input_dtype, self.buffer_dtype, self.output_dtype)
+
+    @property
+    def buffers(self) -> str:
+        """The dtype of the floating buffers in this setting.
+
+        >>> Setting.parse("half").buffers, Setting.parse("half,buffers=fp32").buffers
+        ('bfloat16', 'float32')
+        """
+        return self.buffer_dtype or self.param_dtype
+
+    def floating_dtype(self, kind: str) -> str | None:
+        """The dtype this setting gives a floating tensor of ``kind`` (``parameter``, ``buffer``
+        or ``input``); None: the tensor keeps its own. Every stage that makes the model's tensors
+        (the capture, the eager oracles, the real runs) asks here.
+
+        >>> s = Setting.parse("half,inputs=bf16,buffers=fp32")
+        >>> s.floating_dtype("parameter"), s.floating_dtype("buffer"), s.floating_dtype("input")
+        ('bfloat16', 'float32', 'bfloat16')
+        """
+        if kind not in ("parameter", "buffer", "input"):
+            raise ValueError(f"kind is parameter, buffer or input, not {kind!r}")
+        return {"parameter": self.param_dtype, "buffer": self.buffers}.get(kind, self.input_dtype)
+
+    @property
+    def graph_key(self) -> tuple[str, ...]:
+        """What a captured graph depends on besides autocast: settings with one key may share
+        a graph (:func:`ampgraph.pipeline.stages.shared_capture`).
+
+        >>> Setting.parse("half").graph_key == Setting.parse("amp-half").graph_key
+        True
+        >>> Setting.parse("half").graph_key == Setting.parse("half,inputs=bf16").graph_key
+        False
+        """
+        return (
+            self.device_type,
+            self.param_dtype,
+            *(value or "-" for value in self._extras()),
+        )
 
     @property
     def name(self) -> str:
         """Short name: one of the four presets when it is one, else a ``key=value`` spelling."""
         prefix = "amp-" if self.autocast else ""
+        extras = "".join(
+            f",{key}={short_dtype(value)}"
+            for key, value in zip(EXTRA_KEYS, self._extras(), strict=True)
+            if value is not None
+        )
         if self.param_dtype == "float32":
-            return f"{prefix}fp32"
+            return f"{prefix}fp32{extras}"
         if self.param_dtype == self.amp_dtype:
-            return f"{prefix}half"
-        return f"autocast={'on' if self.autocast else 'off'},params={short_dtype(self.param_dtype)}"
+            return f"{prefix}half{extras}"
+        flag = "on" if self.autocast else "off"
+        return f"autocast={flag},params={short_dtype(self.param_dtype)}{extras}"
 
     @property
     def title(self) -> str:
-        """A human caption, e.g. ``autocast cuda bf16, parameters fp32``."""
+        """A human caption, e.g. ``autocast cuda bf16, parameters fp32``.
+
+        >>> Setting.parse("half,inputs=bf16,buffers=fp32", device_type="cpu").title
+        'no autocast, parameters bf16, buffers fp32, inputs cast to bf16'
+        """
         amp = (
             f"autocast {self.device_type} {short_dtype(self.amp_dtype)}"
             if self.autocast
             else "no autocast"
         )
-        return f"{amp}, parameters {short_dtype(self.param_dtype)}"
+        out = f"{amp}, parameters {short_dtype(self.param_dtype)}"
+        if self.buffer_dtype is not None:
+            out += f", buffers {short_dtype(self.buffer_dtype)}"
+        if self.input_dtype is not None:
+            out += f", inputs cast to {short_dtype(self.input_dtype)}"
+        if self.output_dtype is not None:
+            out += f", outputs cast to {short_dtype(self.output_dtype)}"
+        return out
 
     @property
     def slug(self) -> str:
@@ -172,7 +255,19 @@ class Setting:
         ).replace(",", "_")
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, **asdict(self)}
+        """The setting as reports and cache keys hold it; a key of ``EXTRA_FIELDS`` only where
+        set, so that a setting without them reads as it did before they existed.
+
+        >>> Setting.parse("fp32").to_dict()["name"], "input_dtype" in Setting.parse("fp32").to_dict()
+        ('fp32', False)
+        >>> Setting.from_dict(Setting.parse("half,outputs=fp32").to_dict()).output_dtype
+        'float32'
+        """
+        data = asdict(self)
+        for field in EXTRA_FIELDS:
+            if data[field] is None:
+                del data[field]
+        return {"name": self.name, **data}
 
     @classmethod
     def parse(cls, text: str, *, device_type: str = "cuda", amp_dtype: str = "bfloat16") -> Setting:
@@ -193,28 +288,47 @@ class Setting:
             autocast = text.startswith("amp-")
             params = "float32" if text.endswith("fp32") else amp_dtype
             return cls(device_type, autocast, amp_dtype, params)
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        preset = parts.pop(0) if parts and parts[0] in PRESETS else None
         fields: dict[str, str] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
+        for part in parts:
             key, sep, value = part.partition("=")
-            if not sep or key.strip() not in ("autocast", "params", "dtype", "device"):
+            if not sep or key.strip() not in ("autocast", "params", "dtype", "device", *EXTRA_KEYS):
                 raise SettingError(
                     f"malformed setting {text!r}: use a preset ({', '.join(PRESETS)}) "
-                    "or key=value pairs such as 'autocast=on,params=fp16'"
+                    "or key=value pairs such as 'autocast=on,params=fp16' (after a preset: "
+                    f"{', '.join(EXTRA_KEYS)}, e.g. 'half,inputs=bf16')"
                 )
             if key.strip() in fields:
                 raise SettingError(f"setting {text!r} gives {key.strip()} twice: give it once")
             fields[key.strip()] = value.strip().lower()
-        if not fields:
+        if not fields and preset is None:
             raise SettingError(f"empty setting: use one of {', '.join(PRESETS)}")
+        if preset is not None:
+            base = cls.parse(preset, device_type=device_type, amp_dtype=amp_dtype)
+            if not set(fields) <= {*EXTRA_KEYS, "device"}:
+                raise SettingError(
+                    f"setting {text!r} gives a preset and {', '.join(sorted(fields))}: after a "
+                    f"preset give only {', '.join(EXTRA_KEYS)} or device"
+                )
+            fields.setdefault("device", base.device_type)
+            fields["autocast"] = "on" if base.autocast else "off"
+            fields["dtype"] = base.amp_dtype
+            fields["params"] = base.param_dtype
         flag = fields.get("autocast", "off")
         if flag not in ("on", "off", "true", "false", "1", "0"):
             raise SettingError(f"autocast must be on or off, not {flag!r}")
         dtype = canonical_dtype(fields.get("dtype", amp_dtype))
+        extras = {
+            field: canonical_dtype(fields[key]) if key in fields else None
+            for key, field in zip(EXTRA_KEYS, EXTRA_FIELDS, strict=True)
+        }
         return cls(
             device_type=fields.get("device", device_type),
             autocast=flag in ("on", "true", "1"),
             amp_dtype=dtype,
             param_dtype=canonical_dtype(fields.get("params", "fp32")),
+            **extras,
         )
 
     @classmethod
@@ -224,6 +338,8 @@ class Setting:
             autocast=bool(data["autocast"]),
             amp_dtype=str(data["amp_dtype"]),
             param_dtype=str(data["param_dtype"]),
+            # Reports written before these fields existed have none: None, as then.
+            **{f: (None if data.get(f) is None else str(data[f])) for f in EXTRA_FIELDS},
         )
 
 

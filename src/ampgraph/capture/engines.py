@@ -27,6 +27,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.reads import TraceReads
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
@@ -151,14 +152,32 @@ class Traced:
 
 
 def _fake_inputs(
-    model: ModelInputs, fake_mode: FakeTensorMode, device: str, param_dtype: torch.dtype | None
+    model: ModelInputs,
+    fake_mode: FakeTensorMode,
+    device: str,
+    param_dtype: torch.dtype | None,
+    setting: Setting | None = None,
 ) -> Any:
+    """Fake parameters, buffers and example inputs in ``setting``'s dtypes: floating parameters
+    in ``param_dtype`` (what ``Module.to(dtype)`` converts), floating buffers in the setting's
+    buffer dtype (a recipe that casts parameters only keeps them), floating inputs in its input
+    dtype where the recipe casts them before the forward (FSDP2's ``cast_forward_inputs``)."""
+    buffer_dtype = param_dtype
+    input_dtype = None
+    if setting is not None and param_dtype is not None:
+        buffer_dtype = torch_dtype(setting.buffers)
+        input_dtype = None if setting.input_dtype is None else torch_dtype(setting.input_dtype)
+
     def param_dtype_for(t: torch.Tensor) -> torch.dtype:
-        # Module.to(dtype) converts floating-point parameters and buffers only.
-        return param_dtype if (param_dtype is not None and t.is_floating_point()) else t.dtype
+        dtype = param_dtype if isinstance(t, nn.Parameter) else buffer_dtype
+        return dtype if (dtype is not None and t.is_floating_point()) else t.dtype
 
     make_param = _fake_like(fake_mode, device, param_dtype_for)
-    make_input = _fake_like(fake_mode, device, lambda t: t.dtype)
+    make_input = _fake_like(
+        fake_mode,
+        device,
+        lambda t: input_dtype if (input_dtype is not None and t.is_floating_point()) else t.dtype,
+    )
     args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
     return make_param, tuple(args), kwargs
 
@@ -187,6 +206,7 @@ def _tracing_context(
         _lift_scalar_constants(),
         reads if reads is not None else contextlib.nullcontext(),
         reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
+        cast_outputs(model.module, setting),
     ):
         warnings.simplefilter("ignore")
         yield
@@ -201,7 +221,7 @@ def _export(
 ) -> Traced:
     """``torch.export.export`` in the setting (the ``export`` tracer)."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype)
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype, setting)
     with _tracing_context(model, device, setting, reads, make_param), _plain_forward(model.module):
         program = torch.export.export(model.module, args, kwargs, strict=False)
     return Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
@@ -238,7 +258,7 @@ def _make_fx(
     # A shape environment, as export has, so that ops with data-dependent output sizes
     # (nonzero, a boolean-mask index) trace with unbacked sizes instead of failing.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype)
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype, setting)
     module = model.module
     with _tracing_context(model, device, setting, reads, make_param):
         params = dict(module.named_parameters(remove_duplicate=False))

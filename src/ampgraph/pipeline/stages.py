@@ -198,11 +198,9 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
     from ampgraph.capture.reads import serves
     from ampgraph.capture.trace import EXPORT_META_REPLAY, IN_SETTING
 
-    if (base.setting.device_type, base.setting.param_dtype) != (
-        setting.device_type,
-        setting.param_dtype,
-    ):
-        return "another device type or parameter dtype"
+    if base.setting.graph_key != setting.graph_key:
+        # Input, buffer and output dtypes (a recipe's) change the graph as parameters do.
+        return "another device type or parameter, buffer, input or output dtype"
     method = base.method.rsplit("+", 1)[-1]
     if base.graph_of is not None or method not in (*IN_SETTING, EXPORT_META_REPLAY):
         return f"a graph captured by {base.method} serves only its own setting"
@@ -296,10 +294,7 @@ def _analyze_sharing(
         for base in bases:
             shared = shared_capture(base, setting)
             if isinstance(shared, str):
-                if (base.setting.device_type, base.setting.param_dtype) == (
-                    setting.device_type,
-                    setting.param_dtype,
-                ):
+                if base.setting.graph_key == setting.graph_key:
                     refused = f"{base.setting.name}'s graph: {shared}"
                 continue
             cap, records = shared
@@ -448,9 +443,9 @@ def plan_jobs(settings: Sequence[Setting], workers: int) -> list[list[int]]:
     >>> plan_jobs([Setting.parse(n) for n in names], 4)
     [[0], [3], [1], [2]]
     """
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[tuple[str, ...], list[int]] = {}
     for i, s in enumerate(settings):
-        groups.setdefault((s.device_type, s.param_dtype), []).append(i)
+        groups.setdefault(s.graph_key, []).append(i)
     jobs = list(groups.values())
     while len(jobs) < workers and any(len(j) > 1 for j in jobs):
         largest = max(jobs, key=len)

@@ -41,6 +41,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampgraph.capture.casts import cast_floating
 from ampgraph.capture.trace import training_mode
 from ampgraph.errors import first_line
 from ampgraph.model.build import ModelInputs
@@ -157,13 +158,15 @@ def run_step(
 ) -> RealStep:
     """Run the eager model's training step for real and record what autograd did."""
     gen = torch.Generator(device=device).manual_seed(random_seed)
-    param_dtype = torch_dtype(setting.param_dtype)
 
     def make(t: torch.Tensor) -> torch.Tensor:
-        dtype = param_dtype if t.is_floating_point() else t.dtype  # what Module.to(dtype) does
-        return random_like(t.shape, dtype, device, gen)
+        # Module.to(dtype), or a recipe that keeps the buffers in their own dtype.
+        kind = "parameter" if isinstance(t, torch.nn.Parameter) else "buffer"
+        name = setting.floating_dtype(kind) if t.is_floating_point() else None
+        return random_like(t.shape, t.dtype if name is None else torch_dtype(name), device, gen)
 
-    args, kwargs = real_inputs(model, device, gen)
+    # The inputs and outputs as the setting's recipe casts them (input_dtype, output_dtype).
+    args, kwargs = cast_floating(real_inputs(model, device, gen), setting.input_dtype)
     saved: list[tuple[torch.Tensor, str]] = []
     kinds: dict[int, str] = {}
     storages: dict[int, int] = {}
@@ -194,7 +197,7 @@ def run_step(
 
         autocast = torch.autocast(setting.device_type, dtype=amp_dtype, enabled=setting.autocast)
         with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watch:
-            out = model.module(*args, **kwargs)
+            out = cast_floating(model.module(*args, **kwargs), setting.output_dtype, outputs=True)
             chosen = _output_by_path(out, loss_path)
             if chosen is None:
                 raise ValueError(f"the eager model returned no tensor at {loss_path!r}")

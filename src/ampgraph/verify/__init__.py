@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from ampgraph.capture.casts import cast_floating
 from ampgraph.capture.trace import capture
 from ampgraph.errors import NoDeviceError, VerifyError
 from ampgraph.model.build import ModelInputs
@@ -88,7 +89,8 @@ def verify(
 
     t0 = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(random_seed)
-    args, kwargs = real_inputs(model, dev, gen)
+    # The inputs as the setting's recipe hands them to the forward (its input_dtype).
+    args, kwargs = cast_floating(real_inputs(model, dev, gen), setting.input_dtype)
     values = graph_inputs(cap, model, args, kwargs, dev, gen)
     seconds["materialise"] = time.perf_counter() - t0
 

@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.annotate.replay import not_analysable
 from ampgraph.annotate.strict import StrictDtypeMode
+from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
 from ampgraph.errors import first_line
 from ampgraph.model.build import ModelInputs
@@ -155,8 +156,9 @@ def eager_hook_lines(
     """Run ``model`` eagerly in ``setting`` on fake tensors; the hook line of every leaf call.
 
     Parameters and buffers are fake tensors in the setting's parameter dtype (what
-    ``Module.to(dtype)`` does: floating tensors only), inputs keep their dtypes, and autocast is
-    enabled for the setting's device type when the setting says so. A call that raises ends the
+    ``Module.to(dtype)`` does: floating tensors only; a recipe's setting may keep the buffers in
+    their own), inputs keep their dtypes unless the setting casts them, outputs are cast where it
+    says, and autocast is enabled for the setting's device type when the setting says so. A call that raises ends the
     run, as it would the notebook's: its line is ``[path] in=... -> error: <first line>``. Fake
     kernels skip some dtype checks of the real ones; those are raised as the real kernels do
     (:data:`ampgraph.annotate.strict.STRICT_CHECKS`, proven on the CPU against real runs).
@@ -168,16 +170,20 @@ def eager_hook_lines(
     """
     fake = fake_mode()
     device = setting.device_type
-    param_dtype = torch_dtype(setting.param_dtype)
+
+    def dtype_for(t: torch.Tensor, kind: str) -> torch.dtype:
+        # The setting's dtype for a floating parameter, buffer or input (a recipe's casts).
+        name = setting.floating_dtype(kind) if t.is_floating_point() else None
+        return t.dtype if name is None else torch_dtype(name)
 
     def make_param(t: torch.Tensor) -> torch.Tensor:
-        dtype = param_dtype if t.is_floating_point() else t.dtype
+        dtype = dtype_for(t, "parameter" if isinstance(t, nn.Parameter) else "buffer")
         with fake:
             return torch.empty(t.shape, dtype=dtype, device=device)
 
     def make_input(t: torch.Tensor) -> torch.Tensor:
         with fake:
-            return torch.zeros(t.shape, dtype=t.dtype, device=device)
+            return torch.zeros(t.shape, dtype=dtype_for(t, "input"), device=device)
 
     module = model.module
     args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
@@ -188,6 +194,7 @@ def eager_hook_lines(
     )
     with (
         LeafHooks(module) as hooks,
+        cast_outputs(module, setting),  # a recipe's output cast, as the capture traces it
         swapped_tensors(module, make_param),
         silenced("torch._subclasses.fake_tensor"),
         fake,
