@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -205,11 +206,23 @@ class Emitter:
         return self.node_id(nodes[-1]) if nodes else None
 
 
+#: Titles longer than this many characters (none of the four presets' is) are set on lines of at
+#: most ``TITLE_LINE``.
+TITLE_WRAP = 72
+TITLE_LINE = 40
+
+
 def new_digraph(name: str, title: str, subtitle: str, theme: Theme) -> graphviz.Digraph:
     """An empty figure in ``theme`` with its title and subtitle above the boxes."""
     dot = graphviz.Digraph(dot_name(name))  # the model's name: a class's, or the spec
+    # A long title (a recipe's setting, a file:factory spec) would set the figure's width and
+    # shrink a narrow graph to nothing when a page scales it: it is set on lines of a few words.
+    lines = [title]
+    if len(title) > TITLE_WRAP:
+        lines = textwrap.wrap(title, TITLE_LINE, break_long_words=False, break_on_hyphens=False)
+    heading = "<BR/>".join(f"<B>{html_text(line)}</B>" for line in lines)
     label = (
-        f"<<B>{html_text(title)}</B><BR/>"
+        f"<{heading}<BR/>"
         + font(html_text(subtitle), colour=theme.muted, size=FONT_SIZE)
         + '<BR/><FONT POINT-SIZE="6"> </FONT>>'  # a little air between the title and the boxes
     )
