@@ -309,3 +309,30 @@ def test_eager_oracles_and_real_runs_take_the_recipes_casts(text: str) -> None:
     assert result.eager_hooks == lines
     trained = verify_train(model, setting, device="cpu")
     assert trained.ok, trained.disagreements
+
+
+@pytest.mark.parametrize("text", ORACLE_RECIPES)
+def test_cpu_only_torch_analyses_the_recipe_alike(text: str, monkeypatch: Any) -> None:
+    """On a CPU-only build of torch ampgraph traces on meta and gives the placeholders the
+    setting's dtypes afterwards: the recipe's inputs, buffers and output cast included, node for
+    node as the CUDA build's fake CUDA trace gives them."""
+    setting = parse_recipe(text, device_type="cuda").setting
+
+    def view(report: Any) -> tuple[list[str], list[tuple[str, str, Any]]]:
+        nodes = [(n.op, n.outputs) for n in report.nodes if n.kind != "output"]
+        return [m.hook_line() for m in report.modules], nodes
+
+    full = analyze(BufferBlock(), setting, args=(example(),), check=False)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    meta = analyze(BufferBlock(), setting, args=(example(),), check=False)
+    assert meta.capture["method"] == "export-meta-replay"
+    lines, nodes = view(full)
+    meta_lines, meta_nodes = view(meta)
+    assert meta_lines == lines
+    # The meta trace records the output cast whatever the traced dtype (fp32 there): a node the
+    # CUDA trace has only where the output is not yet in the output dtype.
+    assert [n for n in meta_nodes if n[0] != "aten.to.dtype"] == [
+        n for n in nodes if n[0] != "aten.to.dtype"
+    ]
+    output = [next(n.outputs for n in r.nodes if n.kind == "output") for r in (full, meta)]
+    assert output[0] == output[1]

@@ -24,11 +24,15 @@ from ampgraph.torchutil import torch_dtype
 OUTPUT_CAST_FROM = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def cast_floating(value: Any, dtype: str | None, *, outputs: bool = False) -> Any:
+def cast_floating(
+    value: Any, dtype: str | None, *, outputs: bool = False, every: bool = False
+) -> Any:
     """``value`` (a tree of tensors) with its floating tensors cast to ``dtype``, as a recipe
     casts a forward's inputs (every floating tensor: FSDP2's ``_cast_fp_tensor``, Lightning's
     ``_convert_fp_tensor``) or, with ``outputs``, its outputs (fp16, bf16 and fp32 ones); None
-    casts nothing.
+    casts nothing. A tensor already in ``dtype`` is left as it is, as the frameworks do, unless
+    ``every``: a graph traced in other dtypes than its setting's (on meta, or neutral after a
+    raise) records the cast, which its replay in the setting's dtypes then makes.
 
     >>> cast_floating((torch.ones(1), torch.ones(1, dtype=torch.int64)), "bfloat16")[0].dtype
     torch.bfloat16
@@ -41,18 +45,20 @@ def cast_floating(value: Any, dtype: str | None, *, outputs: bool = False) -> An
 
     def cast(t: torch.Tensor) -> torch.Tensor:
         castable = t.dtype in OUTPUT_CAST_FROM if outputs else t.is_floating_point()
-        return t.to(target) if castable and t.dtype != target else t
+        return t.to(target) if castable and (every or t.dtype != target) else t
 
     return pytree.tree_map_only(torch.Tensor, cast, value)
 
 
 @contextlib.contextmanager
-def cast_outputs(module: nn.Module, setting: Setting | None) -> Iterator[None]:
+def cast_outputs(
+    module: nn.Module, setting: Setting | None, *, every: bool = False
+) -> Iterator[None]:
     """``module``'s forward casting its floating outputs to the setting's output dtype, as the
     recipe does after the forward (Accelerate's ``convert_outputs_to_fp32`` wraps the forward
     on the instance; FSDP2's ``output_dtype`` casts in the root's post-forward hook): traced,
     the casts are nodes of the graph, annotated and checked as any op. The forward is swapped
-    on the instance, so every module path stays as it is.
+    on the instance, so every module path stays as it is. ``every``: as :func:`cast_floating`.
 
     >>> lin = nn.Linear(2, 2).to(torch.bfloat16)
     >>> with cast_outputs(lin, Setting.parse("half,outputs=fp32")):
@@ -69,7 +75,7 @@ def cast_outputs(module: nn.Module, setting: Setting | None) -> Iterator[None]:
     had = "forward" in vars(module)
 
     def casting(*args: Any, **kwargs: Any) -> Any:
-        return cast_floating(forward(*args, **kwargs), dtype, outputs=True)
+        return cast_floating(forward(*args, **kwargs), dtype, outputs=True, every=every)
 
     module.forward = casting  # type: ignore[method-assign]
     try:

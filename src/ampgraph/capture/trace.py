@@ -22,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.engines import (
     ENGINES,
     EXPORT,
@@ -199,7 +200,10 @@ def _retrace_neutral(
     recorder.reset()
     if reads is not None:
         reads.clear()  # the failed trace's reads are not this graph's
-    return ENGINES[engine](model, setting.device_type, torch.float32, None, reads)
+    # A recipe's output cast, recorded whatever the neutral trace's dtypes: the replay's are
+    # the setting's.
+    with cast_outputs(model.module, setting, every=True):
+        return ENGINES[engine](model, setting.device_type, torch.float32, None, reads)
 
 
 def _trace_past_raise(
@@ -231,17 +235,18 @@ def _trace_past_raise(
 
 
 def _retype_parameters(
-    gm: fx.GraphModule, kinds: dict[str, tuple[str, str]], dtype: torch.dtype
+    gm: fx.GraphModule, kinds: dict[str, tuple[str, str]], setting: Setting
 ) -> None:
-    """Give floating parameter and buffer placeholders ``dtype``, as ``Module.to(dtype)`` does."""
+    """Give floating parameter, buffer and input placeholders the setting's dtypes: its
+    parameter dtype, as ``Module.to(dtype)`` does, and a recipe's buffer and input dtypes."""
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         if node.op != "placeholder" or not isinstance(val, torch.Tensor):
             continue
-        if kinds.get(node.name, ("input",))[0] in ("parameter", "buffer") and (
-            val.is_floating_point()
-        ):
-            node.meta["val"] = torch.empty(val.shape, dtype=dtype, device="meta")
+        kind = kinds.get(node.name, ("input",))[0]
+        name = setting.floating_dtype(kind) if kind in ("parameter", "buffer", "input") else None
+        if name is not None and val.is_floating_point():
+            node.meta["val"] = torch.empty(val.shape, dtype=torch_dtype(name), device="meta")
 
 
 def _traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
@@ -423,8 +428,13 @@ def capture(
                 reads = None  # traced without autocast: the same graph for the whole group
                 # Traced on meta, but a torch.autocast("cuda") region in the model still means
                 # what it does on a GPU: do not let it disable itself for want of one.
-                with simulated_cuda_amp(setting.device_type):
-                    program = _export(model, "meta", param_dtype, None)
+                with (
+                    simulated_cuda_amp(setting.device_type),
+                    cast_outputs(model.module, setting, every=True),
+                ):
+                    # Autocast off, and the output cast recorded above: the setting's tensors.
+                    tensors = replace(setting, autocast=False, output_dtype=None)
+                    program = _export(model, "meta", param_dtype, tensors)
     except CaptureError:
         raise
     except Exception as exc:  # export raises many types; all mean "this model did not trace"
@@ -446,8 +456,8 @@ def capture(
         }.get(spec.kind.name, spec.kind.name.lower())
         kinds[arg_name] = (kind, spec.target or arg_name)
     gm = program.graph_module
-    if method in (EXPORT_RETYPED, DRAFT_EXPORT):
-        _retype_parameters(gm, kinds, param_dtype)
+    if method in (EXPORT_RETYPED, DRAFT_EXPORT, EXPORT_META_REPLAY):
+        _retype_parameters(gm, kinds, setting)
     if method not in DATA_PATH_METHODS:
         unbacked = {}
     return Capture(
