@@ -113,3 +113,42 @@ def test_jamba_hybrid_moe_and_mamba(name: str, dtype: str) -> None:
     module = transformers.JambaForCausalLM(config).eval()
     model = ModelInputs("jamba", module, kwargs={"input_ids": torch.randint(0, 128, (1, 8))})
     _agree(model, Setting.parse(name, amp_dtype=dtype))
+
+
+#: Ops whose reference (the Python decomposition fake tensors ran) types otherwise than the real
+#: kernels, which share the rule on every device (``addr``'s ``build_addr_iter``, the losses'
+#: ``Loss.cpp``): the call on two floating dtypes.
+RETYPED = {
+    "addr_scalar_self": lambda a, b, dev: torch.addr(
+        torch.randn((), dtype=a).to(dev), torch.randn(3, dtype=b).to(dev),
+        torch.randn(2, dtype=b).to(dev),
+    ),
+    "addr_vector_self": lambda a, b, dev: torch.addr(
+        torch.randn(2, dtype=a).to(dev), torch.randn(3, dtype=b).to(dev),
+        torch.randn(2, dtype=a).to(dev),
+    ),
+    "huber_loss": lambda a, b, dev: F.huber_loss(
+        torch.randn(4, 3, dtype=a).to(dev), torch.randn(4, 3, dtype=b).to(dev), reduction="none"
+    ),
+    "huber_loss_mean": lambda a, b, dev: F.huber_loss(
+        torch.randn(4, dtype=a).to(dev), torch.randn(4, dtype=b).to(dev)
+    ),
+    "soft_margin_loss": lambda a, b, dev: F.soft_margin_loss(
+        torch.randn(4, 3, dtype=a).to(dev), torch.randn(4, 3, dtype=b).to(dev), reduction="none"
+    ),
+    "soft_margin_loss_sum": lambda a, b, dev: F.soft_margin_loss(
+        torch.randn((), dtype=a).to(dev), torch.randn((), dtype=b).to(dev), reduction="sum"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(RETYPED))
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_fake_retyped_ops_type_as_the_real_kernel(case: str, device: str) -> None:
+    """Every pair of floating dtypes: the fake output's dtype and shape are the real CPU
+    kernel's (fake CUDA too: the rule is device-generic code)."""
+    for a, b in itertools.product(DTYPES[:3], repeat=2):
+        real = RETYPED[case](a, b, "cpu")
+        with fake_mode():
+            fake = RETYPED[case](a, b, device)
+        assert (fake.dtype, fake.shape) == (real.dtype, real.shape), (a, b)

@@ -1,4 +1,5 @@
-"""The output dtypes where fake (meta) kernels and the real CPU kernels part: mixed normalisations.
+"""The output dtypes where fake (meta) kernels and the real CPU kernels part: mixed normalisations
+and the softmax backwards.
 
 Fed a 16-bit input with fp32 parameters ("mixed type", ``aten/src/ATen/native/mixed_dtypes.h``),
 the CPU's normalisation kernels return their statistics (mean, rstd, ...) in fp32, and the group
@@ -55,9 +56,30 @@ CPU_MIXED: dict[Any, tuple[int, tuple[int, ...], tuple[int, ...], str]] = {
 }
 
 
+def _softmax_backward(args: tuple[Any, ...]) -> dict[int, torch.dtype] | None:
+    """CPU ``_softmax_backward_data``/``_log_softmax_backward_data`` return ``grad_output``'s
+    dtype whatever ``input_dtype`` says (the decomposition fake tensors run casts to it; its own
+    comment: "CPU kernel doesn't respect input_dtype"). The one pair the kernel refuses (fp32
+    grad, fp16 ``input_dtype``) is a strict check."""
+    grad = args[0]
+    if isinstance(grad, torch.Tensor) and grad.device.type == "cpu" and args[3] != grad.dtype:
+        return {0: grad.dtype}
+    return None
+
+
+#: op -> the rule giving the real CPU kernel's output dtypes where the fake kernel's part.
+CPU_RULES = {
+    aten._softmax_backward_data.default: _softmax_backward,
+    aten._log_softmax_backward_data.default: _softmax_backward,
+}
+
+
 def real_cpu_dtypes(func: Any, args: tuple[Any, ...]) -> dict[int, torch.dtype] | None:
     """``{output index: dtype}`` where the real CPU kernel of ``func`` types an output otherwise
     than the fake kernel does for these ``args``; None where they agree."""
+    rule = CPU_RULES.get(func)
+    if rule is not None:
+        return rule(args)
     entry = CPU_MIXED.get(func)
     if entry is None:
         return None
@@ -93,11 +115,22 @@ class RealCpuDtypes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         dtypes = real_cpu_dtypes(func, tuple(args))
-        return out if dtypes is None else self.retype(out, dtypes)
+        if dtypes is None:
+            return out
+        if isinstance(out, torch.Tensor):  # a softmax backward: one output
+            return self.retype((out,), dtypes)[0]
+        return self.retype(out, dtypes)
 
     def retype(self, out: Any, dtypes: dict[int, torch.dtype]) -> tuple[Any, ...]:
         """``out`` with the real kernel's ``dtypes`` (a tracer also moves its graph's values)."""
         return retyped(out, dtypes)
 
 
-__all__ = ["CPU_MIXED", "CPU_NORM_PARAMS", "RealCpuDtypes", "real_cpu_dtypes", "retyped"]
+__all__ = [
+    "CPU_MIXED",
+    "CPU_NORM_PARAMS",
+    "CPU_RULES",
+    "RealCpuDtypes",
+    "real_cpu_dtypes",
+    "retyped",
+]

@@ -150,31 +150,76 @@ def _dot(args: tuple[Any, ...]) -> str | None:
 
 # -- convolution --------------------------------------------------------------------------------
 def _convolution(device_type: str) -> Check:
-    """``aten.convolution``: the bias check every backend makes first, then the weight check.
+    """``aten.convolution``: the weight check and the bias check, as each device makes them.
 
-    ``Convolution.cpp`` compares the bias with ``dtype().name()`` before it picks a backend. The
-    weight check is the backend's: cuDNN's ``check_input_same_type_as_parameters`` prints
-    ``Tensor::toString()``; on the CPU an fp32 input reaches the slow path (``expected scalar
-    type``) like an fp16 one, and a bf16 one oneDNN's check.
+    On CUDA the bias is compared with ``dtype().name()`` first, then cuDNN's
+    ``check_input_same_type_as_parameters`` compares the weight (``Tensor::toString()``). On the
+    CPU ``aten.convolution`` makes no check of its own (the bias check with ``dtype().name()`` is
+    ``at::conv1d/2d/3d``'s, composite functions that run on fake tensors too): the backend it
+    picks does. oneDNN (:func:`_cpu_onednn`) refuses a weight or a bias of another dtype; the slow
+    kernels read the weight, and the 3-D transposed one the bias, as the input's type; the other
+    slow kernels take any bias (``conv_transpose2d`` or ``conv2d(padding="same")`` of a small
+    fp32 input with a bf16 bias return fp32).
     """
 
     def check(args: tuple[Any, ...]) -> str | None:
         x, weight, bias = args[:3]
-        if isinstance(bias, torch.Tensor) and bias.dtype != x.dtype:
-            return f"Input type ({_tm(x)}) and bias type ({_tm(bias)}) should be the same"
-        if weight.dtype == x.dtype:
-            return None
-        if device_type == "cpu" and x.dtype != torch.bfloat16:
-            return f"expected scalar type {_st(x)} but found {_st(weight)}"
-        message = (
-            f"Input type ({_type_string(x, device_type)}) and weight type "
-            f"({_type_string(weight, device_type)}) should be the same"
-        )
-        if device_type == "cpu":
-            message += " or input should be a MKLDNN tensor and weight is a dense tensor"
-        return message
+        bias = _tensor(bias)
+        if device_type == "cuda":
+            if bias is not None and bias.dtype != x.dtype:
+                return f"Input type ({_tm(x)}) and bias type ({_tm(bias)}) should be the same"
+            return (
+                None if weight.dtype == x.dtype else _onednn_or_cudnn(x, weight, "weight", "cuda")
+            )
+        onednn = _cpu_onednn(x, weight, *args[3:9])
+        for name, param in (("weight", weight), ("bias", bias)):
+            if param is None or param.dtype == x.dtype:
+                continue
+            if onednn:
+                return _onednn_or_cudnn(x, param, name, "cpu")
+            if name == "weight" or (args[6] and x.dim() == 5):  # slow_conv_transpose3d
+                return _data_ptr(x, param)
+        return None
 
     return check
+
+
+def _cpu_onednn(
+    x: torch.Tensor, weight: torch.Tensor, stride: Any, _padding: Any, dilation: Any,
+    transposed: bool, output_padding: Any, groups: int,
+) -> bool:  # fmt: skip
+    """Whether the CPU's ``_select_conv_backend`` picks oneDNN (``ConvParams::use_mkldnn``): a
+    bf16 input always (on this machine's AVX-512; an fp16 one only with AVX512-FP16, which this
+    does not model: fp16 takes the slow path), an fp32 one by shape and thread count."""
+    if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
+        return False
+    if transposed and any(o >= s for o, s in zip(output_padding, stride, strict=False)):
+        return False  # is_output_padding_big
+    if x.dtype == torch.bfloat16:
+        return True
+    if x.dtype != torch.float32:
+        return False
+    xs, ws = list(x.shape), list(weight.shape)
+    if len(xs) == 3:  # 1-D: seen as 2-D with a height of 1
+        xs, ws = [xs[0], xs[1], 1, xs[2]], [ws[0], ws[1], 1, ws[2]]
+    strided, dilated = any(v != 1 for v in stride), any(v != 1 for v in dilation)
+    worth = strided or dilated or xs[0] >= 16 or ws[-1] != 1 or ws[-2] != 1
+    faster = (
+        groups > 1 or (ws[-1] > 3 and ws[-2] > 3) or xs[0] > 1
+        or xs[0] * xs[1] * xs[2] * xs[3] > 20480
+    )  # fmt: skip
+    return (worth or torch.get_num_threads() > 1) and faster
+
+
+def _onednn_or_cudnn(x: torch.Tensor, other: torch.Tensor, name: str, device_type: str) -> str:
+    """``check_input_same_type_as_parameters``: cuDNN's and (with its tail) oneDNN's."""
+    message = (
+        f"Input type ({_type_string(x, device_type)}) and {name} type "
+        f"({_type_string(other, device_type)}) should be the same"
+    )
+    if device_type == "cpu":
+        message += f" or input should be a MKLDNN tensor and {name} is a dense tensor"
+    return message
 
 
 # -- normalisations -----------------------------------------------------------------------------
@@ -187,6 +232,9 @@ _CHECKED_NORMS = (
     aten._native_batch_norm_legit_no_training.default,
     aten._native_batch_norm_legit.default,
     aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit_functional.default,
+    aten._batch_norm_with_update.default,
+    aten._batch_norm_no_update.default,
 )
 
 
@@ -226,15 +274,23 @@ def _index_put(args: tuple[Any, ...]) -> str | None:
     return None
 
 
-def _index_add(args: tuple[Any, ...]) -> str | None:
-    """``index_func_meta_impl`` (``TORCH_META_FUNC(index_add)``), every device."""
-    self, source = args[0], args[3]
-    if self.dtype != source.dtype:
-        return (
-            f"index_add_(): self ({_st(self)}) and source ({_st(source)}) must have the same "
-            "scalar type"
-        )
-    return None
+def _index_func(name: str) -> Check:
+    """``index_func_meta_impl``, the structured meta function of ``index_add`` and
+    ``index_reduce`` on every device."""
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        self, source = args[0], args[3]
+        if self.dtype != source.dtype:
+            return (
+                f"{name}_(): self ({_st(self)}) and source ({_st(source)}) must have the same "
+                "scalar type"
+            )
+        return None
+
+    return check
+
+
+_index_add = _index_func("index_add")
 
 
 def _index_copy(args: tuple[Any, ...]) -> str | None:
@@ -257,6 +313,73 @@ def _masked_scatter_cpu(args: tuple[Any, ...]) -> str | None:
             f"{_st(self)} and {_st(source)}"
         )
     return None
+
+
+def _masked_index_put(args: tuple[Any, ...]) -> str | None:
+    """``_unsafe_masked_index_put_accumulate`` (``TensorAdvancedIndexing.cpp``) is
+    ``index_put_`` of its values, every device."""
+    return _index_put((args[0], args[2], args[3]))
+
+
+def _put(args: tuple[Any, ...]) -> str | None:
+    """``put_`` in ``TensorAdvancedIndexing.cpp`` (device-generic; ``put`` clones into it)."""
+    self, source = args[0], args[2]
+    if self.dtype != source.dtype:
+        return (
+            "put_(): self and source expected to have the same dtype, but got self.dtype = "
+            f"{_st(self)} and source.dtype = {_st(source)}"
+        )
+    return None
+
+
+def _complex(args: tuple[Any, ...]) -> str | None:
+    """``complex_check_floating`` then ``complex_check_dtype`` (``TensorFactories.cpp``),
+    ``complex`` and ``polar`` on every device."""
+    a, b = args[:2]
+    if not {a.dtype, b.dtype} <= {torch.float16, torch.float32, torch.float64}:
+        return (
+            f"Expected both inputs to be Half, Float or Double tensors but got {_st(a)} and "
+            f"{_st(b)}"
+        )
+    if a.dtype != b.dtype:
+        return (
+            f"Expected object of scalar type {_st(a)} but got scalar type {_st(b)} for second "
+            "argument"
+        )
+    return None
+
+
+def _heaviside(args: tuple[Any, ...]) -> str | None:
+    """``TORCH_META_FUNC2(heaviside, Tensor)``, every device."""
+    a, b = args[:2]
+    if isinstance(b, torch.Tensor) and a.dtype != b.dtype:
+        return "heaviside is not yet implemented for tensors with different dtypes."
+    return None
+
+
+def _softmax_backward_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``_softmax_backward_data``/``_log_softmax_backward_data``: the kernel, dispatched on
+    ``grad_output``'s type, reads ``output`` and writes ``grad_input`` (which the structured meta
+    function makes fp16 for an fp32 grad and ``input_dtype=torch.half``) as that type."""
+    grad, output, _dim, input_dtype = args[:4]
+    if grad.dtype == torch.float32 and input_dtype == torch.float16:  # grad_input, read first
+        return "expected scalar type Float but found Half"
+    return _data_ptr(grad, output)
+
+
+def _sdpa_flash_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``_scaled_dot_product_flash_attention_for_cpu``: the kernel, dispatched on the query's
+    type, reads the key and the value as that type; before that, its keyword-only ``attn_mask``
+    must be the query's dtype or fp32 (the composite ``scaled_dot_product_attention`` makes a
+    boolean mask additive first)."""
+    q = args[0]
+    mask = _tensor(args[-1].get("attn_mask")) if isinstance(args[-1], dict) else None
+    if mask is not None and mask.dtype not in (q.dtype, torch.float32):  # checked first
+        return (
+            "scaled_dot_product_attention_flash_attention: Attention mask is the same data type "
+            "as query"
+        )
+    return next((m for t in args[1:3] if (m := _data_ptr(q, t))), None)
 
 
 def _lerp(args: tuple[Any, ...]) -> str | None:
@@ -351,6 +474,18 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     **_both(aten.index_add.default, _index_add),
     **_both(aten.index_add_.default, _index_add),
     **_both(aten.index_copy.default, _index_copy),
+    **_both(aten.index_reduce.default, _index_func("index_reduce")),
+    **_both(aten.index_reduce_.default, _index_func("index_reduce")),
+    **_both(aten._unsafe_masked_index_put_accumulate.default, _masked_index_put),
+    **_both(aten.put.default, _put),
+    **_both(aten.put_.default, _put),
+    **_both(aten.complex.default, _complex),
+    **_both(aten.polar.default, _complex),
+    **_both(aten.heaviside.default, _heaviside),
+    **_both(aten.heaviside_.default, _heaviside),
+    ("cpu", aten._softmax_backward_data.default): _softmax_backward_cpu,
+    ("cpu", aten._log_softmax_backward_data.default): _softmax_backward_cpu,
+    ("cpu", aten._scaled_dot_product_flash_attention_for_cpu.default): _sdpa_flash_cpu,
     **_both(aten.index_copy_.default, _index_copy),
     ("cpu", aten.masked_scatter.default): _masked_scatter_cpu,
     ("cpu", aten.masked_scatter_.default): _masked_scatter_cpu,
@@ -371,6 +506,10 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
 }
 
 
+#: Ops whose checks read a keyword-only argument (given a dict of them after the positionals).
+_KEYWORD_CHECKED = frozenset({aten._scaled_dot_product_flash_attention_for_cpu.default})
+
+
 class StrictDtypeMode(TorchDispatchMode):
     """Raise the real kernels' dtype errors that the fake (meta) kernels do not raise."""
 
@@ -381,7 +520,8 @@ class StrictDtypeMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         check = STRICT_CHECKS.get((self.device_type, func))
         if check is not None:
-            message = check(tuple(args))
+            # The few checks of keyword-only arguments find them last, as a dict.
+            message = check((*args, kwargs) if kwargs and func in _KEYWORD_CHECKED else tuple(args))
             if message is not None:
                 raise RuntimeError(message)
         return func(*args, **(kwargs or {}))

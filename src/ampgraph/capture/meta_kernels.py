@@ -73,14 +73,77 @@ def _grouped_mm(
     return torch.empty_strided(out.shape, out.stride(), dtype=mat_a.dtype, device=out.device)
 
 
+def _retyped(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``out``'s shape and strides in ``dtype``."""
+    if out.dtype == dtype:
+        return out
+    return torch.empty_strided(out.shape, out.stride(), dtype=dtype, device=out.device)
+
+
+def _addr(
+    self: torch.Tensor,
+    vec1: torch.Tensor,
+    vec2: torch.Tensor,
+    *,
+    beta: Any = 1,
+    alpha: Any = 1,
+) -> torch.Tensor:
+    """``addr`` as the real kernels type it: ``build_addr_iter`` expands ``self`` to the outer
+    product's shape before the ``TensorIterator`` promotes, so a 0-dim fp32 ``self`` with bf16
+    vectors gives fp32 (the reference, ``torch._refs.addr``, treats it as a scalar: bf16). Its
+    checks are the reference's."""
+    for name, vec in (("vec1", vec1), ("vec2", vec2)):
+        torch._check(
+            vec.dim() == 1, lambda name=name, vec=vec: f"addr: Expected 1-D argument {name}, "
+            f"but got {vec.dim()}-D"
+        )  # fmt: skip
+    for name, arg in (("alpha", alpha), ("beta", beta)):
+        if isinstance(arg, bool):
+            torch._check(
+                all(t.dtype == torch.bool for t in (self, vec1, vec2)),
+                lambda name=name: f"Boolean {name} only supported for Boolean results.",
+            )
+    shape = (vec1.shape[0], vec2.shape[0])
+    torch._check(
+        torch.broadcast_shapes(self.shape, shape) == torch.Size(shape),
+        lambda: (
+            f"The expanded size of the tensor must match the existing size: {list(shape)} "
+            f"against {list(self.shape)}"
+        ),
+    )
+    dtype = torch.promote_types(torch.promote_types(self.dtype, vec1.dtype), vec2.dtype)
+    return vec1.new_empty(shape, dtype=dtype)
+
+
+def _loss_as_input(name: str) -> Any:
+    """A loss whose real kernel writes into a tensor made like ``input`` (``Loss.cpp``:
+    ``huber_loss``'s ``at::empty_like(input)``, ``soft_margin_loss``'s ``input.options()``):
+    the input's dtype, where the reference promotes with the target."""
+    from torch._decomp import decomposition_table
+
+    reference = decomposition_table[getattr(torch.ops.aten, name).default]
+
+    def kernel(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return _retyped(reference(input, target, *args, **kwargs), input.dtype)
+
+    kernel.__name__ = kernel.__qualname__ = f"_{name}"
+    return kernel
+
+
 #: Op name -> the replacement meta kernel.
-REPLACED: dict[str, Any] = {"_grouped_mm": _grouped_mm}
+REPLACED: dict[str, Any] = {
+    "_grouped_mm": _grouped_mm,
+    "addr": _addr,
+    "huber_loss": _loss_as_input("huber_loss"),
+    "soft_margin_loss": _loss_as_input("soft_margin_loss"),
+}
 
 
 def _register() -> list[torch.library.Library]:
     """Replace each meta kernel where fake tensors look for it: the dispatcher's Meta key (a plain
-    fake tensor), and the Python kernel and the meta table that ``register_meta`` also filled
-    (what a trace under the Python dispatcher, make_fx's and export's, calls first)."""
+    fake tensor), the Python kernel that ``register_meta`` also filled (what a trace under the
+    Python dispatcher, make_fx's and export's, calls first), and the meta table (which a fake
+    tensor prefers to the decomposition it would otherwise run)."""
     from torch._C import DispatchKey
     from torch._decomp import meta_table
 
@@ -96,8 +159,13 @@ def _register() -> list[torch.library.Library]:
             if DispatchKey.Meta in op.py_kernels:
                 op.py_kernels[DispatchKey.Meta] = kernel
                 op._dispatch_cache.clear()
-            if op in meta_table:
-                meta_table[op] = kernel
+            # In the meta table a fake tensor prefers it to a Python decomposition too.
+            meta_table[op] = kernel
+    # Fake tensors cache each op's output by its inputs' metadata: forget what the old kernels
+    # gave (a fake tensor made before this import).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    FakeTensorMode.cache_clear()
     return [lib]
 
 

@@ -1,0 +1,432 @@
+#!/usr/bin/env python
+"""Fake kernels against the real CPU kernels on mixed dtypes, over torch's OpInfo database.
+
+For every op of ``op_db`` with two or more floating tensor arguments in a sample, each of a few
+samples is made again in mixed dtypes (one floating argument bf16 or fp16 and the others fp32, one
+fp32 and the others 16-bit, all bf16, all fp16) and run three ways:
+
+* the real CPU kernel (the oracle),
+* on fake CPU tensors as the fake kernels alone type it (*raw*),
+* on fake CPU tensors as ampgraph replays it: :class:`~ampgraph.annotate.strict.StrictDtypeMode`
+  and :class:`~ampgraph.annotate.kernel_dtypes.RealCpuDtypes` above the fake mode,
+
+and on fake CUDA tensors under ``StrictDtypeMode("cuda")`` (no real CUDA kernel to compare with:
+recorded for the page). Each variant is *agrees* (both raise, or neither and the same output
+dtypes), *lenient* (the real kernel raises, the fake one does not: a check it lacks), *strict* (the
+fake kernel raises, the real one does not) or *dtype* (both run, output dtypes part).
+
+A sample whose fp32 call already parts (a value the fake kernel cannot know, a data-dependent
+shape) is skipped, as are variants with a dtype the op's OpInfo does not list for the CPU.
+
+    .venv/bin/python scripts/fake_kernel_survey.py                      # -> docs/fake-kernels.md
+    .venv/bin/python scripts/fake_kernel_survey.py -o addmm -o lerp --out /tmp/fk.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import platform
+import signal
+import sys
+import time
+import types
+import unittest
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+ROOT = Path(__file__).resolve().parent.parent
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+LOW = (BF16, F16)
+SHORT = {F32: "f32", BF16: "bf16", F16: "f16", torch.float64: "f64"}
+#: Ops whose results are random or whose samples allocate without values: nothing to compare.
+RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "empty",
+          "exponential", "cauchy", "geometric", "log_normal", "new_", "randint")  # fmt: skip
+AGREES, LENIENT, STRICT, DTYPE = "agrees", "lenient", "strict", "dtype"
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`_Timeout` in the main thread after ``seconds`` (a slow sample)."""
+
+    def fire(signum: int, frame: Any) -> None:
+        raise _Timeout
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def load_op_db() -> list[Any]:
+    """``op_db``; ``common_utils`` imports ``expecttest`` for its test base class only."""
+    if "expecttest" not in sys.modules:
+        try:
+            import expecttest  # noqa: F401
+        except ImportError:
+            stub = types.ModuleType("expecttest")
+            stub.TestCase = unittest.TestCase  # type: ignore[attr-defined]
+            sys.modules["expecttest"] = stub
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return list(op_db)
+
+
+@dataclass
+class Outcome:
+    """One call: the first line of its error, or its output tensors' dtypes."""
+
+    error: str | None = None
+    dtypes: tuple[torch.dtype, ...] = ()
+    unsupported: bool = False  # the fake kernel cannot run it at all (no meta, data-dependent)
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"raises `{self.error}`"
+        return "-> " + ", ".join(SHORT.get(d, str(d)) for d in self.dtypes)
+
+
+@dataclass
+class Variant:
+    """A sample's call, its floating tensors given ``dtypes``, and what each way made of it."""
+
+    op: str
+    call: str
+    real: Outcome
+    raw: Outcome
+    ampgraph: Outcome = field(default_factory=Outcome)
+    cuda: Outcome = field(default_factory=Outcome)
+    #: Runs the call on fake tensors of a device under dispatch modes (for the second pass).
+    rerun: Callable[[str, list[Any]], Outcome] | None = None
+
+    def kind(self, fake: Outcome) -> str:
+        if (self.real.error is None) == (fake.error is None):
+            return AGREES if self.real.error or self.real.dtypes == fake.dtypes else DTYPE
+        return LENIENT if self.real.error else STRICT
+
+
+@dataclass
+class OpRow:
+    """Every variant of one op (an OpInfo name and variant)."""
+
+    name: str
+    samples: int = 0
+    variants: list[Variant] = field(default_factory=list)
+    skipped: str = ""
+
+    def kinds(self, way: str) -> list[str]:
+        return sorted({k for v in self.variants if (k := v.kind(getattr(v, way))) != AGREES})
+
+    def example(self, way: str) -> Variant | None:
+        order = (LENIENT, STRICT, DTYPE)
+        parting = [v for v in self.variants if v.kind(getattr(v, way)) != AGREES]
+        return min(parting, key=lambda v: order.index(v.kind(getattr(v, way))), default=None)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def _fake_unsupported(exc: BaseException) -> bool:
+    from torch._subclasses import fake_tensor as ft
+
+    kinds = (ft.UnsupportedOperatorException, ft.DynamicOutputShapeException,
+             ft.DataDependentOutputException, NotImplementedError, _Timeout)  # fmt: skip
+    name = type(exc).__name__
+    return isinstance(exc, kinds) or "GuardOnDataDependent" in name or "Unsupported" in name
+
+
+def _run(fn: Callable[[], Any], fake: bool, seconds: float) -> Outcome:
+    try:
+        with _time_limit(seconds):
+            out = fn()
+    except Exception as exc:  # noqa: BLE001 - the error is the outcome
+        if isinstance(exc, _Timeout) or (fake and _fake_unsupported(exc)):
+            return Outcome(unsupported=True, error=type(exc).__name__)
+        return Outcome(error=_first_line(exc))
+    leaves = pytree.tree_leaves(out)
+    return Outcome(dtypes=tuple(t.dtype for t in leaves if isinstance(t, torch.Tensor)))
+
+
+def _floating(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype == F32
+
+
+def _variants(n: int) -> list[tuple[torch.dtype, ...]]:
+    """Dtype assignments for ``n`` floating arguments: one 16-bit among fp32 and the reverse, for
+    the first four arguments, then all bf16 and all fp16."""
+    found: dict[tuple[torch.dtype, ...], None] = {}
+    for i in range(min(n, 4)):
+        for low in LOW:
+            found[tuple(low if j == i else F32 for j in range(n))] = None
+            found[tuple(F32 if j == i else low for j in range(n))] = None
+    for low in LOW:
+        found[(low,) * n] = None
+    return list(found)
+
+
+def _describe_call(name: str, leaves: list[Any], spec: Any) -> str:
+    def show(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"{SHORT.get(v.dtype, str(v.dtype).removeprefix('torch.'))}{list(v.shape)}"
+        return repr(v) if not isinstance(v, float) else f"{v:g}"
+
+    inp, args, kwargs = pytree.tree_unflatten([show(v) for v in leaves], spec)
+    parts = [str(inp), *[str(a) for a in args], *[f"{k}={v}" for k, v in kwargs.items()]]
+    return f"{name}({', '.join(parts)})".replace("'", "")
+
+
+def survey_sample(
+    opinfo: Any, name: str, sample: Any, seconds: float = 5.0
+) -> list[Variant] | None:
+    """Every mixed-dtype variant of one sample, or None where its fp32 call already parts."""
+    from ampgraph.torchutil import fake_mode
+
+    leaves, spec = pytree.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
+    positions = [i for i, v in enumerate(leaves) if _floating(v)]
+    if len(positions) < 2:
+        return None
+    supported = opinfo.supported_dtypes("cpu")
+    op = opinfo.op
+
+    def call(values: list[Any]) -> Any:
+        inp, args, kwargs = pytree.tree_unflatten(values, spec)
+        return op(inp, *args, **kwargs)
+
+    def with_dtypes(dtypes: dict[int, torch.dtype]) -> list[Any]:
+        return [v.to(dtypes[i]) if i in dtypes else v for i, v in enumerate(leaves)]
+
+    def fake_call(values: list[Any], device: str, modes: list[Any]) -> Outcome:
+        def go() -> Any:
+            with contextlib.ExitStack() as stack:
+                mode = stack.enter_context(fake_mode())
+                fakes = [
+                    (mode.from_tensor(v) if device == "cpu" else
+                     torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device))
+                    if isinstance(v, torch.Tensor) else v
+                    for v in values
+                ]  # fmt: skip
+                for m in modes:
+                    stack.enter_context(m)
+                return call(fakes)
+
+        return _run(go, fake=True, seconds=seconds)
+
+    base = with_dtypes({})
+    real0, fake0 = _run(lambda: call(base), False, seconds), fake_call(base, "cpu", [])
+    if real0.error or fake0.error or real0.dtypes != fake0.dtypes:
+        return None
+    out = []
+    for assignment in _variants(len(positions)):
+        if any(d not in supported for d in assignment):
+            continue
+        values = with_dtypes(dict(zip(positions, assignment, strict=True)))
+        real = _run(lambda values=values: call(values), False, seconds)
+        raw = fake_call(values, "cpu", [])
+        if real.unsupported or raw.unsupported:
+            continue
+        text = _describe_call(name, values, spec)
+
+        def rerun(device: str, modes: list[Any], values: list[Any] = values) -> Outcome:
+            return fake_call(values, device, modes)
+
+        out.append(Variant(name, text, real, raw, rerun=rerun))
+    return out
+
+
+def ampgraph_pass(rows: list[OpRow]) -> None:
+    """Every variant again as ampgraph replays it: its replaced meta kernels (imported only now,
+    so that the first pass saw the fake kernels alone) and its dispatch modes."""
+    import ampgraph.capture.meta_kernels  # noqa: F401 - registers the replacements
+    from ampgraph.annotate.kernel_dtypes import RealCpuDtypes
+    from ampgraph.annotate.strict import StrictDtypeMode
+
+    for row in rows:
+        kept = []
+        for v in row.variants:
+            assert v.rerun is not None
+            v.ampgraph = v.rerun("cpu", [StrictDtypeMode("cpu"), RealCpuDtypes()])
+            v.cuda = v.rerun("cuda", [StrictDtypeMode("cuda")])
+            if not v.ampgraph.unsupported:
+                kept.append(v)
+        row.variants = kept
+
+
+def _skip_reason(opinfo: Any) -> str:
+    name = opinfo.name
+    if any(r in name for r in RANDOM):
+        return "random"
+    if "sparse" in name or name.startswith(("_refs", "_native")) or "fft" in name:
+        return "sparse, complex or internal"
+    if F32 not in opinfo.supported_dtypes("cpu"):
+        return "no fp32 on cpu"
+    return ""
+
+
+def survey_op(opinfo: Any, max_samples: int = 3, op_seconds: float = 6.0) -> OpRow:
+    """Up to ``max_samples`` samples of one OpInfo with two or more floating tensor arguments."""
+    name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+    row = OpRow(name, skipped=_skip_reason(opinfo))
+    if row.skipped:
+        return row
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    try:
+        with _time_limit(op_seconds):
+            samples = list(opinfo.sample_inputs("cpu", F32))
+    except Exception:  # noqa: BLE001 - a sample generator that fails or is slow
+        row.skipped = "samples slow or failing"
+        return row
+    for sample in samples:
+        if row.samples >= max_samples or time.perf_counter() - start > op_seconds:
+            break
+        found = survey_sample(opinfo, name, sample)
+        if found is not None:
+            row.samples += 1
+            row.variants += found
+    if not row.samples:
+        row.skipped = "fewer than two floating tensors, or fp32 already parts"
+    return row
+
+
+def survey(only: list[str] | None = None, limit_s: float = 420.0) -> tuple[list[OpRow], float]:
+    """Every op of ``op_db`` (or those named), the first pass within ``limit_s`` seconds; one
+    thread (oneDNN's pick of a CPU convolution counts them: the page's figures are for one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # A fake kernel that raises is a finding; fake_tensor's own traceback of it is noise.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _survey(only, limit_s)
+    finally:
+        torch.set_num_threads(threads)
+        fake_log.setLevel(level)
+
+
+def _survey(only: list[str] | None, limit_s: float) -> tuple[list[OpRow], float]:
+    ops = [
+        o for o in load_op_db()
+        if not only or o.name in only or f"{o.name}.{o.variant_test_name}" in only
+    ]  # fmt: skip
+    start, rows = time.perf_counter(), []
+    for i, opinfo in enumerate(ops):
+        if time.perf_counter() - start > limit_s:
+            print(f"time limit reached after {i} of {len(ops)} ops", file=sys.stderr)
+            break
+        row = survey_op(opinfo)
+        rows.append(row)
+        if row.variants:
+            print(f"[{i + 1}/{len(ops)}] {row.name}: {len(row.variants)} variants, "
+                  f"raw {row.kinds('raw') or 'agrees'}", file=sys.stderr)  # fmt: skip
+    print("ampgraph's pass", file=sys.stderr)
+    ampgraph_pass(rows)
+    for row in rows:
+        if row.kinds("ampgraph"):
+            print(f"  {row.name}: ampgraph {row.kinds('ampgraph')}", file=sys.stderr)
+    return rows, time.perf_counter() - start
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("`", "'")
+
+
+def render(rows: list[OpRow], wall: float) -> str:
+    """The page: header, the ops where raw fake and real part, and what ampgraph covers."""
+    surveyed = [r for r in rows if r.variants]
+    samples = sum(r.samples for r in surveyed)
+    variants = sum(len(r.variants) for r in surveyed)
+    parting = [r for r in surveyed if r.kinds("raw")]
+    left = [r for r in surveyed if r.kinds("ampgraph")]
+    cores = os.cpu_count()
+    lines = [
+        "# Fake kernels against the real ones",
+        "",
+        (
+            "ampgraph predicts dtypes on fake tensors, whose kernels compute output dtypes but do not "
+            "always make the dtype checks the real kernels make. This survey runs torch's own OpInfo "
+            "database (`op_db`, each op's `sample_inputs`) in mixed dtypes: for every sample with two "
+            "or more floating tensors, one of them bf16 or fp16 while the others are fp32, the "
+            "reverse, and all bf16 or all fp16. Each call runs on the real CPU kernel (the oracle), "
+            "on fake CPU tensors as the fake kernels alone type it (*raw*), and on fake CPU tensors "
+            "as ampgraph replays it (`StrictDtypeMode` and `RealCpuDtypes` above the fake mode). "
+            "A variant *agrees* when both raise or neither does with the same output dtypes; "
+            "*lenient*: the real kernel raises and the fake one does not (a check the fake kernel "
+            "lacks); *strict*: the fake kernel raises and the real one does not; *dtype*: both run "
+            "and the output dtypes part."
+        ),
+        "",
+        (
+            f"Produced by `scripts/fake_kernel_survey.py` with torch {torch.__version__}, Python "
+            f"{platform.python_version()}, on {cores} CPU cores and no GPU, in {wall:.0f} s wall: "
+            f"{len(rows)} OpInfos visited, {len(surveyed)} with two or more floating tensors "
+            f"surveyed ({samples} samples, {variants} mixed-dtype variants). The raw fake kernels "
+            f"part from the real ones on {len(parting)} ops; as ampgraph replays them, on "
+            f"{len(left)}."
+        ),
+        "",
+        "## Where the raw fake kernels part",
+        "",
+        "| op | raw fake | example call | real CPU kernel | ampgraph now | fake CUDA (ampgraph) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in parting:
+        v = r.example("raw")
+        assert v is not None
+        now = ", ".join(r.kinds("ampgraph")) or "agrees"
+        lines.append(
+            f"| `{r.name}` | {', '.join(r.kinds('raw'))} | `{_cell(v.call)}` | "
+            f"{_cell(v.real.describe())} | {now} | {_cell(v.cuda.describe())} |"
+        )
+    lines += ["", "## Where ampgraph still parts", ""]
+    if not left:
+        lines.append("Nowhere: every variant of every surveyed op agrees with the real CPU kernel.")
+    else:
+        lines += [
+            "| op | class | example call | real CPU kernel | ampgraph |",
+            "|---|---|---|---|---|",
+        ]
+        for r in left:
+            v = r.example("ampgraph")
+            assert v is not None
+            lines.append(
+                f"| `{r.name}` | {', '.join(r.kinds('ampgraph'))} | `{_cell(v.call)}` | "
+                f"{_cell(v.real.describe())} | {_cell(v.ampgraph.describe())} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the survey and write the page."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--op", action="append", help="only this OpInfo name (repeatable)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "fake-kernels.md")
+    parser.add_argument("--limit", type=float, default=420.0, help="seconds for the whole run")
+    ns = parser.parse_args(argv)
+    rows, wall = survey(ns.op, ns.limit)
+    ns.out.write_text(render(rows, wall))
+    print(f"wrote {ns.out} ({wall:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
