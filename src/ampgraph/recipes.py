@@ -22,10 +22,8 @@ The families and their values:
 Where a recipe depends on the device it does so here too: ``accelerate:fp16`` on the CPU runs
 plain fp32 (Accelerate enables fp16 autocast only off the CPU), and Lightning turns
 ``16-mixed`` into ``bf16-mixed`` on the CPU. Each mapping was proved by running the framework's
-own code path on the CPU (``tests/test_recipes.py``), except DeepSpeed's, which was read from
-its source (``Recipe.proved`` says which).
-
-This module is torch-free, like :mod:`ampgraph.settings`.
+own code path on the CPU (``tests/test_recipes.py``, ``tests/test_recipes_exact.py``), except
+DeepSpeed's, read from its source (``Recipe.proved`` says which). Torch-free, as settings are.
 """
 
 from __future__ import annotations
@@ -158,12 +156,20 @@ class Recipe:
         Input casts, buffers kept in their dtype and output casts are part of the setting and
         analysed; what is left is said here.
 
-        >>> parse_recipe("fsdp2:param_dtype=bf16").gaps()
+        >>> parse_recipe("accelerate:bf16").gaps()
         []
+        >>> parse_recipe("fsdp2:param_dtype=bf16").gaps()[0].split(";")[0]
+        'each fully_shard module casts its own floating inputs'
         >>> parse_recipe("lightning:bf16-true").gaps()[0].split(" (")[0]
         'tensors the forward creates with the default dtype are bf16'
         """
         out = []
+        if self.family == "fsdp2" and self.input_cast:
+            out.append(
+                "each fully_shard module casts its own floating inputs; the analysis casts the "
+                "root's, as one fully_shard on the whole model does: a nested one whose inputs "
+                f"are not {short_dtype(self.input_cast)} (after an fp32 buffer) casts them there"
+            )
         if self.default_dtype:
             out.append(
                 f"tensors the forward creates with the default dtype are "
@@ -419,7 +425,6 @@ def _fsdp(family: str, value: str, device: str) -> Recipe:
                     "parameters are all-gathered in param_dtype for the forward; the sharded "
                     "fp32 parameters are the optimizer's, and gradients are cast back to fp32"
                 ),
-                "each fully_shard module casts its own floating inputs: ampgraph casts the root's",
             ),
             proved=_RAN.format(what="fully_shard(model, mp_policy=...) on a 1-process gloo group"),
         )
@@ -427,18 +432,12 @@ def _fsdp(family: str, value: str, device: str) -> Recipe:
     low_grads = _flag("keep_low_precision_grads", fields.get("keep_low_precision_grads"), False)
     root = _flag("cast_root_forward_inputs", fields.get("cast_root_forward_inputs"), True)
     every = _flag("cast_forward_inputs", fields.get("cast_forward_inputs"), False)
+    inputs = param if (root or every) else None
     return Recipe(
         _spelling(family, fields),
         family,
         # buffer_dtype None: _cast_buffers_to_dtype_and_device leaves each buffer's dtype.
-        _setting(
-            device,
-            False,
-            amp,
-            params,
-            inputs=param if (root or every) else None,
-            buffers=buffer or FP32,
-        ),
+        _setting(device, False, amp, params, inputs=inputs, buffers=buffer or FP32),
         grad_dtype=params if low_grads else FP32,
         reduce_dtype=reduce,
         optimizer_grad_dtype=params if low_grads else FP32,
