@@ -14,6 +14,7 @@ holds must be the recipe's.
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
@@ -336,3 +337,44 @@ def test_cpu_only_torch_analyses_the_recipe_alike(text: str, monkeypatch: Any) -
     ]
     output = [next(n.outputs for n in r.nodes if n.kind == "output") for r in (full, meta)]
     assert output[0] == output[1]
+
+
+def test_reports_keep_the_recipes_setting_and_old_ones_still_load() -> None:
+    """A report of a recipe's setting holds its input, buffer and output dtypes and reads back
+    as that setting; a report written before they existed reads as the setting without them."""
+    from ampgraph.report.records import Report
+    from ampgraph.settings import Setting
+
+    setting = parse_recipe("fsdp2:param_dtype=bf16,output_dtype=fp32", device_type="cpu").setting
+    report = analyze(BufferBlock(), setting, args=(example(),), check=False)
+    again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert Setting.from_dict(again.setting) == setting
+    old = {k: v for k, v in report.to_dict()["setting"].items() if not k.endswith("_dtype")}
+    old.update(amp_dtype="bfloat16", param_dtype="bfloat16", name="half")
+    assert Setting.from_dict(old) == Setting.parse("half", device_type="cpu")
+
+
+@needs["lightning"]
+def test_lightning_true_default_dtype_is_the_gap_gaps_names() -> None:
+    """What ``gaps()`` says is not analysed is real: under Fabric's bf16-true a tensor the
+    forward makes with the default dtype is bf16, where the analysis makes it fp32."""
+    from lightning.fabric import Fabric
+
+    class Makes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            made = torch.zeros(8)
+            self.made = made.dtype
+            return self.fc(x) + made
+
+    recipe = parse_recipe("fabric:bf16-true", device_type="cpu")
+    assert recipe.gaps() and "default dtype" in recipe.gaps()[0]
+    model = Makes()
+    Fabric(accelerator="cpu", devices=1, precision="bf16-true").setup_module(model)(example())
+    assert dtype(model.made) == recipe.default_dtype == "bfloat16"
+    report = analyze(Makes(), recipe.setting, args=(example(),), check=False)
+    (zeros,) = [n for n in report.nodes if n.op.startswith("aten.zeros")]
+    assert zeros.outputs == ["float32"]  # the gap: not the framework's bf16
