@@ -250,7 +250,7 @@ def _setting(
     )
 
 
-_RAN = "ran {what} on the CPU (tests/test_recipes.py)"
+_RAN = "ran {what} on the CPU (tests/test_recipes*.py)"
 
 
 def _hf(family: str, value: str, device: str) -> Recipe:

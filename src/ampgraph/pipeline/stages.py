@@ -191,7 +191,8 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
     """``base``'s graph for ``setting``, with its annotation there, if it is the graph a capture
     in ``setting`` would give; else why not, in one line.
 
-    It is when both settings have one device type and one parameter dtype and everything the
+    It is when both settings have one :attr:`~ampgraph.settings.Setting.graph_key` (device type,
+    parameter dtype, a recipe's input, buffer and output dtypes) and everything the
     traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.capture.reads`). A
     graph traced on the meta device was traced without autocast: the same for any such setting.
     """
@@ -434,7 +435,7 @@ def _analyze_in_worker(
 
 def plan_jobs(settings: Sequence[Setting], workers: int) -> list[list[int]]:
     """Indices of ``settings`` in jobs for ``workers`` processes: one job per group of settings
-    that may share a graph (one device type and parameter dtype), split where that leaves a
+    that may share a graph (one ``graph_key``: device type and tensor dtypes), split where that leaves a
     worker idle, since a capture on an idle core costs no time.
 
     >>> names = ["fp32", "half", "amp-half", "amp-fp32"]
