@@ -346,6 +346,57 @@ def _survey(only: list[str] | None, limit_s: float) -> tuple[list[OpRow], float]
     return rows, time.perf_counter() - start
 
 
+#: What ampgraph does about each op the survey finds, and on which device (written by hand:
+#: where each check lives in PyTorch's source, which the survey cannot see).
+COVERAGE = """## How ampgraph covers them
+
+The checks are `ampgraph.annotate.strict.STRICT_CHECKS` (raised with the real kernel's message
+before the fake kernel runs), the output dtypes `ampgraph.annotate.kernel_dtypes` (CPU kernels)
+and `ampgraph.capture.meta_kernels` (meta kernels replaced on every device). A check is given to
+CUDA only where the code that makes it runs on both devices (a structured kernel's meta function,
+a device-generic native function); otherwise it is the CPU's alone, as said below.
+
+* **Matmul family** (`addmm`, `mm`, `bmm`, `baddbmm`, `addmv`, `mv`, `dot`; `matmul`, `linear`,
+  `__rmatmul__`, `multi_head_attention_forward` reach them), **normalisations** (the CPU's
+  mixed-type rules, now for every batch-norm entry point: `_batch_norm_with_update`,
+  `_batch_norm_no_update`, `_native_batch_norm_legit_functional` too), `index_put`, `index_add`,
+  `index_copy`, `lerp`, `binary_cross_entropy`, `nll_loss`, `grid_sampler`, `linalg.cross`,
+  `embedding_bag`: as before this survey, which confirms them.
+* **`complex`, `polar`**: `complex_check_floating` then `complex_check_dtype`
+  (`TensorFactories.cpp`, every device): bf16 is refused, and the two parts must share a dtype.
+* **`heaviside`**: its structured meta function (every device) refuses two dtypes.
+* **`index_reduce`**: `index_func_meta_impl`, `index_add`'s structured meta (every device).
+* **`put`** (`put_`, device-generic) and **`_unsafe_masked_index_put_accumulate`** (an
+  `index_put_` of its values, device-generic): source and destination must share a dtype.
+* **`_softmax_backward_data`, `_log_softmax_backward_data`** (CPU only): the CPU kernel returns
+  the gradient's dtype whatever `input_dtype` says (the decomposition fake tensors run casts to
+  it; its own comment says the CPU kernel does not respect it), reads `output` as the gradient's
+  type, and refuses an fp32 gradient with `input_dtype=torch.half`. CUDA's kernel is not
+  visible from here: left to the fake kernel.
+* **`_scaled_dot_product_flash_attention_for_cpu`** (a CPU op): key and value are read as the
+  query's type; `attn_mask` must be the query's dtype or fp32, checked first.
+* **`convolution`** (CPU): `aten.convolution` makes no bias check of its own on the CPU (the one
+  with `dtype().name()` is `at::conv1d/2d/3d`'s, composite functions that run on fake tensors
+  too); its backend does. ampgraph now picks the backend as `ConvParams::use_mkldnn` does: oneDNN
+  for a bf16 input, for an fp32 one by shape, groups, strides, dilations and thread count, which
+  refuses a weight or a bias of another dtype; the slow kernels read the weight (and the 3-D
+  transposed one the bias) as the input's type and take any other bias. Before, every bias of
+  another dtype was refused, which `conv_transpose1d/2d` and `conv3d(padding="same")` accept. A
+  CPU with AVX512-FP16 or AMX-FP16 sends fp16 to oneDNN too; ampgraph does not model that (fp16
+  takes the slow path here). CUDA keeps its checks (the bias compared first, then cuDNN's).
+* **`addr`**, **`huber_loss`**, **`soft_margin_loss`** (meta kernels, every device): the
+  references these fake kernels ran promote their arguments; the real kernels do not.
+  `build_addr_iter` expands `self` to the outer product's shape first, so a 0-dim fp32 `self`
+  with bf16 vectors gives fp32; `huber_loss` writes into `at::empty_like(input)` and
+  `soft_margin_loss` into a tensor of `input`'s options, so the input's dtype wins.
+* **`linear_cross_entropy` with `options`** (`torch_nn::_linear_cross_entropy_batch_chunked`
+  and `..._no_reduction`, custom ops of this torch): their fake kernels check nothing, and the
+  real Python kernel's dtype handling depends on the device and an accumulation policy (on the
+  CPU a 16-bit input with an fp32 weight runs and the reverse raises `mm`'s error; on CUDA `mm`
+  is given an `out_dtype`). Not modelled: the survey lists it above where it still parts.
+"""
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("`", "'")
 
@@ -368,8 +419,9 @@ def render(rows: list[OpRow], wall: float) -> str:
             "or more floating tensors, one of them bf16 or fp16 while the others are fp32, the "
             "reverse, and all bf16 or all fp16. Each call runs on the real CPU kernel (the oracle), "
             "on fake CPU tensors as the fake kernels alone type it (*raw*), and on fake CPU tensors "
-            "as ampgraph replays it (`StrictDtypeMode` and `RealCpuDtypes` above the fake mode). "
-            "A variant *agrees* when both raise or neither does with the same output dtypes; "
+            "as ampgraph replays it (its replaced meta kernels, `StrictDtypeMode` and "
+            "`RealCpuDtypes`; fake CUDA tensors under `StrictDtypeMode('cuda')` are recorded "
+            "too, with no real kernel to compare). A variant *agrees* when both raise or neither does with the same output dtypes; "
             "*lenient*: the real kernel raises and the fake one does not (a check the fake kernel "
             "lacks); *strict*: the fake kernel raises and the real one does not; *dtype*: both run "
             "and the output dtypes part."
@@ -377,7 +429,8 @@ def render(rows: list[OpRow], wall: float) -> str:
         "",
         (
             f"Produced by `scripts/fake_kernel_survey.py` with torch {torch.__version__}, Python "
-            f"{platform.python_version()}, on {cores} CPU cores and no GPU, in {wall:.0f} s wall: "
+            f"{platform.python_version()}, on {cores} CPU cores ({platform.machine()}, "
+            f"{torch.backends.cpu.get_cpu_capability()}, one thread) and no GPU, in {wall:.0f} s wall: "
             f"{len(rows)} OpInfos visited, {len(surveyed)} with two or more floating tensors "
             f"surveyed ({samples} samples, {variants} mixed-dtype variants). The raw fake kernels "
             f"part from the real ones on {len(parting)} ops; as ampgraph replays them, on "
@@ -412,7 +465,7 @@ def render(rows: list[OpRow], wall: float) -> str:
                 f"| `{r.name}` | {', '.join(r.kinds('ampgraph'))} | `{_cell(v.call)}` | "
                 f"{_cell(v.real.describe())} | {_cell(v.ampgraph.describe())} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", COVERAGE]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

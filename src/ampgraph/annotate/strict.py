@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_PARAMS
@@ -203,10 +204,12 @@ def _cpu_onednn(
     if len(xs) == 3:  # 1-D: seen as 2-D with a height of 1
         xs, ws = [xs[0], xs[1], 1, xs[2]], [ws[0], ws[1], 1, ws[2]]
     strided, dilated = any(v != 1 for v in stride), any(v != 1 for v in dilation)
-    worth = strided or dilated or xs[0] >= 16 or ws[-1] != 1 or ws[-2] != 1
+    # A size known only at run time (after nonzero) counts as large: no guard raises on it.
+    big = guard_or_true
+    worth = strided or dilated or big(xs[0] >= 16) or big(ws[-1] != 1) or big(ws[-2] != 1)
     faster = (
-        groups > 1 or (ws[-1] > 3 and ws[-2] > 3) or xs[0] > 1
-        or xs[0] * xs[1] * xs[2] * xs[3] > 20480
+        groups > 1 or big(ws[-1] > 3 and ws[-2] > 3) or big(xs[0] > 1)
+        or big(xs[0] * xs[1] * xs[2] * xs[3] > 20480)
     )  # fmt: skip
     return (worth or torch.get_num_threads() > 1) and faster
 
