@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 from ampgraph.errors import AmpgraphError, CaptureError, ModelSpecError, RenderError, SettingError
 from ampgraph.report.records import ModuleCall, NodeRecord, Report
+from ampgraph.recipes import Recipe, parse_recipe
 from ampgraph.settings import Setting, seed_matrix
 
 if "IPython" in sys.modules:  # a notebook (or IPython) is running: show reports as diagrams
@@ -58,6 +59,7 @@ __all__ = [
     "ModelSpecError",
     "ModuleCall",
     "NodeRecord",
+    "Recipe",
     "RenderError",
     "Report",
     "Setting",
@@ -66,6 +68,7 @@ __all__ = [
     "analyze_capture",
     "analyze_spec",
     "load_model",
+    "parse_recipe",
     "seed_matrix",
 ]
 
