@@ -11,7 +11,9 @@ message, before the fake kernel runs.
 docstring where PyTorch makes it. A check is registered for CUDA only where the source puts it
 in code both devices run (a structured kernel's ``TORCH_META_FUNC``, a device-generic native
 function, ``TensorIterator``) or in CUDA's own kernel; the CPU entries are proven against real
-CPU kernels, every dtype pair, by ``tests/test_strict_dtypes.py`` (no false errors either).
+CPU kernels, every dtype pair, by ``tests/test_strict_dtypes.py`` and
+``tests/test_fake_kernels.py`` (no false errors either). ``scripts/fake_kernel_survey.py`` looks
+for the checks still missing over torch's OpInfo database (``docs/fake-kernels.md``).
 
 >>> import torch
 >>> check = STRICT_CHECKS[("cuda", torch.ops.aten.mm.default)]
