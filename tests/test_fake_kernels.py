@@ -214,3 +214,75 @@ def test_cpu_convolution_bias_and_weight_follow_the_backend(
             assert predicted == real, (x_shape, w_shape, stride, dilation, transposed, groups)
     finally:
         torch.set_num_threads(previous)
+
+
+def _lng(grad: Any, x: Any, stats: Any, w: Any) -> tuple[Any, ...]:
+    return (torch.randn(2, 8, dtype=grad), torch.randn(2, 8, dtype=x), [8],
+            torch.randn(2, 1, dtype=stats), torch.randn(2, 1, dtype=stats),
+            torch.randn(8, dtype=w), torch.randn(8, dtype=w), [True, True, True])  # fmt: skip
+
+
+#: CPU backward kernels a training step's joint trace replays: name -> (op, args from three
+#: floating dtypes).
+BACKWARDS: dict[str, tuple[Any, Callable[[Any, Any, Any], tuple[Any, ...]]]] = {
+    "glu_backward": (
+        aten.glu_backward.default,
+        lambda a, b, c: (torch.randn(2, 2, dtype=a), torch.randn(2, 4, dtype=b), -1),
+    ),
+    "log_sigmoid_backward": (
+        aten.log_sigmoid_backward.default,
+        lambda a, b, c: (torch.randn(4, dtype=a), torch.randn(4, dtype=b), torch.randn(4, dtype=c)),
+    ),
+    "nll_loss_backward": (
+        aten.nll_loss_backward.default,
+        lambda a, b, c: (
+            torch.randn((), dtype=a),
+            torch.randn(3, 5, dtype=b),
+            torch.zeros(3, dtype=torch.long),
+            torch.randn(5, dtype=c),
+            1,
+            -100,
+            torch.randn((), dtype=b),
+        ),
+    ),
+    "nll_loss_backward_total_weight": (
+        aten.nll_loss_backward.default,
+        lambda a, b, c: (
+            torch.randn((), dtype=a),
+            torch.randn(3, 5, dtype=b),
+            torch.zeros(3, dtype=torch.long),
+            None,
+            1,
+            -100,
+            torch.randn((), dtype=c),
+        ),
+    ),
+    "nll_loss2d_backward": (
+        aten.nll_loss2d_backward.default,
+        lambda a, b, c: (
+            torch.randn((), dtype=a),
+            torch.randn(3, 5, 2, 2, dtype=b),
+            torch.zeros(3, 2, 2, dtype=torch.long),
+            torch.randn(5, dtype=c),
+            1,
+            -100,
+            torch.randn((), dtype=b),
+        ),
+    ),
+    "layer_norm_backward": (
+        aten.native_layer_norm_backward.default,
+        lambda a, b, c: _lng(a, a, b, c),
+    ),
+    "layer_norm_backward_grad": (
+        aten.native_layer_norm_backward.default,
+        lambda a, b, c: _lng(a, b, F32, c),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BACKWARDS))
+def test_cpu_backward_every_dtype_triple(case: str) -> None:
+    op, make = BACKWARDS[case]
+    for a, b, c in itertools.product(FLOATS, repeat=3):
+        real, predicted = _agree(make(a, b, c), op)
+        assert predicted == real, (a, b, c)

@@ -152,3 +152,26 @@ def test_fake_retyped_ops_type_as_the_real_kernel(case: str, device: str) -> Non
         with fake_mode():
             fake = RETYPED[case](a, b, device)
         assert (fake.dtype, fake.shape) == (real.dtype, real.shape), (a, b)
+
+
+#: The backward kernels a training step's joint trace replays: gradient dtype ``a``, the saved
+#: input (and target) dtype ``b``.
+RETYPED_BACKWARD = {
+    "threshold_backward": lambda a, b, dev: torch.ops.aten.threshold_backward(
+        torch.randn(4, dtype=a).to(dev), torch.randn(4, dtype=b).to(dev), 0.0
+    ),
+    "mse_loss_backward": lambda a, b, dev: torch.ops.aten.mse_loss_backward(
+        torch.randn((), dtype=a).to(dev), torch.randn(4, dtype=b).to(dev),
+        torch.randn(4, dtype=a).to(dev), 1,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(RETYPED_BACKWARD))
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_fake_retyped_backwards_type_as_the_real_kernel(case: str, device: str) -> None:
+    for a, b in itertools.product(DTYPES[:3], repeat=2):
+        real = RETYPED_BACKWARD[case](a, b, "cpu")
+        with fake_mode():
+            fake = RETYPED_BACKWARD[case](a, b, device)
+        assert (fake.dtype, fake.shape) == (real.dtype, real.shape), (a, b)

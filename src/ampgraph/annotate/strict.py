@@ -452,6 +452,51 @@ def _embedding_bag_cuda(args: tuple[Any, ...]) -> str | None:
     return _data_ptr(weight, psw)
 
 
+# -- backward kernels (CPU): what a joint trace of a training step replays ---------------------
+def _same_as_self_cpu(grad_index: int, self_index: int, *more: int) -> Check:
+    """CPU backward kernels built on a ``TensorIterator`` that wants one dtype
+    (``glu_backward``, ``log_sigmoid_backward``): ``self`` sets it, the gradient is compared
+    first, then the other inputs."""
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        want = args[self_index]
+        for i in (grad_index, *more):
+            t = _tensor(args[i]) if i < len(args) else None
+            if t is not None and t.dtype != want.dtype:
+                return f"Found dtype {_st(t)} but expected {_st(want)}"
+        return None
+
+    return check
+
+
+def _nll_loss_backward_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``nll_loss_backward``/``nll_loss2d_backward`` read the weight, the total weight and
+    the gradient as ``self``'s type, in that order."""
+    grad, self, _target, weight, _reduction, _ignore, total_weight = args[:7]
+    for t in (_tensor(weight), total_weight, grad):
+        if t is not None and (found := _data_ptr(self, t)):
+            return found
+    return None
+
+
+def _layer_norm_backward_cpu(args: tuple[Any, ...]) -> str | None:
+    """CPU ``native_layer_norm_backward``: the gradient is read as the input's type; the
+    statistics as fp32 where the input is 16-bit with fp32 parameters (``mixed_dtypes.h``), as
+    the input's type otherwise; then a parameter of another dtype, outside that mixed case."""
+    grad, x, _shape, mean, rstd = args[:5]
+    params = [t for t in (_tensor(a) for a in args[5:7]) if t is not None]
+    if found := _data_ptr(x, grad):
+        return found
+    mixed = bool(params) and x.dtype in (torch.bfloat16, torch.float16) and (
+        params[0].dtype == torch.float32
+    )  # fmt: skip
+    acc = torch.empty(0) if mixed else x
+    for t in (mean, rstd, *([] if mixed else params)):
+        if found := _data_ptr(acc, t):
+            return found
+    return None
+
+
 def _both(op: Any, check: Check) -> dict[tuple[str, Any], Check]:
     return {("cpu", op): check, ("cuda", op): check}
 
@@ -491,6 +536,11 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cpu", aten._softmax_backward_data.default): _softmax_backward_cpu,
     ("cpu", aten._log_softmax_backward_data.default): _softmax_backward_cpu,
     ("cpu", aten._scaled_dot_product_flash_attention_for_cpu.default): _sdpa_flash_cpu,
+    ("cpu", aten.glu_backward.default): _same_as_self_cpu(0, 1),
+    ("cpu", aten.log_sigmoid_backward.default): _same_as_self_cpu(0, 1, 2),
+    ("cpu", aten.nll_loss_backward.default): _nll_loss_backward_cpu,
+    ("cpu", aten.nll_loss2d_backward.default): _nll_loss_backward_cpu,
+    ("cpu", aten.native_layer_norm_backward.default): _layer_norm_backward_cpu,
     **_both(aten.index_copy_.default, _index_copy),
     ("cpu", aten.masked_scatter.default): _masked_scatter_cpu,
     ("cpu", aten.masked_scatter_.default): _masked_scatter_cpu,

@@ -1,4 +1,4 @@
-"""Meta kernels stricter than the real kernels they stand for, replaced by ones that follow them.
+"""Meta kernels stricter than the real kernels they stand for, or typing otherwise, replaced.
 
 A fake tensor computes dtypes with the op's meta kernel. Where that kernel refuses a dtype the real
 kernel accepts, a trace or the eager-hook oracle reports an error a real run never raises, and
@@ -12,6 +12,10 @@ which shares the rule (``tests/test_meta_kernels.py``):
   (``aten/src/ATen/native/GroupedMMUtils.h``: ``_grouped_mm_validate_inputs``, then the bf16 fast
   path or ``_grouped_mm_fallback``'s loop of ``mm_out``) take fp32, bf16 and fp16, return
   ``mat_a``'s dtype, and raise ``mm``'s error where the two dtypes differ.
+* ``addr``, ``huber_loss``, ``soft_margin_loss``, ``threshold_backward``, ``mse_loss_backward``:
+  fake tensors ran Python decompositions that promote otherwise than the real kernels (found by
+  ``scripts/fake_kernel_survey.py``, ``docs/fake-kernels.md``); each replacement keeps the
+  decomposition's shape and takes the dtype the real kernels' shared code gives.
 
 >>> import torch
 >>> from ampgraph.torchutil import fake_mode
@@ -130,12 +134,35 @@ def _loss_as_input(name: str) -> Any:
     return kernel
 
 
+def _threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) -> torch.Tensor:
+    """``threshold_backward`` (ReLU's backward): its structured meta function builds a binary
+    ``TensorIterator`` of ``self`` and the gradient, which promotes; the decomposition fake
+    tensors ran returns the gradient's dtype."""
+    from torch._decomp import decomposition_table
+
+    out = decomposition_table[torch.ops.aten.threshold_backward.default](grad, self, threshold)
+    return _retyped(out, torch.promote_types(grad.dtype, self.dtype))
+
+
+def _mse_loss_backward(
+    grad: torch.Tensor, input: torch.Tensor, target: torch.Tensor, reduction: int
+) -> torch.Tensor:
+    """``mse_loss_backward`` (``Loss.cpp``, every device) writes into ``at::zeros_like(input)``:
+    the input's dtype, where the decomposition promotes with the target."""
+    from torch._decomp import decomposition_table
+
+    reference = decomposition_table[torch.ops.aten.mse_loss_backward.default]
+    return _retyped(reference(grad, input, target, reduction), input.dtype)
+
+
 #: Op name -> the replacement meta kernel.
 REPLACED: dict[str, Any] = {
     "_grouped_mm": _grouped_mm,
     "addr": _addr,
     "huber_loss": _loss_as_input("huber_loss"),
     "soft_margin_loss": _loss_as_input("soft_margin_loss"),
+    "threshold_backward": _threshold_backward,
+    "mse_loss_backward": _mse_loss_backward,
 }
 
 
