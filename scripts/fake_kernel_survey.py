@@ -268,6 +268,63 @@ def ampgraph_pass(rows: list[OpRow]) -> None:
         row.variants = kept
 
 
+@dataclass
+class BackwardOp:
+    """A backward kernel ``op_db`` does not list (a training step's joint trace replays them),
+    with one fp32 sample, in the shape of an OpInfo for :func:`survey_op`."""
+
+    name: str
+    op: Any
+    make: Callable[[], tuple[Any, ...]]
+    variant_test_name: str = ""
+
+    def supported_dtypes(self, device: str) -> set[torch.dtype]:
+        return {F32, BF16, F16}
+
+    def sample_inputs(self, device: str, dtype: torch.dtype) -> list[Any]:
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        first, *rest = self.make()
+        return [SampleInput(first, args=tuple(rest))]
+
+
+def _backward_ops() -> list[BackwardOp]:
+    aten, r = torch.ops.aten, torch.randn
+    idx = torch.zeros(3, dtype=torch.long)
+    stats = (r(2, 1), r(2, 1))
+    return [
+        BackwardOp("threshold_backward", aten.threshold_backward, lambda: (r(4), r(4), 0.0)),
+        BackwardOp("mse_loss_backward", aten.mse_loss_backward, lambda: (r(()), r(4), r(4), 1)),
+        BackwardOp("glu_backward", aten.glu_backward, lambda: (r(2, 2), r(2, 4), -1)),
+        BackwardOp("log_sigmoid_backward", aten.log_sigmoid_backward, lambda: (r(4), r(4), r(4))),
+        BackwardOp("gelu_backward", aten.gelu_backward, lambda: (r(4), r(4))),
+        BackwardOp("silu_backward", aten.silu_backward, lambda: (r(4), r(4))),
+        BackwardOp("sigmoid_backward", aten.sigmoid_backward, lambda: (r(4), r(4))),
+        BackwardOp("tanh_backward", aten.tanh_backward, lambda: (r(4), r(4))),
+        BackwardOp("hardswish_backward", aten.hardswish_backward, lambda: (r(4), r(4))),
+        BackwardOp(
+            "_log_softmax_backward_data", aten._log_softmax_backward_data,
+            lambda: (r(3, 4), r(3, 4), 1, F32),
+        ),
+        BackwardOp(
+            "nll_loss_backward", aten.nll_loss_backward,
+            lambda: (r(()), r(3, 5), idx, r(5), 1, -100, r(())),
+        ),
+        BackwardOp(
+            "native_layer_norm_backward", aten.native_layer_norm_backward,
+            lambda: (r(2, 8), r(2, 8), [8], *stats, r(8), r(8), [True, True, True]),
+        ),
+        BackwardOp(
+            "native_group_norm_backward", aten.native_group_norm_backward,
+            lambda: (r(2, 4, 3), r(2, 4, 3), r(2, 2), r(2, 2), r(4), 2, 4, 3, 2, [True] * 3),
+        ),
+        BackwardOp(
+            "native_batch_norm_backward", aten.native_batch_norm_backward,
+            lambda: (r(2, 4, 3), r(2, 4, 3), r(4), r(4), r(4), r(4), r(4), True, 1e-5, [True] * 3),
+        ),
+    ]  # fmt: skip
+
+
 def _skip_reason(opinfo: Any) -> str:
     name = opinfo.name
     if any(r in name for r in RANDOM):
@@ -325,7 +382,7 @@ def survey(only: list[str] | None = None, limit_s: float = 420.0) -> tuple[list[
 
 def _survey(only: list[str] | None, limit_s: float) -> tuple[list[OpRow], float]:
     ops = [
-        o for o in load_op_db()
+        o for o in [*load_op_db(), *_backward_ops()]
         if not only or o.name in only or f"{o.name}.{o.variant_test_name}" in only
     ]  # fmt: skip
     start, rows = time.perf_counter(), []

@@ -222,6 +222,18 @@ def _lng(grad: Any, x: Any, stats: Any, w: Any) -> tuple[Any, ...]:
             torch.randn(8, dtype=w), torch.randn(8, dtype=w), [True, True, True])  # fmt: skip
 
 
+def _gng(dy: Any, x: Any, stats: Any, gamma: Any) -> tuple[Any, ...]:
+    r = torch.randn
+    return (r(2, 4, 3, dtype=dy), r(2, 4, 3, dtype=x), r(2, 2, dtype=stats),
+            r(2, 2, dtype=stats), r(4, dtype=gamma), 2, 4, 3, 2, [True] * 3)  # fmt: skip
+
+
+def _bng(grad: Any, x: Any, weight: Any, saved: Any) -> tuple[Any, ...]:
+    r = torch.randn
+    return (r(2, 4, 3, dtype=grad), r(2, 4, 3, dtype=x), r(4, dtype=weight), r(4), r(4).abs(),
+            r(4, dtype=saved), r(4, dtype=saved).abs(), True, 1e-5, [True] * 3)  # fmt: skip
+
+
 #: CPU backward kernels a training step's joint trace replays: name -> (op, args from three
 #: floating dtypes).
 BACKWARDS: dict[str, tuple[Any, Callable[[Any, Any, Any], tuple[Any, ...]]]] = {
@@ -268,6 +280,22 @@ BACKWARDS: dict[str, tuple[Any, Callable[[Any, Any, Any], tuple[Any, ...]]]] = {
             -100,
             torch.randn((), dtype=b),
         ),
+    ),
+    "group_norm_backward": (
+        aten.native_group_norm_backward.default,
+        lambda a, b, c: _gng(a, a, b, c),
+    ),
+    "group_norm_backward_dy": (
+        aten.native_group_norm_backward.default,
+        lambda a, b, c: _gng(a, b, F32, c),
+    ),
+    "batch_norm_backward": (
+        aten.native_batch_norm_backward.default,
+        lambda a, b, c: _bng(a, a, b, c),
+    ),
+    "batch_norm_backward_grad": (
+        aten.native_batch_norm_backward.default,
+        lambda a, b, c: _bng(a, b, F32, c),
     ),
     "layer_norm_backward": (
         aten.native_layer_norm_backward.default,

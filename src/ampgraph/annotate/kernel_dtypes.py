@@ -1,5 +1,5 @@
 """The output dtypes where fake (meta) kernels and the real CPU kernels part: mixed normalisations
-and the softmax backwards.
+and the softmax backwards; and the backward normalisations' dtype errors.
 
 Fed a 16-bit input with fp32 parameters ("mixed type", ``aten/src/ATen/native/mixed_dtypes.h``),
 the CPU's normalisation kernels return their statistics (mean, rstd, ...) in fp32, and the group
@@ -53,6 +53,71 @@ _MISTYPED: dict[Any, tuple[tuple[int, ...], str]] = {
 #: what the real kernel gives them).
 CPU_MIXED: dict[Any, tuple[int, tuple[int, ...], tuple[int, ...], str]] = {
     op: (*CPU_NORM_PARAMS[op], *_MISTYPED[op]) for op in CPU_NORM_PARAMS
+}
+
+
+# -- the backward normalisations' dtype errors (CPU), registered by ampgraph.annotate.strict ----
+_NAMES = {torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half",
+          torch.float64: "Double"}  # fmt: skip
+_MIXED_NOT_FLOAT = "mixed dtype (CPU): expect parameter to have scalar type of Float"
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _read_as(dtype: torch.dtype, *tensors: Any) -> str | None:
+    """``data_ptr<scalar_t>()`` of each tensor given, read as ``dtype``: the first that is not."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dtype != dtype:
+            found = _NAMES.get(t.dtype, str(t.dtype))
+            return f"expected scalar type {_NAMES.get(dtype, str(dtype))} but found {found}"
+    return None
+
+
+def _layer_norm_backward(args: tuple[Any, ...]) -> str | None:
+    """``native_layer_norm_backward``: the gradient is read as the input's type; the statistics
+    as fp32 where the input is 16-bit with fp32 parameters (mixed), as the input's type
+    otherwise, and then, outside that mixed case, the parameters."""
+    grad, x, _shape, mean, rstd, weight, bias = args[:7]
+    params = [t for t in (weight, bias) if isinstance(t, torch.Tensor)]
+    mixed = bool(params) and x.dtype in _LOW and params[0].dtype == torch.float32
+    if mixed:
+        return _read_as(x.dtype, grad) or _read_as(torch.float32, mean, rstd)
+    return _read_as(x.dtype, grad, mean, rstd, *params)
+
+
+def _group_norm_backward(args: tuple[Any, ...]) -> str | None:
+    """``native_group_norm_backward``: X and dY first; statistics of another dtype than X make
+    it mixed, and must then be fp32 (as gamma is read); otherwise gamma is read as X's type."""
+    dy, x, mean, rstd, gamma = args[:5]
+    if dy.dtype != x.dtype:
+        return "Expected scalar types of X and dY are same."
+    if mean.dtype != x.dtype:
+        if mean.dtype != torch.float32 or rstd.dtype != torch.float32:
+            return _MIXED_NOT_FLOAT
+        return _read_as(torch.float32, gamma)
+    return _read_as(x.dtype, rstd, gamma)
+
+
+def _batch_norm_backward(args: tuple[Any, ...]) -> str | None:
+    """``native_batch_norm_backward``: the first parameter given decides whether the input is
+    mixed (``is_mixed_type``), when every parameter must be fp32; then the gradient is read as
+    the input's type, and outside the mixed case the saved, then the running statistics."""
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd = args[:7]
+    given = [t for t in (weight, running_mean, running_var, save_mean, save_invstd)
+             if isinstance(t, torch.Tensor)]  # fmt: skip
+    if given and given[0].dtype != x.dtype:
+        if any(t.dtype != torch.float32 for t in given):
+            return _MIXED_NOT_FLOAT
+        if x.dtype not in _LOW:
+            return "mixed dtype (CPU): all inputs must share same datatype."
+        return _read_as(x.dtype, grad)
+    return _read_as(x.dtype, grad, save_mean, save_invstd, running_mean, running_var, weight)
+
+
+#: op -> the CPU kernel's dtype error for these args, or None (``StrictDtypeMode`` raises it).
+CPU_NORM_BACKWARD_CHECKS = {
+    aten.native_layer_norm_backward.default: _layer_norm_backward,
+    aten.native_group_norm_backward.default: _group_norm_backward,
+    aten.native_batch_norm_backward.default: _batch_norm_backward,
 }
 
 
@@ -128,6 +193,7 @@ class RealCpuDtypes(TorchDispatchMode):
 
 __all__ = [
     "CPU_MIXED",
+    "CPU_NORM_BACKWARD_CHECKS",
     "CPU_NORM_PARAMS",
     "CPU_RULES",
     "RealCpuDtypes",

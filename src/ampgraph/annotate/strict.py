@@ -30,7 +30,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.annotate.kernel_dtypes import CPU_NORM_PARAMS
+from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
 
 aten = torch.ops.aten
 
@@ -479,24 +479,6 @@ def _nll_loss_backward_cpu(args: tuple[Any, ...]) -> str | None:
     return None
 
 
-def _layer_norm_backward_cpu(args: tuple[Any, ...]) -> str | None:
-    """CPU ``native_layer_norm_backward``: the gradient is read as the input's type; the
-    statistics as fp32 where the input is 16-bit with fp32 parameters (``mixed_dtypes.h``), as
-    the input's type otherwise; then a parameter of another dtype, outside that mixed case."""
-    grad, x, _shape, mean, rstd = args[:5]
-    params = [t for t in (_tensor(a) for a in args[5:7]) if t is not None]
-    if found := _data_ptr(x, grad):
-        return found
-    mixed = bool(params) and x.dtype in (torch.bfloat16, torch.float16) and (
-        params[0].dtype == torch.float32
-    )  # fmt: skip
-    acc = torch.empty(0) if mixed else x
-    for t in (mean, rstd, *([] if mixed else params)):
-        if found := _data_ptr(acc, t):
-            return found
-    return None
-
-
 def _both(op: Any, check: Check) -> dict[tuple[str, Any], Check]:
     return {("cpu", op): check, ("cuda", op): check}
 
@@ -540,7 +522,7 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cpu", aten.log_sigmoid_backward.default): _same_as_self_cpu(0, 1, 2),
     ("cpu", aten.nll_loss_backward.default): _nll_loss_backward_cpu,
     ("cpu", aten.nll_loss2d_backward.default): _nll_loss_backward_cpu,
-    ("cpu", aten.native_layer_norm_backward.default): _layer_norm_backward_cpu,
+    **{("cpu", op): check for op, check in CPU_NORM_BACKWARD_CHECKS.items()},
     **_both(aten.index_copy_.default, _index_copy),
     ("cpu", aten.masked_scatter.default): _masked_scatter_cpu,
     ("cpu", aten.masked_scatter_.default): _masked_scatter_cpu,

@@ -138,21 +138,17 @@ def _threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) 
     """``threshold_backward`` (ReLU's backward): its structured meta function builds a binary
     ``TensorIterator`` of ``self`` and the gradient, which promotes; the decomposition fake
     tensors ran returns the gradient's dtype."""
-    from torch._decomp import decomposition_table
-
-    out = decomposition_table[torch.ops.aten.threshold_backward.default](grad, self, threshold)
-    return _retyped(out, torch.promote_types(grad.dtype, self.dtype))
+    shape = torch.broadcast_shapes(grad.shape, self.shape)
+    return grad.new_empty(shape, dtype=torch.promote_types(grad.dtype, self.dtype))
 
 
 def _mse_loss_backward(
     grad: torch.Tensor, input: torch.Tensor, target: torch.Tensor, reduction: int
 ) -> torch.Tensor:
-    """``mse_loss_backward`` (``Loss.cpp``, every device) writes into ``at::zeros_like(input)``:
-    the input's dtype, where the decomposition promotes with the target."""
-    from torch._decomp import decomposition_table
-
-    reference = decomposition_table[torch.ops.aten.mse_loss_backward.default]
-    return _retyped(reference(grad, input, target, reduction), input.dtype)
+    """``mse_loss_backward`` (``Loss.cpp``, every device) writes into ``at::zeros_like(input)``
+    (contiguous): the input's dtype, where the decomposition promotes with the target."""
+    torch.broadcast_shapes(grad.shape, input.shape, target.shape)  # its shape check
+    return input.new_empty(input.shape)
 
 
 #: Op name -> the replacement meta kernel.
