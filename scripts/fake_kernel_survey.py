@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Fake kernels against the real CPU kernels on mixed dtypes, over torch's OpInfo database.
 
-For every op of ``op_db`` with two or more floating tensor arguments in a sample, each of a few
+For every op of ``op_db`` with two or more floating tensor arguments in a sample (and a few
+backward kernels ``op_db`` does not list, :func:`_backward_ops`), each of a few
 samples is made again in mixed dtypes (one floating argument bf16 or fp16 and the others fp32, one
 fp32 and the others 16-bit, all bf16, all fp16) and run three ways:
 
@@ -446,6 +447,16 @@ a device-generic native function); otherwise it is the CPU's alone, as said belo
   `build_addr_iter` expands `self` to the outer product's shape first, so a 0-dim fp32 `self`
   with bf16 vectors gives fp32; `huber_loss` writes into `at::empty_like(input)` and
   `soft_margin_loss` into a tensor of `input`'s options, so the input's dtype wins.
+* **Backward kernels** (not in `op_db`; the survey probes 14 that a training step's joint trace
+  replays, one fp32 sample each). CPU only, where the kernels are the CPU's:
+  `glu_backward` and `log_sigmoid_backward` (a `TensorIterator` that wants `self`'s dtype),
+  `nll_loss_backward`/`nll_loss2d_backward` (weight, total weight and gradient read as `self`'s
+  type), and the normalisations' backwards (`native_layer_norm_backward`,
+  `native_group_norm_backward`, `native_batch_norm_backward`: the forward's mixed-type rules,
+  with the statistics in fp32 for a 16-bit input with fp32 parameters). Every device, as meta
+  kernels: `threshold_backward` (ReLU's) promotes its gradient with `self`, as its structured
+  meta function's binary `TensorIterator` does, and `mse_loss_backward` writes into
+  `zeros_like(input)`; the decompositions fake tensors ran typed both otherwise.
 * **`linear_cross_entropy` with `options`** (`torch_nn::_linear_cross_entropy_batch_chunked`
   and `..._no_reduction`, custom ops of this torch): their fake kernels check nothing, and the
   real Python kernel's dtype handling depends on the device and an accumulation policy (on the
@@ -488,7 +499,8 @@ def render(rows: list[OpRow], wall: float) -> str:
             f"Produced by `scripts/fake_kernel_survey.py` with torch {torch.__version__}, Python "
             f"{platform.python_version()}, on {cores} CPU cores ({platform.machine()}, "
             f"{torch.backends.cpu.get_cpu_capability()}, one thread) and no GPU, in {wall:.0f} s wall: "
-            f"{len(rows)} OpInfos visited, {len(surveyed)} with two or more floating tensors "
+            f"{len(rows)} OpInfos and backward kernels visited, {len(surveyed)} with two or more "
+            "floating tensors "
             f"surveyed ({samples} samples, {variants} mixed-dtype variants). The raw fake kernels "
             f"part from the real ones on {len(parting)} ops; as ampgraph replays them, on "
             f"{len(left)}."
