@@ -18,8 +18,8 @@ import typing
 __version__ = "0.1.0"
 
 from ampgraph.errors import AmpgraphError, CaptureError, ModelSpecError, RenderError, SettingError
-from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.recipes import Recipe, parse_recipe
+from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting, seed_matrix
 
 if "IPython" in sys.modules:  # a notebook (or IPython) is running: show reports as diagrams

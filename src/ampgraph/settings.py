@@ -343,6 +343,27 @@ class Setting:
         )
 
 
+def caption(setting: dict[str, object]) -> str:
+    """A report's setting (its dictionary) in words, recipe parts included: what every text
+    format puts after the setting's name.
+
+    >>> caption(Setting.parse("half,inputs=bf16,buffers=fp32").to_dict())
+    'no autocast, parameters bf16, buffers fp32, inputs cast to bf16'
+    >>> caption({"name": "mine", "autocast": True, "device_type": "cuda", "amp_dtype": "float16"})
+    'autocast cuda fp16, parameters -'
+    """
+    try:
+        return Setting.from_dict(setting).title
+    except (KeyError, SettingError):  # a hand-made report's partial setting: what it holds
+        amp = (
+            f"autocast {setting.get('device_type')} {short_dtype(str(setting.get('amp_dtype')))}"
+            if setting.get("autocast")
+            else "no autocast"
+        )
+        params = setting.get("param_dtype")
+        return f"{amp}, parameters {short_dtype(str(params) if params else None)}"
+
+
 def seed_matrix(device_type: str = "cuda", amp_dtype: str = "bfloat16") -> list[Setting]:
     """The seed notebook's four settings, in its order of presentation.
 

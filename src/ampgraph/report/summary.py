@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ampgraph.settings import caption
+
 if TYPE_CHECKING:
     from ampgraph.report.records import Report
 
@@ -90,8 +92,7 @@ def table(report: Report) -> Summary:
     setting = report.setting
     title = f"{report.model} {setting.get('name', '?')}"
     if "device_type" in setting:
-        title += (f" (autocast {'on' if setting.get('autocast') else 'off'}, "
-                  f"{setting['device_type']}, parameters {setting.get('param_dtype')})")  # fmt: skip
+        title += f" ({caption(setting)})"
     out = [title, "=" * rule_width, line(head), "-" * rule_width]
     out += [line(r) for r in rows]
     out += [

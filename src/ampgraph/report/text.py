@@ -18,7 +18,7 @@ from ampgraph.policy import CATEGORY_LABEL
 from ampgraph.report.markdown import code_span, escape_text
 from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.review.fold import Names, fold
-from ampgraph.settings import short_dtype
+from ampgraph.settings import caption, short_dtype
 
 #: The seed notebook's WATCH tuple: what its hooks printed.
 SEED_WATCH = ("Linear", "LayerNorm", "Embedding")
@@ -123,8 +123,7 @@ def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
     setting = report.setting
     head = (
         f"**{escape_text(report.model)}**, setting {code_span(setting['name'], table=False)} "
-        f"({'autocast ' + setting['device_type'] + ' ' + short_dtype(setting['amp_dtype']) if setting['autocast'] else 'no autocast'}, "
-        f"parameters {short_dtype(setting['param_dtype'])})"
+        f"({caption(setting)})"
     )
     rows = [
         head,

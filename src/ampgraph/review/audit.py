@@ -43,7 +43,7 @@ from ampgraph.review.findings import (
     where,
 )  # fmt: skip
 from ampgraph.review.fold import Fold, Names, fold
-from ampgraph.settings import short_dtype
+from ampgraph.settings import caption
 
 #: How many of the largest findings (by bytes, all their layers together) the summary names.
 LARGEST = 3
@@ -111,11 +111,7 @@ def _message(entry: Fold[Finding]) -> str:
 
 def _title(report: Report) -> str:
     s = report.setting
-    amp = f"autocast {s['device_type']} {short_dtype(s['amp_dtype'])}" if s["autocast"] else (
-        "no autocast")  # fmt: skip
-    return (
-        f"{report.model}, setting {s['name']} ({amp}, parameters {short_dtype(s['param_dtype'])})"
-    )
+    return f"{report.model}, setting {s['name']} ({caption(s)})"
 
 
 def _summary_lines(

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ampgraph.report.markdown import code_span, escape_text
 from ampgraph.review.findings import fmt_bytes
 from ampgraph.review.fold import Fold, Names, fold
-from ampgraph.settings import short_dtype
+from ampgraph.settings import caption
 
 if TYPE_CHECKING:  # diff imports this module to re-export it: no import back at run time
     from ampgraph.review.diff import NodeChange, ReportDiff
@@ -50,16 +50,10 @@ def describe(side: dict[str, Any]) -> str:
     "m amp-fp32 (autocast cuda bf16, parameters fp32, torch 2.11's lists)"
     """
     s = side.get("setting") or {}
-    amp = (
-        f"autocast {s.get('device_type')} {short_dtype(s.get('amp_dtype'))}"
-        if s.get("autocast")
-        else "no autocast"
-    )
     extra = "" if side.get("pass", "forward") == "forward" else f", {side['pass']} pass"
     if side.get("tables"):  # set where the two sides' policy tables differ
         extra += f", torch {side['tables']}'s lists"
-    params = short_dtype(s.get("param_dtype"))
-    return f"{side.get('model')} {s.get('name')} ({amp}, parameters {params}{extra})"
+    return f"{side.get('model')} {s.get('name')} ({caption(s)}{extra})"
 
 
 def _summary_line(d: ReportDiff) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from ampgraph.report.markdown import code_span, escape_text
 from ampgraph.report.records import Backward, Gradient, NodeRecord, Report
-from ampgraph.settings import short_dtype
+from ampgraph.settings import caption, short_dtype
 from ampgraph.train.memory import (
     ACTIVATION,
     PARAMETER_COPY,
@@ -233,15 +233,10 @@ def markdown_train(report: Report, depth: int | None = None) -> str:
     bw = report.backward
     assert bw is not None
     setting = report.setting
-    amp = (
-        f"autocast {setting['device_type']} {short_dtype(setting['amp_dtype'])}"
-        if setting["autocast"] else "no autocast"
-    )  # fmt: skip
     rows = [
         (
             f"**{escape_text(report.model)}**, training step, setting "
-            f"{code_span(setting['name'], table=False)} ({amp}, parameters "
-            f"{short_dtype(setting['param_dtype'])}); loss "
+            f"{code_span(setting['name'], table=False)} ({caption(setting)}); loss "
             f"{code_span(str(bw.loss['expression']), table=False)} of "
             f"{code_span(str(bw.loss['output']), table=False)}; `loss.backward()` "
             f"{'inside' if bw.autocast else 'outside'} the autocast context"
