@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph import policy as P
 from ampgraph.cli import main
 from ampgraph.settings import DEVICE_TYPES, PLUGIN_DEVICE_TYPES
-from ampgraph.torchutil import autocast_state
+from ampgraph.torchutil import autocast_state, dtype_name
 
 KEYS = {"xpu": "AutocastXPU", "mps": "AutocastMPS"}
 
@@ -214,11 +214,104 @@ def test_a_device_this_build_cannot_trace_is_one_line(device_type: str, small: s
         pytest.skip(f"this torch is built with {device_type}")
     with FakeTensorMode(), pytest.raises(RuntimeError, match="not linked"):
         torch.empty(2, 2, device=device_type)[0]
-    result = CliRunner().invoke(
-        main, ["--no-cache", "check", "--module", small, "--device", device_type]
+    for command in ("check", "verify"):  # a prediction cannot be checked; a run cannot be made
+        result = CliRunner().invoke(
+            main, ["--no-cache", command, "--module", small, "--device", device_type]
+        )
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert f"built without {device_type}" in result.output
+
+
+CONV = """
+import torch
+from torch import nn
+
+class Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.norm = nn.RMSNorm(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.norm(self.bn(self.conv(x)).mean((2, 3)))
+        return self.head(y).softmax(-1)
+
+def build():
+    return Conv().eval(), torch.randn(2, 3, 8, 8)
+"""
+
+
+def _kernel_dtype(op: str, dtypes: list[str], device_type: str) -> torch.dtype:
+    """What ``op`` returns on fake ``device_type`` tensors of ``dtypes`` (the conv module's
+    shapes) under that device's own autocast kernel, bf16: no view and no autograd, which a
+    build without the device cannot make."""
+    make = [lambda *s, i=i: torch.empty(*s, dtype=getattr(torch, dtypes[i]), device=device_type)
+            for i in range(len(dtypes))]  # fmt: skip
+    aten = torch.ops.aten
+    calls = {
+        "aten.conv2d.default": lambda: aten.conv2d(make[0](2, 3, 8, 8), make[1](8, 3, 3, 3),
+                                                   make[2](8)),
+        "aten.batch_norm.default": lambda: aten.batch_norm(
+            make[0](2, 8, 6, 6), *(m(8) for m in make[1:5]), False, 0.1, 1e-5, True),
+        "aten.mean.dim": lambda: aten.mean.dim(make[0](2, 8, 6, 6), [2, 3]),
+        "aten.rms_norm.default": lambda: aten.rms_norm(make[0](2, 8), [8], make[1](8), None),
+        "aten.linear.default": lambda: aten.linear(make[0](2, 8), make[1](4, 8), make[2](4)),
+        "aten.softmax.int": lambda: aten.softmax.int(make[0](2, 4), -1),
+    }  # fmt: skip
+    with FakeTensorMode(), autocast_state(device_type, True, torch.bfloat16), torch.no_grad():
+        return calls[op]().dtype
+
+
+@pytest.mark.parametrize("device_type", ["xpu", "mps"])
+def test_a_device_this_build_cannot_trace_is_predicted_from_its_lists(
+    device_type: str, tmp_path: Any
+) -> None:
+    """Traced on CUDA, annotated with the device's own lists, said to be a prediction: and each
+    op's predicted output is what the device's real autocast kernel returns for the predicted
+    inputs (the kernels run on fake tensors of a build without the device, views do not)."""
+    built = {"xpu": torch.xpu._is_compiled, "mps": torch.backends.mps.is_built}[device_type]
+    if built():
+        pytest.skip(f"this torch is built with {device_type}: it traces there itself")
+    from ampgraph import Setting, analyze, load_model
+
+    (tmp_path / "conv.py").write_text(CONV)
+    model = load_model(f"{tmp_path / 'conv.py'}:build")
+    report = analyze(model, Setting.parse("amp-fp32", device_type=device_type))
+    assert report.setting["device_type"] == device_type
+    assert report.check is None and f"prediction for {device_type}" in report.capture["stand_in"]
+    assert report.capture["check_unavailable"] == report.capture["stand_in"]
+    ops = [n for n in report.nodes if n.op in {
+        "aten.conv2d.default", "aten.batch_norm.default", "aten.mean.dim",
+        "aten.rms_norm.default", "aten.linear.default", "aten.softmax.int"}]  # fmt: skip
+    assert len(ops) == 6
+    for node in ops:
+        inputs = [i["dtype"] for i in node.inputs if i.get("dtype")]
+        kernel = dtype_name(_kernel_dtype(node.op, inputs, device_type))
+        assert node.outputs[0] == kernel, (node.op, inputs, node.outputs)
+    # MPS lists batch_norm in fp32 and softmax as a plain fp32 cast, where CUDA has neither.
+    bn = next(n for n in ops if n.op == "aten.batch_norm.default")
+    assert (bn.policy, bn.outputs[0]) == (
+        (P.FP32, "float32") if device_type == "mps" else (None, "bfloat16")
     )
-    assert result.exit_code == 1 and result.output.count("\n") == 1
-    assert f"built without {device_type}" in result.output
+
+
+def test_diff_with_a_device_this_build_cannot_trace(small: str, tmp_path: Any) -> None:
+    """cuda against mps: the ops whose policy changes are those the two lists put apart, and
+    the mps side says it is a prediction."""
+    if torch.backends.mps.is_built():
+        pytest.skip("this torch is built with mps")
+    (tmp_path / "conv.py").write_text(CONV)
+    args = ["--no-cache", "diff", "--module", f"{tmp_path / 'conv.py'}:build"]
+    result = CliRunner().invoke(main, [*args, "--device", "cuda", "--device", "mps",
+                                       "--format", "json"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    diff = json.loads(result.output[result.output.index("{") :])
+    changed = {c["op"] for c in diff["changes"]
+               if any(f["field"] == "policy" for f in c["fields"])}  # fmt: skip
+    assert changed == {"aten.batch_norm.default", "aten.softmax.int"}
+    assert any(n.startswith("B is a prediction for mps") for n in diff["notes"])
 
 
 def test_recipes_stay_on_cuda_and_cpu() -> None:

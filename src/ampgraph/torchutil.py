@@ -192,6 +192,18 @@ def can_trace_fake(device_type: str) -> bool:
     return device_type == "cpu" or torch.backends.cuda.is_built()
 
 
+def fake_device_built(device_type: str) -> bool:
+    """Whether this torch is built with ``device_type``'s backend, so that its fake tensors take
+    views and autograd, as a trace needs. Without XPU or MPS compiled in, fake ``xpu``/``mps``
+    tensors still run those devices' autocast kernels, but no model can be traced on them.
+
+    >>> fake_device_built("cuda"), fake_device_built("cpu")
+    (True, True)
+    """
+    built = {"xpu": lambda: torch.xpu._is_compiled(), "mps": torch.backends.mps.is_built}
+    return device_type not in built or bool(built[device_type]())
+
+
 @contextlib.contextmanager
 def silenced(logger_name: str) -> Iterator[None]:
     """Mute one logger for a while (torch's fake-tensor error log: the error is the finding)."""
@@ -278,6 +290,7 @@ __all__ = [
     "autocast_state",
     "can_trace_fake",
     "dtype_name",
+    "fake_device_built",
     "fake_mode",
     "quiet_logging",
     "silenced",

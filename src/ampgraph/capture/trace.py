@@ -45,7 +45,13 @@ from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
-from ampgraph.torchutil import can_trace_fake, simulated_cuda_amp, torch_dtype, unbacked_values
+from ampgraph.torchutil import (
+    can_trace_fake,
+    fake_device_built,
+    simulated_cuda_amp,
+    torch_dtype,
+    unbacked_values,
+)
 
 #: The methods that trace the model in its setting, so that trace-time dtype reads are the
 #: setting's own; the other methods trace once in a neutral setting and replay.
@@ -270,15 +276,15 @@ def _branches_on_data(exc: BaseException) -> bool:
 
 
 def _check_fake_device(device_type: str) -> None:
-    """One line where this build cannot trace fake ``device_type`` tensors: without XPU or MPS
-    compiled in, their autocast kernels run but views and autograd need a device guard it lacks."""
-    built = {"xpu": lambda: torch.xpu._is_compiled(), "mps": torch.backends.mps.is_built}
-    if device_type in built and not built[device_type]():
+    """One line where this build cannot trace fake ``device_type`` tensors
+    (:func:`~ampgraph.torchutil.fake_device_built`); the analysis traces such a setting on CUDA
+    instead (:func:`ampgraph.pipeline.stages.stand_in`), a run (``verify``) cannot."""
+    if not fake_device_built(device_type):
         raise CaptureError(
             f"torch {torch.__version__} is built without {device_type}: fake {device_type} "
-            "tensors run its autocast kernels but not views, so no model can be traced on it "
-            f"here; 'ampgraph policy --device {device_type}' lists its autocast lists, and a "
-            f"torch built with {device_type} analyses it"
+            "tensors run its autocast kernels but not views, so no model can be traced or run "
+            f"on it here; 'ampgraph table --device {device_type}' predicts it from its lists on "
+            f"a CUDA trace, and a torch built with {device_type} verifies it"
         )
 
 

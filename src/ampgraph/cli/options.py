@@ -182,7 +182,8 @@ def device_option(*, several: bool = False) -> Callable[[F], F]:
     return click.option(
         "--device", metavar="TYPE", default="cuda", show_default=True, callback=_device_type,
         help=f"Device type whose autocast policy applies: {names}. None needs the device: fake "
-        "tensors on it run its real autocast kernels (xpu and mps need a torch built with them).",
+        "tensors on it run its real autocast kernels (xpu and mps on a torch built without them: "
+        "a prediction from their lists, traced on cuda).",
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from ampgraph.pipeline.workers import beside, default_workers, die_with_parent
 from ampgraph.policy import release_in_use
 from ampgraph.report.records import PASSES, NodeRecord, Report
 from ampgraph.settings import Setting
+from ampgraph.torchutil import fake_device_built
 
 
 def versions() -> dict[str, str]:
@@ -93,6 +94,46 @@ def _other_tables() -> str | None:
     )
 
 
+#: While a setting is analysed through :func:`stand_in`: the setting itself, and why the
+#: dispatcher check cannot judge it.
+_STAND_IN: list[tuple[Setting, str]] = []
+
+
+@contextlib.contextmanager
+def stand_in(setting: Setting) -> Iterator[Setting]:
+    """The setting to trace for ``setting`` while it lasts: ``setting`` itself, or, for a
+    device this torch cannot trace fake tensors on (XPU or MPS in a build without them,
+    :func:`~ampgraph.torchutil.fake_device_built`), the same setting on CUDA annotated with
+    ``setting``'s device's autocast lists.
+
+    Autocast's kernels do on XPU and MPS what they do on CUDA, with each device's own lists
+    (:mod:`ampgraph.policy`), so the annotation is that device's; what it cannot be is checked
+    against its kernels here, and the report says so (``capture.check_unavailable``) and names
+    ``setting`` (:func:`analyze_capture`).
+
+    >>> with stand_in(Setting.parse("amp-fp32", device_type="cpu")) as traced:
+    ...     traced.device_type
+    'cpu'
+    """
+    device = setting.device_type
+    if fake_device_built(device):
+        yield setting
+        return
+    tables = P.current_tables()
+    tables["cuda"] = tables.get(device, {})
+    why = (
+        f"a prediction for {device}: this torch {torch.__version__} is built without "
+        f"{device}, so the graph was traced on fake CUDA tensors and annotated with {device}'s "
+        f"autocast lists, not checked against {device}'s kernels"
+    )
+    _STAND_IN.append((setting, why))
+    try:
+        with P.tables_in_use(tables, release_in_use()):
+            yield replace(setting, device_type="cuda")
+    finally:
+        _STAND_IN.pop()
+
+
 #: Graphs at least this big run the dispatcher check in a forked process beside the annotation.
 PARALLEL_CHECK_NODES = 400
 
@@ -129,8 +170,15 @@ def analyze_capture(
         raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
     import multiprocessing as mp
 
+    standing_in = _STAND_IN[-1] if _STAND_IN else None
     unavailable = (
-        (dispatcher_unavailable(cap.setting.device_type) or _other_tables()) if check else None
+        (
+            (standing_in[1] if standing_in else None)
+            or dispatcher_unavailable(cap.setting.device_type)
+            or _other_tables()
+        )
+        if check
+        else None
     )
     check = check and unavailable is None
     parallel = (
@@ -150,7 +198,7 @@ def analyze_capture(
         summary = run_check(cap, records) if check else None
     report = Report(
         model=cap.model_name,
-        setting=cap.setting.to_dict(),
+        setting=(standing_in[0] if standing_in else cap.setting).to_dict(),
         versions=versions(),
         capture={
             "method": cap.method,
@@ -172,6 +220,8 @@ def analyze_capture(
         check=summary,
         pass_=pass_,
     )
+    if standing_in:
+        report.capture["stand_in"] = standing_in[1]
     if cap.raised_in_setting is not None:
         report.capture["raised_in_setting"] = cap.raised_in_setting
         hold_to_the_raise(report)
@@ -290,24 +340,24 @@ def _analyze_sharing(
     bases: list[Capture] = []
     reports = []
     for item in settings:
-        setting = Setting.parse(item)
-        refused = None
-        for base in bases:
-            shared = shared_capture(base, setting)
-            if isinstance(shared, str):
-                if base.setting.graph_key == setting.graph_key:
-                    refused = f"{base.setting.name}'s graph: {shared}"
-                continue
-            cap, records = shared
-            reports.append(analyze_capture(cap, check=check, records=records, **options))
-            break
-        else:
-            cap = capture(model, setting, training=training)
-            report = analyze_capture(cap, check=check, **options)
-            if refused:
-                report.capture["not_shared"] = refused
-            reports.append(report)
-            bases.append(cap)
+        with stand_in(Setting.parse(item)) as setting:
+            refused = None
+            for base in bases:
+                shared = shared_capture(base, setting)
+                if isinstance(shared, str):
+                    if base.setting.graph_key == setting.graph_key:
+                        refused = f"{base.setting.name}'s graph: {shared}"
+                    continue
+                cap, records = shared
+                reports.append(analyze_capture(cap, check=check, records=records, **options))
+                break
+            else:
+                cap = capture(model, setting, training=training)
+                report = analyze_capture(cap, check=check, **options)
+                if refused:
+                    report.capture["not_shared"] = refused
+                reports.append(report)
+                bases.append(cap)
     return reports
 
 
@@ -362,12 +412,13 @@ def analyze(
     if pass_ not in PASSES:
         raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
     scope = tables_of(tables)  # a release the history does not reach fails before the capture
-    with _stack_traces(sources):
-        cap = capture(trace(model, tracer), setting, training=pass_ != "forward")
-    with scope:
-        return analyze_capture(
-            cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
-        )
+    with stand_in(setting) as traced:
+        with _stack_traces(sources):
+            cap = capture(trace(model, tracer), traced, training=pass_ != "forward")
+        with scope:
+            return analyze_capture(
+                cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
+            )
 
 
 def as_model_inputs(

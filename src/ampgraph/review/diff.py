@@ -354,6 +354,9 @@ def diff_reports(a: Report, b: Report) -> ReportDiff:
             f"the policy tables differ (torch {ta} → {tb}): 'ampgraph policy --since {older}' "
             "lists what changed in autocast's lists"
         )
+    for label, report in (("A", a), ("B", b)):
+        if report.capture.get("stand_in"):  # xpu or mps on a torch without them
+            result.notes.append(f"{label} is {report.capture['stand_in']}")
     if a.versions.get("torch") != b.versions.get("torch") and a.versions and b.versions:
         result.notes.append(f"torch {a.versions.get('torch')} → {b.versions.get('torch')}")
     return result
