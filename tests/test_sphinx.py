@@ -341,3 +341,17 @@ def test_a_factory_next_to_the_document_under_two_recipes(tmp_path: Path) -> Non
         assert f"block.py:tiny — {name}" in svg, name
         assert str(src) not in svg
     assert "bf16 → bf16" in svgs[0] and "fp32 → bf16" in svgs[1]  # the Linear, in each
+
+
+def test_device_takes_every_device_the_command_line_takes(tmp_path: Path) -> None:
+    """``:device: mps`` as ``--device mps``: on a torch built without it, the prediction from
+    MPS's lists, captioned with the device (the directive once took cuda and cpu only)."""
+    page = (
+        "Device\n======\n\n.. ampgraph:: llama-tiny\n   :setting: amp-fp32\n"
+        "   :device: mps\n   :no-check:\n   :theme: light\n"
+    )
+    src = make_project(tmp_path / "src", {"index.rst": page})
+    proc = build(src, tmp_path / "out", "-W", cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    ((_, svg),) = objects((tmp_path / "out" / "index.html").read_text())
+    assert "autocast mps bf16" in (tmp_path / "out" / svg).read_text()

@@ -36,8 +36,8 @@ report instead, without torch. Options:
   that matches its theme (the ``only-light``/``only-dark`` classes that furo and
   pydata-sphinx-theme switch; ``prefers-color-scheme`` elsewhere); ``light`` or ``dark``: that
   one only.
-* ``:amp-dtype:`` -- ``bf16`` (default) or ``fp16``; ``:device:`` -- ``cuda`` (default) or
-  ``cpu``; ``:seq-len:`` and ``:no-check:`` as on the command line.
+* ``:amp-dtype:`` -- ``bf16`` (default) or ``fp16``; ``:device:`` -- ``cuda`` (default),
+  ``cpu``, ``xpu`` or ``mps``; ``:seq-len:`` and ``:no-check:`` as on the command line.
 * ``:caption:``, ``:alt:``, ``:align:``, ``:name:``, ``:class:`` -- as for ``figure``.
 
 How it fits Sphinx: the directive emits :class:`sphinx.ext.graphviz.graphviz` nodes (a subclass,
@@ -86,6 +86,7 @@ from sphinx.util.docutils import SphinxDirective
 from ampgraph import __version__
 from ampgraph.errors import first_line
 from ampgraph.report.records import Report
+from ampgraph.settings import DEVICE_TYPES
 
 if TYPE_CHECKING:
     from sphinx.application import Sphinx
@@ -178,7 +179,7 @@ class AmpgraphDirective(SphinxDirective):
         "unfold": directives.flag,
         "theme": _choice(THEMES),
         "amp-dtype": _choice(("bf16", "fp16", "bfloat16", "float16")),
-        "device": _choice(("cuda", "cpu")),
+        "device": _choice(DEVICE_TYPES),
         "seq-len": directives.positive_int,
         "no-check": directives.flag,
         "caption": directives.unchanged,
