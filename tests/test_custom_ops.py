@@ -405,3 +405,16 @@ def test_the_finding_folds_and_reaches_every_format() -> None:
     results = json.loads(sarif([report]))["runs"][0]
     assert "no-autocast-rule" in {r["id"] for r in results["tool"]["driver"]["rules"]}
     assert [r["ruleId"] for r in results["results"]].count("no-autocast-rule") == 3
+
+
+def test_a_training_step_through_an_op_without_a_backward_is_one_error() -> None:
+    """``ampg_test::mm`` has no ``register_autograd``: a real ``loss.backward()`` raises, and so
+    does ``--pass train``, as one AnalysisError naming the op and what to do (it was torch's own
+    RuntimeError, and a traceback on the command line)."""
+    from ampgraph.errors import AnalysisError
+
+    with pytest.raises(RuntimeError, match="no autograd formula"):  # the real step
+        Between(torch.ops.ampg_test.mm)(torch.randn(2, 8)).sum().backward()
+    with pytest.raises(AnalysisError, match=r"backward of 'custom-op' cannot be traced: .*mm.*"
+                       r"no autograd formula.*--pass forward\)$"):  # fmt: skip
+        analyze(model_of("custom-op"), "amp-fp32", pass_="train")

@@ -56,7 +56,7 @@ from ampgraph.annotate.replay import (
     placeholder_value,
 )
 from ampgraph.capture.trace import Capture
-from ampgraph.errors import AmpgraphError
+from ampgraph.errors import AmpgraphError, AnalysisError, first_line
 from ampgraph.report.records import Backward, Gradient, NodeRecord, SavedTensor
 from ampgraph.settings import short_dtype
 from ampgraph.torchutil import autocast_state, dtype_name
@@ -267,7 +267,13 @@ def trace_joint(
         with norms(), scope:
             # loss.backward(), as a training step calls it: the engine accumulates each
             # gradient into .grad as it does for real (a copy where strides must change).
-            value.backward()
+            try:
+                value.backward()
+            except Exception as exc:  # the model's own backward: a custom op without a formula
+                raise AnalysisError(
+                    f"the backward of {cap.model_name!r} cannot be traced: {first_line(exc)} "
+                    "(a real training step raises this too; analyse it with --pass forward)"
+                ) from exc
         return [p.grad for p in params]
 
     with _quiet(), _use_lazy_graph_module(True):
