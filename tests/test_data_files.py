@@ -176,6 +176,9 @@ DAMAGE = {
     "a number as a stack": _set_ops("stack", 7),
     "a number as a policy": _set_ops("policy", 7),
     "a string as a source line": _set_ops("source", {"file": "m.py", "line": "7"}),
+    # A recipe's casts (issue 26): diff read them unchecked and compared the rest.
+    "a number as the input cast": lambda data: data["setting"].update(input_dtype=5),
+    "fp64 as the output cast": lambda data: data["setting"].update(output_dtype="float64"),
 }
 COMMANDS = {
     "render modules": ["render", "--report", "FILE", "--format", "dot", "--out", "OUT"],
@@ -240,6 +243,20 @@ def test_the_damage_is_named_in_the_error() -> None:
     data = report().to_dict()
     data["model"] = data["nodes"][2]["module"] = "two\nlines|`x`"
     assert Report.from_dict(data).model == "two\nlines|`x`"
+
+
+@pytest.mark.parametrize("command", ["audit", "render", "table", "check"])
+@pytest.mark.parametrize("many", [False, True])
+def test_a_report_given_as_the_model_says_how_to_read_it(
+    tmp_path: Path, command: str, many: bool
+) -> None:
+    """``ampgraph audit r.json`` read the report as a Hugging Face config ("has no
+    'model_type'"); a list of reports (table's JSON of several settings) too."""
+    path = tmp_path / "r.json"
+    data = report().to_dict()
+    path.write_text(json.dumps([data, data] if many else data))
+    line = one_error_line(invoke(command, path), 1)
+    assert "r.json is a saved ampgraph.report, not a model config: give it with --report" in line
 
 
 def test_a_config_holding_nan_is_still_a_model_to_diff(tmp_path: Path) -> None:

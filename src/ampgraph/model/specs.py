@@ -115,11 +115,40 @@ class ConfigSource:
             ) from None
         except RecursionError:
             raise ModelSpecError(f"{self.path} nests too deeply to be a config") from None
+        _refuse_ampgraph_file(self.path, config)
         if not isinstance(config, dict):
             raise ModelSpecError(
                 f"{self.path} is not a Hugging Face config (a JSON object is expected)"
             )
         return config
+
+
+#: Where each file ampgraph writes is read back, for a newcomer who gives one as the model.
+_READ_BY = {
+    "ampgraph.report": "give it with --report {path} (ampgraph render, ampgraph audit), or as A "
+    "or B of ampgraph diff",
+    "ampgraph.baseline": "check a model against it with ampgraph baseline check {path}, or give "
+    "it as A or B of ampgraph diff",
+}
+
+
+def _refuse_ampgraph_file(path: str, data: Any) -> None:
+    """A one-line :class:`ModelSpecError` where ``data`` is a file ampgraph wrote (a report, a
+    list of them, a baseline), given where a model config goes (``ampgraph audit r.json`` read
+    it as a config and said it had no ``model_type``).
+
+    >>> _refuse_ampgraph_file("r.json", [{"schema": "ampgraph.report"}])
+    Traceback (most recent call last):
+    ...
+    ampgraph.errors.ModelSpecError: r.json is a saved ampgraph.report, not a model config: give it with --report r.json (ampgraph render, ampgraph audit), or as A or B of ampgraph diff
+    """
+    first = data[0] if isinstance(data, list) and data else data
+    schema = first.get("schema") if isinstance(first, dict) else None
+    if isinstance(schema, str) and schema.startswith("ampgraph."):
+        how = _READ_BY.get(schema, "ampgraph reads it where it takes a saved {schema}")
+        raise ModelSpecError(
+            f"{path} is a saved {schema}, not a model config: {how.format(path=path, schema=schema)}"
+        )
 
 
 def _read(path: Path) -> bytes:

@@ -16,6 +16,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from ampgraph.settings import AMP_DTYPES, EXTRA_FIELDS
+
 #: Every dtype name torch has, spelled as reports spell them (``str(torch.bfloat16)`` without
 #: ``torch.``). Kept here, not read from torch, so that reading a report stays torch-free. A dtype
 #: field holding anything else (a number, NaN, a typo) is a damaged file: refused in one line
@@ -213,11 +215,18 @@ def check_setting(setting: Any) -> dict[str, Any]:
     Traceback (most recent call last):
     ...
     ValueError: its setting has a malformed autocast, amp_dtype
+    >>> check_setting({"name": "fp32", "device_type": "cuda", "autocast": False,
+    ...                "amp_dtype": "bfloat16", "param_dtype": "float32", "input_dtype": 5})
+    Traceback (most recent call last):
+    ...
+    ValueError: its setting has a malformed input_dtype
     """
     missing = [k for k in _SETTING_FIELDS if not isinstance(setting, dict) or k not in setting]
     if missing:
         raise ValueError(f"its setting lacks {', '.join(missing)}")
     bad = _SETTING_CHECKS.malformed(setting)
+    # A recipe's casts, only where set: None or a dtype a setting can hold (settings.py).
+    bad += [k for k in EXTRA_FIELDS if setting.get(k) not in (None, "float32", *AMP_DTYPES)]
     if bad:
         raise ValueError(f"its setting has a malformed {', '.join(bad)}")
     return dict(setting)
