@@ -162,6 +162,22 @@ def test_hf_trainer(flag: str, tmp_path: Path) -> None:
 # --- Lightning: Trainer and Fabric -------------------------------------------------------------
 
 
+def cpu_trainer(precision: str) -> Any:
+    """A Lightning Trainer for one step on the CPU in ``precision``, with nothing written."""
+    import lightning as L
+
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
 def lightning_run(precision: str) -> tuple[list[str], torch.Tensor, list[torch.dtype]]:
     import lightning as L
 
@@ -185,16 +201,7 @@ def lightning_run(precision: str) -> tuple[list[str], torch.Tensor, list[torch.d
 
     module = Module()
     record(module, lines, prefix="net.")
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision=precision,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(precision)
     loader = torch.utils.data.DataLoader([example()[0] for _ in range(2)], batch_size=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 16-mixed on the CPU warns; the test checks the effect

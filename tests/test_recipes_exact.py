@@ -26,7 +26,7 @@ from torch import nn
 
 from ampgraph import analyze
 from ampgraph.recipes import Recipe, parse_recipe
-from tests.test_recipes import gloo, needs, record  # noqa: F401 - gloo is a fixture
+from tests.test_recipes import cpu_trainer, gloo, needs, record  # noqa: F401 - gloo: fixture
 
 
 class Scale(nn.Module):
@@ -234,16 +234,7 @@ def test_lightning_trainer_runs_as_analysed(precision: str) -> None:
 
     module = Module()
     record(module, lines, prefix="net.")
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision=precision,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(precision)
     # The batch is fp32, as a DataLoader gives it: the precision plugin converts it (true).
     loader = torch.utils.data.DataLoader([example()[0] for _ in range(2)], batch_size=2)
     trainer.fit(module, loader)
