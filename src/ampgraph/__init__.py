@@ -17,7 +17,16 @@ import typing
 
 __version__ = "0.1.0"
 
-from ampgraph.errors import AmpgraphError, CaptureError, ModelSpecError, RenderError, SettingError
+from ampgraph.errors import (
+    AmpgraphError,
+    AnalysisError,
+    CaptureError,
+    ModelSpecError,
+    NoDeviceError,
+    RenderError,
+    SettingError,
+    VerifyError,
+)
 from ampgraph.recipes import Recipe, parse_recipe
 from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting, seed_matrix
@@ -53,17 +62,20 @@ def __getattr__(name: str) -> typing.Any:
 
 __all__ = [
     "AmpgraphError",
+    "AnalysisError",
     "Capture",
     "CaptureError",
     "ModelInputs",
     "ModelSpecError",
     "ModuleCall",
+    "NoDeviceError",
     "NodeRecord",
     "Recipe",
     "RenderError",
     "Report",
     "Setting",
     "SettingError",
+    "VerifyError",
     "analyze",
     "analyze_capture",
     "analyze_spec",

@@ -16,7 +16,7 @@ import networkx as nx
 from ampgraph.errors import RenderError
 from ampgraph.render.boxes import CAST_OPS, MATMUL_OPS, Context, dedupe, op_parts, relative_path
 
-if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import NodeRecord, Report
 
 
@@ -41,8 +41,8 @@ def backward_report(report: Report) -> Report:
             f"no backward to draw in the report of {report.model}: {why} "
             "(analyse with --pass backward or --pass train)"
         )
-    # ampgraph.report.records imports the renderer (a report draws itself in a notebook), so records
-    # are made here from the classes of the ones given, not imported.
+    # Records are made from the classes of the ones given: the renderer reads records and
+    # imports no module of the report package at run time.
     record = type(backward.nodes[0])
     losses = [r for r in backward.nodes if r.kind == "loss"]
     nodes: list[NodeRecord] = []

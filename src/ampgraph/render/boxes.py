@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ampgraph.policy import lookup
 from ampgraph.render.style import is_floating
 
-if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import ModuleCall, NodeRecord, Report
 
 

@@ -30,7 +30,7 @@ from ampgraph.render.legend import LegendFacts, add_legend, add_memory_panel
 from ampgraph.render.style import THEMES
 from ampgraph.render.tooltips import describe, subtitle_text, title_text
 
-if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import Report
 
 

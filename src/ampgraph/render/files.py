@@ -33,7 +33,7 @@ from ampgraph.render.svg import accessible_bytes
 from ampgraph.report.files import atomic_write
 from ampgraph.settings import Setting
 
-if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import Report
 
 #: Formats ``dot`` renders, and the one ampgraph writes itself.

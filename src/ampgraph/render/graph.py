@@ -45,7 +45,7 @@ from ampgraph.render.boxes import (
 )
 from ampgraph.render.fold import fold_layers
 
-if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import NodeRecord, Report
 
 

@@ -35,7 +35,7 @@ from ampgraph.render.legend import LegendFacts, add_legend
 from ampgraph.render.style import DOT_TIMEOUT_S, FONT_SIZE, PROMOTION_MARK, THEMES, Theme
 from ampgraph.render.tooltips import describe, title_text
 
-if TYPE_CHECKING:  # only read: the records module imports the renderer for notebooks
+if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import Report
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # only read: the records module imports the renderer, which reads this one
+if TYPE_CHECKING:  # only for annotations: the memory sums read records, never build them
     from ampgraph.report.records import SavedTensor
 
 #: Kinds of saved tensor whose memory exists because autograd saved them.
