@@ -18,6 +18,10 @@ class ModelSpecError(AmpgraphError):
     """An unknown model name, an unreadable config, or a factory that raised."""
 
 
+class FileReadError(AmpgraphError):
+    """A file ampgraph reads that is not a regular file, is too big, or cannot be read."""
+
+
 class AnalysisError(AmpgraphError):
     """The process that analyses a model ended without a result (killed, out of memory)."""
 
@@ -49,3 +53,14 @@ def first_line(exc: BaseException, default: str | None = None) -> str:
     if text:
         return text.splitlines()[0]
     return type(exc).__name__ if default is None else default
+
+
+def clip(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for a hostile value in an error line
+    (a 100 kB recipe or setting must not be echoed whole).
+
+    >>> clip("x" * 10), len(clip("x" * 100_000))
+    ("'xxxxxxxxxx'", 201)
+    """
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}\u2026"

@@ -28,12 +28,12 @@ DeepSpeed's, read from its source (``Recipe.proved`` says which). Torch-free, as
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampgraph.errors import SettingError
+from ampgraph import deepspeed_config
+from ampgraph.errors import SettingError, clip
 from ampgraph.settings import Setting, canonical_dtype, check_device_type, short_dtype
 
 #: The devices whose recipes are modelled: each framework's CPU rules are read from its source,
@@ -259,7 +259,7 @@ def _hf(family: str, value: str, device: str) -> Recipe:
     if key not in names:
         flag = "mixed_precision=" if family == "accelerate" else "Trainer("
         raise SettingError(
-            f"unknown {family} precision {value!r}: write {family}:bf16, {family}:fp16 or "
+            f"unknown {family} precision {clip(value)}: write {family}:bf16, {family}:fp16 or "
             f"{family}:no (as {flag}...)"
             + (" (fp8 needs a GPU kernel library ampgraph does not model)" if key == "fp8" else "")
         )
@@ -295,7 +295,7 @@ def _lightning(family: str, value: str, device: str) -> Recipe:
     key = value.lower()
     if key not in LIGHTNING_PRECISIONS:
         raise SettingError(
-            f"unknown Lightning precision {value!r}: write {family}: with one of "
+            f"unknown Lightning precision {clip(value)}: write {family}: with one of "
             "32-true, 16-mixed, bf16-mixed, 16-true, bf16-true"
         )
     precision = LIGHTNING_PRECISIONS[key]
@@ -370,11 +370,17 @@ def _fields(family: str, value: str, keys: dict[str, str]) -> dict[str, str]:
         name = keys.get(key.strip().lower())
         if not sep or name is None:
             raise SettingError(
-                f"malformed {family} recipe {value!r}: write key=value pairs of "
+                f"malformed {family} recipe {clip(value)}: write key=value pairs of "
                 f"{', '.join(sorted(set(keys.values())))}, e.g. {family}:param_dtype=bf16"
             )
         if name in fields:
-            raise SettingError(f"{family} recipe {value!r} gives {name} twice: give it once")
+            raise SettingError(f"{family} recipe {clip(value)} gives {name} twice: give it once")
+        if not val.strip():
+            # An unset shell variable ($DTYPE) leaves "param_dtype=": not fp32, a mistake.
+            raise SettingError(
+                f"{family} recipe {clip(value)} gives {name} no value: write {name}=bf16 (or "
+                f"{name}=none to leave it unset)"
+            )
         fields[name] = val.strip()
     return fields
 
@@ -392,7 +398,7 @@ def _flag(name: str, value: str | None, default: bool) -> bool:
         return True
     if value.lower() in ("false", "0", "off", "no"):
         return False
-    raise SettingError(f"{name} must be true or false, not {value!r}")
+    raise SettingError(f"{name} must be true or false, not {clip(value)}")
 
 
 def _fsdp(family: str, value: str, device: str) -> Recipe:
@@ -461,58 +467,19 @@ def _deepspeed(value: str, device: str) -> Recipe:
         source = value.lower()
     else:
         path = Path(value).expanduser()
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise SettingError(
-                f"cannot read DeepSpeed config {value!r} ({exc.strerror or exc}): give the path of "
-                "your ds_config.json, or deepspeed:bf16 / deepspeed:fp16"
-            ) from None
-        except ValueError as exc:
-            raise SettingError(f"DeepSpeed config {value!r} is not JSON: {exc}") from None
-        if not isinstance(config, dict):
-            raise SettingError(f"DeepSpeed config {value!r} is not a JSON object")
-        source = str(path)
-    return _deepspeed_config(config, source, device)
+        config, source = deepspeed_config.load(path, clip(value)), str(path)
+    return _deepspeed_config(deepspeed_config.precision(config, source), source, device)
 
 
-def _enabled(config: dict[str, Any], key: str, source: str) -> bool:
-    section = config.get(key, {})
-    # DeepSpeed also reads the old top-level "bfloat16" section as "bf16".
-    if key == "bf16" and not section:
-        section = config.get("bfloat16", {})
-    value = section.get("enabled", False) if isinstance(section, dict) else False
-    if value == "auto":
-        raise SettingError(
-            f"{source}: {key}.enabled is 'auto', which the HF Trainer fills in from its own "
-            f"flags: write true or false, or analyse the Trainer's flag (hf:{key})"
-        )
-    return bool(value)
-
-
-def _deepspeed_config(config: dict[str, Any], source: str, device: str) -> Recipe:
+def _deepspeed_config(facts: deepspeed_config.Precision, source: str, device: str) -> Recipe:
     spelling = f"deepspeed:{source}"
-    bf16, fp16 = _enabled(config, "bf16", source), _enabled(config, "fp16", source)
-    autocast = config.get("torch_autocast", {})
-    if isinstance(autocast, dict) and autocast.get("enabled"):
-        raise SettingError(
-            f"{source}: torch_autocast runs autocast only inside its "
-            "lower_precision_safe_modules, which no ampgraph setting expresses: analyse "
-            "amp-fp32 for a model whose 16-bit ops are all in those modules"
-        )
-    proved = "read from DeepSpeed 0.19.8's runtime/engine.py and config.py (not run here)"
-    if bf16 and fp16:
-        raise SettingError(f"{source}: bf16 and fp16 are both enabled; DeepSpeed refuses that")
-    if not (bf16 or fp16):
+    proved = (
+        "read from DeepSpeed 0.19's runtime/engine.py, config.py and precision_config.py (not "
+        "run here)"
+    )
+    if not (facts.bf16 or facts.fp16):
         return Recipe(spelling, "deepspeed", _setting(device, False, "bfloat16"), proved=proved)
-    dtype = "bfloat16" if bf16 else "float16"
-    types = config.get("data_types", {}) if isinstance(config.get("data_types"), dict) else {}
-    accum = _dtype(types.get("grad_accum_dtype")) or dtype
-    buffer = _dtype(types.get("buffer_dtype"))
-    comm = _dtype(config.get("communication_data_type")) or dtype
-    section = config.get("bf16" if bf16 else "fp16", {})
-    master_low = bool(section.get(f"{'bf16' if bf16 else 'fp16'}_master_weights_and_grads"))
-    cast_inputs = fp16 and bool(section.get("auto_cast"))
+    dtype = "bfloat16" if facts.bf16 else "float16"
     return Recipe(
         spelling,
         "deepspeed",
@@ -521,14 +488,14 @@ def _deepspeed_config(config: dict[str, Any], source: str, device: str) -> Recip
             False,
             dtype,
             dtype,
-            inputs=dtype if cast_inputs else None,
-            buffers=buffer or FP32,
+            inputs=dtype if facts.auto_cast else None,
+            buffers=facts.buffer_dtype or FP32,
         ),
         grad_dtype=dtype,
-        reduce_dtype=comm,
-        master_dtype=dtype if master_low else FP32,
-        optimizer_grad_dtype=accum,
-        loss_scaling=fp16,
+        reduce_dtype=facts.communication_dtype or dtype,
+        master_dtype=dtype if facts.master_low else FP32,
+        optimizer_grad_dtype=facts.grad_accum_dtype or dtype,
+        loss_scaling=facts.fp16,
         notes=(
             (
                 "the engine casts parameters (not buffers, unless data_types.buffer_dtype) to "
@@ -564,7 +531,7 @@ def parse_recipe(text: str, *, device_type: str = "cuda") -> Recipe:
     key = family.strip().lower()
     if not sep or key not in FAMILIES or not value.strip():
         raise SettingError(
-            f"malformed recipe {text!r}: write FAMILY:VALUE, e.g. {', '.join(EXAMPLES[:5])}"
+            f"malformed recipe {clip(text)}: write FAMILY:VALUE, e.g. {', '.join(EXAMPLES[:5])}"
         )
     family, value = FAMILIES[key], value.strip()
     if family in ("hf", "accelerate"):

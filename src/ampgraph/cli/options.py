@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ampgraph.errors import SettingError
+from ampgraph.errors import SettingError, clip
 from ampgraph.settings import (
     DEVICE_TYPES,
     PLUGIN_DEVICE_TYPES,
@@ -291,6 +291,11 @@ def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[
     if recipes:
         if names:
             raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
+        if _typed(ctx, "amp_dtype"):
+            raise click.UsageError(
+                "give --amp-dtype or --recipe, not both: a recipe names its own dtype "
+                "(hf:fp16, lightning:16-mixed, fsdp2:param_dtype=fp16)"
+            )
         from ampgraph.recipes import parse_recipe
 
         try:
@@ -303,9 +308,27 @@ def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[
     if not names:
         return seed_matrix(device, amp_dtype)
     try:
-        return [Setting.parse(n, device_type=device, amp_dtype=amp_dtype) for n in names]
+        settings = [Setting.parse(n, device_type=device, amp_dtype=amp_dtype) for n in names]
     except SettingError as exc:
         raise click.BadParameter(str(exc), param_hint="'--setting'") from None
+    for name, setting in zip(names, settings):
+        # 'amp-fp32,device=cpu' with --device cuda: the two disagree; neither silently wins.
+        if setting.device_type != device and _typed(ctx, "device"):
+            raise click.UsageError(
+                f"--setting {clip(name, 80)} names device {setting.device_type} and --device "
+                f"says {device}: give the device once"
+            )
+    return settings
+
+
+def _typed(ctx: click.Context | None, name: str) -> bool:
+    """Whether the option ``name`` was given (on the command line or by its variable)."""
+    from click.core import ParameterSource
+
+    if ctx is None or name not in {p.name for p in ctx.command.params}:
+        return False
+    typed = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    return ctx.get_parameter_source(name) in typed
 
 
 def forced() -> bool:

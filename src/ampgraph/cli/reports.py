@@ -48,6 +48,7 @@ def analysed(
 ANALYSIS_OPTIONS = {
     "device": "--device", "amp_dtype": "--amp-dtype", "seq_len": "--seq-len",
     "no_check": "--no-check", "force": "--force", "tracer": "--tracer", "timeout": "--timeout",
+    "recipes": "--recipe",
 }  # fmt: skip
 
 
