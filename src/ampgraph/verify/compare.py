@@ -1,18 +1,40 @@
-"""Compare the prediction with what real execution did: node outcomes, casts, hook lines."""
+"""Compare the prediction with what real execution did: node outcomes, casts, hook lines.
+
+Casts are matched by what the kernel does. A cast autocast makes *inside* a composite op (CUDA's
+``cross_entropy_loss`` hands ``nll_loss``, an fp32 op, the bf16 result of its own
+``log_softmax``) has as its source a tensor made during the call: a real run logs it as
+``(internal)``, and the annotation names the node inside the decomposition
+(``cross_entropy_loss.log_softmax``) or the inner op's input (``(bmm input)``). Both are the same
+cast at the same node, so a source that is none of the node's inputs is compared as internal
+(:func:`cast_key`).
+
+Modules are compared as a real run prints them (:func:`~ampgraph.report.text.printed_calls`,
+what ``ampgraph table`` shows): a forward stops at its first error, so a call the prediction lists
+after the call that raises is *not run* in the prediction as in the eager run.
+
+>>> cast_key(("cross_entropy_loss.log_softmax", "bfloat16", "float32"), {"linear", "y"})
+('(internal)', 'bfloat16', 'float32')
+>>> cast_key(("linear", "bfloat16", "float32"), {"linear", "y"})
+('linear', 'bfloat16', 'float32')
+"""
 
 from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from ampgraph.report.records import NodeRecord, Report
-from ampgraph.report.text import call_error
+from ampgraph.report.text import call_error, hook_lines, printed_calls
 from ampgraph.settings import short_dtype
-from ampgraph.verify.casts import cast_text
+from ampgraph.verify.casts import INTERNAL, CastKey, cast_text
 from ampgraph.verify.eager import HookCall
 from ampgraph.verify.execution import Observed
 from ampgraph.verify.results import Agreement, Disagreement
+
+#: The eager hooks' name for an error raised outside every leaf-module call.
+TOP_LEVEL = "(top level)"
 
 
 def _predicted_text(rec: NodeRecord) -> str:
@@ -35,6 +57,28 @@ def _observed_text(obs: Observed | None) -> str:
     return ", ".join(short_dtype(d) for d in (obs.outputs or [])) or "-"
 
 
+def cast_key(cast: CastKey, inputs: Collection[str]) -> CastKey:
+    """A cast as the kernel makes it: its source one of the node's ``inputs``, or internal.
+
+    A real run can name a cast's source only where it is an input of the node; a cast of a
+    tensor made inside the op (a composite's intermediate) is ``(internal)`` there, however the
+    annotation names it.
+    """
+    source, from_dtype, to_dtype = cast
+    return (source if source in inputs else INTERNAL, from_dtype, to_dtype)
+
+
+def _node_agrees(rec: NodeRecord, obs: Observed | None) -> bool:
+    return (
+        obs is not None
+        # A node ampgraph did not analyse is no prediction: it never counts as agreeing.
+        and rec.not_analysed is None
+        and (rec.error or None) == obs.error
+        and (rec.skipped or None) == (obs.skipped or None)
+        and bool(rec.error or rec.skipped or rec.outputs == obs.outputs)
+    )
+
+
 def compare_nodes(
     records: Sequence[NodeRecord], observed: dict[str, Observed]
 ) -> tuple[Agreement, Agreement, list[Disagreement]]:
@@ -46,46 +90,62 @@ def compare_nodes(
             continue  # placeholders are made from their own annotation: nothing to prove
         obs = observed.get(rec.name)
         nodes_total += 1
-        predicted, seen = _predicted_text(rec), _observed_text(obs)
-        if (
-            obs is not None
-            # A node ampgraph did not analyse is no prediction: it never counts as agreeing.
-            and rec.not_analysed is None
-            and (rec.error or None) == obs.error
-            and (rec.skipped or None) == (obs.skipped or None)
-            and (rec.error or rec.skipped or rec.outputs == obs.outputs)
-        ):
+        if _node_agrees(rec, obs):
             nodes_agree += 1
         else:
-            found.append(Disagreement("node", rec.name, rec.op, predicted, seen, rec.module))
+            found.append(Disagreement(
+                "node", rec.name, rec.op, _predicted_text(rec), _observed_text(obs), rec.module,
+            ))  # fmt: skip
         if obs is None or not obs.checked_casts or rec.kind != "op":
             continue
-        want = Counter((c.node, c.from_dtype, c.to_dtype) for c in rec.casts)
-        got = Counter(obs.casts)
-        both = sum((want & got).values())
-        casts_agree += both
+        inputs = {str(i.get("node")) for i in rec.inputs}
+        predicted = [(c.node, c.from_dtype, c.to_dtype) for c in rec.casts]
+        want = Counter(cast_key(c, inputs) for c in predicted)
+        got = Counter(cast_key(c, inputs) for c in obs.casts)
+        casts_agree += sum((want & got).values())
         casts_total += sum((want | got).values())
         if want != got:
-            found.append(
-                Disagreement(
-                    "cast",
-                    rec.name,
-                    rec.op,
-                    cast_text([(c.node, c.from_dtype, c.to_dtype) for c in rec.casts]),
-                    cast_text(obs.casts),
-                    rec.module,
-                )
-            )
+            found.append(Disagreement(
+                "cast", rec.name, rec.op, cast_text(predicted), cast_text(obs.casts), rec.module,
+            ))  # fmt: skip
     return Agreement(nodes_agree, nodes_total), Agreement(casts_agree, casts_total), found
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One hook line the prediction says a real run prints."""
+
+    path: str
+    type: str
+    want: tuple[str | None, str | None, str | None]  # (in, out, error)
+    text: str
+
+
+def _predicted_lines(report: Report) -> list[_Line]:
+    """The hook lines of :func:`~ampgraph.report.text.hook_lines`, with what each compares."""
+    texts = hook_lines(report)
+    lines = []
+    for (call, error), text in zip(printed_calls(report), texts):
+        want = (call.in_dtype, None if error else call.out_dtype, error)
+        lines.append(_Line(call.path, call.type.rsplit(".", 1)[-1], want, text))
+    if len(texts) > len(lines):  # an op outside every leaf call raised: the hooks' top level
+        error = texts[-1].partition(" -> error: ")[2]
+        lines.append(_Line(TOP_LEVEL, "", (None, None, error), texts[-1]))
+    return lines
 
 
 def compare_modules(
     report: Report, hooks: Sequence[HookCall]
 ) -> tuple[Agreement, list[Disagreement]]:
-    """The annotation's module view against the eager hooks, call by call in order."""
-    predicted = list(report.modules)
+    """The annotation's hook lines against the eager hooks, call by call in order.
+
+    A call the prediction lists after the forward's first error is not run, as in the eager run:
+    it agrees if the eager run did not make it either.
+    """
+    predicted = _predicted_lines(report)
+    printed = {id(call) for call, _error in printed_calls(report)}
+    not_run = Counter(c.path for c in report.modules if id(c) not in printed)
     seen = list(hooks)
-    eager_failed = any(h.error for h in hooks)
     found: list[Disagreement] = []
     agree = 0
     matcher = difflib.SequenceMatcher(
@@ -93,37 +153,29 @@ def compare_modules(
     )
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
-            for call, hook in zip(predicted[i1:i2], seen[j1:j2]):
-                error = call_error(report, call)
-                want = (call.in_dtype, None if error else call.out_dtype, error)
+            for line, hook in zip(predicted[i1:i2], seen[j1:j2]):
                 got = (hook.in_dtype, None if hook.error else hook.out_dtype, hook.error)
-                if want == got:
+                if line.want == got:
                     agree += 1
                 else:
-                    text = (
-                        call.hook_line()
-                        if not error
-                        else (f"[{call.path}] in=torch.{call.in_dtype} -> error: {error}")
-                    )
                     found.append(Disagreement(
-                        "module", call.path, call.type.rsplit(".", 1)[-1],
-                        text, hook.hook_line(),
+                        "module", line.path, line.type, line.text, hook.hook_line(),
                     ))  # fmt: skip
             continue
-        for call in predicted[i1:i2]:
-            if eager_failed and all(report.node(name).skipped for name in call.nodes):
-                agree += 1  # downstream of the error: not run in the graph nor in eager mode
-                continue
+        for line in predicted[i1:i2]:
             found.append(Disagreement(
-                "module", call.path, call.type.rsplit(".", 1)[-1], call.hook_line(),
-                "no such call in the eager run",
+                "module", line.path, line.type, line.text, "no such call in the eager run",
             ))  # fmt: skip
         for hook in seen[j1:j2]:
-            found.append(Disagreement(
-                "module", hook.path, hook.type, "no such call in the annotation", hook.hook_line(),
-            ))  # fmt: skip
+            if not_run[hook.path] > 0:
+                not_run[hook.path] -= 1  # predicted not run, but it ran: one disagreement
+                text = "not run (the forward raised before it)"
+            else:
+                text = "no such call in the annotation"
+            found.append(Disagreement("module", hook.path, hook.type, text, hook.hook_line()))
+    agree += sum(not_run.values())  # not run on both sides
     total = agree + len(found)
     return Agreement(agree, total), found
 
 
-__all__ = ["compare_modules", "compare_nodes"]
+__all__ = ["TOP_LEVEL", "cast_key", "compare_modules", "compare_nodes"]

@@ -1,0 +1,174 @@
+"""verify never reports a disagreement where the prediction and the real run agree (issue 33).
+
+Two false alarms seen on the first real GPU (docs/verification/gpu-2026-11-26.md): a cast made
+inside a composite op (CUDA ``cross_entropy_loss``'s ``log_softmax`` result handed to ``nll_loss``)
+and modules listed after a real raise. Each is proved on the real CPU kernels where the CPU does
+the same, and on the matching logic with the GPU's own strings where only CUDA does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ampgraph.capture.trace import capture
+from ampgraph.model.build import ModelInputs
+from ampgraph.pipeline.stages import analyze_capture
+from ampgraph.report.records import Cast, NodeRecord, Report
+from ampgraph.settings import Setting
+from ampgraph.verify import VerifyResult, verify
+from ampgraph.verify.casts import INTERNAL
+from ampgraph.verify.compare import compare_modules, compare_nodes
+from ampgraph.verify.execution import Observed, run_graph
+from ampgraph.verify.hooks import HookCall
+from ampgraph.verify.tensors import graph_inputs, real_inputs
+
+
+class Einsum(nn.Module):
+    """CPU autocast has no policy for einsum: its decomposition's bmm runs in 16 bits, and the
+    cast of the transposed fp32 operand happens inside einsum, on a tensor einsum made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bij,bjk->bik", self.lin(x), x.transpose(1, 2))
+
+
+class RaiseThenRelu(nn.Module):
+    """Seed 000's 16-bit Linear fed fp32 (raises in ``half``), then a ReLU on the fp32 input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8).to(torch.bfloat16)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).float() + self.relu(x)
+
+
+class CrossEntropy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.lin(x), y)
+
+
+def cpu(name: str) -> Setting:
+    return Setting.parse(name, device_type="cpu")
+
+
+def summary(result: VerifyResult) -> str:
+    return "\n".join([result.summary_line(), *result.disagreement_lines()])
+
+
+# -- casts inside a composite op -----------------------------------------------------------------
+def test_a_cast_inside_a_composite_op_matches_the_real_internal_cast_on_cpu() -> None:
+    torch.manual_seed(0)
+    model = ModelInputs("einsum", Einsum(), (torch.randn(2, 3, 8),))
+    setting = cpu("amp-fp32")
+    # What the real CPU run logs at the einsum node: the cast of a tensor einsum made itself.
+    cap = capture(model, setting)
+    report = analyze_capture(cap, check=False)
+    gen = torch.Generator().manual_seed(0)
+    args, kwargs = real_inputs(model, torch.device("cpu"), gen)
+    values = graph_inputs(cap, model, args, kwargs, torch.device("cpu"), gen)
+    observed = run_graph(cap, report.nodes, values, torch.device("cpu"))
+    einsum = next(r for r in report.nodes if r.op == "aten.einsum.default")
+    assert observed[einsum.name].casts == [(INTERNAL, "float32", "bfloat16")]
+    inputs = {i["node"] for i in einsum.inputs}
+    assert [c.node for c in einsum.casts] and all(c.node not in inputs for c in einsum.casts)
+    # ... and verify counts it as the predicted cast.
+    result = verify(model, setting)
+    assert result.ok, summary(result)
+    assert result.casts.agree == result.casts.total == 4  # linear's 3, einsum's inner one
+
+
+def _node(casts: list[Cast]) -> NodeRecord:
+    return NodeRecord(
+        "cross_entropy_loss", "aten.cross_entropy_loss.default", "op",
+        inputs=[{"node": "linear", "dtype": "bfloat16"}, {"node": "y", "dtype": "int64"}],
+        casts=casts, outputs=["float32"],
+    )  # fmt: skip
+
+
+def test_the_gpus_cross_entropy_cast_is_one_cast_inside_the_loss() -> None:
+    """The strings of the GPU record: predicted ``cross_entropy_loss.log_softmax bf16->fp32``,
+    observed ``(internal) bf16->fp32`` -- the same cast, inside the same op."""
+    inner = [Cast("cross_entropy_loss.log_softmax", "bfloat16", "float32")]
+    seen = Observed(["float32"], casts=[(INTERNAL, "bfloat16", "float32")], checked_casts=True)
+    nodes, casts, found = compare_nodes([_node(inner)], {"cross_entropy_loss": seen})
+    assert (str(nodes), str(casts), found) == ("1/1", "1/1", [])
+
+
+def test_casts_inside_a_composite_still_catch_a_wrong_prediction() -> None:
+    inner = [Cast("cross_entropy_loss.log_softmax", "bfloat16", "float32")]
+    for wrong in (
+        [(INTERNAL, "float16", "float32")],  # another cast inside
+        [("linear", "bfloat16", "float32")],  # the loss's input cast, not an inner one
+        [],  # no cast at all
+        [(INTERNAL, "bfloat16", "float32")] * 2,  # one too many
+    ):
+        seen = Observed(["float32"], casts=wrong, checked_casts=True)
+        _nodes, _casts, found = compare_nodes([_node(inner)], {"cross_entropy_loss": seen})
+        assert [d.kind for d in found] == ["cast"], wrong
+    # An input's cast predicted as one inside is wrong too.
+    seen = Observed(["float32"], casts=[(INTERNAL, "bfloat16", "float32")], checked_casts=True)
+    outer = [Cast("linear", "bfloat16", "float32")]
+    assert compare_nodes([_node(outer)], {"cross_entropy_loss": seen})[2]
+
+
+def test_cuda_cross_entropy_is_predicted_as_a_cast_inside_the_loss() -> None:
+    """ampgraph's CUDA prediction (fake tensors) names the cast as the GPU test above has it."""
+    torch.manual_seed(0)
+    model = ModelInputs("ce", CrossEntropy(), (torch.randn(4, 8), torch.tensor([0, 1, 2, 3])))
+    report = analyze_capture(capture(model, Setting.parse("amp-fp32")), check=False)
+    loss = next(r for r in report.nodes if r.op == "aten.cross_entropy_loss.default")
+    assert [(c.node, c.from_dtype, c.to_dtype) for c in loss.casts] == [
+        (f"{loss.name}.log_softmax", "bfloat16", "float32")
+    ]
+
+
+# -- modules after a real raise ------------------------------------------------------------------
+def test_modules_after_a_real_raise_are_not_run_on_both_sides() -> None:
+    torch.manual_seed(0)
+    model = ModelInputs("raise-relu", RaiseThenRelu(), (torch.randn(2, 8),))
+    result = verify(model, cpu("half"))
+    assert result.ok, summary(result)
+    assert len(result.eager_hooks) == 1 and result.eager_hooks[0].startswith(
+        "[lin] in=torch.float32 -> error: mat1 and mat2 must have the same dtype"
+    )
+    assert str(result.modules) == "2/2"  # lin's error, and relu not run on both sides
+    # The ReLU does run in the graph (it does not depend on the Linear): the node check sees it.
+    assert result.nodes.agree == result.nodes.total
+
+
+def _report(calls: list[tuple[str, str | None]]) -> Report:
+    """A report whose leaf calls are ``(path, error)``: each call one node."""
+    from ampgraph.report.records import ModuleCall
+
+    setting = {"name": "half", "device_type": "cpu", "autocast": False,
+               "amp_dtype": "bfloat16", "param_dtype": "bfloat16"}  # fmt: skip
+    nodes = [NodeRecord(p, "aten.relu.default", "op", module=p, error=e,
+                        outputs=[] if e else ["float32"]) for p, e in calls]  # fmt: skip
+    modules = [ModuleCall(p, "torch.nn.ReLU", ["ReLU"], p, "float32", None if e else "float32",
+                          [p]) for p, e in calls]  # fmt: skip
+    return Report("m", setting, {}, {}, nodes, modules)
+
+
+def test_a_call_predicted_not_run_that_really_ran_is_a_disagreement() -> None:
+    report = _report([("a", "boom"), ("b", None)])
+    raised = HookCall("a", "ReLU", "float32", error="boom")
+    agreement, found = compare_modules(report, [raised])
+    assert (str(agreement), found) == ("2/2", [])
+    ran_on = [HookCall(p, "ReLU", "float32", "float32") for p in ("a", "b")]
+    agreement, found = compare_modules(report, ran_on)
+    assert [(d.node, d.predicted) for d in found] == [
+        ("a", "[a] in=torch.float32 -> error: boom"),
+        ("b", "not run (the forward raised before it)"),
+    ]
+    assert str(agreement) == "0/2"
