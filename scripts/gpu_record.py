@@ -49,19 +49,8 @@ def markdown(record: dict[str, Any]) -> str:
             f"{versions.get('ampgraph')}, {record['date']}"
         ),
         "",
-        "| model | autocast dtype | setting | nodes | modules | casts | disagreements |",
-        "|---|---|---|---|---|---|---|",
+        *table_rows(record["results"]),
     ]
-    for r in record["results"]:
-        f = r["agreement"]
-        cells = [
-            r["model"],
-            SHORT[r["setting"]["amp_dtype"]],
-            r["setting"]["name"],
-            *(f"{f[k]['agree']}/{f[k]['total']}" for k in ("nodes", "modules", "casts")),
-            str(len(r["disagreements"])),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
     for err in record["errors"]:
         lines.append(
             f"| {err['model']} | {err['amp_dtype']} | {err['setting']} | error: {err['error']} "
@@ -81,6 +70,53 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def table_rows(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The Markdown table of verify results: one row per model, autocast dtype and setting."""
+    lines = [
+        "| model | autocast dtype | setting | nodes | modules | casts | disagreements |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        f = r["agreement"]
+        cells = [
+            r["model"],
+            SHORT[r["setting"]["amp_dtype"]],
+            r["setting"]["name"],
+            *(f"{f[k]['agree']}/{f[k]['total']}" for k in ("nodes", "modules", "casts")),
+            str(len(r["disagreements"])),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def record_figures(folder: Path) -> str:
+    """The figures of a folder of ``verify --record`` files, as the record's docs page shows
+    them (``--page``; ``tests/test_gpu_record_page.py`` checks the page against its JSON):
+    a totals line, then the table."""
+    import json
+
+    results = [
+        r for path in sorted(folder.glob("*.json")) for r in json.loads(path.read_text())["results"]
+    ]
+    totals = {
+        k: (sum(r["agreement"][k]["agree"] for r in results),
+            sum(r["agreement"][k]["total"] for r in results))
+        for k in ("nodes", "modules", "casts")
+    }  # fmt: skip
+    models = sorted({r["model"] for r in results})
+    found = [
+        f"{r['model']} {r['setting']['name']} {SHORT[r['setting']['amp_dtype']]}"
+        for r in results for _d in r["disagreements"]
+    ]  # fmt: skip
+    head = (
+        f"{len(results)} runs of {len(models)} models: "
+        + ", ".join(f"{k} {a}/{t}" for k, (a, t) in totals.items())
+        + f" agree; {len(found)} disagreement{'s' if len(found) != 1 else ''}"
+        + (f" ({', '.join(found)})." if found else ".")
+    )
+    return "\n".join([head, "", *table_rows(results)])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -91,7 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "verification",
                         help="folder for the JSON record (default: docs/verification)")  # fmt: skip
     parser.add_argument("--seq-len", type=int, default=8)
+    parser.add_argument("--page", type=Path, metavar="FOLDER",
+                        help="print the figures of a folder of records for its docs page; "
+                             "run nothing")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.page is not None:
+        print(record_figures(args.page))
+        return 0
 
     import torch
 
