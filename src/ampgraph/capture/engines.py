@@ -28,7 +28,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.casts import cast_outputs
+from ampgraph.capture.raises import returning_at_stop
 from ampgraph.capture.reads import TraceReads
+from ampgraph.compat import fx_stack_traces
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import (
@@ -66,14 +68,8 @@ def keeping_stack_traces() -> Iterator[None]:
 def _no_stack_traces() -> Iterator[None]:
     """Skip recording a Python stack trace per node unless :func:`keeping_stack_traces` asks for
     them: only audit's source lines read them, and symbolising them is a sixth of the trace time."""
-    import torch.fx.config as fx_config
-
-    previous = fx_config.do_not_emit_stack_traces
-    fx_config.do_not_emit_stack_traces = not _STACK_TRACES
-    try:
+    with fx_stack_traces(_STACK_TRACES):  # a switch from torch 2.12 on (ampgraph.compat)
         yield
-    finally:
-        fx_config.do_not_emit_stack_traces = previous
 
 
 @contextlib.contextmanager
@@ -96,6 +92,40 @@ def _lift_scalar_constants() -> Iterator[None]:
         yield
     finally:
         proxy_tensor.CONSTANT_NUMEL_LIMIT = previous
+
+
+#: While true (:func:`as_a_real_run`), the traced forward sees ``torch.compiler.is_exporting()``
+#: and ``is_compiling()`` false, as a real run does.
+_REAL_RUN = [False]
+
+
+@contextlib.contextmanager
+def as_a_real_run() -> Iterator[None]:
+    """Captures made while it lasts run the model's code as a real run runs it, not on export's
+    path. Model code asks ``torch.compiler.is_exporting()`` to avoid reading data while exported:
+    transformers then builds every attention mask it skips in a real run, and Informer's or
+    Autoformer's attention raises on a mask of its input's length after its layers changed the
+    length (``Attention mask should be of size (2, 1, 4, 4), but is torch.Size([2, 1, 8, 8])``),
+    where a real run has no mask. The capture falls back to this where the export path raises."""
+    previous, _REAL_RUN[0] = _REAL_RUN[0], True
+    try:
+        yield
+    finally:
+        _REAL_RUN[0] = previous
+
+
+def model_call(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """The traced forward's call of the model: on a real run's path under :func:`as_a_real_run`,
+    and returning where the forward stopped at a Python-level raise
+    (:func:`ampgraph.capture.raises.stopping_at_raise`)."""
+    if not _REAL_RUN[0]:
+        return returning_at_stop(call, *args, **kwargs)
+    flags = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
+    torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = False
+    try:
+        return returning_at_stop(call, *args, **kwargs)
+    finally:
+        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = flags
 
 
 def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:
@@ -274,7 +304,7 @@ def _make_fx(
             call_args, call_kwargs = pytree.tree_unflatten(list(flat[len(names) :]), in_spec)
             tensors = dict(zip(names, flat[: len(names)]))
             with _reparametrize_module(module, tensors, tie_weights=False, strict=False):
-                out = module(*call_args, **call_kwargs)
+                out = model_call(module, *call_args, **call_kwargs)
             leaves, spec = pytree.tree_flatten(plain_outputs(out))
             out_specs.append(spec)
             return tuple(leaves)
@@ -441,7 +471,7 @@ def _plain_forward(module: nn.Module) -> Iterator[None]:
 
     @functools.wraps(forward)  # export names the graph's inputs from the forward's signature
     def plain(*args: Any, **kwargs: Any) -> Any:
-        return plain_outputs(forward(*args, **kwargs))
+        return plain_outputs(model_call(forward, *args, **kwargs))
 
     module.forward = plain  # type: ignore[method-assign]
     try:

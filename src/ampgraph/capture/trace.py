@@ -41,6 +41,7 @@ from ampgraph.capture.engines import (
     make_fx_available,
 )
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
+from ampgraph.capture.raises import past_python_raise
 from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
@@ -137,6 +138,9 @@ class Capture:
     #: innermost leaf call open when it raised (``[path, index]``, or None). A prediction that
     #: runs past that point without an error contradicts it (see :mod:`ampgraph.annotate.check`).
     raised_in_setting: dict[str, Any] | None = None
+    #: Why the graph is the path a real run takes rather than export's (see
+    #: :func:`ampgraph.capture.engines.as_a_real_run`); None where it is export's.
+    real_run: str | None = None
 
 
 def module_table(module: nn.Module) -> dict[str, ModuleInfo]:
@@ -373,6 +377,7 @@ def capture(
     data_dependent: list[str] = []
     unbacked: dict[str, int | float] = {}
     raised: dict[str, Any] | None = None
+    real_run: str | None = None
     recorder = ModuleIORecorder(model.module)
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
     reads: TraceReads | None = TraceReads()
@@ -388,7 +393,12 @@ def capture(
                     )
                 except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
                     on_data = _branches_on_data(exc)
-                    if not on_data:
+                    found = None if on_data else past_python_raise(
+                        model, setting, recorder, exc, reads, engine
+                    )
+                    if found is not None:
+                        (program, real_run), on_data = found, False
+                    elif not on_data:
                         raised = recorder.raised(exc)
                         try:
                             program = _trace_past_raise(
@@ -487,6 +497,7 @@ def capture(
         tied=tied_parameters(model.module),
         reads=reads.resolved(gm) if reads is not None else None,
         raised_in_setting=raised if method == EXPORT_RETYPED else None,
+        real_run=real_run,
     )
 
 

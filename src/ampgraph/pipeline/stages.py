@@ -214,6 +214,8 @@ def analyze_capture(
             **({"check_unavailable": unavailable} if unavailable else {}),
             # The setting whose trace this is, proven to be the one this setting would give.
             **({"graph_of": cap.graph_of} if cap.graph_of else {}),
+            # Traced on a real run's path, where export's raised (capture.engines.as_a_real_run).
+            **({"real_run": cap.real_run} if cap.real_run else {}),
         },
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
@@ -253,7 +255,8 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
         # Input, buffer and output dtypes (a recipe's) change the graph as parameters do.
         return "another device type or parameter, buffer, input or output dtype"
     method = base.method.rsplit("+", 1)[-1]
-    if base.graph_of is not None or method not in (*IN_SETTING, EXPORT_META_REPLAY):
+    own_only = base.graph_of is not None or base.real_run is not None
+    if own_only or method not in (*IN_SETTING, EXPORT_META_REPLAY):
         return f"a graph captured by {base.method} serves only its own setting"
     shared = replace(base, setting=setting, graph_of=base.setting.name)
     if base.reads is None:

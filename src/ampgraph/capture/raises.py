@@ -1,0 +1,242 @@
+"""A Python-level raise in one setting: the setting's finding at the module that raises.
+
+Model code checks dtypes in Python as well as in kernels: ``nn.GRU`` raises ``ValueError: RNN
+input dtype (torch.float32) does not match weight dtype (torch.bfloat16)`` in the ``half`` setting
+of a model fed fp32, before any op runs. That raise is what a real run does in that setting, and
+says nothing about the others. The capture traces such a setting again up to the raise
+(:func:`stopping_at_raise`): the module's forward is cut where it raised, with one
+``ampgraph::raises`` node in it that takes the call's tensors and raises the model's own error
+whenever the graph is replayed (annotation, dispatcher check, real execution). The annotation then
+reports it where a kernel error is reported, at that node and that module call, and the forward
+ends there, as the real run ends.
+
+>>> import torch
+>>> gru = torch.nn.GRU(2, 2).to(torch.bfloat16)
+>>> try:
+...     gru(torch.ones(1, 1, 2))
+... except ValueError as exc:
+...     print(python_raise_site(exc, gru))
+<BLANKLINE>
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ampgraph.capture.module_io import ModuleIORecorder, error_line
+from ampgraph.errors import first_line
+from ampgraph.model.build import ModelInputs
+from ampgraph.settings import Setting
+from ampgraph.torchutil import torch_dtype
+
+if TYPE_CHECKING:
+    from ampgraph.capture.engines import Traced
+    from ampgraph.capture.reads import TraceReads
+
+#: Where a raise is the tracing machinery's, never the model's (torch's own Python-level
+#: failures of tracing: data-dependent guards, unsupported operations, export's checks).
+_MACHINERY = tuple(
+    os.path.join(os.path.dirname(torch.__file__), part)
+    for part in ("_", "fx", "export", "utils", "overrides.py", "library.py")
+) + (os.path.dirname(os.path.dirname(__file__)),)
+
+
+class Stopped(Exception):  # noqa: N818 - a signal, not an error
+    """Raised through the traced forward from the module that raised: ``value`` is what the
+    traced forward returns instead (the ``ampgraph::raises`` node's output)."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__("the forward raised in its own Python code")
+        self.value = value
+
+
+def _raise_statement(exc: BaseException) -> Any:
+    """The frame of the ``raise`` statement that raised ``exc``, or None where a C++ kernel (or
+    anything but a Python ``raise``) did."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    op = next((i.opname for i in dis.get_instructions(code) if i.offset == tb.tb_lasti), None)
+    return tb.tb_frame if op == "RAISE_VARARGS" else None
+
+
+def python_raise_site(exc: BaseException, module: nn.Module) -> str | None:
+    """The path of the module of ``module`` whose code raised ``exc`` in a Python ``raise``
+    statement of its own (``""`` for ``module`` itself); None where ``exc`` came from a kernel or
+    from the tracing machinery, or was raised outside every module's forward.
+    """
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    if isinstance(exc, (Stopped, GuardOnDataDependentSymNode)):
+        return None
+    frame = _raise_statement(exc)
+    if frame is None or frame.f_code.co_filename.startswith(_MACHINERY):
+        return None
+    paths = {id(mod): path for path, mod in module.named_modules()}
+    tb = exc.__traceback__
+    site = None
+    while tb is not None:  # outermost first: the innermost module frame wins
+        owner = tb.tb_frame.f_locals.get("self")
+        if id(owner) in paths and isinstance(owner, nn.Module):
+            site = paths[id(owner)]
+        tb = tb.tb_next
+    return site
+
+
+_RAISES: list[Any] = []
+#: While true, ``ampgraph::raises`` returns a placeholder instead of raising: the trace records it.
+_RECORDING = [False]
+
+
+def raises_op() -> Any:
+    """``ampgraph::raises(tensors, type, message)``: raise the model's error (``type`` a builtin
+    exception's name) whenever it runs, on fake tensors or real ones; defined once."""
+    if not _RAISES:
+
+        @torch.library.custom_op("ampgraph::raises", mutates_args=())
+        def raises(tensors: list[torch.Tensor], kind: str, message: str) -> torch.Tensor:
+            _raise(kind, message)
+
+        @raises.register_fake
+        def _(tensors: list[torch.Tensor], kind: str, message: str) -> torch.Tensor:
+            if _RECORDING[0]:
+                return torch.empty(0)
+            _raise(kind, message)
+
+        _RAISES.append(torch.ops.ampgraph.raises.default)
+    return _RAISES[0]
+
+
+def _raise(kind: str, message: str) -> NoReturn:
+    """Raise ``message`` as the builtin exception ``kind`` (RuntimeError if it is none)."""
+    import builtins
+
+    error = getattr(builtins, kind, None)
+    if not (isinstance(error, type) and issubclass(error, Exception)):
+        error = RuntimeError
+    raise error(message)
+
+
+def _builtin_name(exc: BaseException) -> str:
+    import builtins
+
+    name = type(exc).__name__
+    return name if getattr(builtins, name, None) is type(exc) else "RuntimeError"
+
+
+@contextlib.contextmanager
+def stopping_at_raise(root: nn.Module, path: str, exc: BaseException) -> Iterator[None]:
+    """While it lasts, the module at ``path`` ends the traced forward where it raises ``exc``
+    again (the same type and first line): an ``ampgraph::raises`` node in its call, on the
+    tensors it was called with, whose output :class:`Stopped` carries to the traced forward
+    (:func:`returning_at_stop`). The forward is swapped on the instance, so hooks still fire."""
+    module = root.get_submodule(path)
+    forward = module.forward
+    had = "forward" in vars(module)
+    kind, message = _builtin_name(exc), first_line(exc)
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return forward(*args, **kwargs)
+        except Exception as again:
+            if type(again) is not type(exc) or first_line(again) != message:
+                raise
+            # The call's tensors and the module's own, whose dtypes the raise compared.
+            leaves = [*pytree.tree_leaves((args, kwargs)), *module.parameters()]
+            tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+            _RECORDING[0] = True
+            try:
+                value = raises_op()(tensors, kind, message)
+            finally:
+                _RECORDING[0] = False
+            raise Stopped(value) from None
+
+    module.forward = cut  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            module.forward = forward  # type: ignore[method-assign]
+        else:
+            vars(module).pop("forward", None)
+
+
+def past_python_raise(
+    model: ModelInputs,
+    setting: Setting,
+    recorder: ModuleIORecorder,
+    exc: Exception,
+    reads: TraceReads | None,
+    engine_name: str,
+) -> tuple[Traced, str | None] | None:
+    """Where the trace in ``setting`` stopped at a Python ``raise`` in the model's code: the
+    graph a real run's path gives (with why it is that path), or the graph up to the raise
+    (:mod:`ampgraph.capture.raises`) where the model raises it in ``setting`` and not with fp32
+    parameters and no autocast; None where neither holds (a model that raises in every
+    setting has inputs it does not accept: the capture fails as before).
+    """
+    site = python_raise_site(exc, model.module)
+    if site is None:
+        return None
+    from ampgraph.capture.engines import ENGINES, as_a_real_run  # it imports this module
+
+    engine = ENGINES[engine_name]
+    dtype = torch_dtype(setting.param_dtype)
+
+    def again(*contexts: Any, neutral: bool = False) -> Traced:
+        recorder.reset()
+        if reads is not None:
+            reads.clear()
+        with contextlib.ExitStack() as stack:
+            for context in contexts:
+                stack.enter_context(context)
+            if neutral:
+                return engine(model, setting.device_type, torch.float32, None, None)
+            return engine(model, setting.device_type, dtype, setting, reads)
+
+    try:
+        program = again(as_a_real_run())
+    except Exception:  # noqa: BLE001 - a real run raises too: maybe in this setting only
+        pass
+    else:
+        why = (
+            f"traced on the path a real run takes (torch.compiler.is_exporting() false): on "
+            f"export's path the forward raised {error_line(exc)}"
+        )
+        return program, why
+    if setting.param_dtype == "float32" and not setting.autocast:
+        return None
+    try:
+        again(neutral=True)
+    except Exception:  # noqa: BLE001 - it raises without the setting too: not the setting's
+        return None
+    try:
+        return again(stopping_at_raise(model.module, site, exc)), None
+    except Exception:  # noqa: BLE001 - cut there, it still fails: the capture goes on as before
+        recorder.reset()
+        return None
+
+
+def returning_at_stop(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, or the value a :class:`Stopped` carries where the forward
+    stopped at a raise (:func:`stopping_at_raise`)."""
+    try:
+        return call(*args, **kwargs)
+    except Stopped as stop:
+        return stop.value
+
+
+__all__ = [
+    "Stopped",
+    "past_python_raise", "python_raise_site", "raises_op", "returning_at_stop", "stopping_at_raise"]
