@@ -8,6 +8,7 @@ the same, and on the matching logic with the GPU's own strings where only CUDA d
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -172,3 +173,27 @@ def test_a_call_predicted_not_run_that_really_ran_is_a_disagreement() -> None:
         ("b", "not run (the forward raised before it)"),
     ]
     assert str(agreement) == "0/2"
+
+
+# -- a library autocast kernel's cast back -------------------------------------------------------
+def test_a_library_wrappers_cast_back_is_the_ops_own_on_cpu() -> None:
+    """torchvision's roi_align wrapper runs in fp32 and casts its output back to the input's
+    dtype, inside the call: part of the op, not a cast autocast made of its inputs."""
+    ops = pytest.importorskip("torchvision.ops")
+
+    class Roi(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+            return ops.roi_align(self.conv(x), boxes, output_size=2)
+
+    torch.manual_seed(0)
+    boxes = torch.tensor([[0, 0.0, 0.0, 4.0, 4.0], [0, 1.0, 1.0, 6.0, 6.0]])
+    model = ModelInputs("roi", Roi(), (torch.randn(1, 3, 8, 8), boxes))
+    result = verify(model, cpu("amp-fp32"))
+    assert result.ok, summary(result)
+    assert result.report is not None
+    roi = next(r for r in result.report.nodes if r.op == "torchvision.roi_align.default")
+    assert roi.outputs == ["bfloat16"] and [c.to_dtype for c in roi.casts] == ["float32"]

@@ -133,6 +133,8 @@ def predicted_call(
         call_args, call_kwargs = pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
     call_args, call_kwargs = tuple(call_args), dict(call_kwargs)
     policy = rec.policy if rec else None
+    if policy == P.FP32_OUTPUT_AS_INPUT:
+        target = _cast_back(target, next(iter(tensor_leaves((args, kwargs))), None))
     if isinstance(target, torch._ops.OpOverload):
         if policy == P.FP32_SET_OPT_DTYPE:
             called = rules.set_opt_dtype(target, call_args, call_kwargs, autocast_device)
@@ -143,6 +145,19 @@ def predicted_call(
                 target, call_args, call_kwargs, autocast_device
             )
     return target, call_args, call_kwargs, replaced
+
+
+def _cast_back(op: Any, first: torch.Tensor | None) -> Callable[..., Any]:
+    """``op`` as a library's autocast wrapper calls it (torchvision's roi ops): run in fp32, the
+    output cast back to the first input's dtype. That cast is the wrapper's, made inside the call
+    on a tensor the op made: part of the op as the annotation calls it, not a cast of its inputs."""
+    back = first.dtype if first is not None else torch.float32
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = op(*args, **kwargs)
+        return pytree.tree_map_only(torch.Tensor, lambda t: t.to(back), out)
+
+    return call
 
 
 def own_casts(
