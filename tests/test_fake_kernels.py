@@ -197,16 +197,24 @@ def _conv_configs(count: int) -> list[tuple[Any, ...]]:
     return configs
 
 
+CONV_DTYPES = [(F32, F32, BF16), (F32, F32, F16), (BF16, BF16, F32), (F16, F16, F32),
+               (F32, BF16, F32), (F16, F32, F16)]  # fmt: skip
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize(("x_dtype", "w_dtype", "b_dtype"),
-                         [(F32, F32, BF16), (F32, F32, F16), (BF16, BF16, F32), (F16, F16, F32),
-                          (F32, BF16, F32), (F16, F32, F16)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("x_dtype", "w_dtype", "b_dtype"),
+    CONV_DTYPES,
+    ids=["-".join(str(d).removeprefix("torch.") for d in c) for c in CONV_DTYPES],
+)
 def test_cpu_convolution_bias_and_weight_follow_the_backend(
     threads: int, x_dtype: torch.dtype, w_dtype: torch.dtype, b_dtype: torch.dtype
 ) -> None:
-    """``aten.convolution`` on the CPU: oneDNN or a slow kernel, picked by shape, dtype and
-    thread count, each with its own dtype checks (a bias of another dtype runs on most slow
-    kernels)."""
+    """``aten.convolution`` on the CPU: oneDNN or a slow kernel, picked by shape, dtype, thread
+    count and the machine (:mod:`ampgraph.annotate.cpu_backend`: oneDNN takes 16-bit inputs only
+    on CPUs with the instructions for them), each with its own dtype checks (a bias of another
+    dtype runs on most slow kernels). Depends on the CPU: the oracle is this CPU's real kernel;
+    ``tests/test_cpu_backend.py`` runs it again with oneDNN held to AVX2."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

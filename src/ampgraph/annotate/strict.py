@@ -30,6 +30,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
 
 aten = torch.ops.aten
@@ -192,14 +193,14 @@ def _cpu_onednn(
     transposed: bool, output_padding: Any, groups: int,
 ) -> bool:  # fmt: skip
     """Whether the CPU's ``_select_conv_backend`` picks oneDNN (``ConvParams::use_mkldnn``): a
-    bf16 input always (on this machine's AVX-512; an fp16 one only with AVX512-FP16, which this
-    does not model: fp16 takes the slow path), an fp32 one by shape and thread count."""
-    if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
+    16-bit input where this machine's oneDNN takes its dtype (:mod:`ampgraph.annotate.cpu_backend`:
+    bf16 with AVX-512, fp16 with AVX512-FP16), an fp32 one by shape and thread count."""
+    if not cpu_backend.onednn().enabled:
         return False
     if transposed and any(o >= s for o, s in zip(output_padding, stride, strict=False)):
         return False  # is_output_padding_big
-    if x.dtype == torch.bfloat16:
-        return True
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return cpu_backend.takes_low_precision(x.dtype)
     if x.dtype != torch.float32:
         return False
     xs, ws = list(x.shape), list(weight.shape)
