@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
+from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
 
 aten = torch.ops.aten
 
@@ -541,11 +542,15 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cpu", aten._embedding_bag_forward_only.default): _embedding_bag_cpu,
     ("cuda", aten._embedding_bag.default): _embedding_bag_cuda,
     ("cuda", aten._embedding_bag_forward_only.default): _embedding_bag_cuda,
+    # Python scalars that overflow the tensor's dtype (ampgraph.annotate.scalars).
+    **SCALAR_CHECKS,
 }
 
 
 #: Ops whose checks read a keyword-only argument (given a dict of them after the positionals).
-_KEYWORD_CHECKED = frozenset({aten._scaled_dot_product_flash_attention_for_cpu.default})
+_KEYWORD_CHECKED = (
+    frozenset({aten._scaled_dot_product_flash_attention_for_cpu.default}) | KEYWORD_CHECKED
+)
 
 
 class StrictDtypeMode(TorchDispatchMode):
