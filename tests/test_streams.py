@@ -282,18 +282,18 @@ def test_a_forward_that_never_returns_is_stopped_at_the_timeout(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env["AMPGRAPH_CACHE_DIR"] = str(tmp_path / "cache")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ampgraph", *command, "--module", spec, "--timeout", "8"],
+        [sys.executable, "-m", "ampgraph", *command, "--module", spec, "--timeout", "20"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
         start_new_session=True,
     )  # fmt: skip
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and out == "", err
     assert err == (
-        "Error: the analysis did not finish within 8 s (a forward that never returns?); raise "
+        "Error: the analysis did not finish within 20 s (a forward that never returns?); raise "
         "--timeout or check the model\n"
     )
     assert (tmp_path / "stuck.reached").exists()  # the forward was running when it was stopped
-    assert time.monotonic() - start < 40
+    assert time.monotonic() - start < 60
 
     def session() -> list[str]:
         """The live processes of the command's session: a spinning worker must not outlive it."""

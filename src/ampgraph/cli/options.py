@@ -117,16 +117,32 @@ def quiet_option(f: F) -> F:
     )(f)  # fmt: skip
 
 
+class Seconds(click.ParamType):
+    """--timeout's value, read by :func:`ampgraph.model.usercode.parse_timeout`: 0 (no bound)
+    or 1 s to a week; ``inf``, ``nan``, ``1e308``, ``1e-6`` and negatives are usage errors."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ampgraph.model.usercode import parse_timeout
+
+        try:
+            return parse_timeout(value) or 0.0
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 def timeout_option(f: F) -> F:
     """--timeout: the bound on the analysis (and verify's real run) of a model, which the
     command reads with :func:`timeout_seconds`."""
     from ampgraph.model.usercode import DEFAULT_TIMEOUT
 
     return click.option(
-        "--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
+        "--timeout", type=Seconds(), default=DEFAULT_TIMEOUT, show_default=True,
         metavar="SECONDS", expose_value=False, callback=_remember,
         help="Stop with an error when analysing the model takes longer (a forward that never "
-        "returns); 0: no bound.",
+        "returns, whatever it catches: the analysis runs in a process group that is killed); "
+        "0: no bound; else 1 to 604800 (a week).",
     )(f)  # fmt: skip
 
 

@@ -33,6 +33,7 @@ def analysed(
         model_spec, resolve_settings(settings, device, amp_dtype), seq_len=seq_len, check=check,
         use_cache=not root["no_cache"], workers=root["jobs"], force=forced(),
         progress=progress, options=options, meanwhile=meanwhile, timeout=timeout_seconds(),
+        process=True,  # a process group the command can kill: the model's code is confined
     )  # fmt: skip
     progress_done()  # the command's answer comes next
     for warning in (dtype_branches_warning(reports[0]), data_dependent_warning(reports[0])):

@@ -38,6 +38,10 @@ report instead, without torch. Options:
   one only.
 * ``:amp-dtype:`` -- ``bf16`` (default) or ``fp16``; ``:device:`` -- ``cuda`` (default),
   ``cpu``, ``xpu`` or ``mps``; ``:seq-len:`` and ``:no-check:`` as on the command line.
+* ``:timeout:`` -- seconds the analysis may take (default ``ampgraph_timeout``, 600; 0: no
+  bound; else 1 to 604800), as ``--timeout``: the analysis runs in a process group of its own
+  that is killed then, and a model's ``sys.exit``, ``os._exit`` or fork is a warning, never the
+  end of the build.
 * ``:caption:``, ``:alt:``, ``:align:``, ``:name:``, ``:class:`` -- as for ``figure``.
 
 How it fits Sphinx: the directive emits :class:`sphinx.ext.graphviz.graphviz` nodes (a subclass,
@@ -85,6 +89,7 @@ from sphinx.util.docutils import SphinxDirective
 
 from ampgraph import __version__
 from ampgraph.errors import first_line
+from ampgraph.model.usercode import DEFAULT_TIMEOUT, parse_timeout
 from ampgraph.report.records import Report
 from ampgraph.settings import DEVICE_TYPES
 
@@ -139,10 +144,12 @@ def analysis_reports(
     check: bool,
     workers: int | None,
     pass_: str = "forward",
+    timeout: float | None = None,
 ) -> list[Report]:
     """The reports of ``spec`` in ``settings``, through ampgraph's cache (computed on a miss);
     ``pass_`` ``backward`` analyses a training step (its default loss, backward outside
-    autocast) as ``ampgraph render --pass backward`` does. A setting is a name, read for
+    autocast) as ``ampgraph render --pass backward`` does. The analysis runs in a process group
+    of its own, killed after ``timeout`` seconds (None: no bound), as the command line's. A setting is a name, read for
     ``device`` and ``amp_dtype``, or a :class:`~ampgraph.settings.Setting` (a recipe's), used
     as it is."""
     from ampgraph.pipeline.run import analyze_spec
@@ -157,8 +164,9 @@ def analysis_reports(
         {} if pass_ == "forward" else {"pass_": pass_, "loss": None, "backward_autocast": False}
     )
     return analyze_spec(
-        spec, resolved, seq_len=seq_len, check=check, workers=workers, options=options
-    )
+        spec, resolved, seq_len=seq_len, check=check, workers=workers, options=options,
+        timeout=timeout, process=True,  # a model's code never ends or stalls the build
+    )  # fmt: skip
 
 
 class AmpgraphDirective(SphinxDirective):
@@ -182,6 +190,7 @@ class AmpgraphDirective(SphinxDirective):
         "device": _choice(DEVICE_TYPES),
         "seq-len": directives.positive_int,
         "no-check": directives.flag,
+        "timeout": lambda text: parse_timeout(text or ""),
         "caption": directives.unchanged,
         "alt": directives.unchanged,
         "align": _choice(("left", "center", "right")),
@@ -303,7 +312,11 @@ class AmpgraphDirective(SphinxDirective):
             check=config.ampgraph_check and "no-check" not in self.options,
             workers=config.ampgraph_jobs,
             pass_=self.options.get("pass", "forward"),
-        )
+            timeout=(
+                self.options["timeout"] if "timeout" in self.options
+                else parse_timeout(config.ampgraph_timeout)
+            ),
+        )  # fmt: skip
         if factory and spec != written:
             reports = [dataclasses.replace(r, model=written) for r in reports]
         return reports
@@ -467,7 +480,8 @@ def _write_css(app: Sphinx, exception: Exception | None) -> None:
 def setup(app: Sphinx) -> ExtensionMetadata:
     """Register the directive, its node and its settings (``ampgraph_check``: run the
     dispatcher check, default True; ``ampgraph_jobs``: worker processes, default one per core;
-    ``ampgraph_theme``: the default ``:theme:``, ``auto``)."""
+    ``ampgraph_theme``: the default ``:theme:``, ``auto``; ``ampgraph_timeout``: the default
+    ``:timeout:``, 600 seconds)."""
     app.setup_extension("sphinx.ext.graphviz")
     app.add_node(
         ampgraph_diagram,
@@ -484,6 +498,9 @@ def setup(app: Sphinx) -> ExtensionMetadata:
     # Not for users to set: its value changing (a new ampgraph, torch or transformers) is what
     # makes Sphinx re-read the documents and redraw.
     app.add_config_value(
+    app.add_config_value(
+        "ampgraph_timeout", DEFAULT_TIMEOUT, "env", types=frozenset({int, float})
+    )
         "ampgraph_environment", analysis_environment(), "env", types=frozenset({str})
     )
     app.add_css_file(CSS_FILE)

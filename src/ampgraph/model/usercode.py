@@ -35,6 +35,38 @@ from ampgraph.errors import AnalysisError
 #: model takes (on the 2-core machine of docs/how-it-works.md, a cold render of the Llama-3-70B
 #: shape took 11 s and its training step 45 s), far below "forever".
 DEFAULT_TIMEOUT: float = 600
+#: The bounds a timeout must lie within (0 aside, which means none): below a second no cold
+#: analysis finishes (importing torch alone takes longer), and above a week a bound is a typo
+#: (``1e7``), or more than a clock can wait for (``1e308``, ``inf``).
+MIN_TIMEOUT: float = 1
+MAX_TIMEOUT: float = 7 * 24 * 3600
+
+
+def parse_timeout(value: str | float) -> float | None:
+    """A timeout in seconds as ``--timeout`` and the directive's ``:timeout:`` take it: None for
+    0 (no bound), else a number from :data:`MIN_TIMEOUT` to :data:`MAX_TIMEOUT`. A ValueError
+    in one line says what is accepted.
+
+    >>> parse_timeout("90"), parse_timeout("0")
+    (90.0, None)
+    >>> parse_timeout("nan")
+    Traceback (most recent call last):
+    ValueError: 'nan' is not a number of seconds: give 0 (no bound) or 1 to 604800 (a week)
+    """
+    text = str(value).strip()
+    accepted = f"give 0 (no bound) or {MIN_TIMEOUT:g} to {MAX_TIMEOUT:g} (a week)"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    if seconds != seconds:  # nan, and what is no number at all
+        raise ValueError(f"{shown!r} is not a number of seconds: {accepted}")
+    if seconds == 0:
+        return None
+    if not MIN_TIMEOUT <= seconds <= MAX_TIMEOUT:
+        raise ValueError(f"{shown} seconds is out of range: {accepted}")
+    return seconds
 
 
 def overdue_message(seconds: float) -> str:
@@ -207,10 +239,26 @@ def deadline(seconds: float | None) -> Iterator[None]:
 @contextlib.contextmanager
 def model_code() -> Iterator[None]:
     """A block that runs the model's own code: its output on standard error, its ``os._exit``
-    an error. Unbounded: the deadline is the caller's, around all of its work (:func:`deadline`,
-    or :func:`ampgraph.pipeline.workers.beside`'s ``timeout`` for a process beside it)."""
+    and ``sys.exit`` (a ``SystemExit`` out of a forward) errors. Unbounded: the deadline is the
+    caller's, around all of its work (:func:`ampgraph.pipeline.workers.beside`'s ``timeout`` for
+    a process group beside it, which holds; :func:`deadline` in-process, which may not).
+
+    >>> try:
+    ...     with model_code():
+    ...         raise SystemExit(0)
+    ... except ModelExited as exc:
+    ...     str(exc).split(",")[0]
+    "the model's code called sys.exit(0)"
+    """
     with output_to_stderr(), exit_refused():
-        yield
+        try:
+            yield
+        except SystemExit as exc:
+            raise ModelExited(
+                f"the model's code called sys.exit({exc.code!r}), which would end ampgraph "
+                "without a result: a factory must return (module, example_inputs), and a "
+                "forward its outputs"
+            ) from None
 
 
 @contextlib.contextmanager
@@ -222,6 +270,8 @@ def confined(timeout: float | None = None) -> Iterator[None]:
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT",
+    "MIN_TIMEOUT",
     "ModelExited",
     "confined",
     "deadline",
@@ -229,4 +279,5 @@ __all__ = [
     "model_code",
     "output_to_stderr",
     "overdue_message",
+    "parse_timeout",
 ]

@@ -180,6 +180,7 @@ def analyze_spec(
     options: dict[str, Any] | None = None,
     meanwhile: Callable[[], None] | None = None,
     timeout: float | None = None,
+    process: bool | None = None,
 ) -> list[Report]:
     """The analysis of the model ``spec`` names in each setting, in order.
 
@@ -202,9 +203,15 @@ def analyze_spec(
     the next call (``ampgraph diff`` of two models, a documentation build's directives).
 
     The model's own code runs confined (:mod:`ampgraph.model.usercode`): what it prints goes to
-    standard error, where the caller's output is not; its ``os._exit`` is an error; and an
-    analysis that has not finished after ``timeout`` seconds (None or 0: no bound) is stopped
-    with an :class:`~ampgraph.errors.AnalysisError`, a forward that never returns among them.
+    standard error, where the caller's output is not; its ``os._exit`` and ``sys.exit`` are
+    errors. ``process`` (default: when a ``timeout`` is given; the command line always) runs
+    the analysis in a forked process group of its own (:func:`ampgraph.pipeline.workers.beside`
+    with ``group``), which this process kills whatever the model's code does: then an analysis
+    that has not finished after ``timeout`` seconds (None or 0: no bound) is stopped with an
+    :class:`~ampgraph.errors.AnalysisError` (a forward that never returns, or that catches every
+    exception and signal), and the model's threads, forks and ``SystemExit`` cannot reach the
+    caller's output or exit status. A bound needs that process: code that runs in the caller's
+    own process cannot be stopped from there.
     """
     resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
     requests = (
@@ -253,15 +260,18 @@ def analyze_spec(
 
     from ampgraph.model.usercode import deadline, overdue_message
 
-    if meanwhile is not None and analysis_beside(workers, pass_=(options or {}).get("pass_")):
+    isolate = bool(timeout) if process is None else process
+    if (isolate and _can_fork()) or (
+        meanwhile is not None and analysis_beside(workers, pass_=(options or {}).get("pass_"))
+    ):
         from ampgraph.pipeline.workers import beside
 
-        # Bounded here, where the command waits: the process is stopped at the deadline.
+        # Bounded here, where the command waits: the process group is killed at the deadline.
         beside(
             lambda send: compute(lambda j, report: send((j, report))),
             lambda item: done(*item), len(missing), meanwhile,
-            name="analysis", hint="; run again with -j 1 to analyse in one process",
-            timeout=timeout, overdue=overdue_message(timeout) if timeout else "",
+            name="analysis", timeout=timeout,
+            overdue=overdue_message(timeout) if timeout else "", group=True,
         )  # fmt: skip
     else:
         if meanwhile is not None:
@@ -269,6 +279,13 @@ def analyze_spec(
         with deadline(timeout):
             compute(done)
     return [r for r in reports if r is not None]
+
+
+def _can_fork() -> bool:
+    import multiprocessing as mp
+
+    # A pool's (daemonic) worker may not have children.
+    return "fork" in mp.get_all_start_methods() and not mp.current_process().daemon
 
 
 def _settings(count: int) -> str:

@@ -15,17 +15,18 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int, signum: int | None = None) -> None:
     """Make a forked worker end when the process that started it ends, however it ends.
 
     Without it, killing ``ampgraph render`` (SIGTERM, SIGKILL, a closed terminal) left its workers
-    computing, then printing BrokenPipeError tracebacks. Linux delivers SIGTERM to the child when
-    its parent dies (``prctl(PR_SET_PDEATHSIG)``); a parent that died before the call is caught by
-    the ``getppid`` check.
+    computing, then printing BrokenPipeError tracebacks. Linux delivers ``signum`` (default
+    SIGTERM; SIGKILL for a process that runs a model's code, which may ignore SIGTERM) to the
+    child when its parent dies (``prctl(PR_SET_PDEATHSIG)``); a parent that died before the call
+    is caught by the ``getppid`` check.
 
     Ctrl-C is left to the parent: a terminal sends SIGINT to every process of the command, and
     each worker printed a ``Process ForkPoolWorker-1:`` traceback for it. The worker ignores it;
@@ -38,7 +39,8 @@ def die_with_parent(parent: int) -> None:
 
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+            # 1: PR_SET_PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, signum or signal.SIGTERM)
         except (OSError, AttributeError):
             pass
     if os.getppid() != parent:
@@ -63,6 +65,7 @@ def beside(
     hint: str = "",
     timeout: float | None = None,
     overdue: str = "",
+    group: bool = False,
 ) -> Any:
     """Run ``produce(send)`` in a forked process and ``meanwhile()`` here at the same time, then
     ``take`` each of the ``expected`` items ``produce`` sends, as it sends it; return what
@@ -70,19 +73,30 @@ def beside(
 
     Returns with the last item, not when the process has ended: whatever it does after (its own
     workers' teardown) is no part of the caller's wait. An error there is raised here as it was
-    raised there, with its traceback as a note for a bug (:func:`portable`); a process that ends
-    without a word (killed, out of memory, an ``os._exit`` even with status 0) is an
-    :class:`~ampgraph.errors.AnalysisError` naming the ``name`` process, followed by ``hint``.
-    So is a process that has not sent every item ``timeout`` seconds after the start (None or 0:
-    no bound), with the message ``overdue``. When this raises, the process is stopped.
+    raised there, with its traceback as a note for a bug (:func:`portable`); a ``SystemExit`` or
+    ``KeyboardInterrupt`` there (the process ignores Ctrl-C, so the code it runs raised it) is an
+    :class:`~ampgraph.errors.AnalysisError`. A process that ends without a word (killed, out of
+    memory, an ``os._exit`` even with status 0) is an AnalysisError naming the ``name`` process,
+    followed by ``hint``. So is a process that has not sent every item ``timeout`` seconds after
+    the start (None or 0: no bound), with the message ``overdue``. When this raises, the process
+    is stopped.
 
     The process never writes on the caller's standard output: its fd 1 and ``sys.stdout`` are
     standard error for its whole life (and its own forked workers inherit that), so what the
     code it runs prints cannot come out ahead of what the caller prints.
 
+    ``group``: the process runs a model's own code, which may catch every exception, handle or
+    ignore every signal, start threads and fork. It then leads a process group of its own (with
+    its workers and whatever the code starts), and this ends by killing that whole group
+    (:class:`Group`): at once after the last item, after a short SIGTERM grace on an error, the
+    deadline, Ctrl-C, or a SIGTERM or SIGHUP to this process. So ``timeout`` holds whatever the
+    code does, and no process outlives the call. Its standard input is ``/dev/null``; a fork in
+    the code (not multiprocessing's, which ends on its own) is an AnalysisError that says where
+    it forked, and the copy ends before it runs anything.
+
     >>> items = []
     >>> beside(lambda send: [send(n * n) for n in range(3)], items.append, 3, lambda: "here",
-    ...        name="squares")
+    ...        name="squares", group=True)
     'here'
     >>> items
     [0, 1, 4]
@@ -94,9 +108,13 @@ def beside(
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     parent = os.getpid()
+    forks = Group.fork_notes() if group else None
 
     def child() -> None:
-        die_with_parent(parent)
+        if group:
+            Group.enter(parent, forks)
+        else:
+            die_with_parent(parent)
         # Standard output is the caller's; anything this process prints is a diagnostic.
         with contextlib.suppress(OSError):
             os.dup2(2, 1)
@@ -107,7 +125,7 @@ def beside(
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller
             code = 1
             with contextlib.suppress(BaseException):
-                send.send((True, portable(exc, name)))
+                send.send((True, portable(_as_error(exc, name), name)))
         finally:
             send.close()
         # Without the interpreter's teardown (of torch, where it has it: see
@@ -119,39 +137,203 @@ def beside(
 
     process = ctx.Process(target=child, name=f"ampgraph-{name.replace(' ', '-')}")
     received = 0
+    ended = False
     # What the caller has printed but not written yet would be copied into the child's buffer.
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     end = time.monotonic() + timeout if timeout else None
+    stopping = Group.signals_stop() if group else contextlib.nullcontext()
     try:
-        process.start()  # in the try: a Ctrl-C just after the fork still stops the child
-        send.close()
-        result = meanwhile() if meanwhile is not None else None
-        while received < expected:
-            if end is not None and not receive.poll(max(0.0, end - time.monotonic())):
-                raise AnalysisError(
-                    overdue or f"the {name} process did not finish within {timeout:g} s{hint}"
-                )
-            try:
-                failed, item = receive.recv()
-            except EOFError:
-                process.join()
-                raise AnalysisError(
-                    f"the {name} process ended without a result (exit code {process.exitcode}"
-                    f"{', killed: out of memory?' if process.exitcode == -9 else ''}){hint}"
-                ) from None
-            if failed:
-                raise item
-            take(item)
-            received += 1
+        with stopping:
+            process.start()  # in the try: a Ctrl-C just after the fork still stops the child
+            if group:
+                Group.lead(process.pid)
+            send.close()
+            result = meanwhile() if meanwhile is not None else None
+            while received < expected:
+                if end is not None and not receive.poll(max(0.0, end - time.monotonic())):
+                    Group.raise_forked(forks)
+                    raise AnalysisError(
+                        overdue or f"the {name} process did not finish within {timeout:g} s{hint}"
+                    )
+                try:
+                    failed, item = receive.recv()
+                except EOFError:
+                    if group:  # before the leader is reaped, while its group's id is its own
+                        Group.end(process, finished=True)
+                        ended = True
+                    process.join()
+                    Group.raise_forked(forks)
+                    raise AnalysisError(
+                        f"the {name} process ended without a result (exit code "
+                        f"{process.exitcode}"
+                        f"{', killed: out of memory?' if process.exitcode == -9 else ''}){hint}"
+                    ) from None
+                Group.raise_forked(forks)
+                if failed:
+                    raise item
+                take(item)
+                received += 1
     finally:
         receive.close()
+        if group and process.pid is not None:
+            if not ended:
+                Group.end(process, finished=received >= expected)
         # An error, or the caller's meanwhile failed or was interrupted: the child ignores
         # Ctrl-C (die_with_parent), so it is stopped, not waited for.
-        if received < expected and process.pid is not None:
+        elif received < expected and process.pid is not None:
             process.terminate()
             process.join()
     return result
+
+
+def isolated(
+    work: Callable[[], Any], *, name: str, timeout: float | None = None, overdue: str = ""
+) -> Any:
+    """``work()`` run by :func:`beside` in a process group of its own, as model code is run:
+    its result (which must pickle), or its error raised here; stopped after ``timeout``
+    seconds (None or 0: no bound) with an AnalysisError saying ``overdue``.
+
+    >>> isolated(lambda: 6 * 7, name="answer", timeout=60)
+    42
+    """
+    results: list[Any] = []
+    beside(
+        lambda send: send(work()), results.append, 1, name=name, timeout=timeout,
+        overdue=overdue, group=True,
+    )  # fmt: skip
+    return results[0]
+
+
+def _as_error(exc: BaseException, name: str) -> BaseException:
+    """What the ``name`` process raised, as its caller sees it: a ``SystemExit`` or
+    ``KeyboardInterrupt`` (which the process's code raised: it ignores Ctrl-C) would end the
+    caller with the code's own status, or as if a person pressed Ctrl-C."""
+    from ampgraph.errors import AnalysisError
+
+    if isinstance(exc, SystemExit):
+        return AnalysisError(
+            f"the model's code called sys.exit({exc.code!r}) in the {name} process, which would "
+            "end ampgraph without a result: a factory must return (module, example_inputs), "
+            "and a forward its outputs"
+        )
+    if isinstance(exc, KeyboardInterrupt):
+        return AnalysisError(
+            f"the model's code raised KeyboardInterrupt in the {name} process (nobody pressed "
+            "Ctrl-C: the process ignores it)"
+        )
+    return exc
+
+
+#: How long a process group that runs model code has, after SIGTERM, before SIGKILL.
+GRACE_S = 0.5
+#: Modules whose forks are ampgraph's, Python's or a library's process machinery, not a model
+#: copying the process that analyses it (``os.fork`` in a forward).
+_OWN_FORKS = ("multiprocessing.", "concurrent.", "ampgraph.", "subprocess")
+_exit = os._exit  # os._exit itself: ampgraph.model.usercode.exit_refused replaces it
+
+
+class Group:
+    """The process group :func:`beside` runs model code in (``group=True``), both sides of it.
+
+    Torch-free helpers, one job each: :meth:`enter` in the forked process, :meth:`lead` and
+    :meth:`end` in its parent, :meth:`signals_stop` around the parent's wait, and the note a
+    fork in the model's code leaves (:meth:`fork_notes`, :meth:`raise_forked`).
+    """
+
+    @staticmethod
+    def fork_notes() -> Any:
+        """Memory the process and its forks share with the parent: where the model's code
+        forked, if it did (empty: it did not)."""
+        import mmap
+
+        return mmap.mmap(-1, 512)  # anonymous and shared: written there, read here
+
+    @staticmethod
+    def enter(parent: int, forks: Any) -> None:
+        """In the forked process: lead a group of its own (which :meth:`end` kills), die with
+        its parent even where it ignores SIGTERM, read nothing from the terminal, and end any
+        copy the model's code forks before it runs, leaving a note of where it forked."""
+        import signal
+
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+        die_with_parent(parent, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+
+        def forked() -> None:
+            frame = sys._getframe(1)  # the caller of os.fork
+            if str(frame.f_globals.get("__name__", "")).startswith(_OWN_FORKS):
+                return
+            note = f"{frame.f_code.co_filename}:{frame.f_lineno}".encode()[-500:]
+            forks[: len(note)] = note
+            _exit(0)
+
+        os.register_at_fork(after_in_child=forked)
+
+    @staticmethod
+    def lead(pid: int) -> None:
+        """In the parent, just after the fork: the child's group exists before anything may
+        need to kill it (the child makes it too; whichever runs first wins)."""
+        with contextlib.suppress(OSError):  # the child was first, or has ended already
+            os.setpgid(pid, pid)
+
+    @staticmethod
+    def raise_forked(forks: Any) -> None:
+        """An AnalysisError if the model's code forked the process (:meth:`enter`)."""
+        if forks is None or not forks[:1].strip(b"\0"):
+            return
+        from ampgraph.errors import AnalysisError
+
+        where = bytes(forks[:]).rstrip(b"\0").decode(errors="replace")
+        raise AnalysisError(
+            f"the model's code forked the process that analyses it (os.fork at {where}): the "
+            "copy would run ampgraph's analysis a second time; a forward must not fork"
+        )
+
+    @staticmethod
+    def end(process: Any, *, finished: bool) -> None:
+        """Kill the group ``process`` leads, the process and everything it started: at once
+        when it has sent all it had to (its teardown is no part of the work), else after
+        SIGTERM and :data:`GRACE_S`."""
+        import signal
+
+        def kill(signum: int) -> None:
+            with contextlib.suppress(OSError):  # nothing is left in the group
+                os.killpg(process.pid, signum)
+
+        if not finished:
+            kill(signal.SIGTERM)
+            process.join(GRACE_S)
+        # Also after the leader ended: a process it started may ignore SIGTERM.
+        kill(signal.SIGKILL)
+        process.join()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def signals_stop() -> Iterator[None]:
+        """SIGTERM and SIGHUP to this process (``kill``, a closed terminal) end it by
+        ``SystemExit(128 + signal)``, so that :meth:`end` runs as it unwinds; where the
+        process has a handler of its own, or this is not the main thread, nothing changes."""
+        import signal
+        import threading
+
+        def stop(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
+
+        installed = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(signum) == signal.SIG_DFL:
+                    installed[signum] = signal.signal(signum, stop)
+        try:
+            yield
+        finally:
+            for signum, previous in installed.items():
+                signal.signal(signum, previous)
 
 
 def portable(exc: BaseException, name: str) -> BaseException:
