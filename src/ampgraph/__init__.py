@@ -17,6 +17,7 @@ import typing
 
 __version__ = "0.1.0"
 
+from ampgraph.compat import warn_if_unsupported as _warn_if_unsupported
 from ampgraph.errors import (
     AmpgraphError,
     AnalysisError,
@@ -30,6 +31,9 @@ from ampgraph.errors import (
 from ampgraph.recipes import Recipe, parse_recipe
 from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting, seed_matrix
+
+# A torch or transformers outside the range ampgraph was tried with: one warning line, now.
+_warn_if_unsupported()
 
 if "IPython" in sys.modules:  # a notebook (or IPython) is running: show reports as diagrams
     from ampgraph.notebook import register as _register_display

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_true
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
+from ampgraph.compat import guard_or_true
 from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
 
 aten = torch.ops.aten

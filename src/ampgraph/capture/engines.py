@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.raises import returning_at_stop
 from ampgraph.capture.reads import TraceReads
-from ampgraph.compat import fx_stack_traces
+from ampgraph.compat import fill_placeholder_values, fx_stack_traces
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import (
@@ -321,6 +321,7 @@ def _make_fx(
             gm = make_fx(forward, record_module_stack=True, pre_dispatch=True)(*state, *flat_inputs)
 
     _runtime_asserts(gm, fake_mode)
+    fill_placeholder_values(gm.graph, [*state, *flat_inputs])  # torch 2.9 to 2.11 leave some out
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs = []
     for i, node in enumerate(placeholders):

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ampgraph.compat import replace_kernel
+
 #: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
 GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -177,7 +179,7 @@ def _register() -> list[torch.library.Library]:
         for name, kernel in REPLACED.items():
             if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
                 continue
-            lib.impl(name, kernel, "Meta")
+            replace_kernel(lib, name, kernel, "Meta")  # torch 2.11 refuses lib.impl here
             op = getattr(torch.ops.aten, name).default
             if DispatchKey.Meta in op.py_kernels:
                 op.py_kernels[DispatchKey.Meta] = kernel

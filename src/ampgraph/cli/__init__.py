@@ -20,6 +20,7 @@ import click
 from ampgraph import __version__
 from ampgraph.cli import analyze, baseline, cache, reference, review
 from ampgraph.cli.console import AmpgraphGroup, exit_now, stdout_closed
+from ampgraph.compat import unsupported
 
 
 @click.group(cls=AmpgraphGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -98,6 +99,10 @@ def run() -> None:
     if stdout_closed():
         click.echo("Error: cannot write to standard output (closed)", err=True)
         sys.exit(1)
+    for refuse, line in unsupported():  # torch below the floor: refuse; newer than tried: warn
+        click.echo(f"{'Error' if refuse else 'Warning'}: {line}", err=True)
+        if refuse:
+            sys.exit(1)
     try:
         _run()
     except SystemExit as exc:

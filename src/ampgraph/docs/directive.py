@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
 from collections.abc import Sequence
 from html import escape
@@ -275,8 +274,11 @@ class AmpgraphDirective(SphinxDirective):
                 raise ValueError("give a model or :report:, not both")
             rel, path = self.env.relfn2path(self.options["report"])
             self.env.note_dependency(rel)
-            data = Path(path).read_text(encoding="utf-8")
-            loaded = json.loads(data)
+            from ampgraph.report.reading import read_text
+            from ampgraph.report.validate import load_json
+
+            # The one reader: a FIFO or /dev/zero here must not hang or fill the build's memory.
+            loaded = load_json(read_text(path, "report"))
             reports = [
                 Report.from_dict(d) for d in (loaded if isinstance(loaded, list) else [loaded])
             ]

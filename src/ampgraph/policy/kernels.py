@@ -16,14 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ampgraph.compat import TORCHVISION_AUTOCAST_SITES
 from ampgraph.policy.categories import CAST_INPUTS, FP32, FP32_OUTPUT_AS_INPUT, OPAQUE
 
 #: Autocast kernels that libraries register, with the rule each applies, read from the library's
 #: source: qualified op -> (device types it is registered for, category). torchvision 0.29
-#: registers them in ``torchvision/_autograd_registrations.py``: every floating (not fp64) tensor
-#: argument is cast to fp32 (``_autocast_cast``), and all but ``nms`` cast their outputs back to
-#: the input's dtype. ``tests/test_policy.py`` proves the device lists against the dispatcher. A
-#: kernel registered anywhere else (another torchvision, another library) is :data:`OPAQUE`.
+#: registers them in ``torchvision/_autograd_registrations.py`` (0.24 to 0.26 in C++, alike):
+#: every floating (not fp64) tensor argument is cast to fp32 (``_autocast_cast``), and all but
+#: ``nms`` cast their outputs back to the input's dtype. ``tests/test_policy.py`` proves the
+#: device lists against the dispatcher. A kernel registered anywhere else (another library) is
+#: :data:`OPAQUE`.
 LIBRARY_KERNELS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
     "torchvision::nms": (("cuda", "cpu", "xpu"), FP32),
     "torchvision::roi_align": (("cuda", "cpu", "xpu"), FP32_OUTPUT_AS_INPUT),
@@ -33,10 +35,11 @@ LIBRARY_KERNELS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
     "torchvision::deform_conv2d": (("cuda",), FP32_OUTPUT_AS_INPUT),
 }
 
-#: Where the wrappers of :data:`LIBRARY_KERNELS` are registered: the end of the path the
-#: dispatcher names for their ``torch.library.Library`` (``torch._C._dispatch_dump``).
-LIBRARY_KERNEL_SOURCES: Final[dict[str, str]] = {
-    "torchvision": "torchvision/_autograd_registrations.py",
+#: Where the wrappers of :data:`LIBRARY_KERNELS` are registered: fragments of the path the
+#: dispatcher names for their registration (``torch._C._dispatch_dump``), one per release line
+#: that registers them elsewhere (:data:`ampgraph.compat.TORCHVISION_AUTOCAST_SITES`).
+LIBRARY_KERNEL_SOURCES: Final[dict[str, tuple[str, ...]]] = {
+    "torchvision": TORCHVISION_AUTOCAST_SITES,
 }
 
 #: The dispatch key of each device type's autocast kernels.
@@ -227,7 +230,8 @@ def library_rule(device_type: str, op_name: str) -> KernelRule | None:
     site = kernel_site(device_type, op_name) or "an unknown place"
     devices, category = LIBRARY_KERNELS.get(base, ((), ""))
     library = base.partition("::")[0]
-    source = LIBRARY_KERNEL_SOURCES.get(library)
-    if device_type in devices and source is not None and site.rsplit(":", 1)[0].endswith(source):
-        return KernelRule(category, f"{library}'s wrapper in {source}")
+    path = site.rsplit(":", 1)[0]
+    source = next((s for s in LIBRARY_KERNEL_SOURCES.get(library, ()) if s in path), None)
+    if device_type in devices and source is not None:
+        return KernelRule(category, f"{library}'s wrapper in {path[path.index(source) :]}")
     return KernelRule(OPAQUE, f"a kernel registered at {site}, whose rule ampgraph does not know")

@@ -1,0 +1,239 @@
+"""The releases ampgraph supports, and every difference between them that its code depends on.
+
+One place for what changes from one torch (or torchvision) release to the next: each difference is
+one function or table here that names the releases it concerns and why, so that the stages call it
+and hold no version tests or ``try: import`` of their own. The supported range itself
+(:data:`TORCH_RANGE`, :data:`TRANSFORMERS_RANGE`) is read from the installed packages' metadata,
+without importing torch, so ``import ampgraph`` and the command line can say in one line that a
+release is outside it (:func:`support_message`).
+
+Where the floor is, and why: torch 2.9. Every minor release from 2.9.1 to 2.14.1 runs the three
+engines, the annotation, ``check``, ``verify --device cpu`` and the training pass
+(``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). Below it, torch 2.6 lacks
+``guard_or_true`` (kept up below) and its export passes differ in ways nobody here has tried;
+a floor that CI proves is worth more than one that is only hoped for.
+
+>>> version_tuple("2.11.0+cu130"), version_tuple("2.14.1"), version_tuple("5.0.0rc1")
+((2, 11, 0), (2, 14, 1), (5, 0, 0))
+>>> support_message("torch", "2.6.0")
+"ampgraph supports torch 2.9 to 2.14.1; this is torch 2.6.0: pip install 'torch>=2.9,<=2.14.1'"
+>>> support_message("torch", "2.11.0+cu130") is None
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Any, Final, NamedTuple
+
+
+class Range(NamedTuple):
+    """A package's supported releases: from ``floor`` up to ``tested`` (the newest tried)."""
+
+    package: str
+    floor: str
+    tested: str
+    #: The ``pip install`` argument that gets a supported release.
+    spec: str
+
+
+#: torch: the floor CI runs the quick suite on (``make test-floor``), the newest release tried.
+TORCH_RANGE: Final = Range("torch", "2.9", "2.14.1", "torch>=2.9,<=2.14.1")
+#: transformers: the 5.x line (4.x's ``transformers.utils.fx`` is the hf-fx tracer's, laid over
+#: in a side environment by ``scripts/hf_fx_env.sh``, not a supported install).
+TRANSFORMERS_RANGE: Final = Range("transformers", "5.0", "5.24", "transformers>=5.0,<6")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string: ``"2.11.0+cu130"`` -> ``(2, 11, 0)``."""
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def installed_version(package: str) -> str | None:
+    """``package``'s installed version from its metadata (no import), or None if it is absent."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def support_message(package: str, version: str | None) -> str | None:
+    """One line where ``version`` of ``package`` lies outside its supported range; else None.
+
+    Below the floor (or absent) the line says what to install; above the newest release tried it
+    says so, since nothing proves the newer one (callers warn then, they do not refuse).
+
+    >>> print(support_message("transformers", "4.57.1").replace("; ", ";\n"))
+    ampgraph supports transformers 5.0 to 5.24;
+    this is transformers 4.57.1: pip install 'transformers>=5.0,<6'
+    >>> print(support_message("torch", "2.15.0").replace("; ", ";\n"))
+    ampgraph was tried with torch 2.9 to 2.14.1;
+    this is torch 2.15.0, newer: its results are unproven
+    """
+    known = {TORCH_RANGE.package: TORCH_RANGE, TRANSFORMERS_RANGE.package: TRANSFORMERS_RANGE}
+    span = known[package]
+    if version is None:
+        return (
+            f"ampgraph needs {package} ({span.floor} to {span.tested}): pip install '{span.spec}'"
+        )
+    release = version_tuple(version)
+    if release < version_tuple(span.floor):
+        return (
+            f"ampgraph supports {package} {span.floor} to {span.tested}; this is {package} "
+            f"{version}: pip install '{span.spec}'"
+        )
+    tested = version_tuple(span.tested)
+    if release[: len(tested)] > tested:
+        return (
+            f"ampgraph was tried with {package} {span.floor} to {span.tested}; this is {package} "
+            f"{version}, newer: its results are unproven"
+        )
+    return None
+
+
+#: transformers 4.45 to 4.49: the hf-fx tracer's line (``transformers.utils.fx``), laid over a
+#: supported environment by ``scripts/hf_fx_env.sh``; said nothing about, as it is deliberate.
+HF_FX_TRANSFORMERS: Final = ((4, 45), (4, 50))
+
+
+class UnsupportedVersionWarning(UserWarning):
+    """torch or transformers outside the range ampgraph was tried with (:func:`unsupported`)."""
+
+
+def unsupported() -> list[tuple[bool, str]]:
+    """``(refuse, line)`` for each installed package outside its range. Refuse only torch below
+    the floor (or no torch): ampgraph's own code fails there. Above the newest release tried,
+    and for a transformers outside its range (its model code, not ampgraph's, is what differs),
+    warn. Cheap: package metadata only, no import.
+
+    >>> all(isinstance(line, str) for _, line in unsupported())
+    True
+    """
+    out = []
+    for span in (TORCH_RANGE, TRANSFORMERS_RANGE):
+        version = installed_version(span.package)
+        release = version_tuple(version or "")
+        if span is TRANSFORMERS_RANGE and HF_FX_TRANSFORMERS[0] <= release < HF_FX_TRANSFORMERS[1]:
+            continue
+        line = support_message(span.package, version)
+        if line is not None:
+            refuse = span is TORCH_RANGE and release < version_tuple(span.floor)
+            out.append((refuse, line))
+    return out
+
+
+def _started_as_cli() -> bool:
+    """Whether this process is the ``ampgraph`` command, which says it once itself."""
+    argv = getattr(sys, "argv", None) or [""]
+    return os.path.basename(argv[0]) == "ampgraph"
+
+
+def warn_if_unsupported() -> None:
+    """At ``import ampgraph``: one warning line for each package outside its range (the command
+    line prints the same lines as ``Error:``/``Warning:`` instead, and refuses below the floor).
+
+    >>> warn_if_unsupported()  # torch and transformers in range here: nothing
+    """
+    if _started_as_cli():
+        return
+    for _, line in unsupported():
+        # Level 3 is the import machinery's frozen frame: the warning is one line, with no
+        # source line printed under it.
+        warnings.warn(line, UnsupportedVersionWarning, stacklevel=3)
+
+
+def guard_or_true(condition: Any) -> bool:
+    """``condition`` as a bool, True where it depends on a size known only at run time (an
+    unbacked size after ``nonzero``): no guard raises on it.
+
+    torch 2.8 added ``torch.fx.experimental.symbolic_shapes.guard_or_true``; torch 2.6 and 2.7
+    lack it (importing it was every command's traceback there), so this falls back to what it
+    does: evaluate, and answer True where evaluating would need the data.
+
+    >>> guard_or_true(3 > 2), guard_or_true(1 > 2)
+    (True, False)
+    """
+    from torch.fx.experimental import symbolic_shapes
+
+    torch_guard = getattr(symbolic_shapes, "guard_or_true", None)
+    if torch_guard is not None:
+        return bool(torch_guard(condition))
+    try:
+        return bool(condition)
+    except symbolic_shapes.GuardOnDataDependentSymNode:
+        return True
+
+
+@contextlib.contextmanager
+def fx_stack_traces(keep: bool) -> Iterator[None]:
+    """Record each traced node's Python stack (``node.meta["stack_trace"]``) only if ``keep``.
+
+    ``torch.fx.config.do_not_emit_stack_traces`` is the switch from torch 2.12 on; torch 2.9 to
+    2.11 have no switch and always record them (the graph is the same, the trace a sixth
+    slower), so there this does nothing.
+
+    >>> with fx_stack_traces(False):
+    ...     pass
+    """
+    import torch.fx.config as fx_config
+
+    if not hasattr(fx_config, "do_not_emit_stack_traces"):
+        yield
+        return
+    previous = fx_config.do_not_emit_stack_traces
+    fx_config.do_not_emit_stack_traces = not keep
+    try:
+        yield
+    finally:
+        fx_config.do_not_emit_stack_traces = previous
+
+
+def replace_kernel(lib: Any, name: str, kernel: Callable[..., Any], key: str) -> None:
+    """``lib.impl(name, kernel, key)``, replacing a kernel torch registered from Python too.
+
+    ``torch.library.Library.impl`` refuses a key that some Python library already registered for
+    the op, unless it is given ``allow_override=True`` (torch 2.12 on; the default from 2.13).
+    torch 2.11 registers ``_grouped_mm``'s Meta kernel with ``torch.library`` itself and has no
+    such argument: there the key's mark is lifted first (the dispatcher itself lets a later
+    registration override, with a warning), and ``impl`` sets it again.
+    """
+    import inspect
+
+    import torch
+
+    if "allow_override" in inspect.signature(lib.impl).parameters:
+        lib.impl(name, kernel, key, allow_override=True)
+        return
+    torch.library._impls.discard(f"{lib.ns}/{name}/{key}")
+    lib.impl(name, kernel, key)
+
+
+#: Where torchvision registers its autocast wrappers (:data:`ampgraph.policy.LIBRARY_KERNELS`),
+#: as a fragment of the path the dispatcher names: C++ files, one per op, in torchvision 0.24 to
+#: 0.26 at least (``csrc/ops/autocast/roi_align_kernel.cpp``: ``cached_cast(at::kFloat, ...)``
+#: on each floating input, then ``.to(input.scalar_type())``, none for ``nms``); one Python file
+#: in 0.29, which does the same for the same ops and devices. Either is the rule ampgraph models.
+TORCHVISION_AUTOCAST_SITES: Final = (
+    "torchvision/_autograd_registrations.py",
+    "torchvision/csrc/ops/autocast/",
+)
+
+
+def fill_placeholder_values(graph: Any, values: list[Any]) -> None:
+    """Give each placeholder of ``graph`` without a ``meta["val"]`` its input's value.
+
+    ``make_fx`` records a non-tensor input's value (``use_cache=False``) as its placeholder's
+    ``val`` in torch 2.14; 2.9 to 2.11 record nothing there, and export's ``lift_constants_pass``,
+    which the make-fx engine runs after it, reads every placeholder's ``val`` (``KeyError:
+    'val'`` on every model). ``values`` are the graph's inputs in placeholder order.
+    """
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    for node, value in zip(placeholders, values, strict=False):
+        node.meta.setdefault("val", value)
