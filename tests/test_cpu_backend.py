@@ -16,9 +16,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
+from ampgraph import analyze
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.cpu_backend import OneDnn, assumed, onednn
+from ampgraph.report.records import Report
+from ampgraph.settings import Setting
 
 from .conftest import ROOT
 from .test_fake_kernels import _agree
@@ -122,3 +126,14 @@ def test_a_cpu_without_avx512_takes_the_slow_kernels_for_bf16() -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:]
     assert "5 passed" in run.stdout, run.stdout[-1000:]
+
+
+def test_a_cpu_report_says_which_backend_its_16bit_convolutions_assumed() -> None:
+    """``capture.cpu_kernels`` where a 16-bit convolution is predicted for this CPU, and only
+    there; a saved report reads it back."""
+    conv, x = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), torch.randn(1, 3, 8, 8)
+    half = analyze(conv, Setting.parse("amp-half", device_type="cpu"), args=(x,))
+    assert half.capture["cpu_kernels"] == cpu_backend.describe()
+    assert Report.from_json(half.to_json()).capture["cpu_kernels"] == cpu_backend.describe()
+    fp32 = analyze(conv, Setting.parse("fp32", device_type="cpu"), args=(x,))
+    assert "cpu_kernels" not in fp32.capture

@@ -9,8 +9,8 @@ input where ``mkldnn_bf16_device_check()`` holds (AVX-512 BW/VL/DQ or AVX-NE-CON
 fp16 one where ``mkldnn_fp16_device_check()`` holds (AVX512-FP16 or AVX-NE-CONVERT: an Intel
 Xeon of the Sapphire Rapids class, not an AMD EPYC of Zen 4). torch says what this machine does:
 ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` and ``_is_mkldnn_fp16_supported()`` are those
-two functions. A prediction for the CPU is a prediction for this CPU, and says so
-(:func:`describe`).
+two functions. A prediction for the CPU is a prediction for this CPU, and says so where it
+matters (:func:`note_for`: a report's ``capture.cpu_kernels``).
 
 Tests make either machine with :func:`assumed` (a context manager), and compare with the real
 kernels of the machine they run on; ``ONEDNN_MAX_CPU_ISA=AVX2`` in a child process makes a CPU
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -105,4 +105,25 @@ def describe() -> str:
     return f"CPU convolutions: oneDNN for {' and '.join(low)} inputs{tail} on this machine"
 
 
-__all__ = ["OneDnn", "assumed", "describe", "onednn", "takes_low_precision"]
+#: The ops whose CPU kernels pick their backend in ``_select_conv_backend``.
+_CONVOLUTIONS = ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.conv_transpose",
+                 "aten.convolution.", "aten._convolution.")  # fmt: skip
+
+
+def note_for(nodes: Iterable[tuple[str, Iterable[str | None]]]) -> str | None:
+    """:func:`describe`, where it matters to a CPU prediction: a convolution among ``nodes``
+    (each its op and the dtypes it sees, its inputs' and its casts') with a 16-bit dtype.
+
+    >>> with assumed(OneDnn(enabled=True, bf16=True, fp16=False)):
+    ...     note_for([("aten.conv2d.default", ["float16"])])
+    'CPU convolutions: oneDNN for bf16 inputs, the slow kernels for fp16 on this machine'
+    >>> note_for([("aten.conv2d.default", ["float32"]), ("aten.add.Tensor", ["bfloat16"])]) is None
+    True
+    """
+    for op, dtypes in nodes:
+        if op.startswith(_CONVOLUTIONS) and {"bfloat16", "float16"} & set(dtypes):
+            return describe()
+    return None
+
+
+__all__ = ["OneDnn", "assumed", "describe", "note_for", "onednn", "takes_low_precision"]

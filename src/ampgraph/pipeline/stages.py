@@ -19,6 +19,7 @@ from torch import nn
 
 from ampgraph import __version__
 from ampgraph import policy as P
+from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
 from ampgraph.annotate.check import check as run_check
 from ampgraph.annotate.check import dispatcher_unavailable, hold_to_the_raise
@@ -91,6 +92,15 @@ def _other_tables() -> str | None:
     return (
         f"annotated with the policy tables of torch {release_in_use()}, a prediction for that "
         f"release that this torch {torch.__version__}'s dispatcher cannot check"
+    )
+
+
+def _cpu_kernels(records: list[NodeRecord]) -> str | None:
+    """What the CPU prediction assumed of this machine, where a 16-bit convolution depends on it
+    (:func:`ampgraph.annotate.cpu_backend.note_for`)."""
+    return cpu_backend.note_for(
+        (r.op, [i.get("dtype") for i in r.inputs] + [c.to_dtype for c in r.casts])
+        for r in records
     )
 
 
@@ -224,6 +234,8 @@ def analyze_capture(
     )
     if standing_in:
         report.capture["stand_in"] = standing_in[1]
+    if cap.setting.device_type == "cpu" and (kernels := _cpu_kernels(records)):
+        report.capture["cpu_kernels"] = kernels  # the backend this CPU's convolutions take
     if cap.raised_in_setting is not None:
         report.capture["raised_in_setting"] = cap.raised_in_setting
         hold_to_the_raise(report)

@@ -18,6 +18,8 @@ JSON schema ``ampgraph.report`` version 2 (fields are added, never renamed, with
   where a check was asked for and this torch cannot run it (a CPU-only build and ``cuda``);
   ``stand_in``, only for a device this torch cannot trace on (``xpu`` or ``mps`` in a build
   without them): the graph was traced on CUDA and annotated with that device's lists, and why;
+  ``cpu_kernels``, only for a CPU setting with a 16-bit convolution: the backend this machine's
+  CPU takes for it (oneDNN or the slow kernels, :mod:`ampgraph.annotate.cpu_backend`);
   ``data_dependent`` and ``unbacked_values``, only for methods ``export-data-path`` and
   ``draft-export`` (a forward that branches on data values, traced along the path seeded random
   values take): each branch taken on data, whose other side is not analysed, and the value each
@@ -428,7 +430,7 @@ _BACKWARD_CHECKS = Checks({
 _CAPTURE_CHECKS: dict[str, Check] = {
     "method": OPT_STR, "trace_time_dtype_nodes": is_strs, "dtype_branches": is_strs,
     "data_dependent": is_strs, "check_unavailable": OPT_STR, "graph_of": OPT_STR,
-    "stand_in": OPT_STR,
+    "stand_in": OPT_STR, "cpu_kernels": OPT_STR,
     "unbacked_values": (dict,),
 }  # fmt: skip
 
