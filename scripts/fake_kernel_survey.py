@@ -436,12 +436,24 @@ a device-generic native function); otherwise it is the CPU's alone, as said belo
 * **`convolution`** (CPU): `aten.convolution` makes no bias check of its own on the CPU (the one
   with `dtype().name()` is `at::conv1d/2d/3d`'s, composite functions that run on fake tensors
   too); its backend does. ampgraph now picks the backend as `ConvParams::use_mkldnn` does: oneDNN
-  for a bf16 input, for an fp32 one by shape, groups, strides, dilations and thread count, which
-  refuses a weight or a bias of another dtype; the slow kernels read the weight (and the 3-D
-  transposed one the bias) as the input's type and take any other bias. Before, every bias of
-  another dtype was refused, which `conv_transpose1d/2d` and `conv3d(padding="same")` accept. A
-  CPU with AVX512-FP16 or AMX-FP16 sends fp16 to oneDNN too; ampgraph does not model that (fp16
-  takes the slow path here). CUDA keeps its checks (the bias compared first, then cuDNN's).
+  for a 16-bit input where the CPU has the instructions for its dtype, for an fp32 one by shape,
+  groups, strides, dilations and thread count, which refuses a weight or a bias of another dtype;
+  the slow kernels read the weight (and the 3-D transposed one the bias) as the input's type and
+  take any other bias. Before, every bias of another dtype was refused, which
+  `conv_transpose1d/2d` and `conv3d(padding="same")` accept. Which 16-bit dtypes oneDNN takes
+  is the machine's: torch's own device checks say (`torch.ops.mkldnn._is_mkldnn_bf16_supported()`,
+  `_is_mkldnn_fp16_supported()`; `ampgraph.annotate.cpu_backend`): bf16 with AVX-512, fp16 with
+  AVX512-FP16 (a Sapphire Rapids Xeon, not this AMD EPYC, where fp16 takes the slow kernels).
+  CUDA keeps its checks (the bias compared first, then cuDNN's).
+* **Python scalars** (not a mixed-dtype variant, so not in the figures above): kernels convert a
+  Python number with `Scalar::to<scalar_t>()`, which raises `value cannot be converted to type
+  c10::BFloat16 without overflow` for a finite value outside the type's range; fake kernels never
+  convert it. `F.pad(x_bf16, (1, 1), value=torch.finfo(torch.float32).min)` is the common case
+  (fp32's lowest is below bf16's). `ampgraph.annotate.scalars` raises it for `constant_pad_nd`,
+  `fill`, `full`, `full_like`, `new_full` and `masked_fill` on every device, and on the CPU for
+  `clamp`, `threshold`, `hardtanh`, `index_fill`, `scatter`, `pow`, `alpha=`, `value=`,
+  `linspace` and the ops that convert to fp32 first (`leaky_relu`, `softplus`, `elu`, `celu`);
+  `tests/test_scalar_overflow.py` proves each against the real CPU kernel.
 * **`addr`**, **`huber_loss`**, **`soft_margin_loss`** (meta kernels, every device): the
   references these fake kernels ran promote their arguments; the real kernels do not.
   `build_addr_iter` expands `self` to the outer product's shape first, so a 0-dim fp32 `self`
