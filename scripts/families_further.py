@@ -23,15 +23,25 @@ Exit status 1 if any node or hook line disagrees.
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
+from matrix_harness import (  # noqa: E402
+    AGREEMENT,
+    Row,
+    all_agree,
+    compare,
+    escape_cell,
+    produced_by,
+    run_all,
+    totals_line,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What a builder returns: the module and its example inputs (positional, or keyword as a dict).
@@ -339,20 +349,6 @@ MODELS = {
 }
 
 
-@dataclass
-class Row:
-    name: str
-    family: str
-    library: str
-    agree: int = 0
-    lines: int = 0
-    cells: int = 0
-    cells_exact: int = 0
-    disagreements: int = 0
-    seconds: float = 0.0
-    note: str = ""
-
-
 def _inputs(name: str, built: Built) -> Any:
     from ampgraph.model.build import ModelInputs
 
@@ -365,77 +361,58 @@ def _inputs(name: str, built: Built) -> Any:
 
 
 def run(name: str) -> Row:
-    from ampgraph import analyze
-    from ampgraph.report.text import hook_lines
-    from ampgraph.settings import Setting
-    from ampgraph.verify.hooks import eager_hook_lines
-
+    """``name`` in its seven cells, each analysed and run eagerly on a model built afresh."""
     family, library, build = MODELS[name]
     row = Row(name, family, library)
     start = time.perf_counter()
     for setting_name, dtype in CELLS:
-        setting = Setting.parse(setting_name, amp_dtype=dtype)
         try:
             torch.manual_seed(0)
-            report = analyze(_inputs(name, build()), setting)
+            model = _inputs(name, build())
+            torch.manual_seed(0)
+            eager = _inputs(name, build())
         except ImportError as exc:
             row.note = f"skipped: {exc.name or exc} is not installed"
-            return row
-        except Exception as exc:  # noqa: BLE001 - the row says why
-            row.note = f"{setting_name} {dtype}: ampgraph: {str(exc).splitlines()[0][:160]}"
-            continue
-        ours = hook_lines(report)
-        torch.manual_seed(0)
-        eager = eager_hook_lines(
-            _inputs(name, build()), setting, (report.capture or {}).get("unbacked_values")
-        )
-        row.cells += 1
-        row.disagreements += (report.check or {}).get("disagreements", 0)
-        row.lines += max(len(ours), len(eager))
-        row.agree += sum(a == b for a, b in zip(ours, eager, strict=False))
-        if ours == eager and not (report.check or {}).get("disagreements"):
-            row.cells_exact += 1
-        elif not row.note:
-            first = next((i for i, (a, b) in enumerate(zip(ours, eager, strict=False)) if a != b),
-                         min(len(ours), len(eager)))  # fmt: skip
-            theirs = eager[first] if first < len(eager) else "(no line)"
-            row.note = f"{setting_name} {dtype}, line {first + 1}: the eager run: {theirs[:160]}"
+            break
+        row.cells[(dtype, setting_name)] = compare(model, setting_name, dtype, eager_model=eager)
     row.seconds = time.perf_counter() - start
+    first = next((c for c in row.cells.values() if not c.agrees), None)
+    if first is not None and not row.note:
+        (dtype, setting_name), cell = next((k, c) for k, c in row.cells.items() if c is first)
+        why = cell.failure or cell.first_difference or f"{cell.disagreements} nodes disagree"
+        row.note = f"{setting_name} {dtype}: {why[:200]}"
     return row
 
 
 def page(rows: list[Row], seconds: float) -> str:
+    """The page: how it was made, a line per model, then what the first run found."""
     import transformers
 
-    versions = (f"torch {torch.__version__}, transformers {transformers.__version__}, Python "
-                f"{platform.python_version()}")  # fmt: skip
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     for lib in ("diffusers", "torch_geometric"):
         try:
-            versions += f", {lib} {__import__(lib).__version__}"
+            versions[lib] = __import__(lib).__version__
         except ImportError:
             pass
-    exact = sum(r.cells_exact for r in rows)
-    cells = sum(r.cells for r in rows)
     out = [
         "# Further families, each tried once",
         "",
         (
-            f"Produced by `scripts/families_further.py` with {versions}, on {torch.get_num_threads()} "
-            f"CPU threads and no GPU, in {seconds:.0f} s. Each model was built small from a config, "
-            "with random weights, and run with no look at ampgraph's output beforehand, as a new user "
-            "would: the four settings with bf16 and fp16 CUDA autocast (`fp32` once), each against the "
-            "dispatcher and against the model's own forward hooks on fake CUDA tensors running the "
-            f"real autocast kernels. **{exact} of {cells} cells are exact** (every hook line equal, 0 "
-            "disagreements with the dispatcher)."
+            produced_by("scripts/families_further.py", versions, seconds) + " Each model was "
+            "built small from a config, with random weights, and run with no look at ampgraph's "
+            "output beforehand, as a new user would: the four settings with bf16 and fp16 CUDA "
+            "autocast (`fp32` once), each against the dispatcher and against the model's own "
+            "forward hooks on fake CUDA tensors running the real autocast kernels. "
+            f"**{totals_line(rows)}** " + AGREEMENT
         ),
         "",
-        "| model | family | library | cells exact | hook lines agreeing | dispatcher disagreements | s | note |",
+        "| model | family | library | cells agreeing | hook lines agreeing | dispatcher disagreements | s | note |",
         "|---|---|---|---:|---:|---:|---:|---|",
-    ]
+    ]  # fmt: skip
     for r in rows:
-        note = r.note.replace("|", "\\|")
-        out.append(f"| {r.name} | {r.family} | {r.library} | {r.cells_exact}/{r.cells} | "
-                   f"{r.agree}/{r.lines} | {r.disagreements} | {r.seconds:.0f} | {note} |")  # fmt: skip
+        out.append(f"| {r.name} | {r.family} | {r.library} | {r.agreeing}/{len(r.cells)} | "
+                   f"{r.count('hooks_agree')}/{r.count('hooks')} | {r.count('disagreements')} | "
+                   f"{r.seconds:.0f} | {escape_cell(r.note)} |")  # fmt: skip
     out += ["", NOTES]
     return "\n".join(out) + "\n"
 
@@ -469,18 +446,13 @@ def main() -> int:
     parser.add_argument("-m", "--model", action="append", choices=list(MODELS),
                         help="only this model (repeatable)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "families-further.md")
+    parser.add_argument("-j", "--jobs", type=int, default=1)
     args = parser.parse_args()
     start = time.perf_counter()
-    rows = []
-    for name in args.model or list(MODELS):
-        print(f"{name} ...", file=sys.stderr, flush=True)
-        rows.append(run(name))
-        r = rows[-1]
-        print(f"  {r.cells_exact}/{r.cells} cells exact, {r.agree}/{r.lines} lines, "
-              f"{r.seconds:.0f} s {r.note}", file=sys.stderr, flush=True)  # fmt: skip
+    rows = run_all(args.model or list(MODELS), run, args.jobs, "families-further")
     args.out.write_text(page(rows, time.perf_counter() - start))
     print(f"wrote {args.out}", file=sys.stderr)
-    return 0 if all(r.cells_exact == r.cells for r in rows) else 1
+    return 0 if all_agree([r for r in rows if not r.note.startswith("skipped")]) else 1
 
 
 if __name__ == "__main__":

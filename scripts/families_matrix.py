@@ -22,15 +22,24 @@ Progress goes to stderr, a line per model. Exit status 1 if any node or hook lin
 from __future__ import annotations
 
 import argparse
-import difflib
-import multiprocessing as mp
-import platform
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
+from matrix_harness import (  # noqa: E402
+    AGREEMENT,
+    Cell,
+    Row,
+    all_agree,
+    cell_notes,
+    compare,
+    produced_by,
+    run_all,
+    totals_line,
+)
 
 if TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs
@@ -279,76 +288,6 @@ def build(name: str) -> ModelInputs:
     return MODELS[name][1]()
 
 
-@dataclass
-class Cell:
-    """One model in one setting and dtype."""
-
-    nodes: int = 0
-    compared: int = 0
-    disagreements: int = 0
-    not_analysed: int = 0
-    hooks: int = 0
-    hooks_agree: int = 0
-    #: The eager run's last line when it raised there (``[path] in=... -> error: ...``).
-    raises: str | None = None
-    failure: str | None = None
-    first_difference: str | None = None
-
-    @property
-    def agrees(self) -> bool:
-        """Checked, every node as the dispatcher says, every hook line as the eager run's."""
-        return (
-            self.failure is None
-            and self.disagreements == 0
-            and self.compared > 0
-            and self.hooks_agree == self.hooks > 0
-        )
-
-
-@dataclass
-class Row:
-    name: str
-    family: str
-    params: str = "-"
-    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-def compare(model: ModelInputs, setting_name: str, amp: str) -> Cell:
-    """One cell: ampgraph's analysis of ``model`` against the dispatcher and the eager hooks."""
-    from ampgraph import analyze
-    from ampgraph.errors import AmpgraphError
-    from ampgraph.report.text import hook_lines
-    from ampgraph.settings import Setting
-    from ampgraph.verify.hooks import eager_hook_lines
-
-    setting = Setting.parse(setting_name, amp_dtype=amp)
-    cell = Cell()
-    try:
-        report = analyze(model, setting)
-    except AmpgraphError as exc:
-        cell.failure = str(exc).splitlines()[0]
-        return cell
-    check = report.check or {}
-    cell.nodes = len(report.nodes)
-    cell.compared = check.get("compared", 0)
-    cell.disagreements = check.get("disagreements", 0)
-    cell.not_analysed = check.get("not_analysed", 0)
-    ours = hook_lines(report)
-    eager = eager_hook_lines(model, setting, report.capture.get("unbacked_values"))
-    if eager and "-> error: " in eager[-1]:
-        cell.raises = eager[-1]
-    matcher = difflib.SequenceMatcher(a=ours, b=eager, autojunk=False)
-    cell.hooks = max(len(ours), len(eager))
-    cell.hooks_agree = sum(block.size for block in matcher.get_matching_blocks())
-    if ours != eager:
-        first = next(i for i, (a, b) in enumerate(zip([*ours, ""], [*eager, ""])) if a != b)
-        mine = ours[first] if first < len(ours) else "(no line)"
-        theirs = eager[first] if first < len(eager) else "(no line)"
-        cell.first_difference = f"line {first + 1}: ampgraph `{mine}`, eager `{theirs}`"
-    return cell
-
-
 def run_model(name: str) -> Row:
     """Build ``name`` and compare it in the four settings x two 16-bit dtypes (8 cells)."""
     import torch
@@ -365,30 +304,6 @@ def run_model(name: str) -> Row:
     return row
 
 
-def _run_safely(name: str) -> Row:
-    try:
-        row = run_model(name)
-    except Exception as exc:  # noqa: BLE001 - one model's failure is a line in the table
-        row = Row(name, MODELS[name][0])
-        row.cells[("bf16", "fp32")] = Cell(failure=f"{type(exc).__name__}: {exc}".splitlines()[0])
-    agreeing = sum(c.agrees for c in row.cells.values())
-    print(
-        f"families: {name}: {agreeing}/{len(SETTINGS) * len(AMP_DTYPES)} cells agree "
-        f"({row.seconds:.0f} s)",
-        file=sys.stderr,
-        flush=True,
-    )
-    return row
-
-
-def _count(cells: list[Cell], attr: str) -> int:
-    return sum(getattr(c, attr) for c in cells)
-
-
-def _differs(row: Row) -> bool:
-    return not all(c.agrees for c in row.cells.values())
-
-
 def _cell_text(cell: Cell) -> str:
     if cell.failure:
         return "failed"
@@ -400,8 +315,6 @@ def _cell_text(cell: Cell) -> str:
 def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
     """The page: how it was made, a line per model, its 8 cells, then each cell that differs."""
     columns = [(amp, s) for amp in AMP_DTYPES for s in SETTINGS]
-    cells_total = sum(len(r.cells) for r in rows)
-    agreeing = sum(c.agrees for r in rows for c in r.cells.values())
     lines = [
         "# Model families against the dispatcher and the eager model's hooks",
         "",
@@ -415,20 +328,12 @@ def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
             "script), analysed in the seed's four settings (fp32, half, amp-half, amp-fp32) with "
             "bf16 and with fp16 CUDA autocast: 8 cells per model. *nodes* is the largest graph, "
             "*compared* the node checks against the dispatcher summed over the 8, "
-            "*disagreements* those that differ. *hook lines* compares `ampgraph table`'s lines "
-            "with the eager model's own forward hooks on fake CUDA tensors running the real "
-            "autocast kernels (`ampgraph.verify.hooks.eager_hook_lines`): agreeing lines / "
-            "lines, summed. A setting that raises is a cell too: the eager run stops at the call "
-            "that raises, and ampgraph must name the same call with the same error. A cell "
-            "agrees when it was checked, no node disagrees and every hook line agrees."
+            "*disagreements* those that differ. A setting that raises is a cell too: the eager "
+            "run stops at the call that raises, and ampgraph must name the same call with the "
+            "same error. " + AGREEMENT
         ),
         "",
-        (
-            f"Produced by `scripts/families_matrix.py` with torch {versions['torch']}, "
-            f"transformers {versions['transformers']}, Python {platform.python_version()}, "
-            f"on 2 CPU cores and no GPU; total {seconds:.0f} s wall. "
-            f"{agreeing} of {cells_total} cells agree."
-        ),
+        produced_by("scripts/families_matrix.py", versions, seconds) + " " + totals_line(rows),
         "",
         (
             "| family | model | params | nodes | compared | disagreements | hook lines "
@@ -436,27 +341,17 @@ def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
         ),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    notes = []
     for row in rows:
-        cells = list(row.cells.values())
-        if len(cells) == 1 and cells[0].failure:
+        if not row.cells:
             lines.append(f"| {row.family} | `{row.name}` | {row.params} | – | – | – | – | – | – |")
-            notes.append(f"* `{row.name}` cannot be compared: {cells[0].failure}")
             continue
         lines.append(
-            f"| {row.family} | `{row.name}` | {row.params} | {max(c.nodes for c in cells):,} "
-            f"| {_count(cells, 'compared'):,} | {_count(cells, 'disagreements')} "
-            f"| {_count(cells, 'hooks_agree'):,}/{_count(cells, 'hooks'):,} "
-            f"| {sum(c.agrees for c in cells)}/{len(cells)} | {row.seconds:.0f} s |"
+            f"| {row.family} | `{row.name}` | {row.params} "
+            f"| {max(c.nodes for c in row.cells.values()):,} "
+            f"| {row.count('compared'):,} | {row.count('disagreements')} "
+            f"| {row.count('hooks_agree'):,}/{row.count('hooks'):,} "
+            f"| {row.agreeing}/{len(row.cells)} | {row.seconds:.0f} s |"
         )
-        for (amp, setting), cell in row.cells.items():
-            where = f"`{row.name}` {setting} {amp}"
-            if cell.failure:
-                notes.append(f"* {where}: {cell.failure}")
-            elif cell.first_difference:
-                notes.append(f"* {where}: {cell.first_difference}")
-            elif cell.disagreements:
-                notes.append(f"* {where}: {cell.disagreements} nodes disagree with the dispatcher")
     lines += [
         "",
         (
@@ -479,9 +374,14 @@ def markdown(rows: list[Row], seconds: float, versions: dict[str, str]) -> str:
     ]
     if raising:
         lines += ["", "Where the eager run raises, as ampgraph says too:", "", *raising]
+    notes = cell_notes(rows)
     if notes:
         lines += ["", "Cells that differ (the first differing hook line):", "", *notes]
-        why = [f"* `{r.name}`: {WHY[r.name]}" for r in rows if r.name in WHY and _differs(r)]
+        why = [
+            f"* `{r.name}`: {WHY[r.name]}"
+            for r in rows
+            if r.name in WHY and r.agreeing < len(r.cells)
+        ]
         if why:
             lines += ["", "Why:", "", *why]
     return "\n".join(lines) + "\n"
@@ -493,24 +393,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "families.md")
     parser.add_argument("-j", "--jobs", type=int, default=2)
     args = parser.parse_args(argv)
-    names = args.model or list(MODELS)
 
     import torch
     import transformers  # imported before forking, and its version recorded
 
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     start = time.perf_counter()
-    if args.jobs > 1:
-        with mp.get_context("fork").Pool(args.jobs) as pool:
-            rows = pool.map(_run_safely, names, chunksize=1)
-    else:
-        rows = [_run_safely(n) for n in names]
-    seconds = time.perf_counter() - start
-    text = markdown(rows, seconds, versions)
+    rows = run_all(args.model or list(MODELS), run_model, args.jobs, "families")
+    for row in rows:  # a model that failed whole still names its family
+        row.family = row.family or MODELS[row.name][0]
+    text = markdown(rows, time.perf_counter() - start, versions)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
-    return 0 if all(c.agrees for r in rows for c in r.cells.values()) else 1
+    return 0 if all_agree(rows) else 1
 
 
 if __name__ == "__main__":

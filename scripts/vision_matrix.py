@@ -24,13 +24,20 @@ Exit status 1 if any node or hook line disagrees.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import platform
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
+from matrix_harness import (  # noqa: E402
+    AGREEMENT,
+    Row,
+    all_agree,
+    cell_notes,
+    compare,
+    produced_by,
+    run_all,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
@@ -127,39 +134,11 @@ def build(name: str) -> tuple[object, tuple[int, ...]]:
     return model.eval(), shape
 
 
-@dataclass
-class Cell:
-    """One model in one setting and dtype."""
-
-    nodes: int = 0
-    compared: int = 0
-    disagreements: int = 0
-    not_analysed: int = 0
-    hooks: int = 0
-    hooks_agree: int = 0
-    failure: str | None = None
-    first_difference: str | None = None
-
-
-@dataclass
-class Row:
-    name: str
-    params: str = "-"
-    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
 def run_model(name: str) -> Row:
-    import difflib
-
+    """Build ``name`` on the meta device and compare it in the four settings x two dtypes."""
     import torch
 
-    from ampgraph import analyze
-    from ampgraph.errors import AmpgraphError
     from ampgraph.model.build import ModelInputs
-    from ampgraph.report.text import hook_lines
-    from ampgraph.settings import Setting
-    from ampgraph.verify.hooks import eager_hook_lines
 
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -174,46 +153,10 @@ def run_model(name: str) -> Row:
     inputs = ModelInputs(name, model, args)
     for amp in AMP_DTYPES:
         for setting_name in SETTINGS:
-            setting = Setting.parse(setting_name, amp_dtype=amp)
-            cell = row.cells.setdefault((amp, setting_name), Cell())
-            try:
-                report = analyze(inputs, setting)
-            except AmpgraphError as exc:
-                cell.failure = str(exc)
-                continue
-            check = report.check or {}
-            cell.nodes = len(report.nodes)
-            cell.compared = check.get("compared", 0)
-            cell.disagreements = check.get("disagreements", 0)
-            cell.not_analysed = check.get("not_analysed", 0)
-            ours = hook_lines(report)
             # A detector's eager run takes the path its capture took on data (sizes only).
-            eager = eager_hook_lines(inputs, setting, report.capture.get("unbacked_values"))
-            matcher = difflib.SequenceMatcher(a=ours, b=eager, autojunk=False)
-            cell.hooks = max(len(ours), len(eager))
-            cell.hooks_agree = sum(block.size for block in matcher.get_matching_blocks())
-            if ours != eager:
-                diff = [
-                    line
-                    for line in difflib.unified_diff(eager, ours, "eager", "ampgraph", n=0)
-                    if line[:1] in "+-" and line[:3] not in ("+++", "---")
-                ]
-                cell.first_difference = " / ".join(diff[:2])
+            row.cells[(amp, setting_name)] = compare(inputs, setting_name, amp)
     row.seconds = time.perf_counter() - start
     return row
-
-
-def _run_safely(name: str) -> Row:
-    try:
-        return run_model(name)
-    except Exception as exc:  # noqa: BLE001 - one model's failure is a line in the table
-        row = Row(name)
-        row.cells[("bf16", "fp32")] = Cell(failure=f"{type(exc).__name__}: {exc}".splitlines()[0])
-        return row
-
-
-def _count(cells: list[Cell], attr: str) -> int:
-    return sum(getattr(c, attr) for c in cells)
 
 
 def markdown(
@@ -245,11 +188,8 @@ def markdown(
             "device), each analysed in the seed's four settings (fp32, half, amp-half, amp-fp32) "
             "with bf16 and with fp16 CUDA autocast: 8 analyses per model. *nodes* is the largest "
             "graph, *compared* the node checks against the dispatcher summed over the 8, "
-            "*disagreements* those that differ. *hook lines* compares `ampgraph table`'s lines with "
-            "the eager model's own forward hooks on fake CUDA tensors running the real autocast "
-            "kernels (`ampgraph.verify.hooks.eager_hook_lines`): agreeing lines / lines, summed. *not "
-            "analysed* counts nodes that need a GPU driver even on fake tensors. 0 disagreements "
-            "and every hook line agreeing is the acceptance."
+            "*disagreements* those that differ. *not analysed* counts nodes that need a GPU "
+            "driver even on fake tensors. " + AGREEMENT
             + (
                 ""
                 if further
@@ -260,34 +200,23 @@ def markdown(
             )
         ),
         "",
-        (
-            f"Produced by `scripts/vision_matrix.py` with torch {versions['torch']}, torchvision "
-            f"{versions['torchvision']}, timm {versions['timm']}, Python {platform.python_version()}, "
-            f"on 2 CPU cores and no GPU; total {seconds:.0f} s wall."
-        ),
+        produced_by("scripts/vision_matrix.py", versions, seconds),
         "",
         "| model | params | nodes | compared | disagreements | hook lines | not analysed | time |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    notes = []
     for row in rows:
         cells = list(row.cells.values())
-        failures = [c.failure for c in cells if c.failure]
-        if failures and all(c.failure for c in cells):
+        if all(c.failure for c in cells):  # not captured in any setting: the notes say why
             lines.append(f"| `{row.name}` | {row.params} | – | – | – | – | – | – |")
-            notes.append(f"* `{row.name}` cannot be captured: {failures[0]}")
             continue
         lines.append(
             f"| `{row.name}` | {row.params} | {max(c.nodes for c in cells):,} "
-            f"| {_count(cells, 'compared'):,} | {_count(cells, 'disagreements')} "
-            f"| {_count(cells, 'hooks_agree'):,}/{_count(cells, 'hooks'):,} "
-            f"| {_count(cells, 'not_analysed')} | {row.seconds:.0f} s |"
+            f"| {row.count('compared'):,} | {row.count('disagreements')} "
+            f"| {row.count('hooks_agree'):,}/{row.count('hooks'):,} "
+            f"| {row.count('not_analysed')} | {row.seconds:.0f} s |"
         )
-        for (amp, setting), cell in row.cells.items():
-            if cell.failure:
-                notes.append(f"* `{row.name}` {setting} {amp}: {cell.failure}")
-            elif cell.first_difference:
-                notes.append(f"* `{row.name}` {setting} {amp}: {cell.first_difference}")
+    notes = cell_notes(rows)
     if notes:
         lines += ["", "Notes:", "", *notes]
     return "\n".join(lines) + "\n"
@@ -318,23 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         "timm": sys.modules["timm"].__version__,
     }
     start = time.perf_counter()
-    run: Callable[[str], Row] = _run_safely
-    if args.jobs > 1:
-        with mp.get_context("fork").Pool(args.jobs) as pool:
-            rows = pool.map(run, names, chunksize=1)
-    else:
-        rows = [run(n) for n in names]
+    rows = run_all(names, run_model, args.jobs, "vision")
     seconds = time.perf_counter() - start
     text = markdown(rows, seconds, versions, further=args.further)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)
-    bad = any(
-        c.disagreements or c.hooks_agree != c.hooks or c.failure
-        for r in rows
-        for c in r.cells.values()
-    )
-    return 1 if bad else 0
+    return 0 if all_agree(rows) else 1
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ if typing.TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs, load_model
     from ampgraph.pipeline.run import analyze_spec
     from ampgraph.pipeline.stages import analyze, analyze_capture
+    from ampgraph.ranges import value_ranges
 
 _LAZY = {
     "analyze": "ampgraph.pipeline.stages",
@@ -53,6 +54,7 @@ _LAZY = {
     "Capture": "ampgraph.capture.trace",
     "load_model": "ampgraph.model.build",
     "ModelInputs": "ampgraph.model.build",
+    "value_ranges": "ampgraph.ranges",
 }
 
 
@@ -86,6 +88,7 @@ __all__ = [
     "load_model",
     "parse_recipe",
     "seed_matrix",
+    "value_ranges",
 ]
 
 

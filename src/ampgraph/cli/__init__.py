@@ -18,7 +18,7 @@ import sys
 import click
 
 from ampgraph import __version__
-from ampgraph.cli import analyze, baseline, cache, reference, review
+from ampgraph.cli import analyze, baseline, cache, ranges, reference, review
 from ampgraph.cli.console import AmpgraphGroup, exit_now, stdout_closed
 from ampgraph.compat import unsupported
 
@@ -78,7 +78,7 @@ def main(ctx: click.Context, no_cache: bool, jobs: int | None, quiet: bool) -> N
 for _command in (
     analyze.table, analyze.check_command, cache.cache_group, reference.models,
     reference.policy_command, analyze.render, review.audit, analyze.verify, review.diff_command,
-    baseline.baseline_group,
+    baseline.baseline_group, ranges.ranges_command,
 ):  # fmt: skip
     main.add_command(_command)
 del _command

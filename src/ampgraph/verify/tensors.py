@@ -10,7 +10,7 @@ torch.float32
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -108,11 +108,13 @@ def graph_inputs(
     kwargs: dict[str, Any],
     device: torch.device,
     gen: torch.Generator,
+    known: Mapping[str, torch.Tensor] | None = None,
 ) -> list[Any]:
     """A real value for every placeholder of the captured graph, in placeholder order.
 
     Parameters, buffers and constants are made from the placeholder's recorded shape and dtype
-    (already the setting's parameter dtype); user inputs are ``args``/``kwargs`` flattened as
+    (already the setting's parameter dtype), or taken from ``known`` (qualified name -> tensor:
+    real weights, as ``ampgraph ranges`` uses); user inputs are ``args``/``kwargs`` flattened as
     torch.export flattens them.
     """
     placeholders = [p for p in cap.graph_module.graph.nodes if p.op == "placeholder"]
@@ -135,6 +137,9 @@ def graph_inputs(
             values.append(by_user[p.name])
             continue
         kind, target = cap.input_kinds.get(p.name, ("parameter", p.name))
+        if known is not None and target in known:
+            values.append(known[target])
+            continue
         val = p.meta.get("val")
         if not isinstance(val, torch.Tensor):
             values.append(val)

@@ -1,0 +1,90 @@
+"""The ``ranges`` command: will this model overflow in fp16? A layer over :mod:`ampgraph.ranges`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ampgraph.cli.console import progress, progress_done
+from ampgraph.cli.options import (
+    forced,
+    format_option,
+    model_argument,
+    resolve_settings,
+    setting_options,
+    timeout_seconds,
+)
+
+
+def _weights_dir(model: str, random_weights: bool) -> Path | None:
+    """A model folder's weights are read unless --random-weights (a config.json never has any)."""
+    path = Path(model)
+    return path if not random_weights and path.is_dir() else None
+
+
+@click.command("ranges")
+@model_argument
+@setting_options
+@click.option(
+    "--seed", "--random-seed", "random_seed", type=int, default=0, show_default=True,
+    help="Random seed of the weights where the model has none of its own (a bundled model, a "
+    "config, a folder without *.safetensors).",
+)
+@click.option(
+    "--random-weights", is_flag=True,
+    help="Seeded random weights even where a model folder has *.safetensors shards.",
+)
+@format_option(
+    ["text", "json", "markdown"],
+    "text: a line per setting and its findings (one screen); json: schema ampgraph.ranges "
+    "(docs/schema.md); markdown: tables for a pull request.",
+)
+@click.option(
+    "--fail-on", type=click.Choice(["error", "never"]), default="never", show_default=True,
+    help="error: exit 1 when a setting has a value that does not fit its dtype.",
+)  # fmt: skip
+def ranges_command(
+    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
+    random_seed: int, random_weights: bool, fmt: str, fail_on: str,
+) -> None:  # fmt: skip
+    """Will it overflow? Value ranges of one real fp32 run, judged in each setting.
+
+    Runs MODEL once for real on the CPU in fp32 (its own weights: a --module's, or a model
+    folder's *.safetensors read lazily, never pickle files; seeded random ones otherwise) on
+    its example inputs, and records for every node of the captured graph the largest and the
+    smallest non-zero magnitude and how many values are zero, inf or NaN. Then, in each
+    setting, node by node, against the dtype ampgraph predicts there: values that overflow to
+    inf, that flush to zero or lose bits as subnormals, casts that overflow, and constants
+    (mask and fill values) that do not fit. Each setting's first failing node is named with
+    why it runs in that dtype and what to do.
+
+    \b
+    Examples:
+      ampgraph ranges llama-tiny -s amp-fp32 --amp-dtype fp16
+      ampgraph ranges --module my_model.py:make -s amp-fp32 -s amp-half --amp-dtype fp16
+      ampgraph ranges --model-dir ./opt-125m -s half --amp-dtype fp16 --format json
+      ampgraph ranges --fail-on error -s amp-fp32 --amp-dtype fp16   # for CI
+    """
+    from ampgraph.model.usercode import deadline, model_code
+    from ampgraph.pipeline.run import prepare
+    from ampgraph.ranges import formats
+    from ampgraph.ranges import value_ranges
+
+    resolved = resolve_settings(settings, device, amp_dtype)
+    with deadline(timeout_seconds()):
+        with model_code():
+            built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
+            result = value_ranges(
+                built, resolved, seed=random_seed, force=forced(), progress=progress,
+                weights_dir=_weights_dir(model, random_weights),
+            )  # fmt: skip
+    progress_done()
+    render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown}[fmt]
+    click.echo(render(result), nl=fmt == "json")
+    if fail_on == "error" and not result.ok:
+        bad = [s.name for s in result.settings if not s.ok]
+        raise click.ClickException(f"values do not fit their dtype in {', '.join(bad)}")
+
+
+__all__ = ["ranges_command"]

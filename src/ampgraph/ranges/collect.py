@@ -1,0 +1,229 @@
+"""The fp32 reference run: the captured graph run for real on the CPU, each output reduced, dropped.
+
+:class:`RangeRun` is an ``fx.Interpreter`` (through :class:`~ampgraph.annotate.replay.FakeReplay`,
+whose failure handling, device retargeting and region walking it shares with the annotator and
+``verify``) that runs each node on real tensors with autocast off everywhere, reduces every
+floating output to a :class:`~ampgraph.ranges.records.ValueRange` (a handful of reductions) and
+keeps nothing else: ``fx.Interpreter`` frees each value after its last use, so memory is the
+weights plus the live activations, as in an eager forward.
+
+>>> import torch
+>>> reduce_tensor(torch.tensor([0.0, -3.0, 1e-3, float("inf")]))        # doctest: +ELLIPSIS
+ValueRange(dtype='float32', numel=4, max_abs=3.0, min_nonzero=0.0010..., zeros=1, infs=1, ...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from ampgraph.annotate.replay import REGION_OPS, Failed, FakeReplay, op_name, region_args
+from ampgraph.capture.trace import Capture
+from ampgraph.ranges.records import NodeRange, ValueRange
+from ampgraph.settings import Setting
+from ampgraph.torchutil import autocast_state, dtype_name
+
+#: Products: fp32 itself underflows a product of many small factors (seed 000's ``prod`` of
+#: 40,000 normal values is ``-0.`` in fp32), so their true magnitude is summed in log space.
+PRODUCTS = {"aten.prod.default", "aten.prod.dim_int"}
+#: Magnitudes at fp32's own extreme are sentinels, not results: a mask of
+#: ``torch.finfo(torch.float32).min``, which the model's code makes ``finfo(its dtype).min`` in
+#: another setting. They are counted apart (``extremes``) and left out of ``max_abs``; the
+#: constants that make them are checked in each setting's own graph instead.
+EXTREME = 1e38
+
+
+#: Elements per chunk of |x|: a reused buffer that stays in cache, instead of a new tensor as large
+#: as a weight matrix (whose allocation and page faults cost ten times the arithmetic).
+CHUNK = 1 << 18
+
+
+def _magnitudes(x: torch.Tensor, skip_zeros: bool = False) -> tuple[float, float]:
+    """(max |x|, min |x|) in one read of the values, a chunk at a time; NaN where x has one.
+    With ``skip_zeros`` the minimum is over the non-zero values (inf when there are none)."""
+    flat = x.reshape(-1)
+    buf = torch.empty(min(CHUNK, flat.numel()), dtype=x.dtype)
+    top, low = 0.0, math.inf
+    for start in range(0, flat.numel(), CHUNK):
+        chunk = flat[start : start + CHUNK]
+        part = torch.abs(chunk, out=buf[: chunk.numel()])
+        if skip_zeros:
+            part.masked_fill_(part == 0, math.inf)
+        lo, hi = torch.aminmax(part)
+        lo_f, hi_f = float(lo), float(hi)
+        if math.isnan(lo_f) or math.isnan(hi_f):
+            return math.nan, math.nan
+        top, low = max(top, hi_f if not skip_zeros or hi_f < math.inf else top), min(low, lo_f)
+    return top, low
+
+
+def reduce_tensor(t: torch.Tensor) -> ValueRange:
+    """A floating tensor's range, in one pass of a few reductions (values read once each).
+
+    >>> reduce_tensor(torch.zeros(3)).min_nonzero is None
+    True
+    """
+    t = t.detach()
+    out = ValueRange(dtype_name(t.dtype), numel=t.numel())
+    if t.numel() == 0:
+        return out
+    x = t if t.dtype in (torch.float32, torch.float64) else t.float()
+    top, low = _magnitudes(x)
+    if not top < EXTREME:  # NaN, inf or a sentinel: the slow path, rarely taken
+        a = x.abs()
+        finite = torch.isfinite(a)
+        out.zeros = int((a == 0).sum())
+        out.nans = int(torch.isnan(a).sum())
+        out.infs = int(torch.isinf(a).sum())
+        extreme = finite & (a >= EXTREME)
+        out.extremes = int(extreme.sum())
+        a = a[finite & (a != 0) & ~extreme]
+        top = float(a.amax()) if a.numel() else None
+        low = float(a.amin()) if a.numel() else math.inf
+    elif low == 0:  # zeros: count them, and the smallest magnitude is over the others
+        out.zeros = x.numel() - int(torch.count_nonzero(x))
+        low = _magnitudes(x, skip_zeros=True)[1]
+    out.max_abs = top if top is not None and top > 0 else None
+    out.min_nonzero = low if math.isfinite(low) else None
+    return out
+
+
+def _product_truth(rng: ValueRange, args: tuple[Any, ...], value: torch.Tensor) -> None:
+    """For a product: zeros of the result that no zero factor explains underflowed in fp32."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or rng.zeros == 0:
+        return
+    dims = args[1:2] if len(args) > 1 else ()
+    keep = bool(args[2]) if len(args) > 2 else False
+    logs = torch.log10(x.detach().abs().double())
+    if dims:
+        has_zero = (x == 0).any(dim=int(dims[0]), keepdim=keep)
+        log_sum = logs.sum(dim=int(dims[0]), keepdim=keep)
+    else:
+        has_zero, log_sum = (x == 0).any(), logs.sum()
+    lost = (value == 0) & ~has_zero
+    rng.underflowed = int(lost.sum())
+    if rng.underflowed:
+        rng.log10_true = float(log_sum[lost].min())
+
+
+def _is_product(n: fx.Node) -> bool:
+    return n.op == "call_function" and op_name(n.target) in PRODUCTS
+
+
+def graph_constants(gm: fx.GraphModule, prefix: str = "") -> dict[str, list[float]]:
+    """Node name -> the scalar numbers among its arguments (sizes and dims in lists left out),
+    region bodies included: what :mod:`ampgraph.ranges.judge` checks against each node's dtype.
+
+    >>> g = fx.symbolic_trace(lambda x: torch.ops.aten.masked_fill(x, x > 0, -1e9))
+    >>> graph_constants(g)
+    {'gt': [0.0], 'masked_fill': [-1000000000.0]}
+    """
+    found: dict[str, list[float]] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target in REGION_OPS:
+            body = n.args[REGION_OPS[n.target]]
+            if isinstance(body, fx.Node) and body.op == "get_attr":
+                body = getattr(gm, str(body.target))
+            if isinstance(body, fx.GraphModule):
+                found.update(graph_constants(body, f"{prefix}{n.name}."))
+            continue
+        numbers = [
+            float(a) for a in (*n.args, *n.kwargs.values())
+            if isinstance(a, (int, float)) and not isinstance(a, bool)
+        ]  # fmt: skip
+        if numbers:
+            found[f"{prefix}{n.name}"] = numbers
+    return found
+
+
+class RangeRun(FakeReplay):
+    """Run a captured graph on real CPU tensors and record each node's :class:`NodeRange`.
+
+    ``ranges`` is shared with region bodies (their nodes are named ``region.node``, as in the
+    reports). A node that raises is recorded with its error; nodes after it are not run.
+    """
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        setting: Setting,
+        modules: dict[str, str | None],
+        kinds: dict[str, str],
+        ranges: dict[str, NodeRange] | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(gm, setting, prefix)
+        self.device = torch.device("cpu")  # baked device= arguments go to the real device
+        self.modules = modules
+        self.kinds = kinds
+        self.ranges: dict[str, NodeRange] = ranges if ranges is not None else {}
+
+    def _record(self, n: fx.Node, value: Any, error: str | None = None) -> None:
+        name = self.qualified(n)
+        rec = NodeRange(
+            name, op_name(n.target) if n.op == "call_function" else n.op,
+            self.kinds.get(name, "op"), self.modules.get(name), error=error,
+        )  # fmt: skip
+        if error is None:
+            rec.outputs = [
+                reduce_tensor(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else None
+                for v in pytree.tree_leaves(value)
+            ]
+        self.ranges[name] = rec
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if isinstance(value, Failed) or n.op in ("output", "get_attr"):
+            return value
+        if n.op == "placeholder" and n.name in self.outer_names:
+            return value  # a region's operand: recorded where the outer graph made it
+        self._record(n, value)
+        first = self.ranges[self.qualified(n)].outputs[:1]
+        if _is_product(n) and first and first[0] is not None and isinstance(value, torch.Tensor):
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            _product_truth(first[0], tuple(args), value)
+        return value
+
+    def on_error(self, n: fx.Node, failure: Failed) -> None:
+        self._record(n, None, error=failure.message)
+
+    def run_region(self, n: fx.Node, args: tuple[Any, ...]) -> Any:
+        # The reference is fp32 throughout: a region's autocast is not applied here.
+        region = region_args(n, args)
+        child = RangeRun(
+            region.body, self.setting, self.modules, self.kinds, self.ranges,
+            prefix=f"{self.prefix}{n.name}.",
+        )  # fmt: skip
+        return self.run_body(child, region.body, region.operands, n)
+
+
+def run_ranges(
+    cap: Capture,
+    values: Sequence[Any],
+    modules: dict[str, str | None],
+    kinds: dict[str, str],
+) -> dict[str, NodeRange]:
+    """Run ``cap``'s graph on ``values`` (one per placeholder) with autocast off; each node's range.
+
+    ``modules`` and ``kinds`` (node name -> module path / record kind) come from the capture's
+    report, so the records name nodes and modules as the reports and diagrams do.
+    """
+    interp = RangeRun(cap.graph_module, cap.setting, modules, kinds)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        for device in ("cpu", "cuda"):
+            stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
+        interp.run(*values)
+    return interp.ranges
+
+
+__all__ = ["EXTREME", "PRODUCTS", "RangeRun", "graph_constants", "reduce_tensor", "run_ranges"]

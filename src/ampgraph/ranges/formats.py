@@ -1,0 +1,139 @@
+"""A ranges result as a person reads it (the table and summary, Markdown) or a program does (JSON).
+
+Torch-free. The text is one screen: a line per setting saying whether it fits and, where not, the
+first node that does not and why; then the findings of severity warning or more, identical
+messages of repeated layers counted once; then the tightest headroom per setting.
+
+>>> from ampgraph.ranges.records import RangesResult, SettingRanges
+>>> r = RangesResult("m", "seeded random weights (seed 0)", 0, {"name": "fp32"}, [],
+...                  [SettingRanges({"name": "amp-fp32"}, "autocast bf16, parameters fp32")])
+>>> print(text(r).splitlines()[3])
+  amp-fp32 fits              -  autocast bf16, parameters fp32
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+from ampgraph.ranges.records import LIMITS, RangeFinding, RangesResult, SettingRanges
+from ampgraph.settings import short_dtype
+
+#: Findings listed per setting in the text format before "... and N more".
+SHOWN = 8
+
+
+def _layerless(message: str) -> str:
+    """A message with layer numbers and node suffixes folded, to count repeats of one finding."""
+    return re.sub(r"_\d+\b", "_N", re.sub(r"\.\d+\.", ".N.", message))
+
+
+def _status(s: SettingRanges) -> str:
+    if s.ok:
+        return "fits"
+    return "OVERFLOWS" if any(f.severity == "error" for f in s.findings) else "fits"
+
+
+def _precision_line(result: RangesResult) -> str | None:
+    dtypes = sorted(
+        {str(s.setting.get("amp_dtype")) for s in result.settings if s.setting.get("autocast")}
+        | {str(s.setting.get("param_dtype")) for s in result.settings}
+    )
+    parts = [
+        f"{short_dtype(d)} keeps {LIMITS[d].bits} significant bits (rounding error up to "
+        f"{LIMITS[d].eps / 2:.3%})"
+        for d in dtypes
+        if d in ("float16", "bfloat16")
+    ]
+    return "precision: " + "; ".join(parts) if parts else None
+
+
+def _grouped(findings: list[RangeFinding]) -> list[tuple[RangeFinding, int]]:
+    counts: Counter[str] = Counter()
+    first: dict[str, RangeFinding] = {}
+    for f in findings:
+        key = _layerless(f.message)
+        counts[key] += 1
+        first.setdefault(key, f)
+    return [(first[k], counts[k]) for k in first]
+
+
+def _room(s: SettingRanges) -> str:
+    least = s.min_headroom()
+    return f"{least[1]:+.1f}" if least is not None else "-"
+
+
+def text(result: RangesResult) -> str:
+    """The table and summary: one screen."""
+    width = max([len(s.name) for s in result.settings] + [7])
+    lines = [
+        f"{result.model}: value ranges of one fp32 run on the CPU ({result.weights})",
+        "",
+        f"  {'setting':<{width}} {'verdict':<10}{'headroom':>9}  dtypes",
+    ]
+    for s in result.settings:
+        lines.append(f"  {s.name:<{width}} {_status(s):<10}{_room(s):>9}  {s.caption}")
+        if s.first is not None:
+            lines.append(f"  {'':<{width}} first: {s.first.message}")
+    lines.append(
+        "headroom: decades from the largest 16-bit value to its dtype's largest finite number "
+        "(negative: overflow)"
+    )
+    for s in result.settings:
+        rest = [f for f in s.findings if f.severity != "note" and f is not s.first]
+        notes = sum(f.severity == "note" for f in s.findings)
+        if not rest and not notes:
+            continue
+        more = f"{len(rest)} more finding{'s' * (len(rest) != 1)}"
+        if notes:
+            more += f", {notes} note{'s' * (notes != 1)} (--format json)"
+        lines += ["", f"# {s.name}: {more}"]
+        groups = _grouped(rest)
+        for f, n in groups[:SHOWN]:
+            times = f" (x{n})" if n > 1 else ""
+            lines.append(f"  {f.severity:<8}{f.message}{times}")
+        if len(groups) > SHOWN:
+            lines.append(f"  ... and {len(groups) - SHOWN} more (--format json)")
+    if result.reference_findings:
+        lines.append("")
+    lines += [f"fp32 run: {f.message}" for f in result.reference_findings]
+    precision = _precision_line(result)
+    if precision:
+        lines += ["", precision]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_json(result: RangesResult) -> str:
+    """The versioned JSON record (schema ``ampgraph.ranges``, documented in docs/schema.md)."""
+    return json.dumps(result.to_dict(), indent=1, allow_nan=False)
+
+
+def _cell(value: str) -> str:
+    return value.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(result: RangesResult) -> str:
+    """A Markdown table per result (a pull-request comment), then the findings."""
+    lines = [
+        f"### Value ranges: `{_cell(result.model)}`",
+        "",
+        f"One fp32 run on the CPU, {_cell(result.weights)}.",
+        "",
+        "| setting | verdict | first node that does not fit |",
+        "|---|---|---|",
+    ]
+    for s in result.settings:
+        first = _cell(s.first.message) if s.first else ""
+        lines.append(f"| `{_cell(s.name)}` ({_cell(s.caption)}) | {_status(s)} | {first} |")
+    shown = [(s, f) for s in result.settings for f in s.findings if f.severity != "note"]
+    if shown:
+        lines += ["", "| setting | severity | finding |", "|---|---|---|"]
+        for s, f in shown[: SHOWN * 4]:
+            lines.append(f"| `{_cell(s.name)}` | {f.severity} | {_cell(f.message)} |")
+    for f in result.reference_findings:
+        lines += ["", f"- fp32 run: {_cell(f.message)}"]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["markdown", "text", "to_json"]

@@ -1,0 +1,185 @@
+"""Real fp32 weights for the reference run: the module's own, a folder's safetensors, or seeded.
+
+Where the weights come from, in order:
+
+* a module whose parameters are real already (a ``--module`` factory that built or loaded them):
+  those, as fp32 copies where they are 16-bit;
+* otherwise the model is built for real on the CPU (Hugging Face models with their own code but
+  without their slow initialisation, so buffers such as rotary frequencies are right) and its
+  parameters are seeded the way Hugging Face initialises them: normal(0, ``initializer_range``)
+  for weights, zeros for biases, ones for normalisation weights;
+* then, given a model folder, its ``*.safetensors`` shards, read lazily one tensor at a time with
+  ``safetensors.safe_open`` (never a pickle: ``*.bin`` files are not opened).
+
+Before any of it, :func:`check_memory` refuses in one line a model whose fp32 weights do not fit
+this machine's free memory, with the estimate.
+
+>>> import torch
+>>> state, source = real_state(torch.nn.Linear(2, 2), seed=0)
+>>> sorted(state), source
+(['bias', 'weight'], "the module's own weights")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ampgraph.ranges.records import RangesError
+from ampgraph.verify.device import available_memory, weight_bytes
+from ampgraph.verify.tensors import random_like
+
+#: Share of the free memory the fp32 weights may take (the activations need the rest).
+MEMORY_SHARE = 0.7
+
+
+def check_memory(module: nn.Module, name: str, *, force: bool = False) -> int:
+    """The fp32 weights' bytes; one-line :class:`RangesError` when they cannot fit in memory.
+
+    >>> check_memory(torch.nn.Linear(4, 2), "linear")      # 10 fp32 numbers
+    40
+    """
+    need = weight_bytes(module, torch.float32)
+    free = available_memory(torch.device("cpu"))
+    if free is not None and need > MEMORY_SHARE * free and not force:
+        raise RangesError(
+            f"ranges runs {name} in fp32 on the CPU: about {need / 1e9:.1f} GB of weights, and "
+            f"this machine has {free / 1e9:.1f} GB free; use a machine with more memory, a "
+            "smaller model of the same family, or --force"
+        )
+    return need
+
+
+def _is_real(module: nn.Module) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    tensors = [*module.parameters(), *module.buffers()]
+    return bool(tensors) and not any(t.is_meta or isinstance(t, FakeTensor) for t in tensors)
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """Hugging Face's own switch that skips weight initialisation (we seed the weights after)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4.x kept it in modeling_utils
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            no_init_weights = contextlib.nullcontext
+    with no_init_weights():
+        yield
+
+
+def _build_real(module: nn.Module) -> nn.Module:
+    """The same model with real (uninitialised) tensors on the CPU, buffers computed."""
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(module, "post_init"):
+        with _no_init(), torch.device("cpu"):
+            real = type(module)(config)
+        if hasattr(real, "tie_weights"):
+            real.tie_weights()
+        return real.train(module.training)
+    real = copy.deepcopy(module).to_empty(device="cpu")
+    for sub in real.modules():
+        if hasattr(sub, "reset_running_stats"):
+            sub.reset_running_stats()  # batch norm: mean 0, variance 1
+    return real
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return "norm" in type(module).__name__.lower()
+
+
+def seed_weights(module: nn.Module, seed: int) -> None:
+    """Hugging Face's initialisation, seeded: normal(0, 0.02) weights (tiled from a pool of
+    random numbers, as ``verify`` does), zero biases, ones for normalisation weights."""
+    gen = torch.Generator().manual_seed(seed)
+    seen: set[int] = set()
+    for sub in module.modules():
+        for pname, p in sub.named_parameters(recurse=False):
+            if id(p) in seen or not p.is_floating_point():
+                continue
+            seen.add(id(p))
+            with torch.no_grad():
+                if pname.endswith("bias"):
+                    p.zero_()
+                elif _is_norm(sub) and p.dim() == 1:
+                    p.fill_(1.0)
+                else:
+                    p.copy_(random_like(p.shape, p.dtype, p.device, gen))
+
+
+def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    return named
+
+
+def load_safetensors(module: nn.Module, folder: Path) -> tuple[int, int, int]:
+    """Copy the tensors of ``folder``'s ``*.safetensors`` shards into ``module``, one at a time.
+
+    Returns (files, tensors loaded, module tensors not in the files). Names are matched as they
+    are, or with the model's ``base_model_prefix`` added or removed (checkpoints of the bare
+    model). A shape that differs from the model's is a one-line :class:`RangesError`.
+    """
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    named = _named_tensors(module)
+    prefix = str(getattr(module, "base_model_prefix", "") or "")
+    loaded: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as shard:
+            for key in shard.keys():  # noqa: SIM118 - safe_open is not a mapping
+                candidates = [key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")]
+                target = next((k for k in candidates[: 3 if prefix else 1] if k in named), None)
+                if target is None:
+                    continue
+                tensor = shard.get_tensor(key)
+                dest = named[target]
+                if tuple(tensor.shape) != tuple(dest.shape):
+                    raise RangesError(
+                        f"{path.name}: {key} has shape {list(tensor.shape)} but the model's "
+                        f"{target} is {list(dest.shape)}: the weights are not this config's"
+                    )
+                with torch.no_grad():
+                    dest.copy_(tensor)
+                loaded.add(target)
+    # Tied tensors are one tensor under two names: counted once either way.
+    missing = {id(t) for t in named.values()} - {id(named[n]) for n in loaded}
+    return len(files), len(loaded), len(missing)
+
+
+def real_state(
+    module: nn.Module, seed: int, folder: Path | None = None
+) -> tuple[dict[str, torch.Tensor], str]:
+    """Qualified parameter/buffer name -> a real CPU tensor (floating ones fp32), and where the
+    weights came from, in words."""
+    if _is_real(module):
+        state = _named_tensors(module)
+        source = "the module's own weights"
+    else:
+        real = _build_real(module)
+        seed_weights(real, seed)
+        source = f"seeded random weights (seed {seed})"
+        if folder is not None:
+            files, loaded, missing = load_safetensors(real, folder)
+            if files:
+                source = f"{loaded} tensors from {files} safetensors file{'s' * (files != 1)}"
+                if missing:
+                    source += f" ({missing} not in the files: seeded, seed {seed})"
+            else:
+                source += f"; no *.safetensors in {folder} (pickle files are never read)"
+        state = _named_tensors(real)
+    return {
+        k: v.detach().float() if v.is_floating_point() else v.detach() for k, v in state.items()
+    }, source
+
+
+__all__ = ["MEMORY_SHARE", "check_memory", "load_safetensors", "real_state", "seed_weights"]
