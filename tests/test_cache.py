@@ -91,7 +91,9 @@ def test_clear_and_info(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_clear_removes_only_what_ampgraph_wrote(tmp_path: Path, monkeypatch) -> None:
-    """AMPGRAPH_CACHE_DIR pointed at a folder of the user's own (issue 11, case 1)."""
+    """AMPGRAPH_CACHE_DIR pointed at a folder of the user's own (issue 11, case 1): a
+    ``reports`` folder of theirs is not ampgraph's, so nothing is stored into it either (issue
+    35); entries land once it is gone, and clear removes those alone."""
     monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path))
     (tmp_path / "thesis.tex").write_text("chapter 1")
     (tmp_path / "p").mkdir()
@@ -104,10 +106,14 @@ def test_clear_removes_only_what_ampgraph_wrote(tmp_path: Path, monkeypatch) -> 
     (tmp_path / "reports" / "link").symlink_to(outside)
     request = cache.request_of({"name": "m"}, {"setting": "fp32"})
     cache.store(request, _report(request))
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["link", "notes.json"]
+    assert cache.clear() == (0, 0)
+    (tmp_path / "reports").rename(tmp_path / "mine")
+    cache.store(request, _report(request))
     stored = (tmp_path / "reports" / f"{cache.key_of(request)}.json").stat().st_size
     assert cache.clear() == (1, stored)
     assert (tmp_path / "thesis.tex").read_text() == "chapter 1"
-    assert (tmp_path / "p" / "main.py").exists() and (tmp_path / "reports" / "notes.json").exists()
+    assert (tmp_path / "p" / "main.py").exists() and (tmp_path / "mine" / "notes.json").exists()
     assert (outside / ("a" * 64 + ".json")).exists()
 
 

@@ -104,7 +104,8 @@ def _section(config: dict[str, Any], key: str, source: str) -> dict[str, Any]:
                       f'it as {{"enabled": true}} or {{"enabled": false}}')  # fmt: skip
     if section.get("enabled") == "auto":
         raise _refuse(source, f"{name}.enabled is 'auto', which the HF Trainer fills in from its "
-                      f"own flags: write true or false, or analyse the Trainer's flag (hf:{key})")  # fmt: skip
+                      "own flags: write true or false, or analyse the Trainer's flag "
+                      f"(hf:{key})")  # fmt: skip
     values = {k: v for k, v in section.items() if v != "auto"}
     for field in BOOL_FIELDS[key]:
         if field in values and lax_bool(values[field]) is None:
@@ -126,7 +127,9 @@ def _dtype(source: str, where: str, value: Any, spellings: dict[str, str]) -> st
 def _object(config: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     value = config.get(key, {})
     if not isinstance(value, dict):
-        raise _refuse(source, f"{key} is {clip(value, 60)}, not an object (DeepSpeed calls .get on it)")
+        raise _refuse(
+            source, f"{key} is {clip(value, 60)}, not an object (DeepSpeed calls .get on it)"
+        )
     return value
 
 
@@ -160,7 +163,8 @@ def precision(config: Any, source: str) -> Precision:
     model = "float16" if on16 else "bfloat16" if onbf else "float32"
     if dtypes["param_dtype"] not in (None, model):
         raise _refuse(source, f"data_types.param_dtype {types['param_dtype']!r} conflicts with the "
-                      "enabled precision mode, which DeepSpeed refuses: omit it or enable its mode")  # fmt: skip
+                      "enabled precision mode, which DeepSpeed refuses: omit it or enable its "
+                      "mode")  # fmt: skip
     section = fp16 if on16 else bf16
     return Precision(
         bf16=onbf,
@@ -195,12 +199,16 @@ def load(path: Path, shown: str) -> dict[str, Any]:
     try:
         text = read_text(path, "DeepSpeed config", limit=CONFIG_LIMIT)
     except FileReadError as exc:
-        raise SettingError(f"{exc}: give your ds_config.json, or deepspeed:bf16 / deepspeed:fp16"
-                           ) from None  # fmt: skip
+        # Still a FileReadError: not a spelling mistake (exit 2) but a file to fix (exit 1).
+        raise FileReadError(
+            f"{exc} (or write deepspeed:bf16 / deepspeed:fp16)"
+        ) from None
     try:
         config = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
     except RecursionError:
-        raise SettingError(f"DeepSpeed config {shown}: it nests too deeply to be a config") from None
+        raise SettingError(
+            f"DeepSpeed config {shown}: it nests too deeply to be a config"
+        ) from None
     except json.JSONDecodeError as exc:
         raise SettingError(
             f"DeepSpeed config {shown} is not JSON ({exc.msg}, line {exc.lineno}); ampgraph reads "

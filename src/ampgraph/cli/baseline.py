@@ -90,7 +90,7 @@ def _given(ctx: click.Context, name: str) -> bool:
 
 
 @baseline_group.command(name="check")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))  # a folder: the reader's one line
 @model_argument
 @click.option("--setting", "-s", "setting", metavar="NAME",
               help="The setting the baseline should be of (default: the baseline's own).")  # fmt: skip
@@ -117,16 +117,14 @@ def baseline_check(
     )
     from ampgraph.review.diff import FORMATS
 
-    if not file.is_file():
+    if not file.exists():
         raise click.ClickException(
             f"no baseline at {file}: write one with 'ampgraph baseline write {file} MODEL -s "
             "SETTING'"
         )
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or "it is not UTF-8 text"
-        raise click.ClickException(f"cannot read the baseline {file}: {reason}") from None
+    from ampgraph.report.reading import read_text
+
+    text = read_text(file, "baseline")  # a FIFO or /dev/zero: one line, never a hang
     base = read_baseline(text, str(file))
     s = base.report.setting
     # MODEL's default (opt-125m) is no model named: only what the command line gives counts.

@@ -28,6 +28,9 @@ def cache_info() -> None:
     limit, source = cache.bound()
     click.echo(f"{root}: {entries} entr{'y' if entries == 1 else 'ies'}, {size / 1e6:.1f} MB "
                f"of at most {limit / 1e6:.1f} MB ({source})")  # fmt: skip
+    note = cache.disk_note(limit)
+    if note:
+        click.echo(note)
 
 
 @cache_group.command(name="clear")

@@ -393,6 +393,7 @@ def report_option(help: str) -> Callable[[F], F]:
     """--report JSON (repeatable): saved reports to read instead of analysing a model, as
     ``report_paths``; see :func:`ampgraph.cli.reports.load_reports`."""
     return click.option(
-        "--report", "report_paths", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        # Not dir_okay=False: a folder, a FIFO, /dev/zero get the one reader's line (exit 1).
+        "--report", "report_paths", type=click.Path(exists=True, path_type=Path),
         multiple=True, metavar="JSON", help=help,
     )  # fmt: skip

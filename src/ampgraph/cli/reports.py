@@ -77,12 +77,15 @@ def refuse_model_with_reports() -> None:
 
 def load_reports(paths: Sequence[Path]) -> list[Any]:
     """Reports saved by ``ampgraph table --format json`` (one report, or a list of them)."""
+    from ampgraph.report.reading import read_text
     from ampgraph.report.records import Report, load_json
 
     reports: list[Report] = []
     for path in paths:
+        # A FIFO, /dev/zero or a folder: one Error line, exit 1 (FileReadError), never a hang.
+        text = read_text(path, "report")
         try:
-            data = load_json(path.read_text(encoding="utf-8"))  # NaN and Infinity are refused
+            data = load_json(text)  # NaN and Infinity are refused
             items = data if isinstance(data, list) else [data]
             if not items:
                 raise ValueError("holds an empty list, not a report")

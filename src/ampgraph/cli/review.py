@@ -133,14 +133,16 @@ def _report_file(source: str) -> Report | None:
     import json
 
     from ampgraph.report.records import load_json
+    from ampgraph.report.reading import read_text
     from ampgraph.review.baseline import SCHEMA as BASELINE
     from ampgraph.review.baseline import read_baseline
 
     path = Path(source)
-    if not path.is_file() or path.suffix != ".json":
-        return None
+    if path.suffix != ".json" or not path.exists() or path.is_dir():
+        return None  # a model spec (a folder is a model's)
+    # A .json that is not a regular file (a FIFO, a folder): one line, exit 1, never a hang.
+    text = read_text(path, "report")
     try:
-        text = path.read_text(encoding="utf-8")
         try:
             data, refused = load_json(text), None
         except ValueError as exc:  # NaN: refused in an ampgraph file, but a config is a model

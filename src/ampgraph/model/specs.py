@@ -152,10 +152,10 @@ def _refuse_ampgraph_file(path: str, data: Any) -> None:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ModelSpecError(f"cannot read {path}: {exc.strerror}") from None
+    from ampgraph.report.reading import CONFIG_LIMIT, read_bytes
+
+    # The one reader: a FIFO, /dev/zero or a huge file is one line, never a hang.
+    return read_bytes(path, "config", limit=CONFIG_LIMIT)
 
 
 def resolve_config(spec: str) -> ConfigSource | None:
@@ -194,14 +194,14 @@ def resolve_config(spec: str) -> ConfigSource | None:
             raise ModelSpecError(
                 f"{spec!r} is a folder: use --model-dir {spec} (or its config.json)"
             )
-        if not path.is_file():
+        if not path.exists():
             raise ModelSpecError(f"config file {spec!r} does not exist")
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
         return ConfigSource(name, "config", str(path), _read(path))
     if not path.is_dir():
         raise ModelSpecError(f"model folder {spec!r} does not exist")
     config = path / "config.json"
-    if not config.is_file():
+    if not config.exists():
         raise ModelSpecError(
             f"{spec!r} has no config.json: point --model-dir at a Hugging Face model folder"
         )

@@ -37,87 +37,40 @@ a hundred lines of one JSON file per entry, ``os.replace`` and ``os.utime``. Pla
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
 import platform
-import re
-import stat
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ampgraph import __version__
-from ampgraph.report.files import atomic_write
+from ampgraph.errors import AmpgraphError
+from ampgraph.pipeline.cache_folder import (  # the folder's API, as it was here before
+    DEFAULT_MAX_BYTES,
+    ENTRIES,
+    MAX_BYTES_VARIABLE,
+    TAG,
+    TAG_NAME,
+    _evict,
+    _folder_fd,
+    _limit,
+    _path,
+    _read,
+    store_entry,
+    bound,
+    cache_dir,
+    clear,
+    disk_note,
+    info,
+    parse_size,
+)
 
 #: Bump when the analysis or the entries change in a way the environment does not capture.
 #: 3: entries carry their key and request, and the environment where the packages are.
 CACHE_FORMAT = 3
-
-#: The variable that bounds the entries' total size, and the bound without it.
-MAX_BYTES_VARIABLE = "AMPGRAPH_CACHE_MAX_BYTES"
-DEFAULT_MAX_BYTES = 512 * 10**6  # decimal, as `cache info` prints MB
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)b?\s*", re.IGNORECASE)
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-
-
-def cache_dir() -> Path:
-    """Where cached reports live (created on first write).
-
-    >>> from unittest import mock
-    >>> with mock.patch.dict(os.environ, {"AMPGRAPH_CACHE_DIR": "/tmp/c"}):
-    ...     cache_dir()
-    PosixPath('/tmp/c')
-    """
-    explicit = os.environ.get("AMPGRAPH_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ampgraph"
-
-
-def parse_size(text: str) -> int | None:
-    """A number of bytes as ``$AMPGRAPH_CACHE_MAX_BYTES`` spells it (``1000000``, ``512M``,
-    ``2GB``: decimal units), or None for anything else.
-
-    >>> parse_size("2G"), parse_size("512 MB"), parse_size("1000"), parse_size("lots")
-    (2000000000, 512000000, 1000, None)
-    """
-    match = _SIZE.fullmatch(text)
-    if match is None:
-        return None
-    try:
-        return int(float(match[1]) * _UNITS[match[2].lower()])
-    except (OverflowError, ValueError):  # a thousand nines is inf, which int() refuses
-        return None
-
-
-def bound() -> tuple[int, str]:
-    """The most bytes the entries may take together, and where that number comes from.
-
-    A value of ``$AMPGRAPH_CACHE_MAX_BYTES`` that is not a size leaves the default, and says so
-    (``ampgraph cache info`` prints it): a typo must not stop every command.
-
-    >>> from unittest import mock
-    >>> with mock.patch.dict(os.environ, {MAX_BYTES_VARIABLE: "1G"}):
-    ...     bound()
-    (1000000000, 'AMPGRAPH_CACHE_MAX_BYTES')
-    >>> with mock.patch.dict(os.environ, {MAX_BYTES_VARIABLE: "lots"}):
-    ...     bound()[0] == DEFAULT_MAX_BYTES
-    True
-    """
-    text = os.environ.get(MAX_BYTES_VARIABLE, "")
-    if not text.strip():
-        return DEFAULT_MAX_BYTES, f"the default; {MAX_BYTES_VARIABLE} sets it"
-    size = parse_size(text)
-    if size is None:
-        return DEFAULT_MAX_BYTES, (
-            f"the default: {MAX_BYTES_VARIABLE}={text!r} is not a size such as 2G"
-        )
-    return size, MAX_BYTES_VARIABLE
-
 
 def _installed(dist: str) -> tuple[str, str]:
     """A distribution's version and the folder it is installed in, from its metadata: never by
@@ -226,48 +179,6 @@ def cache_key(
     return key_of(request_of(model_identity, request, env))
 
 
-#: The folder under the cache directory that holds ampgraph's entries, and what they are named:
-#: the only files ``clear`` ever removes (the directory may be shared, or set by mistake).
-ENTRIES = "reports"
-_ENTRY = re.compile(r"\.?[0-9a-f]{64}\.json(\.[A-Za-z0-9_]+\.tmp)?")
-#: The marker ampgraph writes into its entries' folder: a Cache Directory Tagging Specification
-#: tag (https://bford.info/cachedir/), so backup tools skip the folder. ``clear`` removes entries
-#: only from a folder that carries it: a folder of the user's own, even one named ``reports``
-#: holding files named like entries, is never touched.
-TAG_NAME = "CACHEDIR.TAG"
-TAG = (
-    b"Signature: 8a477f597d28d172789f06886806bc55\n"
-    b"# This file is a cache directory tag created by ampgraph.\n"
-    b"# For information about cache directory tags, see https://bford.info/cachedir/\n"
-)
-
-
-def _path(key: str) -> Path:
-    return cache_dir() / ENTRIES / f"{key}.json"
-
-
-def _not_json(name: str) -> None:
-    """``json.loads`` reads ``NaN`` and ``Infinity`` as floats; no report holds one."""
-    raise ValueError(f"{name} is not JSON")
-
-
-def _read(path: Path, limit: int) -> Any:
-    """The JSON in the file at ``path``, or None: also for a file that is not a regular one (a
-    symbolic link, which may point anywhere; a FIFO, which would block), one bigger than
-    ``limit`` (no entry that big was stored), or one that is not JSON."""
-    # O_NOFOLLOW: a link is not an entry; O_NONBLOCK: opening a FIFO must not wait for a writer.
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        with os.fdopen(os.open(path, flags), "rb") as handle:
-            status = os.fstat(handle.fileno())
-            if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
-                return None
-            data = handle.read(limit + 1)
-        return json.loads(data, parse_constant=_not_json)
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
 def _release(version: object) -> object:
     """A version without its local part: torch's ``__version__`` says ``2.5.1+cu124`` where its
     metadata says ``2.5.1``."""
@@ -317,7 +228,14 @@ def load(request: dict[str, Any]) -> dict[str, Any] | None:
     request = json.loads(json.dumps(request))
     key = key_of(request)
     path = _path(key)
-    entry = _read(path, bound()[0])
+    limit = _limit()
+    folder = _folder_fd()
+    if folder is None:
+        return None
+    try:
+        entry = _read(path.name, folder, limit)
+    finally:
+        os.close(folder)
     if not (
         isinstance(entry, dict)
         and entry.get("format") == CACHE_FORMAT
@@ -328,9 +246,11 @@ def load(request: dict[str, Any]) -> dict[str, Any] | None:
     report = entry.get("report")
     if not isinstance(report, dict) or not describes(report, request):
         return None
-    # Used now: eviction goes by modification time. A read-only cache still serves.
-    with contextlib.suppress(OSError):
+    # Used now: eviction goes by modification time. A read-only cache still serves. A bound
+    # lowered since the entries were stored holds from the next run on, not from a store.
+    with contextlib.suppress(OSError, AmpgraphError):
         os.utime(path, follow_symlinks=os.utime not in os.supports_follow_symlinks)
+        _evict(limit, keep=path)
     return report
 
 
@@ -356,143 +276,12 @@ def store(request: dict[str, Any], report: dict[str, Any]) -> None:
         data = json.dumps(entry, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError):
         return  # load() would refuse it: NaN, or something JSON cannot hold
-    limit = bound()[0]
-    if len(data) > limit:
-        return  # evicting every other entry would still not make room
-    folder = cache_dir() / ENTRIES
-    path = folder / f"{key}.json"
-    try:
-        if path.is_symlink():
-            return  # never written through: the link may point anywhere
-        atomic_write(path, data)
-        # The tag after the entry: should a clear() have removed the folder between the two,
-        # the entry it recreated gets its tag, so the next clear finds it (clear() restores the
-        # tag likewise when an entry lands while it removes the folder).
-        tag = folder / TAG_NAME
-        if not tag.is_file():
-            atomic_write(tag, TAG)
-        _evict(limit, keep=path)
-    except OSError:
-        pass
-
-
-def _evict(limit: int, keep: Path) -> None:
-    """Remove the least recently used entries (oldest modification time) until the rest take at
-    most ``limit`` bytes, never ``keep`` (the entry just stored). Entries another process removes
-    meanwhile are skipped."""
-    found = []
-    for path in _entries():
-        try:
-            status = path.stat()
-        except FileNotFoundError:
-            continue
-        found.append((status.st_mtime, path.name, status.st_size, path))
-    total = sum(size for _, _, size, _ in found)
-    for _, _, size, path in sorted(found):
-        if total <= limit:
-            return
-        if path != keep:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            total -= size
-
-
-def _is_ours(folder: Path) -> bool:
-    """Whether ``folder`` is a real folder that carries ampgraph's tag."""
-    tag = folder / TAG_NAME
-    if folder.is_symlink() or not folder.is_dir() or tag.is_symlink():
-        return False
-    try:
-        return tag.read_bytes() == TAG
-    except OSError:
-        return False
-
-
-def _names(folder: Path) -> set[str]:
-    """The names in ``folder``; none once another :func:`clear` has removed it."""
-    try:
-        return {p.name for p in folder.iterdir()}
-    except (FileNotFoundError, NotADirectoryError):
-        return set()
-
-
-def _entries() -> list[Path]:
-    """The files ampgraph wrote: ``reports/<sha256>.json`` (and its temporary files), in a
-    ``reports`` folder that carries ampgraph's tag.
-
-    Symlinks are never followed or removed, and nothing outside ``reports/`` is looked at.
-    """
-    folder = cache_dir() / ENTRIES
-    if not _is_ours(folder):
-        return []
-    return sorted(
-        folder / name
-        for name in _names(folder)
-        if _ENTRY.fullmatch(name) and (folder / name).is_file() and not (folder / name).is_symlink()
-    )
-
-
-def clear() -> tuple[int, int]:
-    """Remove every cached entry, and only those; returns (files removed, bytes freed).
-
-    The tag and the folder go too once nothing else is left in it. Safe beside another clear or
-    store: a file another process removed first is not an error, and an entry stored meanwhile
-    is either removed or kept with its tag. Raises :class:`~ampgraph.errors.AmpgraphError` with
-    one line when the cache cannot be written (a read-only folder).
-
-    >>> import tempfile
-    >>> from unittest import mock
-    >>> with mock.patch.dict(os.environ, {"AMPGRAPH_CACHE_DIR": tempfile.mkdtemp()}):
-    ...     store(request_of({"name": "m"}, {}, {}), {"model": "m", "versions": {}})
-    ...     clear()[0], clear()
-    (1, (0, 0))
-    """
-    from ampgraph.errors import AmpgraphError
-
-    removed = freed = 0
-    folder = cache_dir() / ENTRIES
-    try:
-        for path in _entries():
-            try:
-                size = path.stat().st_size
-                path.unlink()
-            except FileNotFoundError:
-                continue  # another clear, or a store's eviction, removed it first
-            removed += 1
-            freed += size
-        if _is_ours(folder) and _names(folder) == {TAG_NAME}:
-            with contextlib.suppress(FileNotFoundError):
-                (folder / TAG_NAME).unlink()
-            try:
-                folder.rmdir()
-            except FileNotFoundError:
-                pass  # another clear removed it
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                atomic_write(folder / TAG_NAME, TAG)  # a store landed meanwhile: keep it ours
-    except OSError as exc:
-        raise AmpgraphError(
-            f"cannot clear the cache in {cache_dir()}: {exc.strerror}; check its permissions "
-            "or point AMPGRAPH_CACHE_DIR elsewhere"
-        ) from None
-    return removed, freed
-
-
-def info() -> tuple[Path, int, int]:
-    """(cache directory, number of entries, total bytes); :func:`bound` is their limit.
-
-    >>> import tempfile
-    >>> from unittest import mock
-    >>> with mock.patch.dict(os.environ, {"AMPGRAPH_CACHE_DIR": "/nonexistent/ampgraph"}):
-    ...     info()
-    (PosixPath('/nonexistent/ampgraph'), 0, 0)
-    """
-    sizes = []
-    for path in _entries():
-        with contextlib.suppress(FileNotFoundError):
-            sizes.append(path.stat().st_size)
-    return cache_dir(), len(sizes), sum(sizes)
+    limit = _limit()
+    path = cache_dir() / ENTRIES / f"{key}.json"
+    with contextlib.suppress(OSError, AmpgraphError):
+        if len(data) <= limit:  # else evicting every other entry would still not make room
+            store_entry(path.name, data)
+        _evict(limit, keep=path)  # also where the bound was lowered below what is stored
 
 
 def model_identity(spec: str) -> dict[str, Any] | None:
@@ -521,3 +310,10 @@ def model_identity(spec: str) -> dict[str, Any] | None:
         "kind": source.kind,
         "config_sha256": hashlib.sha256(source.data).hexdigest(),
     }
+
+
+__all__ = [
+    "CACHE_FORMAT", "DEFAULT_MAX_BYTES", "ENTRIES", "MAX_BYTES_VARIABLE", "TAG", "TAG_NAME",
+    "bound", "cache_dir", "cache_key", "clear", "describes", "disk_note", "environment", "info",
+    "key_of", "load", "model_identity", "parse_size", "request_of", "source_digest", "store",
+]  # fmt: skip
