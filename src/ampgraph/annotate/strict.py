@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.annotate import cpu_backend
+from ampgraph.annotate.device_kernels import DEVICE_CHECKS
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
 from ampgraph.compat import guard_or_true
 from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
@@ -567,6 +568,10 @@ class StrictDtypeMode(TorchDispatchMode):
             message = check((*args, kwargs) if kwargs and func in _KEYWORD_CHECKED else tuple(args))
             if message is not None:
                 raise RuntimeError(message)
+        # Then the device's own rules: kernel coverage, CUDA's normalisations (device_kernels).
+        own = DEVICE_CHECKS.get((self.device_type, func))
+        if own is not None and (message := own(tuple(args))) is not None:
+            raise RuntimeError(message)
         return func(*args, **(kwargs or {}))
 
 
