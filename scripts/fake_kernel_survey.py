@@ -474,6 +474,112 @@ a device-generic native function); otherwise it is the CPU's alone, as said belo
   real Python kernel's dtype handling depends on the device and an accumulation policy (on the
   CPU a 16-bit input with an fp32 weight runs and the reverse raises `mm`'s error; on CUDA `mm`
   is given an `out_dtype`). Not modelled: the survey lists it above where it still parts.
+
+## Rules of one device
+
+A rule of one device is no evidence for another: a CPU kernel and a CUDA kernel of one op can
+lack different dtypes, check different mixes and word their errors differently. These rules are
+`ampgraph.annotate.device_kernels.DEVICE_CHECKS`, keyed by `(device type, op)` and consulted by
+`StrictDtypeMode` after `STRICT_CHECKS`, for the device the setting names (issue 33).
+
+### Which dtypes a kernel has on each device
+
+`torch.pdist` of a bf16 tensor raises `"pdist_cuda" not implemented for 'BFloat16'` on CUDA (an
+H200, torch 2.11, issue 33) and `"pdist" not implemented for 'BFloat16'` on the CPU; fake tensors
+typed it bf16 on both. The source that knows which dtypes each kernel has is PyTorch's OpInfo
+database (`op.supported_dtypes("cuda")`, `"cpu"`), weighed before use:
+
+* An OpInfo is a Python-level op (`nn.functional.pdist`), the strict mode sees ATen overloads
+  (`aten._pdist_forward.default`). `scripts/kernel_coverage.py` runs each OpInfo's first fp32
+  samples on fake tensors of the device and records the overloads they reach. An overload is
+  marked as lacking a 16-bit dtype on a device only where an OpInfo reaching it lacks the dtype
+  and no OpInfo reaching it has it (`view`, `mul`, reached by everything, are never blamed).
+* On the CPU each entry is proven: the overload is called for real with the recorded arguments,
+  in fp32 (it runs) and in the 16-bit dtype (it raises); the table keeps the real kernel's
+  message and the call, and `tests/test_device_kernels.py` reruns every entry against the real
+  kernel. OpInfo claims the real kernels contradict are dropped and listed in the table
+  (`histogram`, `quantile`'s `ceil_`, `masked_fill_`, ...: reached by an OpInfo that lacks bf16,
+  but not where its kernel lacks it).
+* OpInfo's CUDA lists depend on the GPU (`SM53OrLater`, `SM80OrLater`, read from a GPU this
+  machine does not have); the script reads them as on an sm_90 GPU, the H200's. A CUDA entry is
+  kept where the overload is the OpInfo's own op (`histc`, `igamma`) or the one the CPU proved
+  lacks the dtype (so the mapping holds); `ceil_`, `lerp_`, `masked_fill_` (reached by
+  `quantile`) and `_use_cudnn_ctc_loss` were dropped by that rule. Its message is the wording a
+  GPU showed where one did (`pdist_cuda`), else one that names OpInfo as its source: CUDA's own
+  wording of those errors is not known here.
+* The table (`ampgraph/policy/kernel_coverage.json`) is keyed by torch version (major.minor),
+  since OpInfo and the kernels change between releases: torch 2.11's CUDA FFTs refused bf16
+  (`Unsupported dtype BFloat16` on the H200), 2.14's take it (cuFFT's `CUDA_C_16BF`, upcast to
+  complex64, as `torch/_refs/fft.py` and the meta kernel of `_fft_r2c` say), and fake tensors
+  type both as the installed release does, through `promote_type_fft` in `SpectralOps.cpp`. On the
+  CPU the FFTs raise `Unsupported dtype BFloat16` in that composite code before any kernel, on
+  fake tensors too. A torch older than every table gets no coverage rules; the suite fails on a
+  torch without its own table until the script is run.
+* The check fires when the first floating tensor argument has a dtype the device lacks (the
+  tensor `AT_DISPATCH` switches on, as a rule). torch 2.14: 67 CPU overloads, 62 CUDA ones,
+  mostly linear algebra and special functions, and `cdist`, `pdist`, `histc`, `igamma`,
+  `complex`, `polar`, `view_as_complex`, `avg_pool3d` (CPU fp16), `_upsample_bilinear2d_aa`,
+  `multi_margin_loss`, `rrelu_with_noise`, `_ctc_loss`.
+
+### CUDA's normalisation kernels
+
+Read from ATen's CUDA sources; the H200 showed the first and the layer norm's message.
+
+* **`native_batch_norm`** and its variants (`_native_batch_norm_legit`, `.no_stats`,
+  `_no_training`, `_functional`; `instance_norm` is one underneath): `batch_norm_cuda_out` in
+  `cuda/Normalization.cu` computes the statistics with `TensorIterator`s that cast, then
+  `batch_norm_elementwise`. Its *contiguous* kernel (`batch_norm_elemt_cuda_template`,
+  `cuda/Normalization.cuh`) calls the parameters "mixed" when the first one given differs from
+  the input (`is_mixed_type`) and reads both as `acc_type` (fp32), otherwise as the input's type,
+  through `packed_accessor_or_dummy`: an fp32 input with bf16 weights raises `Expected weight to
+  have type Float but got BFloat16`; a 16-bit input with fp32 weights runs; a bf16 weight with an
+  fp32 bias raises `Expected bias to have type BFloat16 but got Float`. An input whose channels
+  have stride 1 (a 2-D `BatchNorm1d` input, channels last) takes
+  `batch_norm_elemt_channels_last_cuda_template`, the same choice read with `const_data_ptr`
+  (`expected scalar type Float but found BFloat16`); a non-contiguous one or one past 32-bit
+  indexing the *general* kernel, a `TensorIterator` that casts (no error).
+* **`cudnn_batch_norm`** (`cudnn/BatchNorm.cpp`): `_batch_norm_impl_index` sends fp16/fp32 mixes
+  with weight and bias, 3-D or more, eps at least 1e-5, to cuDNN (never bf16), which wants fp32
+  weights beside an fp16 input (`checkScalarType`) and the input's type otherwise
+  (`checkAllSameType`: `Expected tensor for argument #1 'input' to have the same type as tensor
+  for argument #2 'weight'; but type torch.cuda.FloatTensor does not equal torch.cuda.HalfTensor
+  (while checking arguments for cudnn_batch_norm)`), then one type for weight, bias and running
+  statistics. `_batch_norm_with_update` picks between the two as `_select_batch_norm_backend`.
+* **`native_group_norm`**: `group_norm.cpp` (every device) makes the CPU's mixed check
+  (`mixed dtype (CPU): expect parameter to have scalar type of Float`, "(CPU)" on CUDA too) and
+  gives a mixed call fp32 statistics; CUDA's `GroupNormKernelImplInternal<T>`
+  (`cuda/group_norm_kernel.cu`) then reads the statistics as the input's type, so a 16-bit input
+  with fp32 parameters, which the CPU runs, raises `expected scalar type BFloat16 but found
+  Float` on CUDA (from the source; no GPU has shown it yet). Unmixed, gamma and beta are read
+  as the input's type (`const_data_ptr`; a `TensorIterator` of one dtype where H*W is 1:
+  `Found dtype Float but expected BFloat16`).
+* **`native_layer_norm`**: `LayerNormKernelImplInternal<T>` (`cuda/layer_norm_kernel.cu`) reads
+  gamma and beta as the input's type T unless there are no rows: `expected scalar type Float but
+  found BFloat16` (the H200's). torch 2.14's reference checks the same
+  (`_check_native_layer_norm_cuda_param_dtype`); the rule covers releases whose fake kernels did
+  not.
+
+`tests/test_device_kernels.py` tests each rule on fake CUDA tensors, a GroupNorm then BatchNorm
+under CUDA `amp-half` (the BatchNorm raises the H200's error), and the CPU counterpart against
+the real CPU kernels.
+
+### Library autocast kernels
+
+torchvision 0.29's wrappers (`torchvision/_autograd_registrations.py`) cast every floating, not
+fp64, argument to fp32 and return every output in the input's dtype: `roi_align` (CUDA, CPU,
+XPU), `roi_pool`, `ps_roi_align`, `ps_roi_pool` (whose index outputs, `argmax` and
+`channel_mapping`, come back in the input's 16-bit dtype too) and `deform_conv2d` (CUDA);
+`nms` returns its own int64 indices. ampgraph's rule (`fp32_output_as_input` in
+`ampgraph.policy.kernels.LIBRARY_KERNELS`) is that; the H200 showed it for the first three, and
+the suite runs each wrapper's own code on CPU tensors beside ampgraph's prediction under CUDA
+autocast. No change was needed to the rule's data.
+
+### Checked, no rule needed
+
+* SDPA: q, k and v of different dtypes raise in `validate_sdpa_input` (device-generic, on fake
+  tensors too). Fake CUDA tensors take the math backend (which upcasts 16-bit inputs inside) where
+  a GPU takes flash or efficient attention; both return the query's dtype. Flash attention's own
+  refusal of fp32 only moves the choice to another backend.
 """
 
 
