@@ -56,6 +56,45 @@ def blowup() -> tuple[nn.Module, torch.Tensor]:
     return m.eval(), torch.ones(2, 8)
 
 
+class Block(nn.Module):
+    """A pre-norm residual MLP block, as in a transformer."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class Tower(nn.Module):
+    """docs/ranges.md's worked example: a residual stream that grows layer by layer."""
+
+    def __init__(self, d: int = 64, layers: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Linear(d, d)
+        self.layers = nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x.to(self.embed.weight.dtype))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def tower() -> tuple[nn.Module, torch.Tensor]:
+    """Each layer's fc2 writes 20 times more than the one before: layer 3's reaches ~1e5."""
+    torch.manual_seed(0)
+    m = Tower()
+    with torch.no_grad():
+        for i, layer in enumerate(m.layers):
+            layer.fc2.weight.mul_(20.0 ** (i + 1))
+    return m.eval(), torch.randn(4, 64)
+
+
 class MaskFill(nn.Module):
     """Masks with fp32's minimum whatever the dtype (the bug fact 18 saw on a GPU), or with the
     minimum of the activations' own dtype (what Hugging Face models do: no finding)."""
@@ -72,10 +111,10 @@ class MaskFill(nn.Module):
 
 
 @functools.cache
-def _blowup_result(names: tuple[str, ...], amp_dtype: str) -> Any:
-    module, x = blowup()
+def _result(factory: str, names: tuple[str, ...], amp_dtype: str) -> Any:
+    module, x = globals()[factory]()
     return value_ranges(
-        ModelInputs("blowup", module, (x,)), list(names), device_type="cpu", amp_dtype=amp_dtype
+        ModelInputs(factory, module, (x,)), list(names), device_type="cpu", amp_dtype=amp_dtype
     )
 
 
@@ -145,16 +184,21 @@ def test_reduce_tensor_counts_what_is_there() -> None:
 # -- overflow: predicted, then confirmed by running each setting for real -----------------------
 
 
+FIRST = {"blowup": ("linear_1", "fc2"), "tower": ("linear_8", "layers.3.fc2")}
+
+
 @pytest.mark.parametrize(
-    ("amp_dtype", "expect_overflow"), [("fp16", True), ("bf16", False)]
+    ("factory", "amp_dtype", "expect_overflow"),
+    [("blowup", "fp16", True), ("blowup", "bf16", False), ("tower", "fp16", True),
+     ("tower", "bf16", False)],
 )  # fmt: skip
 def test_predicted_overflow_is_where_the_real_run_makes_inf(
-    amp_dtype: str, expect_overflow: bool
+    factory: str, amp_dtype: str, expect_overflow: bool
 ) -> None:
     names = ("fp32", "half", "amp-fp32", "amp-half")
-    result = _blowup_result(names, amp_dtype)
-    module, x = blowup()
-    model = ModelInputs("blowup", module, (x,))
+    result = _result(factory, names, amp_dtype)
+    module, x = globals()[factory]()
+    model = ModelInputs(factory, module, (x,))
     for verdict in result.settings:
         setting = Setting.parse(verdict.name, device_type="cpu", amp_dtype=amp_dtype)
         order, real, graph = real_run(model, setting)
@@ -164,14 +208,15 @@ def test_predicted_overflow_is_where_the_real_run_makes_inf(
         if verdict.name == "fp32" or not expect_overflow:
             assert verdict.ok and not predicted and not bad, (verdict.name, bad)
             continue
-        assert verdict.first is not None and verdict.first.node == bad[0] == "linear_1"
-        assert "fc2" in verdict.first.message and "65,504" in verdict.first.message
+        node, module_path = FIRST[factory]
+        assert verdict.first is not None and verdict.first.node == bad[0] == node
+        assert f"in {module_path} " in verdict.first.message and "65,504" in verdict.first.message
         assert predicted <= set(bad)  # every predicted overflow is an inf in the real run
         assert set(bad) <= _downstream(graph, predicted)  # and every inf comes from one
 
 
 def test_bf16_fits_and_is_told_its_precision() -> None:
-    result = _blowup_result(("amp-fp32",), "bf16")
+    result = _result("blowup", ("amp-fp32",), "bf16")
     assert result.ok
     from ampgraph.ranges.formats import text
 
