@@ -172,3 +172,16 @@ def test_the_annotation_raises_where_the_real_run_raises(setting: str) -> None:
     errors = [r.error for r in report.nodes if r.error]
     assert errors == ([real.removeprefix("error: ")] if real.startswith("error") else [])
     assert report.check is not None and report.check["disagreements"] == 0
+
+
+@pytest.mark.parametrize(("setting", "amp"), [("half", "bfloat16"), ("amp-fp32", "float16")])
+def test_verify_agrees_with_the_real_run(setting: str, amp: str) -> None:
+    """``ampgraph verify --device cpu``'s gate on the padded mask: the real run raises at the
+    pad, and the prediction says so, node by node and module by module."""
+    from ampgraph.model.build import ModelInputs
+    from ampgraph.verify import verify
+
+    model = ModelInputs("pad-mask", PadMask().eval(), (torch.randn(2, 4),))
+    result = verify(model, Setting.parse(setting, device_type="cpu", amp_dtype=amp))
+    assert result.ok, result
+    assert result.nodes.agree == result.nodes.total > 0
