@@ -23,7 +23,7 @@ setting's order (:func:`judge_setting`):
 >>> setting = {"name": "amp-fp32", "autocast": True, "amp_dtype": "float16",
 ...            "param_dtype": "float32", "device_type": "cuda"}
 >>> verdict = judge_setting(Report("m", setting, {}, {}, half, []), ref, ranges, {})
->>> print(verdict.first.message.replace("; ", ";\n"))
+>>> print(verdict.first.message.replace("; ", ";\\n"))
 linear in fc (fc): max 1.3e+05 > fp16's 65,504;
 autocast runs linear in fp16 because it is on the lower-precision list;
 keep it in fp32 or use bf16
