@@ -116,9 +116,11 @@ def test_where_adds_no_error() -> None:
 
 @pytest.mark.parametrize("case", sorted(OP_CASES))
 def test_each_op_is_the_real_cpu_kernels_outcome(case: str) -> None:
-    for dtype, value in itertools.product((torch.bfloat16, torch.float16, torch.float32), OP_VALUES):
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    for dtype, value in itertools.product(dtypes, OP_VALUES):
         torch.manual_seed(0)
-        real, predicted = _real_and_predicted(lambda: OP_CASES[case](torch.randn(4, 4, dtype=dtype), value))  # fmt: skip
+        call = OP_CASES[case]
+        real, predicted = _real_and_predicted(lambda: call(torch.randn(4, 4, dtype=dtype), value))
         assert predicted == real, (case, dtype, value)
 
 

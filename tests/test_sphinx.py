@@ -294,7 +294,7 @@ def test_a_deepspeed_config_is_read_next_to_the_document(tmp_path: Path) -> None
         (":recipe: hf:bf16\n   :setting: amp-fp32", "give :setting: or :recipe:, not both"),
         (":recipe: hf:bf16\n   :amp-dtype: fp16", "a recipe fixes its 16-bit dtype"),
         (":describe:", ":describe: describes a :recipe:"),
-        (":recipe: deepspeed:missing.json", "cannot read DeepSpeed config 'missing.json'"),
+        (":recipe: deepspeed:missing.json", "cannot read the DeepSpeed config missing.json"),
     ],
 )
 def test_a_wrong_recipe_is_one_warning(tmp_path: Path, options: str, says: str) -> None:

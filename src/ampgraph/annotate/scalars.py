@@ -46,7 +46,8 @@ C10_TYPES: dict[torch.dtype, str] = {
 def overflows(value: Any, dtype: torch.dtype) -> bool:
     """``c10::overflows<To, From>``: whether a Python ``value`` overflows ``dtype``.
 
-    >>> overflows(torch.finfo(torch.float32).min, torch.bfloat16), overflows(float("-inf"), torch.half)
+    >>> lowest = torch.finfo(torch.float32).min
+    >>> overflows(lowest, torch.bfloat16), overflows(float("-inf"), torch.half)
     (True, False)
     """
     if dtype not in C10_TYPES or isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -25,6 +25,7 @@ from ampgraph.cli.options import (
     timeout_seconds,
 )
 from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
+from ampgraph.report.markdown import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS, Setting
 
@@ -92,7 +93,8 @@ def audit(
                        "only (see docs/audit.md)", err=True)  # fmt: skip
     else:
         show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
-        click.echo("\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True)))
+        out = "\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True))
+        click.echo(terminal(out))  # control characters in module names shown, never run
     if fail_on != "never":
         failing = sum(len(audit_lib.at_or_above(f, fail_on)) for f in findings)
         if failing:
@@ -125,6 +127,11 @@ def _release(value: str | None) -> str | None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--tables'") from None
     return None if release == ACTIVE_RELEASE else release
+
+
+def _shown(fmt: str, text: str) -> str:
+    """A diff as printed: text and Markdown with terminal controls shown (JSON escapes its own)."""
+    return text if fmt == "json" else terminal(text)
 
 
 def _report_file(source: str) -> Report | None:
@@ -274,7 +281,7 @@ def diff_command(
         a, b = _whatif_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32, move_ops)
         result = diff_reports(a, b)
         result.notes += [n for n in (findings_note(a, b), checked_note(b, bool(move_ops))) if n]
-        click.echo(FORMATS[fmt](result))
+        click.echo(_shown(fmt, FORMATS[fmt](result)))
         if b.check is not None and b.disagreements:
             n = len(b.disagreements)
             raise click.ClickException(
@@ -339,7 +346,7 @@ def diff_command(
                 f"on a graph traced by this torch {torch.__version__}, and not checked against "
                 "a dispatcher"
             )
-    click.echo(FORMATS[fmt](result))
+    click.echo(_shown(fmt, FORMATS[fmt](result)))
     if not result.equal:
         ctx.exit(1)
 

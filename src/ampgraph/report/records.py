@@ -59,7 +59,6 @@ from typing import Any
 from ampgraph.report.validate import (
     BOOL,
     DTYPE_NAMES,  # noqa: F401 - read from here too, with check_setting and load_json
-    OPT_DICT,
     OPT_STR,
     STR,
     Check,
@@ -68,13 +67,16 @@ from ampgraph.report.validate import (
     is_dtype,
     is_dtypes,
     is_inputs,
+    is_node_check,
     is_opt_dtype,
     is_promotion,
+    is_report_check,
     is_shape,
     is_shapes,
     is_size,
     is_source,
     is_strs,
+    is_versions,
     label,
     load_json,
     refuse_malformed,
@@ -120,6 +122,13 @@ def _plain(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     return copy.deepcopy(value)
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the fields ``cls`` does not have: a reader ignores fields it does not
+    know (docs/schema.md), so a report from a newer ampgraph still reads."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def _as_dict(record: Any, **given: Any) -> dict[str, Any]:
@@ -218,7 +227,7 @@ class NodeRecord:
         if not isinstance(casts, list):
             raise ValueError(f"node {label(data.get('name'))} has a malformed casts")  # noqa: TRY004
         data["casts"] = [Cast(c["node"], c["from"], c["to"]) for c in casts]
-        rec = cls(**data)
+        rec = cls(**_known(cls, data))
         rec.refuse_malformed()
         return rec
 
@@ -272,7 +281,7 @@ class ModuleCall:
         data = dict(data)
         data["in_dtype"] = data.pop("in")
         data["out_dtype"] = data.pop("out")
-        call = cls(**data)
+        call = cls(**_known(cls, data))
         refuse_malformed(call, _MODULE_CHECKS, "module call ", "path")
         return call
 
@@ -305,7 +314,7 @@ class SavedTensor:
         """A saved tensor from its JSON form; ``ValueError`` (one line) for wrong types."""
         if not isinstance(data, dict):
             raise ValueError(f"a saved tensor is a {type(data).__name__}, not an object")  # noqa: TRY004
-        saved = cls(**data)
+        saved = cls(**_known(cls, data))
         refuse_malformed(saved, _SAVED_CHECKS, "saved tensor of ", "node")
         return saved
 
@@ -328,7 +337,7 @@ class Gradient:
         """A gradient from its JSON form; ``ValueError`` (one line) for wrong types."""
         if not isinstance(data, dict):
             raise ValueError(f"a gradient is a {type(data).__name__}, not an object")  # noqa: TRY004
-        grad = cls(**data)
+        grad = cls(**_known(cls, data))
         refuse_malformed(grad, _GRADIENT_CHECKS, "gradient of ", "parameter")
         return grad
 
@@ -406,7 +415,7 @@ _NODE_CHECKS = Checks({
     "module_call": OPT_STR, "stack": is_strs, "region": OPT_STR, "autocast": BOOL,
     "inputs": is_inputs, "policy": OPT_STR, "casts": _is_casts, "outputs": is_dtypes,
     "promotion": is_promotion, "reason": STR, "error": OPT_STR, "skipped": OPT_STR,
-    "trace_time_dtype": BOOL, "check": OPT_DICT, "not_analysed": OPT_STR,
+    "trace_time_dtype": BOOL, "check": is_node_check, "not_analysed": OPT_STR,
     "forward": OPT_STR, "shapes": is_shapes, "source": is_source,
 })  # fmt: skip
 _MODULE_CHECKS = Checks({
@@ -424,7 +433,7 @@ _GRADIENT_CHECKS = Checks({
 _BACKWARD_CHECKS = Checks({
     "loss": lambda loss: is_opt_dtype(loss.get("dtype"))
     and all(type(loss.get(k)) in OPT_STR for k in ("output", "expression")),
-    "method": STR, "check": OPT_DICT, "skipped": OPT_STR,
+    "method": STR, "check": is_report_check, "skipped": OPT_STR,
 })  # fmt: skip
 #: The capture fields that are joined or printed, where a report has them.
 _CAPTURE_CHECKS: dict[str, Check] = {
@@ -528,8 +537,10 @@ class Report:
         bad = Checks(present).malformed(report.capture)
         if bad:
             raise ValueError(f"damaged {SCHEMA}: its capture has a malformed {', '.join(bad)}")
-        if type(report.check) not in OPT_DICT:
-            raise ValueError(f"damaged {SCHEMA}: its check is a {type(report.check).__name__}")
+        if not is_report_check(report.check):
+            raise ValueError(f"damaged {SCHEMA}: its check has a malformed count or oracle")
+        if not is_versions(report.versions):
+            raise ValueError(f"damaged {SCHEMA}: its versions are not all text")
         return report
 
     @classmethod
