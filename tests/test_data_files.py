@@ -412,7 +412,7 @@ def test_an_unreadable_baseline_is_one_error_line(tmp_path: Path) -> None:
     path = tmp_path / "b.json"
     path.write_bytes(b'{"schema": "ampgraph.baseline", "model": "\xff"}')
     line = one_error_line(invoke("baseline", "check", path), 1)
-    assert line == f"Error: cannot read the baseline {path}: it is not UTF-8 text"
+    assert line == f"Error: cannot read the baseline {path}: it is not UTF-8 text; save it as UTF-8"
 
 
 def test_the_command_line_model_must_still_be_the_baselines_own(factory: Path) -> None:

@@ -22,6 +22,7 @@ from ampgraph.cli.options import (
     train_options,
 )
 from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
+from ampgraph.report.markdown import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 
@@ -90,13 +91,14 @@ def table(
             click.echo(("\n" if i else "") + "\n\n".join(parts))
             continue
         if len(reports) > 1:
-            click.echo(f"{'' if i == 0 else chr(10)}# {report.model} {report.setting['name']}: "
-                       f"{Setting.from_dict(report.setting).title}")  # fmt: skip
+            click.echo(terminal(f"{'' if i == 0 else chr(10)}# {report.model} "
+                                f"{report.setting['name']}: "
+                                f"{Setting.from_dict(report.setting).title}"))  # fmt: skip
         lines = [] if pass_ == "backward" else hook_lines(report, classes)
         if pass_ != "forward":
             lines += backward_lines(report, classes)
         for line in lines:
-            click.echo(line)
+            click.echo(terminal(line))  # an escape sequence in a module name is shown, not run
 
 
 def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:

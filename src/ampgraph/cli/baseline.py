@@ -16,6 +16,7 @@ from ampgraph.cli.options import (
     seq_len_option,
 )
 from ampgraph.cli.reports import analysed
+from ampgraph.report.markdown import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS
 
@@ -146,7 +147,7 @@ def baseline_check(
             else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} graph nodes)"
         )
         return
-    click.echo(FORMATS[fmt](result))
+    click.echo(FORMATS[fmt](result) if fmt == "json" else terminal(FORMATS[fmt](result)))
     if fmt == "markdown" and not update:
         click.echo(f"\nAccept the new flow with `ampgraph baseline check {file} --update` and "
                    "commit the file.")  # fmt: skip

@@ -43,6 +43,22 @@ def visible(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
+#: What a terminal acts on in text output: C0 controls but newline and tab, DEL, and the C1
+#: controls (U+009B is CSI to a UTF-8 xterm), which an OSC 8 link or a screen clear in a module
+#: name would use.
+_TERMINAL: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal(text: str) -> str:
+    r"""``text`` for a terminal: every control character a terminal would act on (an escape
+    sequence in a module name) shown as ``\xNN``; newlines and tabs kept, the text's own layout.
+
+    >>> terminal("a\x1b]8;;http://x\x07b\nc")
+    'a\\x1b]8;;http://x\\x07b\nc'
+    """
+    return _TERMINAL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def code_span(text: str, *, table: bool = True) -> str:
     """A code span that shows ``text`` literally (control characters as pictures).
 

@@ -30,11 +30,23 @@ def _count(n: int, word: str, plural: str | None = None) -> str:
 def _check_words(report: Report) -> str:
     """What the dispatcher check compared: the nodes it could run (ops and outputs), not the
     graph's inputs, so fewer than the graph nodes."""
+    from ampgraph.report.validate import is_report_check
+
     c = report.check
     if c is None:
         return "not checked"
+    if not is_report_check(c):  # a Report built by hand with a damaged block: never a crash
+        return "a damaged check"
     return (f"{_count(c.get('compared', 0), 'node')} compared with the dispatcher, "
             f"{_count(c.get('disagreements', 0), 'disagreement')}")  # fmt: skip
+
+
+def _shown(text: str) -> str:
+    """A name on one line of a terminal: line breaks as control pictures, escape sequences (an
+    OSC 8 link in a module name) shown as ``\\xNN``, never run."""
+    from ampgraph.report.markdown import terminal, visible
+
+    return terminal(visible(text))
 
 
 def one_line(report: Report) -> str:
@@ -42,7 +54,7 @@ def one_line(report: Report) -> str:
     casts = sum(len(n.casts) for n in report.nodes)
     promotions = sum(1 for n in report.nodes if n.promotion)
     return (
-        f"<Report {report.model} {report.setting.get('name', '?')}: "
+        f"<Report {_shown(report.model)} {_shown(str(report.setting.get('name', '?')))}: "
         f"{_count(len(report.nodes), 'graph node')}, {_count(len(report.modules), 'module call')}, "
         f"{_count(casts, 'cast')}, {_count(promotions, 'promotion')}, {_check_words(report)}>"
     )
@@ -73,7 +85,8 @@ def table(report: Report) -> Summary:
     for call in report.modules:
         nodes = [by_name[name] for name in call.nodes if name in by_name]
         rows.append((
-            call.path, call.type.rsplit(".", 1)[-1], call.in_dtype or "-", call.out_dtype or "-",
+            _shown(call.path), _shown(call.type.rsplit(".", 1)[-1]), call.in_dtype or "-",
+            call.out_dtype or "-",
             str(sum(1 for n in nodes if n.kind == "op")), str(sum(len(n.casts) for n in nodes)),
             str(sum(1 for n in nodes if n.promotion)),
         ))  # fmt: skip
@@ -90,7 +103,7 @@ def table(report: Report) -> Summary:
     promotions = sum(1 for n in report.nodes if n.promotion)
     ops = sum(1 for n in report.nodes if n.kind == "op")
     setting = report.setting
-    title = f"{report.model} {setting.get('name', '?')}"
+    title = _shown(f"{report.model} {setting.get('name', '?')}")
     if "device_type" in setting:
         title += f" ({caption(setting)})"
     out = [title, "=" * rule_width, line(head), "-" * rule_width]

@@ -12,11 +12,12 @@ list belongs. The checks are quick, since a cached report is read on every warm 
 from __future__ import annotations
 
 import json
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
 
-from ampgraph.settings import AMP_DTYPES, EXTRA_FIELDS
+from ampgraph.settings import AMP_DTYPES, DEVICE_TYPES, EXTRA_FIELDS
 
 #: Every dtype name torch has, spelled as reports spell them (``str(torch.bfloat16)`` without
 #: ``torch.``). Kept here, not read from torch, so that reading a report stays torch-free. A dtype
@@ -71,6 +72,8 @@ OPT_DICT: tuple[type, ...] = (dict, _NONE)
 #: items' types are tested first).
 _DTYPE_ITEM_TYPES = frozenset({str, _NONE})
 _DTYPES_OR_NONE = DTYPE_NAMES | {None}
+#: The counts of a check block.
+_COUNTS = ("nodes", "compared", "disagreements")
 
 
 def is_dtype(value: Any) -> bool:
@@ -88,8 +91,44 @@ def is_opt_dtype(value: Any) -> bool:
 
 
 def is_size(value: Any) -> bool:
-    """A dimension or a byte count: an int, not below 0."""
-    return type(value) is int and value >= 0
+    """A dimension or a byte count: an int, not below 0, that an int64 holds."""
+    return type(value) is int and 0 <= value <= MAX_NUMEL
+
+
+def is_report_check(value: Any) -> bool:
+    """A check block (the report's or the backward's): None, or an object whose counts are
+    sizes and whose oracle is text, where present (other fields are ignored, as the schema
+    says). Every count a diagram, ``repr`` or ``summary()`` prints comes from here: never
+    "lots disagree".
+
+    >>> is_report_check({"oracle": "o", "compared": 3}), is_report_check({"compared": "lots"})
+    (True, False)
+    """
+    return value is None or (
+        type(value) is dict
+        and type(value.get("oracle", "")) is str
+        and all(is_size(value[k]) for k in _COUNTS if k in value)
+        and type(value.get("unavailable")) in OPT_STR
+    )
+
+
+def is_node_check(value: Any) -> bool:
+    """A node's check: None, or an object whose ``agree`` is true, false or null and whose
+    ``note`` is text, where present."""
+    return value is None or (
+        type(value) is dict
+        and type(value.get("agree")) in (bool, _NONE)
+        and type(value.get("note", "")) is str
+    )
+
+
+def is_versions(value: Any) -> bool:
+    """``versions``: each package's version (and ``policy_tables``) as text, or null.
+
+    >>> is_versions({"torch": "2.14", "policy_tables": [1]})
+    False
+    """
+    return type(value) is dict and {*map(type, value.values())} <= {str, _NONE}
 
 
 def is_strs(value: Any) -> bool:
@@ -106,9 +145,23 @@ def is_dtypes(value: Any) -> bool:
     )
 
 
+#: torch's sizes and element counts are int64: a shape past them is a damaged file, not a
+#: tensor (``audit`` printed a 2e60-byte weight cast from one).
+MAX_NUMEL = 2**63 - 1
+
+
 def is_shape(value: Any) -> bool:
-    """A shape: a list of sizes (:func:`is_size`)."""
-    return type(value) is list and {*map(type, value)} <= {int} and min(value, default=0) >= 0
+    """A shape: a list of sizes (:func:`is_size`) whose product torch could hold.
+
+    >>> is_shape([2, 3]), is_shape([10**30]), is_shape([2**62, 4])
+    (True, False, False)
+    """
+    return (
+        type(value) is list
+        and {*map(type, value)} <= {int}
+        and min(value, default=0) >= 0
+        and math.prod(value) <= MAX_NUMEL
+    )
 
 
 def is_shapes(value: Any) -> bool:
@@ -225,6 +278,8 @@ def check_setting(setting: Any) -> dict[str, Any]:
     if missing:
         raise ValueError(f"its setting lacks {', '.join(missing)}")
     bad = _SETTING_CHECKS.malformed(setting)
+    if "device_type" not in bad and setting["device_type"] not in DEVICE_TYPES:
+        bad.append("device_type")  # audit and diff name its autocast lists
     # A recipe's casts, only where set: None or a dtype a setting can hold (settings.py).
     bad += [k for k in EXTRA_FIELDS if setting.get(k) not in (None, "float32", *AMP_DTYPES)]
     if bad:
