@@ -83,13 +83,40 @@ def policy_command(
                 f"{device!r} has no autocast dispatch key in this torch: choose from "
                 f"{', '.join(available)}", param_hint="--device",
             )  # fmt: skip
-    ref = reference.op_reference(
-        list(dict.fromkeys(devices)) or None,
-        libraries=(*reference.KNOWN_LIBRARIES, *imports),
-    )
+    wanted = list(dict.fromkeys(devices)) or None
+    libraries = (*reference.KNOWN_LIBRARIES, *imports)
+    if imports:
+        # A library named on the command line is code of its own, as a model is: imported in a
+        # process group ampgraph can kill, its prints, sys.exit and threads kept from the output.
+        from ampgraph.model.usercode import DEFAULT_TIMEOUT
+        from ampgraph.pipeline.workers import isolated
+
+        ref = isolated(
+            lambda: _imported_reference(wanted, libraries), name="policy", timeout=DEFAULT_TIMEOUT
+        )
+    else:
+        ref = reference.op_reference(wanted, libraries=libraries)
     click.echo(reference.FORMATS[fmt](ref))
     if ref.differences:
         raise click.ClickException(
             f"{ref.differences} difference{'s' if ref.differences != 1 else ''} between "
             "ampgraph's tables and this torch's dispatcher"
         )
+
+
+def _imported_reference(devices: list[str] | None, libraries: tuple[str, ...]) -> object:
+    """The op reference, importing ``libraries`` as the model's code is run
+    (:func:`ampgraph.model.usercode.model_code`): ``sys.exit`` or ``os._exit`` on import is one
+    error line."""
+    from ampgraph.docs import reference
+    from ampgraph.model.usercode import ModelExited, model_code
+
+    try:
+        with model_code():
+            return reference.op_reference(devices, libraries=libraries)
+    except ModelExited as exc:  # said for a model: say it for the library
+        what = str(exc).split(", which would", 1)[0].replace("the model's code", "its code")
+        raise AmpgraphError(
+            f"importing {', '.join(n for n in libraries if n not in reference.KNOWN_LIBRARIES)}: "
+            f"{what}, which would end ampgraph without a result"
+        ) from None

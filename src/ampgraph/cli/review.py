@@ -381,7 +381,8 @@ def _whatif_pair(
     """``diff --keep-fp32`` / ``--move-op``: one model in one setting, as it is (A) and with the
     change (B). Never cached: the preview is the point, and a change is no model identity."""
     from ampgraph.model.specs import ModelSpec
-    from ampgraph.model.usercode import confined
+    from ampgraph.model.usercode import model_code, overdue_message
+    from ampgraph.pipeline.workers import isolated
     from ampgraph.review.whatif import preview
 
     what = "--keep-fp32" if patterns else "--move-op"
@@ -400,5 +401,13 @@ def _whatif_pair(
         raise click.BadParameter(f"{setting.name} has no autocast {change}: use amp-fp32 or "
                                  "amp-half", param_hint="'--setting'")  # fmt: skip
     spec = sources[0] if sources else ModelSpec("opt-125m")  # diff made each source a spec
-    with confined(timeout_seconds()):  # the model's code is built and traced here
-        return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=forced())
+    force, timeout = forced(), timeout_seconds()
+
+    def both() -> tuple[Report, Report]:
+        with model_code():  # the model's code is built and traced here
+            return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=force)
+
+    # In a process group the command kills at the deadline, as every analysis of a model.
+    return isolated(  # type: ignore[no-any-return]
+        both, name="analysis", timeout=timeout, overdue=overdue_message(timeout) if timeout else ""
+    )

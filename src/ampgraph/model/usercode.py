@@ -254,11 +254,26 @@ def model_code() -> Iterator[None]:
         try:
             yield
         except SystemExit as exc:
-            raise ModelExited(
-                f"the model's code called sys.exit({exc.code!r}), which would end ampgraph "
-                "without a result: a factory must return (module, example_inputs), and a "
-                "forward its outputs"
-            ) from None
+            raise exit_error(exc) from None
+
+
+def exit_error(exc: SystemExit | KeyboardInterrupt) -> ModelExited:
+    """The error a ``SystemExit`` or ``KeyboardInterrupt`` raised by the model's code is, where
+    it must not end the process (a worker, whose task would be lost, or ampgraph itself). A
+    KeyboardInterrupt only where Ctrl-C is ignored: elsewhere a person may have pressed it.
+
+    >>> str(exit_error(SystemExit(3))).split(",")[0]
+    "the model's code called sys.exit(3)"
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return ModelExited(
+            "the model's code raised KeyboardInterrupt (nobody pressed Ctrl-C: the analysis "
+            "ignores it), which would end ampgraph without a result"
+        )
+    return ModelExited(
+        f"the model's code called sys.exit({exc.code!r}), which would end ampgraph without a "
+        "result: a factory must return (module, example_inputs), and a forward its outputs"
+    )
 
 
 @contextlib.contextmanager
@@ -275,6 +290,7 @@ __all__ = [
     "ModelExited",
     "confined",
     "deadline",
+    "exit_error",
     "exit_refused",
     "model_code",
     "output_to_stderr",

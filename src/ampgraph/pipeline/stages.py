@@ -493,7 +493,12 @@ def _analyze_in_worker(
     torch.set_num_threads(1)  # the workers already use every core between them
     indices, settings, check, options = job
     assert _WORKER_MODEL is not None
-    reports = analyze_group(_WORKER_MODEL, settings, check=check, **options)
+    try:
+        reports = analyze_group(_WORKER_MODEL, settings, check=check, **options)
+    except (SystemExit, KeyboardInterrupt) as exc:  # the model's: it would end the worker and
+        from ampgraph.model.usercode import exit_error  # lose the task, which the pool awaits
+
+        raise exit_error(exc) from None
     # Reports travel pickled, as they are: their JSON form would be made here and read back
     # there, a fifth of a second each way for a training step's report.
     return list(zip(indices, reports, strict=True))

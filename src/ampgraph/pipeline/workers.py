@@ -110,32 +110,10 @@ def beside(
     parent = os.getpid()
     forks = Group.fork_notes() if group else None
 
-    def child() -> None:
-        if group:
-            Group.enter(parent, forks)
-        else:
-            die_with_parent(parent)
-        # Standard output is the caller's; anything this process prints is a diagnostic.
-        with contextlib.suppress(OSError):
-            os.dup2(2, 1)
-        sys.stdout = sys.stderr
-        code = 0
-        try:
-            produce(lambda item: send.send((False, item)))
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
-            code = 1
-            with contextlib.suppress(BaseException):
-                send.send((True, portable(_as_error(exc, name), name)))
-        finally:
-            send.close()
-        # Without the interpreter's teardown (of torch, where it has it: see
-        # ampgraph.cli.exit_now): what it had to say is sent.
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed pipe: nothing is left to say
-                stream.flush()
-        os._exit(code)
-
-    process = ctx.Process(target=child, name=f"ampgraph-{name.replace(' ', '-')}")
+    process = ctx.Process(
+        target=_child, args=(produce, send, parent, name, forks),
+        name=f"ampgraph-{name.replace(' ', '-')}",
+    )  # fmt: skip
     received = 0
     ended = False
     # What the caller has printed but not written yet would be copied into the child's buffer.
@@ -164,10 +142,10 @@ def beside(
                         ended = True
                     process.join()
                     Group.raise_forked(forks)
+                    killed = ", killed: out of memory?" if process.exitcode == -9 else ""
                     raise AnalysisError(
                         f"the {name} process ended without a result (exit code "
-                        f"{process.exitcode}"
-                        f"{', killed: out of memory?' if process.exitcode == -9 else ''}){hint}"
+                        f"{process.exitcode}{killed}){hint}"
                     ) from None
                 Group.raise_forked(forks)
                 if failed:
@@ -185,6 +163,37 @@ def beside(
             process.terminate()
             process.join()
     return result
+
+
+def _child(
+    produce: Callable[[Callable[[Any], None]], None], send: Any, parent: int, name: str,
+    forks: Any,
+) -> None:  # fmt: skip
+    """The forked process of :func:`beside`: ``produce``, each item and the error (if any) sent
+    to the parent, then the end, without the interpreter's teardown."""
+    if forks is not None:
+        Group.enter(parent, forks)
+    else:
+        die_with_parent(parent)
+    # Standard output is the caller's; anything this process prints is a diagnostic.
+    with contextlib.suppress(OSError):
+        os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    code = 0
+    try:
+        produce(lambda item: send.send((False, item)))
+    except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+        code = 1
+        with contextlib.suppress(BaseException):
+            send.send((True, portable(_as_error(exc, name), name)))
+    finally:
+        send.close()
+    # Without the interpreter's teardown (of torch, where it has it: see
+    # ampgraph.cli.exit_now): what it had to say is sent.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing is left to say
+            stream.flush()
+    _exit(code)
 
 
 def isolated(
@@ -209,19 +218,10 @@ def _as_error(exc: BaseException, name: str) -> BaseException:
     """What the ``name`` process raised, as its caller sees it: a ``SystemExit`` or
     ``KeyboardInterrupt`` (which the process's code raised: it ignores Ctrl-C) would end the
     caller with the code's own status, or as if a person pressed Ctrl-C."""
-    from ampgraph.errors import AnalysisError
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        from ampgraph.model.usercode import exit_error
 
-    if isinstance(exc, SystemExit):
-        return AnalysisError(
-            f"the model's code called sys.exit({exc.code!r}) in the {name} process, which would "
-            "end ampgraph without a result: a factory must return (module, example_inputs), "
-            "and a forward its outputs"
-        )
-    if isinstance(exc, KeyboardInterrupt):
-        return AnalysisError(
-            f"the model's code raised KeyboardInterrupt in the {name} process (nobody pressed "
-            "Ctrl-C: the process ignores it)"
-        )
+        return exit_error(exc)
     return exc
 
 
@@ -258,6 +258,8 @@ class Group:
 
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
+        for signum in (signal.SIGTERM, signal.SIGHUP):  # not the parent's (signals_stop)
+            signal.signal(signum, signal.SIG_DFL)
         die_with_parent(parent, signal.SIGKILL)
         with contextlib.suppress(OSError):
             null = os.open(os.devnull, os.O_RDONLY)
