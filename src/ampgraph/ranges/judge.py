@@ -106,9 +106,13 @@ def _why(rec: NodeRecord, dtype: str, setting: Mapping[str, object]) -> str:
     short = short_dtype(dtype)
     if rec.policy == "lower_precision_fp":
         return f"autocast runs {op} in {short} because it is on the lower-precision list"
-    if rec.kind in ("parameter", "buffer") or setting.get("param_dtype") == dtype:
-        return f"the parameters are {short}, so {op} runs in {short}"
-    return (rec.reason.split(":")[0] or f"{op} runs in {short}") + f" ({short} here)"
+    if rec.kind in ("parameter", "buffer"):
+        return f"the parameters are {short}"
+    if rec.policy is not None:  # another autocast policy that still gives 16 bits
+        return f"autocast's {rec.policy} policy runs {op} in {short}"
+    if not setting.get("autocast") and setting.get("param_dtype") == dtype:
+        return f"no autocast: the parameters are {short} and {op} runs in its inputs' dtype"
+    return f"{op} has no autocast policy and runs in its inputs' dtype, {short}"
 
 
 def _advice(dtype: str, magnitude: float) -> str:
