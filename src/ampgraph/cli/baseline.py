@@ -12,6 +12,7 @@ from ampgraph.cli.options import (
     device_option,
     format_option,
     model_argument,
+    recipe_option,
     resolve_settings,
     seq_len_option,
 )
@@ -51,8 +52,11 @@ def _write_baseline(path: Path, text: str) -> None:
         ) from None
 
 
-def _baseline_report(model: str, setting: str, device: str, amp_dtype: str, seq_len: int) -> Report:
-    return analysed(model, [setting], device, amp_dtype, seq_len, check=False)[0]
+def _baseline_report(
+    model: str, settings: list[str], device: str, amp_dtype: str, seq_len: int
+) -> Report:
+    """The report a baseline snapshots: of ``settings``' one, or (none) the --recipe's."""
+    return analysed(model, settings, device, amp_dtype, seq_len, check=False)[0]
 
 
 @baseline_group.command(name="write")
@@ -60,20 +64,25 @@ def _baseline_report(model: str, setting: str, device: str, amp_dtype: str, seq_
 @model_argument
 @click.option("--setting", "-s", "setting", default="amp-fp32", show_default=True,
               metavar="NAME", help=f"The setting to snapshot. Presets: {', '.join(PRESETS)}.")  # fmt: skip
+@recipe_option()
 @device_option()
 @click.option("--amp-dtype", type=click.Choice(["bf16", "fp16"]), default="bf16",
               show_default=True, help="The 16-bit dtype autocast uses.")  # fmt: skip
 @seq_len_option
+@click.pass_context
 def baseline_write(
-    file: Path, model: str, setting: str, device: str, amp_dtype: str, seq_len: int
-) -> None:
-    """Write the dtype flow of MODEL (default OPT-125M) in one setting to FILE."""
+    ctx: click.Context, file: Path, model: str, setting: str, device: str, amp_dtype: str,
+    seq_len: int,
+) -> None:  # fmt: skip
+    """Write the dtype flow of MODEL (default OPT-125M) in one setting (or --recipe) to FILE."""
     from ampgraph.model.specs import ModelSpec
     from ampgraph.report.files import check_writable
     from ampgraph.review.baseline import baseline_text
 
     check_writable(file, "baseline")
-    report = _baseline_report(model, setting, device, amp_dtype, seq_len)
+    # A --recipe names the setting: the default --setting gives way, a typed one is refused.
+    recipe = bool(ctx.meta.get("ampgraph.recipes")) and not _given(ctx, "setting")
+    report = _baseline_report(model, [] if recipe else [setting], device, amp_dtype, seq_len)
     spec = ModelSpec(model) if not isinstance(model, ModelSpec) else model
     text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
                          tracer=spec.tracer)  # fmt: skip
@@ -95,6 +104,7 @@ def _given(ctx: click.Context, name: str) -> bool:
 @model_argument
 @click.option("--setting", "-s", "setting", metavar="NAME",
               help="The setting the baseline should be of (default: the baseline's own).")  # fmt: skip
+@recipe_option()
 @format_option(["text", "markdown", "json"], "How to print the diff: as 'ampgraph diff' does.")
 @click.option("--update", is_flag=True,
               help="Accept the new flow: rewrite FILE with it (exit 0).")  # fmt: skip
@@ -130,15 +140,21 @@ def baseline_check(
     s = base.report.setting
     # MODEL's default (opt-125m) is no model named: only what the command line gives counts.
     named = any(_given(ctx, p) for p in ("model", "config_path", "model_dir", "module_factory"))
-    if named or setting is not None:
-        wanted = resolve_settings([setting or s["name"]], s["device_type"], s["amp_dtype"])[0]
+    recipes = ctx.meta.pop("ampgraph.recipes", None)
+    if named or setting is not None or recipes:
+        # What the command line names (a recipe's setting on the baseline's device) must be
+        # the baseline's own; never the baseline's own name blamed on --setting.
+        ctx.meta["ampgraph.recipes"] = recipes
+        names = [setting] if setting is not None else ([] if recipes else [s["name"]])
+        wanted = resolve_settings(names, s["device_type"], s["amp_dtype"])[0]
+        ctx.meta.pop("ampgraph.recipes", None)  # the analysis below is of the baseline's setting
         refuse_other(base, model if named else base.report.model, wanted.to_dict(), str(file))
     # The command line's model, else the one the baseline names, which is never code; the
     # baseline's tracer unless --tracer says otherwise.
     named_spec = model if named else spec_to_check(base, str(file))
     tracer = spec_tracer(model) if _given(ctx, "tracer") else base.tracer
     spec = ModelSpec(str(named_spec), spec_kind(named_spec), tracer=tracer)
-    report = _baseline_report(spec, s["name"], s["device_type"], s["amp_dtype"], base.seq_len)
+    report = _baseline_report(spec, [s["name"]], s["device_type"], s["amp_dtype"], base.seq_len)
     result = check_report(base, report)
     if result.equal:
         click.echo(

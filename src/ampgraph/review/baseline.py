@@ -196,6 +196,22 @@ def _name(value: Any, key: str) -> str:
     return value
 
 
+def _setting_named(setting: dict[str, Any]) -> None:
+    """``ValueError`` unless the setting's name is one ampgraph parses into the very setting
+    the baseline holds: a damaged name is the file's fault, never blamed on ``--setting``."""
+    from ampgraph.errors import SettingError
+    from ampgraph.settings import Setting
+
+    try:
+        parsed = Setting.parse(
+            setting["name"], device_type=setting["device_type"], amp_dtype=setting["amp_dtype"]
+        ).to_dict()
+    except SettingError:
+        raise ValueError(f"its setting's name {_shown(setting['name'])} is not a setting") from None
+    if any(parsed.get(k) != v for k, v in setting.items() if k in parsed):
+        raise ValueError(f"its setting's name {_shown(setting['name'])} disagrees with its fields")
+
+
 def read_baseline(text: str, where: str = "the baseline") -> Baseline:
     """A baseline from its text; :class:`BaselineError` in one line for anything else.
 
@@ -237,6 +253,7 @@ def read_baseline(text: str, where: str = "the baseline") -> Baseline:
             modules=[],
         )
         _name(report.setting["name"], "setting's name")  # quoted in errors, as the model is
+        _setting_named(report.setting)
         seq_len = data.get("seq_len", 8)
         if type(seq_len) is not int or seq_len < 1:
             raise ValueError(f"its seq_len {_shown(seq_len)} is not a length")
