@@ -32,7 +32,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import asdict, dataclass
 
-from ampgraph.errors import SettingError
+from ampgraph.errors import SettingError, clip
 
 #: Canonical torch dtype names and the short names people type and diagrams print.
 DTYPE_ALIASES: dict[str, str] = {
@@ -99,7 +99,7 @@ def check_device_type(device_type: str) -> str:
             f"{DEVICE_TYPES[-1]}"
         )
     raise SettingError(
-        f"unknown device type {device_type!r}: use one of {', '.join(DEVICE_TYPES)} "
+        f"unknown device type {clip(device_type)}: use one of {', '.join(DEVICE_TYPES)} "
         f"({', '.join(PLUGIN_DEVICE_TYPES)} have autocast keys whose kernels come from plugins)"
     )
 
@@ -113,7 +113,7 @@ def canonical_dtype(name: str) -> str:
     key = name.strip().lower().removeprefix("torch.")
     if key not in DTYPE_ALIASES:
         raise SettingError(
-            f"unknown dtype {name!r}: use one of fp32, bf16, fp16 (or float32, bfloat16, float16)"
+            f"unknown dtype {clip(name)}: use one of fp32, bf16, fp16 (or float32, bfloat16, float16)"
         )
     return DTYPE_ALIASES[key]
 
@@ -280,7 +280,7 @@ class Setting:
         if not isinstance(text, str):
             raise SettingError(
                 f"a setting is a name such as 'amp-fp32' or 'autocast=on,params=fp16', "
-                f"not {type(text).__name__} {text!r}"
+                f"not {type(text).__name__} {clip(text)}"
             )
         amp_dtype = canonical_dtype(amp_dtype)
         text = text.strip()
@@ -295,12 +295,12 @@ class Setting:
             key, sep, value = part.partition("=")
             if not sep or key.strip() not in ("autocast", "params", "dtype", "device", *EXTRA_KEYS):
                 raise SettingError(
-                    f"malformed setting {text!r}: use a preset ({', '.join(PRESETS)}) "
+                    f"malformed setting {clip(text)}: use a preset ({', '.join(PRESETS)}) "
                     "or key=value pairs such as 'autocast=on,params=fp16' (after a preset: "
                     f"{', '.join(EXTRA_KEYS)}, e.g. 'half,inputs=bf16')"
                 )
             if key.strip() in fields:
-                raise SettingError(f"setting {text!r} gives {key.strip()} twice: give it once")
+                raise SettingError(f"setting {clip(text)} gives {key.strip()} twice: give it once")
             fields[key.strip()] = value.strip().lower()
         if not fields and preset is None:
             raise SettingError(f"empty setting: use one of {', '.join(PRESETS)}")
@@ -308,7 +308,7 @@ class Setting:
             base = cls.parse(preset, device_type=device_type, amp_dtype=amp_dtype)
             if not set(fields) <= {*EXTRA_KEYS, "device"}:
                 raise SettingError(
-                    f"setting {text!r} gives a preset and {', '.join(sorted(fields))}: after a "
+                    f"setting {clip(text)} gives a preset and {', '.join(sorted(fields))}: after a "
                     f"preset give only {', '.join(EXTRA_KEYS)} or device"
                 )
             fields.setdefault("device", base.device_type)
@@ -317,7 +317,7 @@ class Setting:
             fields["params"] = base.param_dtype
         flag = fields.get("autocast", "off")
         if flag not in ("on", "off", "true", "false", "1", "0"):
-            raise SettingError(f"autocast must be on or off, not {flag!r}")
+            raise SettingError(f"autocast must be on or off, not {clip(flag)}")
         dtype = canonical_dtype(fields.get("dtype", amp_dtype))
         extras = {
             field: canonical_dtype(fields[key]) if key in fields else None

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.errors import ModelSpecError, first_line
+from ampgraph.errors import ModelSpecError, clip, first_line
 from ampgraph.model.specs import ModelSpec, bundled_key, resolve_config, spec_kind
 from ampgraph.model.usercode import ModelExited
 
@@ -487,7 +487,7 @@ def _load_bundled(name: str, seq_len: int) -> ModelInputs:
         return ModelInputs(key, loaded.module, loaded.args, loaded.kwargs)
     names = ", ".join(bundled_models())
     raise ModelSpecError(
-        f"unknown model {name!r}: use a bundled name ({names}), a path to a config.json, "
+        f"unknown model {clip(name)}: use a bundled name ({names}), a path to a config.json, "
         "a model folder, or package.module:factory"
     )
 

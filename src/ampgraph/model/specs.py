@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ampgraph.errors import ModelSpecError
+from ampgraph.errors import ModelSpecError, clip
 
 #: How a spec was given: ``auto`` is the positional MODEL, recognised by its form.
 SPEC_KINDS = ("auto", "bundled", "config", "dir", "module")
@@ -158,6 +158,19 @@ def _read(path: Path) -> bytes:
     return read_bytes(path, "config", limit=CONFIG_LIMIT)
 
 
+#: Linux's longest path: a spec past it is refused before any file system call.
+PATH_MAX = 4096
+
+
+def _exists(entry: Any) -> bool:
+    """Whether a bundled config is there; False for a name no file system holds (a 100 kB
+    model name raised ENAMETOOLONG out of ``is_file``)."""
+    try:
+        return bool(entry.is_file())
+    except OSError:
+        return False
+
+
 def resolve_config(spec: str) -> ConfigSource | None:
     """The config a spec names, read without importing torch; None for specs built by code.
 
@@ -171,13 +184,18 @@ def resolve_config(spec: str) -> ConfigSource | None:
     >>> resolve_config("torch.nn:Linear") is None
     True
     """
+    if len(spec) > PATH_MAX:  # no file system holds such a path: one line, not ENAMETOOLONG
+        raise ModelSpecError(
+            f"the model {clip(spec)} ({len(spec):,} characters) is too long to be a model name, "
+            "a path or a factory"
+        )
     kind = spec_kind(spec)
     if kind == "module":
         return None
     if kind in ("auto", "bundled"):
         key = bundled_key(spec)
         entry = resources.files("ampgraph.model.configs") / f"{key}.json"
-        if entry.is_file():
+        if _exists(entry):
             return ConfigSource(key, "bundled", f"bundled config {key}", entry.read_bytes())
         if kind == "bundled":
             return None
@@ -192,18 +210,18 @@ def resolve_config(spec: str) -> ConfigSource | None:
     if kind == "config":
         if path.is_dir():
             raise ModelSpecError(
-                f"{spec!r} is a folder: use --model-dir {spec} (or its config.json)"
+                f"{clip(spec)} is a folder: use --model-dir {spec} (or its config.json)"
             )
         if not path.exists():
-            raise ModelSpecError(f"config file {spec!r} does not exist")
+            raise ModelSpecError(f"config file {clip(spec)} does not exist")
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
         return ConfigSource(name, "config", str(path), _read(path))
     if not path.is_dir():
-        raise ModelSpecError(f"model folder {spec!r} does not exist")
+        raise ModelSpecError(f"model folder {clip(spec)} does not exist")
     config = path / "config.json"
     if not config.exists():
         raise ModelSpecError(
-            f"{spec!r} has no config.json: point --model-dir at a Hugging Face model folder"
+            f"{clip(spec)} has no config.json: point --model-dir at a Hugging Face model folder"
         )
     return ConfigSource(path.resolve().name, "dir", str(config), _read(config))
 
