@@ -113,7 +113,8 @@ def canonical_dtype(name: str) -> str:
     key = name.strip().lower().removeprefix("torch.")
     if key not in DTYPE_ALIASES:
         raise SettingError(
-            f"unknown dtype {clip(name)}: use one of fp32, bf16, fp16 (or float32, bfloat16, float16)"
+            f"unknown dtype {clip(name)}: use one of fp32, bf16, fp16 (or float32, bfloat16, "
+            "float16)"
         )
     return DTYPE_ALIASES[key]
 
