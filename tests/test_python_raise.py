@@ -102,3 +102,78 @@ def test_a_raise_in_every_setting_is_still_a_capture_error() -> None:
     model = ModelInputs("gru-bad", GRUNet(), (torch.randn(2, 5, 3),))
     with pytest.raises(CaptureError, match="input.size"):
         analyze(model, "amp-fp32", check=False)
+
+
+class ExportMask(nn.Module):
+    """transformers' mask builders in small: under export (``torch.compiler.is_exporting()``)
+    a mask of the input's length is built, which a real run skips when nothing is padded; a
+    pooling layer halves the length, and the attention's own check raises on that mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.pool = nn.MaxPool1d(2)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = None
+        if torch.compiler.is_exporting():
+            mask = torch.zeros(x.shape[0], x.shape[1], x.shape[1])
+        h = self.pool(self.q(x).transpose(1, 2)).transpose(1, 2)
+        scores = h @ h.transpose(1, 2)
+        if mask is not None:
+            if mask.shape != scores.shape:
+                raise ValueError(
+                    f"Attention mask should be of size {tuple(scores.shape)}, but is {mask.shape}"
+                )
+            scores = scores + mask
+        return self.out(scores.softmax(-1) @ h)
+
+
+def _export_mask() -> ModelInputs:
+    torch.manual_seed(0)
+    return ModelInputs("export-mask", ExportMask(), (torch.randn(2, 8, 8),))
+
+
+@pytest.mark.parametrize("name", ["fp32", "half", "amp-fp32"])
+def test_a_forward_that_raises_on_exports_path_only_is_traced_as_a_real_run(name: str) -> None:
+    report = analyze(_export_mask(), name)
+    assert "Attention mask should be of size" in report.capture["real_run"]
+    assert report.check["disagreements"] == 0
+    lines = hook_lines(report)
+    if name == "half":  # fp32 input, bf16 weights: the first Linear's kernel error, as on a GPU
+        assert len(lines) == 1 and "error: mat1 and mat2" in lines[0]
+    else:
+        assert [line.split("]")[0] for line in lines] == ["[q", "[pool", "[out"]
+    assert verify(_export_mask(), Setting.parse(name, device_type="cpu")).ok
+
+
+def test_a_graph_traced_as_a_real_run_serves_only_its_own_setting() -> None:
+    fp32, amp = analyze_group(_export_mask(), ["fp32", "amp-fp32"], check=False)
+    assert "graph_of" not in amp.capture and amp.capture["real_run"]
+
+
+def test_informer_traced_as_a_real_run_agrees_with_a_real_cpu_run() -> None:
+    """transformers' Informer (ProbSparse attention, distilling convolutions that halve the
+    length): under export its encoder builds a mask of the input's length and raises on it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.InformerConfig(
+        prediction_length=4, context_length=8, lags_sequence=[1], num_time_features=1,
+        d_model=8, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=8, decoder_ffn_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    batch, past = 2, config.context_length + max(config.lags_sequence)
+    inputs = {
+        "past_values": torch.randn(batch, past),
+        "past_time_features": torch.randn(batch, past, 1),
+        "past_observed_mask": torch.ones(batch, past),
+        "future_values": torch.randn(batch, config.prediction_length),
+        "future_time_features": torch.randn(batch, config.prediction_length, 1),
+    }
+    model = ModelInputs("informer", transformers.InformerModel(config).eval(), (), inputs)
+    setting = Setting.parse("amp-fp32", device_type="cpu")
+    result = verify(model, setting)
+    assert result.ok, result.disagreements
+    assert result.report is not None
+    assert "Attention mask should be of size" in result.report.capture["real_run"]

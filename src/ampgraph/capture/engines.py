@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.casts import cast_outputs
-from ampgraph.capture.raises import returning_at_stop
+from ampgraph.capture.raises import model_call
 from ampgraph.capture.reads import TraceReads
 from ampgraph.compat import fill_placeholder_values, fx_stack_traces
 from ampgraph.model.build import ModelInputs
@@ -92,40 +92,6 @@ def _lift_scalar_constants() -> Iterator[None]:
         yield
     finally:
         proxy_tensor.CONSTANT_NUMEL_LIMIT = previous
-
-
-#: While true (:func:`as_a_real_run`), the traced forward sees ``torch.compiler.is_exporting()``
-#: and ``is_compiling()`` false, as a real run does.
-_REAL_RUN = [False]
-
-
-@contextlib.contextmanager
-def as_a_real_run() -> Iterator[None]:
-    """Captures made while it lasts run the model's code as a real run runs it, not on export's
-    path. Model code asks ``torch.compiler.is_exporting()`` to avoid reading data while exported:
-    transformers then builds every attention mask it skips in a real run, and Informer's or
-    Autoformer's attention raises on a mask of its input's length after its layers changed the
-    length (``Attention mask should be of size (2, 1, 4, 4), but is torch.Size([2, 1, 8, 8])``),
-    where a real run has no mask. The capture falls back to this where the export path raises."""
-    previous, _REAL_RUN[0] = _REAL_RUN[0], True
-    try:
-        yield
-    finally:
-        _REAL_RUN[0] = previous
-
-
-def model_call(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """The traced forward's call of the model: on a real run's path under :func:`as_a_real_run`,
-    and returning where the forward stopped at a Python-level raise
-    (:func:`ampgraph.capture.raises.stopping_at_raise`)."""
-    if not _REAL_RUN[0]:
-        return returning_at_stop(call, *args, **kwargs)
-    flags = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
-    torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = False
-    try:
-        return returning_at_stop(call, *args, **kwargs)
-    finally:
-        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = flags
 
 
 def _fake_like(fake_mode: FakeTensorMode, device: str, dtype_for: Any) -> Any:

@@ -10,6 +10,10 @@ whenever the graph is replayed (annotation, dispatcher check, real execution). T
 reports it where a kernel error is reported, at that node and that module call, and the forward
 ends there, as the real run ends.
 
+Where the forward raises only on export's path (model code that asks
+``torch.compiler.is_exporting()``), the capture traces it as a real run runs it instead
+(:func:`as_a_real_run`); :mod:`ampgraph.capture.retrace` tells the two apart.
+
 >>> import torch
 >>> gru = torch.nn.GRU(2, 2).to(torch.bfloat16)
 >>> try:
@@ -25,21 +29,13 @@ import contextlib
 import dis
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ampgraph.capture.module_io import ModuleIORecorder, error_line
 from ampgraph.errors import first_line
-from ampgraph.model.build import ModelInputs
-from ampgraph.settings import Setting
-from ampgraph.torchutil import torch_dtype
-
-if TYPE_CHECKING:
-    from ampgraph.capture.engines import Traced
-    from ampgraph.capture.reads import TraceReads
 
 #: Where a raise is the tracing machinery's, never the model's (torch's own Python-level
 #: failures of tracing: data-dependent guards, unsupported operations, export's checks).
@@ -172,62 +168,6 @@ def stopping_at_raise(root: nn.Module, path: str, exc: BaseException) -> Iterato
             vars(module).pop("forward", None)
 
 
-def past_python_raise(
-    model: ModelInputs,
-    setting: Setting,
-    recorder: ModuleIORecorder,
-    exc: Exception,
-    reads: TraceReads | None,
-    engine_name: str,
-) -> tuple[Traced, str | None] | None:
-    """Where the trace in ``setting`` stopped at a Python ``raise`` in the model's code: the
-    graph a real run's path gives (with why it is that path), or the graph up to the raise
-    (:mod:`ampgraph.capture.raises`) where the model raises it in ``setting`` and not with fp32
-    parameters and no autocast; None where neither holds (a model that raises in every
-    setting has inputs it does not accept: the capture fails as before).
-    """
-    site = python_raise_site(exc, model.module)
-    if site is None:
-        return None
-    from ampgraph.capture.engines import ENGINES, as_a_real_run  # it imports this module
-
-    engine = ENGINES[engine_name]
-    dtype = torch_dtype(setting.param_dtype)
-
-    def again(*contexts: Any, neutral: bool = False) -> Traced:
-        recorder.reset()
-        if reads is not None:
-            reads.clear()
-        with contextlib.ExitStack() as stack:
-            for context in contexts:
-                stack.enter_context(context)
-            if neutral:
-                return engine(model, setting.device_type, torch.float32, None, None)
-            return engine(model, setting.device_type, dtype, setting, reads)
-
-    try:
-        program = again(as_a_real_run())
-    except Exception:  # noqa: BLE001 - a real run raises too: maybe in this setting only
-        pass
-    else:
-        why = (
-            f"traced on the path a real run takes (torch.compiler.is_exporting() false): on "
-            f"export's path the forward raised {error_line(exc)}"
-        )
-        return program, why
-    if setting.param_dtype == "float32" and not setting.autocast:
-        return None
-    try:
-        again(neutral=True)
-    except Exception:  # noqa: BLE001 - it raises without the setting too: not the setting's
-        return None
-    try:
-        return again(stopping_at_raise(model.module, site, exc)), None
-    except Exception:  # noqa: BLE001 - cut there, it still fails: the capture goes on as before
-        recorder.reset()
-        return None
-
-
 def returning_at_stop(call: Any, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, or the value a :class:`Stopped` carries where the forward
     stopped at a raise (:func:`stopping_at_raise`)."""
@@ -237,6 +177,52 @@ def returning_at_stop(call: Any, *args: Any, **kwargs: Any) -> Any:
         return stop.value
 
 
+#: While true (:func:`as_a_real_run`), the traced forward sees ``torch.compiler.is_exporting()``
+#: and ``is_compiling()`` false, as a real run does.
+_REAL_RUN = [False]
+
+
+@contextlib.contextmanager
+def as_a_real_run() -> Iterator[None]:
+    """Captures made while it lasts run the model's code as a real run runs it, not on export's
+    path. Model code asks ``torch.compiler.is_exporting()`` to avoid reading data while exported:
+    transformers then builds every attention mask it skips in a real run, and Informer's or
+    Autoformer's attention raises on a mask of its input's length after its layers changed the
+    length (``Attention mask should be of size (2, 1, 4, 4), but is torch.Size([2, 1, 8, 8])``),
+    where a real run has no mask. The capture falls back to this where the export path raises."""
+    previous, _REAL_RUN[0] = _REAL_RUN[0], True
+    try:
+        yield
+    finally:
+        _REAL_RUN[0] = previous
+
+
+def on_a_real_run() -> bool:
+    """Whether captures now follow a real run's path (:func:`as_a_real_run`)."""
+    return _REAL_RUN[0]
+
+
+def model_call(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """The traced forward's call of the model: on a real run's path under :func:`as_a_real_run`,
+    and returning where the forward stopped at a Python-level raise
+    (:func:`stopping_at_raise`)."""
+    if not _REAL_RUN[0]:
+        return returning_at_stop(call, *args, **kwargs)
+    flags = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
+    torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = False
+    try:
+        return returning_at_stop(call, *args, **kwargs)
+    finally:
+        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = flags
+
+
 __all__ = [
     "Stopped",
-    "past_python_raise", "python_raise_site", "raises_op", "returning_at_stop", "stopping_at_raise"]
+    "as_a_real_run",
+    "model_call",
+    "on_a_real_run",
+    "python_raise_site",
+    "raises_op",
+    "returning_at_stop",
+    "stopping_at_raise",
+]

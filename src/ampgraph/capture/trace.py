@@ -41,7 +41,9 @@ from ampgraph.capture.engines import (
     make_fx_available,
 )
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
-from ampgraph.capture.raises import past_python_raise
+from ampgraph.capture.outputs import output_paths
+from ampgraph.capture.raises import as_a_real_run, on_a_real_run
+from ampgraph.capture.retrace import OnARealRunPath, past_python_raise, real_run_why
 from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
@@ -139,7 +141,7 @@ class Capture:
     #: runs past that point without an error contradicts it (see :mod:`ampgraph.annotate.check`).
     raised_in_setting: dict[str, Any] | None = None
     #: Why the graph is the path a real run takes rather than export's (see
-    #: :func:`ampgraph.capture.engines.as_a_real_run`); None where it is export's.
+    #: :func:`ampgraph.capture.raises.as_a_real_run`); None where it is export's.
     real_run: str | None = None
 
 
@@ -451,14 +453,22 @@ def capture(
                     # Autocast off, and the output cast recorded above: the setting's tensors.
                     tensors = replace(setting, autocast=False, output_dtype=None)
                     program = _export(model, "meta", param_dtype, tensors)
+    except OnARealRunPath as switch:  # export's path raised where a real run's does not
+        return _on_a_real_run_path(model, setting, training, engine, switch.why)
     except CaptureError:
         raise
     except Exception as exc:  # export raises many types; all mean "this model did not trace"
         by = "make_fx" if engine == MAKE_FX and method != EXPORT_META_REPLAY else "torch.export"
-        raise CaptureError(
+        failed = CaptureError(
             f"{by} could not trace {model.name!r}: {error_line(exc)} "
             "(make the forward traceable, or pass example inputs it accepts)"
-        ) from exc
+        )
+        if on_a_real_run():
+            raise failed from exc
+        try:  # export's path may be what raised (a mask a real run never builds): a real run's
+            return _on_a_real_run_path(model, setting, training, engine, real_run_why(exc))
+        except CaptureError:
+            raise failed from exc
     kinds: dict[str, tuple[str, str]] = {}
     for spec in program.signature.input_specs:
         arg_name = getattr(spec.arg, "name", None)
@@ -501,6 +511,16 @@ def capture(
     )
 
 
+def _on_a_real_run_path(
+    model: ModelInputs, setting: Setting, training: bool, engine: str, why: str
+) -> Capture:
+    """:func:`capture` again, every trace on a real run's path (:func:`as_a_real_run`)."""
+    with as_a_real_run():
+        on_path = capture(model, setting, training=training, engine=engine)
+    on_path.real_run = why
+    return on_path
+
+
 def tied_parameters(module: nn.Module) -> dict[str, str]:
     """Every alias of a tied parameter -> its first name, as ``named_parameters()`` gives it.
 
@@ -517,53 +537,6 @@ def tied_parameters(module: nn.Module) -> dict[str, str]:
         else:
             first[id(p)] = name
     return out
-
-
-def output_paths(spec: pytree.TreeSpec | None) -> list[str]:
-    """Each flat output's place in the model's return value (``spec``, the tree of its
-    outputs), keys and indices joined by dots.
-
-    >>> class Two(nn.Module):
-    ...     def forward(self, x):
-    ...         return {"out": x + 1, "aux": (x * 2, x - 1)}
-    >>> output_paths(torch.export.export(Two(), (torch.ones(2),)).call_spec.out_spec)
-    ['out', 'aux.0', 'aux.1']
-    """
-    if spec is None:
-        return []
-    structure = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
-    try:
-        flat = pytree.tree_flatten_with_path(structure)[0]
-    except ValueError:
-        # A type registered without key paths (transformers < 4.50's ModelOutput): read the
-        # keys from the spec itself, where such types keep them as their context.
-        return _spec_paths(spec, [])
-    paths = []
-    for path, _leaf in flat:
-        parts = []
-        for key in path:
-            part = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
-            parts.append(str(part))
-        paths.append(".".join(parts))
-    return paths
-
-
-def _spec_paths(spec: pytree.TreeSpec, prefix: list[str]) -> list[str]:
-    """The leaves' paths of ``spec``: a context that lists one key per child names them (a dict,
-    a ModelOutput), a namedtuple its fields; anything else is numbered."""
-    if spec.is_leaf():
-        return [".".join(prefix)]
-    # torch 2.14 deprecates the attribute for a method; 2.13 has only the attribute.
-    children = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
-    context = spec.context
-    keys: list[Any] = list(range(len(children)))
-    if isinstance(context, (list, tuple)) and len(context) == len(children):
-        keys = list(context)
-    elif isinstance(context, type) and len(getattr(context, "_fields", ())) == len(children):
-        keys = list(context._fields)
-    return [
-        p for key, child in zip(keys, children) for p in _spec_paths(child, [*prefix, str(key)])
-    ]
 
 
 # NO_TENSOR, keeping_stack_traces and the engines' names are the capture stage's to give its

@@ -224,7 +224,7 @@ def analyze_capture(
             **({"check_unavailable": unavailable} if unavailable else {}),
             # The setting whose trace this is, proven to be the one this setting would give.
             **({"graph_of": cap.graph_of} if cap.graph_of else {}),
-            # Traced on a real run's path, where export's raised (capture.engines.as_a_real_run).
+            # Traced on a real run's path, where export's raised (capture.raises.as_a_real_run).
             **({"real_run": cap.real_run} if cap.real_run else {}),
         },
         nodes=records,

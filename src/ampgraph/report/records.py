@@ -26,7 +26,9 @@ JSON schema ``ampgraph.report`` version 2 (fields are added, never renamed, with
   data-dependent size (``u0``, ``u1``, ...) took on that path;
   ``graph_of``, where the graph was captured in another setting and proven to be the one this
   setting's capture would give (:mod:`ampgraph.capture.reads`); ``not_shared``, where a graph of the same
-  parameter dtype was not, and why.
+  parameter dtype was not, and why; ``real_run``, where the forward raised on export's path
+  (``torch.compiler.is_exporting()`` true: transformers' masks) and was traced on the path a real
+  run takes, and why.
 * ``nodes``: one record per graph node in execution order (:class:`NodeRecord`), with ``policy``
   (``lower_precision_fp``, ``fp32``, ``fp32_set_opt_dtype``, ``fp32_append_dtype``, ``promote``,
   ``banned`` or null), ``inputs`` (producer node and dtype), ``casts`` (``{node, from, to}`` for each
@@ -439,7 +441,7 @@ _BACKWARD_CHECKS = Checks({
 _CAPTURE_CHECKS: dict[str, Check] = {
     "method": OPT_STR, "trace_time_dtype_nodes": is_strs, "dtype_branches": is_strs,
     "data_dependent": is_strs, "check_unavailable": OPT_STR, "graph_of": OPT_STR,
-    "stand_in": OPT_STR, "cpu_kernels": OPT_STR,
+    "stand_in": OPT_STR, "cpu_kernels": OPT_STR, "real_run": OPT_STR,
     "unbacked_values": (dict,),
 }  # fmt: skip
 
