@@ -515,8 +515,15 @@ database (`op.supported_dtypes("cuda")`, `"cpu"`), weighed before use:
   CPU the FFTs raise `Unsupported dtype BFloat16` in that composite code before any kernel, on
   fake tensors too. A torch older than every table gets no coverage rules; the suite fails on a
   torch without its own table until the script is run.
-* The check fires when the first floating tensor argument has a dtype the device lacks (the
-  tensor `AT_DISPATCH` switches on, as a rule). torch 2.14: 67 CPU overloads, 62 CUDA ones,
+* A kernel switches on its first floating input's dtype (`AT_DISPATCH(x1.scalar_type(), ...)`)
+  or computes in its inputs' common dtype; the script calls each CPU entry with a 16-bit first
+  input beside fp32 ones and records which (`dispatch`), and the check fires on the first input
+  or, for the others, only where every floating input is of the lacking dtype (a mixed call meets
+  a mixing check or computes in fp32; the suite runs every entry both ways on the real kernel).
+  `_cdist_forward` with p=2 past 25 rows takes matrix products (`cdist_impl`, `Distance.cpp`)
+  and reaches no such kernel: no error there, on the real CPU kernel too. CUDA's `cdist` wording
+  is its source's (`"cdist_cuda"`, `cuda/DistanceKernel.cu`, the file of `pdist_cuda`).
+  torch 2.14: 67 CPU overloads, 62 CUDA ones,
   mostly linear algebra and special functions, and `cdist`, `pdist`, `histc`, `igamma`,
   `complex`, `polar`, `view_as_complex`, `avg_pool3d` (CPU fp16), `_upsample_bilinear2d_aa`,
   `multi_margin_loss`, `rrelu_with_noise`, `_ctc_loss`.

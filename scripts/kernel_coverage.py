@@ -50,10 +50,13 @@ DEVICES = ("cpu", "cuda")
 NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Half"}
 OUT = ROOT / "src" / "ampgraph" / "policy" / "kernel_coverage.json"
 
-#: The wording of CUDA kernels a real GPU showed (issue 33, ``shared/gpu-record-2026-11-26``):
-#: overload -> message template (``{dtype}`` is the c10 name, ``BFloat16``).
+#: The wording of CUDA kernels: what a real GPU showed (issue 33, ``shared/gpu-record-2026-11-26``)
+#: or their source prints: overload -> message template (``{dtype}``: the c10 name, ``BFloat16``).
 CUDA_WORDING = {
     "aten::_pdist_forward": "\"pdist_cuda\" not implemented for '{dtype}'",
+    # AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "cdist_cuda", ...) in cuda/DistanceKernel.cu,
+    # the file of pdist_cuda's dispatch (the wording the H200 showed for pdist).
+    "aten::_cdist_forward": "\"cdist_cuda\" not implemented for '{dtype}'",
 }
 
 
@@ -150,13 +153,24 @@ def encode(value: Any) -> Any:
     raise Unencodable(type(value).__name__)
 
 
-def prove_cpu(call: Any, dtype: torch.dtype) -> tuple[bool, str]:
-    """Run the overload for real: (True, its error) where fp32 runs and ``dtype`` raises."""
+def prove_cpu(call: Any, dtype: torch.dtype) -> tuple[bool, str, str]:
+    """Run the overload for real: (True, its error, how it dispatches) where fp32 runs and
+    ``dtype`` raises. How it dispatches: ``"first"`` where the first floating tensor in ``dtype``
+    beside fp32 ones raises the same error, ``"common"`` otherwise (a kernel that computes in
+    the common dtype, or a mixing check that comes first: not this table's business)."""
     op, args, kwargs, _size = call
 
-    def run(d: torch.dtype) -> str | None:
+    def run(d: torch.dtype, first_only: bool = False) -> str | None:
         torch.manual_seed(0)
-        real_args, real_kwargs = pytree.tree_map(lambda v: _real(v, d), (args, kwargs))
+        state = {"first": True}
+
+        def make(v: Any) -> Any:
+            if first_only and isinstance(v, torch.Tensor) and v.is_floating_point():
+                want, state["first"] = (d if state["first"] else F32), False
+                return _real(v, want)
+            return _real(v, F32 if first_only else d)
+
+        real_args, real_kwargs = pytree.tree_map(make, (args, kwargs))
         try:
             with _time_limit(5.0):
                 op(*real_args, **real_kwargs)
@@ -165,9 +179,11 @@ def prove_cpu(call: Any, dtype: torch.dtype) -> tuple[bool, str]:
         return None
 
     if run(F32) is not None:
-        return False, "the fp32 call raises too"
+        return False, "the fp32 call raises too", ""
     error = run(dtype)
-    return (error is not None), (error or "the real kernel runs")
+    if error is None:
+        return False, "the real kernel runs", ""
+    return True, error, "first" if run(dtype, first_only=True) == error else "common"
 
 
 def as_sm90() -> None:
@@ -229,7 +245,7 @@ def survey(only: list[str]) -> tuple[dict[str, Any], list[str]]:
                     dropped.append(f"cpu {name} {NAMES[dtype]}: an argument ({exc}) the table "
                                    "cannot write down for the suite to prove")
                     continue
-                proven, message = prove_cpu(call, dtype)
+                proven, message, dispatch = prove_cpu(call, dtype)
                 if not proven:
                     dropped.append(f"cpu {name} {NAMES[dtype]}: {message} ({', '.join(labels)})")
                     continue
@@ -253,6 +269,9 @@ def survey(only: list[str]) -> tuple[dict[str, Any], list[str]]:
             entry["dtypes"][str(dtype).removeprefix("torch.")] = message
             if entry_call is not None:
                 entry["call"] = entry_call  # args and kwargs, for the suite to run for real
+                entry["dispatch"] = dispatch
+            elif name in table["cpu"]:  # CUDA: as the CPU's kernel of the op dispatches
+                entry["dispatch"] = table["cpu"][name].get("dispatch", "first")
     return table, dropped
 
 
@@ -261,7 +280,9 @@ ABOUT = (
     "bf16 or fp16 kernel on the CPU and on CUDA, per torch version (major.minor): PyTorch's "
     "OpInfo database, mapped to the overloads each OpInfo's samples reach, kept only where no "
     "OpInfo reaching the overload supports the dtype. CPU entries are proven against the real "
-    "CPU kernels (their messages are the kernels' own; 'call' is the call the suite reruns); "
+    "CPU kernels (their messages are the kernels' own; 'call' is the call the suite reruns; "
+    "'dispatch' says whether the kernel switches on its first floating input or computes in "
+    "the common dtype of its inputs, as the real kernel showed on a mixed call); "
     "CUDA entries are OpInfo's word (as on an sm_90 GPU), kept where the overload is the "
     "OpInfo's own op or proven on the CPU, with the wording a real GPU showed where one did. "
     "Read by ampgraph.annotate.device_kernels."

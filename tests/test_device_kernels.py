@@ -81,6 +81,38 @@ def test_cpu_coverage_entry_is_the_real_kernels_error(name: str, entry: dict[str
         assert check(tuple(args)) == real
 
 
+def _mixed(value: Any, state: dict[str, bool]) -> Any:
+    """The call's tensors, the first floating one 16-bit and the other floating ones fp32."""
+    if isinstance(value, list):
+        return [_mixed(v, state) for v in value]
+    if isinstance(value, dict) and "tensor" in value and getattr(torch, value["dtype"]).is_floating_point:
+        dtype, state["first"] = (state["low"] if state["first"] else F32), False
+        return torch.randn(value["tensor"]).abs().add(0.5).to(dtype)
+    if isinstance(value, dict) and "tensor" in value:
+        return _build(value, F32)
+    return _build(value, F32) if isinstance(value, dict) else value
+
+
+@pytest.mark.parametrize("name,entry", CPU_ENTRIES, ids=[n for n, _e in CPU_ENTRIES])
+def test_cpu_coverage_check_on_mixed_inputs_is_the_real_kernel(name: str, entry: dict[str, Any]) -> None:
+    """A 16-bit first input beside fp32 ones: where the real kernel raises the table's error (it
+    switches on its first input) the check raises it; where the real kernel runs (it computes in
+    the common dtype) or raises another error first (a check of mixed inputs, not the kernel's
+    dtypes), the check says nothing."""
+    base, _, overload = name.removeprefix("aten::").partition(".")
+    op = getattr(getattr(aten, base), overload or "default")
+    low = getattr(torch, sorted(entry["dtypes"])[0])
+    args, kwargs = _mixed(entry["call"], {"first": True, "low": low})
+    try:
+        op(*args, **kwargs)
+        real = None
+    except Exception as exc:  # noqa: BLE001 - compared below
+        real = str(exc).strip().splitlines()[0]
+    message = entry["dtypes"][sorted(entry["dtypes"])[0]].replace("{dtype}", NAMES[low])
+    predicted = DEVICE_CHECKS[("cpu", op)](tuple(args))
+    assert predicted == (real if real == message else None), (name, real, predicted)
+
+
 def test_the_installed_torch_has_a_coverage_table() -> None:
     """A new torch needs its own table (``scripts/kernel_coverage.py``): OpInfo's lists and the
     kernels change between releases (CUDA's FFTs took bf16 after 2.11)."""
@@ -114,6 +146,20 @@ def test_pdist_on_16_bit_input_raises_on_each_device_as_its_kernel() -> None:
     assert _errors(Pdist(), cpu, x) == [real] == ["\"pdist\" not implemented for 'BFloat16'"]
     cuda = Setting.parse("autocast=off,params=bfloat16,inputs=bfloat16", device_type="cuda")
     assert _errors(Pdist(), cuda, x) == ["\"pdist_cuda\" not implemented for 'BFloat16'"]
+
+
+def test_cdist_past_25_rows_takes_matrix_products_on_the_real_cpu_kernel() -> None:
+    """``_cdist_forward`` with p=2 and more than 25 rows never reaches the kernel that lacks
+    bf16 (``cdist_impl``): the real call runs, and so does the prediction, on both devices."""
+    x = torch.randn(30, 5, dtype=BF16)
+    assert aten._cdist_forward(x, x, 2.0, None).dtype == BF16
+    small = torch.randn(5, 5, dtype=BF16)
+    for device, word in (("cpu", "cdist"), ("cuda", "cdist_cuda")):
+        check = DEVICE_CHECKS[(device, aten._cdist_forward.default)]
+        assert check((x, x, 2.0, None)) is None
+        assert check((small, small, 2.0, None)) == f"\"{word}\" not implemented for 'BFloat16'"
+    with pytest.raises(RuntimeError, match='"cdist" not implemented'):
+        aten._cdist_forward(small, small, 2.0, None)
 
 
 # -- CUDA normalisations -------------------------------------------------------------------------
@@ -209,6 +255,16 @@ def test_cuda_layer_norm_reads_its_parameters_as_the_input() -> None:
     assert got == "expected scalar type Float but found BFloat16"
 
 
+def test_cuda_layer_norm_rule_without_rows() -> None:
+    """The rule itself (older torch releases' fake kernels lack it): no rows, no read."""
+    from ampgraph.annotate.device_kernels import cuda_layer_norm
+
+    w = torch.empty(4, dtype=BF16)
+    assert cuda_layer_norm((torch.empty(2, 4), [4], w, w)) == "expected scalar type Float but found BFloat16"
+    assert cuda_layer_norm((torch.empty(0, 4), [4], w, w)) is None
+    assert cuda_layer_norm((torch.empty(2, 4, dtype=BF16), [4], w, None)) is None
+
+
 class GroupThenBatch(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -237,7 +293,9 @@ def test_group_norm_then_batch_norm_on_the_cpu_is_the_real_run() -> None:
             GroupThenBatch().eval().to(BF16)(x)
     except RuntimeError as exc:
         real = str(exc).splitlines()[0]
-    assert _errors(model, setting, x) == ([real] if real else [])
+    # Here the CPU's own mixed check raises (mixed_dtypes.h), with the CPU's words.
+    assert real == "mixed dtype (CPU): expect parameter to have scalar type of Float"
+    assert _errors(model, setting, x) == [real]
 
 
 # -- torchvision's autocast wrappers -------------------------------------------------------------

@@ -12,8 +12,9 @@ kernel says ``mixed dtype (CPU): ...``. Fake tensors type all of these as if the
 * **Coverage**: the overloads with no bf16 or fp16 kernel on a device, from the table
   ``scripts/kernel_coverage.py`` writes (``ampgraph/policy/kernel_coverage.json``):
   PyTorch's OpInfo database mapped to the overloads its samples reach, CPU entries proven against
-  the real CPU kernels. A kernel dispatches on one tensor's type, as a rule its first floating
-  one: the check fires when that tensor is of a dtype the device lacks.
+  the real CPU kernels. A kernel dispatches on its first floating input's dtype or on the common
+  dtype of its inputs (the table says which, as a mixed call showed on the real CPU kernel): the
+  check fires when that dtype is one the device lacks.
 * **CUDA normalisations**, read from ATen's CUDA sources (``docs/fake-kernels.md`` names each
   line): ``native_batch_norm`` and its variants (``batch_norm_elementwise`` in
   ``cuda/Normalization.cu``), ``cudnn_batch_norm`` (``cudnn/BatchNorm.cpp``),
@@ -90,18 +91,41 @@ def coverage_table(version: str | None = None) -> dict[str, dict[str, Any]]:
     return tables[max(older, key=key)] if older else {"cpu": {}, "cuda": {}}
 
 
-def _coverage_check(dtypes: dict[str, str]) -> Check:
+def _euclidean_cdist(args: tuple[Any, ...]) -> bool:
+    """``_cdist_forward`` computes p=2 distances with matrix products, which take every float
+    dtype, when ``compute_mode`` asks or, by default, past 25 rows (``cdist_impl`` in
+    ``Distance.cpp``): no kernel dispatches on the dtype then."""
+    x1, x2, p = args[:3]
+    mode = args[3] if len(args) > 3 else None
+    rows = max(x1.shape[-2], x2.shape[-2])
+    return bool(p == 2 and (mode == 1 or (mode in (None, 0) and rows > 25)))
+
+
+#: Overload -> when its kernel is not reached at all (the coverage check then does not apply).
+_BYPASSES: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    "aten::_cdist_forward": _euclidean_cdist,
+}
+
+
+def _coverage_check(
+    dtypes: dict[str, str], dispatch: str = "first", bypass: Callable[..., bool] | None = None
+) -> Check:
     lacking = {getattr(torch, name): message for name, message in dtypes.items()}
 
     def check(args: tuple[Any, ...]) -> str | None:
-        # AT_DISPATCH switches on one tensor's type, as a rule the first floating one.
-        first = next(
-            (t for t in pytree.tree_leaves(args)
-             if isinstance(t, torch.Tensor) and t.is_floating_point()),
-            None,
-        )  # fmt: skip
-        message = lacking.get(first.dtype) if first is not None else None
-        return message.replace("{dtype}", _name(first)) if message is not None else None
+        if bypass is not None and bypass(args):
+            return None
+        # AT_DISPATCH switches on the first floating input's dtype where the table says a mixed
+        # call showed it; otherwise the check fires only where every floating input is of the
+        # dtype (a mixed call computes in another, or meets a mixing check first).
+        floats = [t for t in pytree.tree_leaves(args)
+                  if isinstance(t, torch.Tensor) and t.is_floating_point()]  # fmt: skip
+        ranked = floats[:1] if dispatch == "first" else floats
+        if not ranked:
+            return None
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in ranked))
+        message = lacking.get(dtype)
+        return message.replace("{dtype}", _name(dtype)) if message is not None else None
 
     return check
 
@@ -120,7 +144,9 @@ def coverage_checks(table: dict[str, dict[str, Any]]) -> dict[tuple[str, Any], C
         for name, entry in entries.items():
             op = _overload(name)
             if op is not None:
-                checks[(device, op)] = _coverage_check(entry["dtypes"])
+                checks[(device, op)] = _coverage_check(
+                    entry["dtypes"], entry.get("dispatch", "first"), _BYPASSES.get(name)
+                )
     return checks
 
 
