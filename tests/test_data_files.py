@@ -179,6 +179,17 @@ DAMAGE = {
     # A recipe's casts (issue 26): diff read them unchecked and compared the rest.
     "a number as the input cast": lambda data: data["setting"].update(input_dtype=5),
     "fp64 as the output cast": lambda data: data["setting"].update(output_dtype="float64"),
+    # Issue 35: audit printed a 2e60-byte cast from a huge shape, crashed on a list as the
+    # policy tables, and diagrams printed "lots disagree" from an unchecked count.
+    "a shape no int64 holds": _set_ops("shapes", [[10**30, 10**30]]),
+    "shapes whose product no int64 holds": _set_ops("shapes", [[2**40, 2**40]]),
+    "a list as the policy tables": lambda data: data["versions"].update(policy_tables=[1, 2]),
+    "a word as a check count": lambda data: data.update(
+        check={"oracle": "dispatcher", "nodes": 5, "compared": 5, "disagreements": "lots"}
+    ),
+    "a number as the check's oracle": lambda data: data.update(check={"oracle": 5}),
+    "a word as a node's agreement": _set_ops("check", {"agree": "lots"}),
+    "a device ampgraph does not know": lambda data: data["setting"].update(device_type="banana"),
 }
 COMMANDS = {
     "render modules": ["render", "--report", "FILE", "--format", "dot", "--out", "OUT"],

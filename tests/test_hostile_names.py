@@ -516,3 +516,52 @@ def test_the_commands_write_escaped_text(hostile: dict[str, Report], tmp_path: P
     (written,) = out.glob("*.dot")
     if shutil.which("dot"):
         svg_nodes(lay_out(written.read_text(encoding="utf-8")))
+
+
+#: What a terminal acts on (issue 35): an OSC 8 link, a screen clear and a C1 CSI in names.
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+OSC = {
+    **TOKENS, "zero": "\x1b]8;;http://evil\x07click\x1b]8;;\x07", "two": "\x1b[2J\x9b31m",
+    "cls": "Lin\x1b]0;title\x07",
+}  # fmt: skip
+
+
+@FAST
+@given(names=NAMES)
+def test_text_output_never_carries_terminal_controls(names: dict[str, str]) -> None:
+    """``audit`` and ``diff`` text and ``summary()`` show a name's escape sequences as
+    ``\\xNN``: a module named with an OSC 8 link or a screen clear is text, never run."""
+    import tempfile
+
+    reports = distinct(plain_reports(), names)
+    with tempfile.TemporaryDirectory() as folder:
+        fp32, amp = Path(folder) / "fp32.json", Path(folder) / "amp.json"
+        fp32.write_text(reports["fp32"].to_json())
+        amp.write_text(reports["amp"].to_json())
+        runner = CliRunner()
+        for args in (["audit", "--report", str(amp)], ["diff", str(fp32), str(amp)]):
+            result = runner.invoke(main, args)
+            assert result.exit_code in (0, 1) and "Traceback" not in result.output
+            assert not _TERMINAL_CONTROLS.search(result.stdout), args[0]
+    for report in reports.values():
+        assert not _TERMINAL_CONTROLS.search(repr(report) + report.summary())
+
+
+def test_table_shows_escape_sequences_in_names(tmp_path: Path, monkeypatch) -> None:
+    """``table`` of a model whose module and class names hold terminal escapes, through the
+    CLI as a user runs it: the names are there, shown as ``\\xNN``."""
+    factory = tmp_path / "osc_model.py"
+    factory.write_text(
+        "import torch\nfrom torch import nn\n\n\ndef build():\n"
+        "    m = nn.Sequential()\n"
+        f"    m.add_module({OSC['zero']!r}, type({OSC['cls']!r}, (nn.Linear,), {{}})(4, 4))\n"
+        f"    m.add_module({OSC['two']!r}, nn.ReLU())\n"
+        "    return m, torch.randn(2, 4)\n"
+    )
+    monkeypatch.setenv("AMPGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(
+        main, ["table", "--module", f"{factory}:build", "-s", "amp-fp32", "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    assert not _TERMINAL_CONTROLS.search(result.stdout)
+    assert "\\x1b]8;;http://evil\\x07click" in result.stdout
