@@ -4,7 +4,8 @@ Two cases, told apart by tracing again (:func:`past_python_raise`): the forward 
 path only (model code that asks ``torch.compiler.is_exporting()``, as transformers' mask builders
 do), and is traced on the path a real run takes (:func:`ampgraph.capture.raises.as_a_real_run`);
 or the model raises in this setting, as a real run does (``nn.GRU``'s dtype check in ``half``),
-and the graph ends at the raise (:func:`ampgraph.capture.raises.stopping_at_raise`).
+and the graph ends at the raise (:func:`ampgraph.capture.raises.stopping_at_raise`). A forward
+that autograd refuses (:func:`autograd_refused`) is traced without gradients.
 
 >>> real_run_why(ValueError("mask of the wrong size"))[-41:]
 'raised ValueError: mask of the wrong size'
@@ -39,6 +40,24 @@ class OnARealRunPath(Exception):  # noqa: N818 - a signal, not an error
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
+
+
+def autograd_refused(exc: BaseException) -> bool:
+    """Whether autograd refused an op because an input requires grad (``out=`` into a tensor, an
+    in-place write into a parameter): what only a forward with gradients raises.
+
+    >>> autograd_refused(RuntimeError("mul(): functions with out=... arguments don't support "
+    ...                               "automatic differentiation"))
+    True
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc)
+        if "automatic differentiation" in text or "that requires grad" in text:
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
 
 
 def real_run_why(exc: BaseException) -> str:
@@ -102,4 +121,4 @@ def past_python_raise(
         return None
 
 
-__all__ = ["OnARealRunPath", "past_python_raise", "real_run_why"]
+__all__ = ["OnARealRunPath", "autograd_refused", "past_python_raise", "real_run_why"]

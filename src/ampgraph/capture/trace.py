@@ -43,7 +43,12 @@ from ampgraph.capture.engines import (
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
 from ampgraph.capture.outputs import output_paths
 from ampgraph.capture.raises import as_a_real_run, on_a_real_run
-from ampgraph.capture.retrace import OnARealRunPath, past_python_raise, real_run_why
+from ampgraph.capture.retrace import (
+    OnARealRunPath,
+    autograd_refused,
+    past_python_raise,
+    real_run_why,
+)
 from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
@@ -386,8 +391,10 @@ def capture(
     try:
         # Grad mode on, whatever the caller's: export records a model's own torch.no_grad()
         # region (Llama's rotary embedding) only where grad was on around it, so a notebook
-        # cell under torch.no_grad() would otherwise get another graph than the CLI.
-        with recorder, mode, torch.enable_grad():
+        # cell under torch.no_grad() would otherwise get another graph than the CLI. A forward
+        # that runs only without gradients is traced so (:func:`_without_grad`).
+        grad = torch.no_grad() if _NO_GRAD[0] else torch.enable_grad()
+        with recorder, mode, grad:
             if can_trace_fake(setting.device_type):
                 try:
                     program = trace_in_setting(
@@ -463,6 +470,15 @@ def capture(
             f"{by} could not trace {model.name!r}: {error_line(exc)} "
             "(make the forward traceable, or pass example inputs it accepts)"
         )
+        if autograd_refused(exc):
+            if training:  # a training step raises it too: it is the finding, in one line
+                raise CaptureError(
+                    f"{model.name!r} cannot run its forward with gradients, as a training step "
+                    f"does: {error_line(exc)} (the forward pass, --pass forward, is analysed "
+                    "as inference runs it, under torch.no_grad())"
+                ) from None
+            if not _NO_GRAD[0]:
+                return _without_grad(model, setting, engine)
         if on_a_real_run():
             raise failed from exc
         try:  # export's path may be what raised (a mask a real run never builds): a real run's
@@ -509,6 +525,21 @@ def capture(
         raised_in_setting=raised if method == EXPORT_RETYPED else None,
         real_run=real_run,
     )
+
+
+#: While true, captures trace the forward under ``torch.no_grad()`` (:func:`_without_grad`).
+_NO_GRAD = [False]
+
+
+def _without_grad(model: ModelInputs, setting: Setting, engine: str) -> Capture:
+    """:func:`capture` of the forward under ``torch.no_grad()``, as users run it for inference
+    (the seed notebook runs it so): where it writes with ``out=`` into a tensor while the
+    parameters require grad, it runs only so."""
+    previous, _NO_GRAD[0] = _NO_GRAD[0], True
+    try:
+        return capture(model, setting, engine=engine)
+    finally:
+        _NO_GRAD[0] = previous
 
 
 def _on_a_real_run_path(
