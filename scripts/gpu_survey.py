@@ -155,6 +155,15 @@ CASES: dict[str, tuple[str, Callable[[], Any] | None]] = {
         Head(lambda h: F.pad(h, (1, 1), value=MIN32)), (_x(2, 8),))),
     "masked-fill-finfo-min": ("scalar range", lambda: (
         Head(lambda h: h.masked_fill(h > 0, MIN32)), (_x(2, 8),))),
+    "cdist": ("kernel coverage", lambda: (Head(lambda h: torch.cdist(h, h)), (_x(4, 8),))),
+    # From ATen's CUDA sources, not yet seen on a GPU (docs/fake-kernels.md, device rules): a
+    # 16-bit input with fp32 parameters, which the CPU's group norm takes and CUDA's refuses;
+    # BatchNorm1d's 2-D input, CUDA's channels-last kernel.
+    "groupnorm-16bit-input": ("CUDA normalisations", lambda: (Head(lambda h: F.group_norm(
+        h.to(torch.bfloat16).view(2, 8, 1, 1).expand(2, 8, 2, 2).contiguous(), 2,
+        h.new_ones(8, dtype=torch.float32), h.new_zeros(8, dtype=torch.float32))), (_x(2, 8),))),
+    "batchnorm1d-fp32-input": ("CUDA normalisations", lambda: (
+        Stack(nn.BatchNorm1d(8), cast=False), (_x(4, 8),))),
     "groupnorm-batchnorm": ("CUDA normalisations", lambda: (
         Stack(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.BatchNorm2d(4)), (_x(2, 3, 6, 6),))),
     "groupnorm-instancenorm": ("CUDA normalisations", lambda: (
