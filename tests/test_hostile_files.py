@@ -308,7 +308,34 @@ def test_an_option_is_used_or_refused(args: list[str], says: str) -> None:
 
 def test_a_hostile_value_is_cut_in_the_error() -> None:
     huge = "x" * 100_000
-    for args in (["table", "-s", huge], ["table", "--device", huge], ["table", huge],
-                 ["table", "--recipe", f"hf:{huge}"], ["table", "--module", f"{huge}:f"]):  # fmt: skip
+    for args in (
+        ["table", "-s", huge], ["table", "--device", huge], ["table", huge],
+        ["table", "--recipe", f"hf:{huge}"], ["table", "--module", f"{huge}:f"],
+    ):  # fmt: skip
         line = one_error_line(invoke(*args), 1, 2)
         assert len(line) < 600, args[1:2]
+
+
+# -- stand-in predictions are marked in every artefact ------------------------------------------
+
+
+def test_a_stand_in_prediction_is_marked_in_every_artefact(tmp_path: Path) -> None:
+    """xpu and mps on a torch built without them are predictions (traced on CUDA, annotated
+    with the device's lists): diagrams, SARIF, audit text and baselines say so."""
+    from ampgraph.render.dot import to_dot
+    from ampgraph.review.audit import audit, sarif, text
+    from ampgraph.review.baseline import baseline_text, read_baseline
+
+    predicted = report()
+    predicted.setting["device_type"] = "mps"
+    why = "a prediction for mps: traced on fake CUDA tensors, not checked against its kernels"
+    predicted.capture["stand_in"] = why
+    assert "a prediction for mps" in to_dot(predicted)
+    result = json.loads(sarif([predicted]))["runs"][0]["results"][0]
+    assert "prediction for mps" in result["message"]["text"]
+    assert result["properties"]["prediction"] == why
+    assert why in text(predicted, audit(predicted))
+    base = baseline_text(predicted)
+    assert json.loads(base)["stand_in"] == why and read_baseline(base).report.model == "m"
+    plain = report()
+    assert "prediction" not in to_dot(plain) + sarif([plain]) + baseline_text(plain)

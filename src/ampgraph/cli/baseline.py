@@ -161,6 +161,7 @@ def baseline_check(
             FORMATS[fmt](result)
             if fmt != "text"  # a pull-request comment says "no changes" too
             else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} graph nodes)"
+            + (f"; {report.capture['stand_in']}" if report.capture.get("stand_in") else "")
         )
         return
     click.echo(FORMATS[fmt](result) if fmt == "json" else terminal(FORMATS[fmt](result)))

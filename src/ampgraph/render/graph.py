@@ -93,6 +93,8 @@ def build_graph(
         view=view,
         fold=fold,
         check=report.check,
+        # xpu or mps on a torch without them: the diagram says it is a prediction (issue 35).
+        stand_in=(report.capture or {}).get("stand_in"),
         clusters={},
         counts={
             "ops": sum(1 for r in report.nodes if r.kind == "op"),

@@ -204,6 +204,9 @@ def subtitle_text(graph: nx.MultiDiGraph) -> str:
     parts = ["module view" if graph.graph["view"] == "modules" else "op view (every ATen node)"]
     if graph.graph.get("pass") == "backward":
         parts.insert(0, "gradients from the loss to the parameters")
+    if graph.graph.get("stand_in"):  # the full reason is in the report's capture.stand_in
+        device = graph.graph["setting"].get("device_type", "?")
+        parts.insert(0, f"a prediction for {device} from its autocast lists, not checked on it")
     folded = [c for c in graph.graph["clusters"].values() if c["kind"] == "fold" and c["count"] > 1]
     if folded:
         parts.append("identical layers drawn once")

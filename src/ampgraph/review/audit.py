@@ -147,6 +147,8 @@ def text(report: Report, findings: Sequence[Finding] | None = None) -> str:
     findings = audit(report) if findings is None else findings
     entries = folded(report, findings)
     lines = [f"# audit of {_title(report)}", *_summary_lines(report, findings, entries)]
+    if report.capture.get("stand_in"):
+        lines.insert(1, f"note: {report.capture['stand_in']}")
     largest = _largest(entries) if len(entries) > 1 else []
     lines += (
         ["largest findings, bytes per forward:", *(f"  {x}" for x in largest)] if largest else []
@@ -271,6 +273,14 @@ def artifact_uri(file: str) -> str:
     return path.as_uri() if path.is_absolute() else quote(path.as_posix())
 
 
+def _predicted(report: Report) -> str:
+    """``, prediction for mps`` where the report is a stand-in's (xpu or mps on a torch built
+    without them: traced on CUDA, annotated with the device's lists, not checked on it)."""
+    if not report.capture.get("stand_in"):
+        return ""
+    return f", prediction for {report.setting.get('device_type', '?')}"
+
+
 def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_file) -> str:
     """SARIF 2.1.0 for GitHub code scanning: one run, a rule per kind, a result per finding.
 
@@ -301,8 +311,8 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
             result: dict[str, Any] = {
                 "ruleId": f.kind,
                 "level": f.severity,
-                "message": {"text": f"[{report.setting['name']}] {f.message}. "
-                                    f"Suggestion: {f.suggestion}."},
+                "message": {"text": f"[{report.setting['name']}{_predicted(report)}] "
+                                    f"{f.message}. Suggestion: {f.suggestion}."},
                 "locations": [location],
                 "partialFingerprints": {
                     "ampgraph/v1": f"{report.model}:{report.setting['name']}:{f.kind}:{f.node}"},
@@ -311,6 +321,8 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
                 g = groups[of[i]]
                 result["properties"] = {"group": {k: g[k] for k in (
                     "layers", "prefix", "indices", "count", "module")}}  # fmt: skip
+            if report.capture.get("stand_in"):
+                result.setdefault("properties", {})["prediction"] = report.capture["stand_in"]
             results.append(result)
     from ampgraph import __version__
 

@@ -136,6 +136,8 @@ def baseline_text(
         "versions": report.versions,
         "method": (report.capture or {}).get("method"),
     }
+    if (report.capture or {}).get("stand_in"):  # xpu/mps predicted: the file says so
+        head["stand_in"] = report.capture["stand_in"]
     lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
     nodes = [f" {json.dumps(_node_line(rec))}" for rec in report.nodes]
     lines += [' "nodes": ['] + [",\n".join(nodes)] * bool(nodes) + [" ]", "}"]
