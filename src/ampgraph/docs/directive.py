@@ -148,8 +148,9 @@ def analysis_reports(
     """The reports of ``spec`` in ``settings``, through ampgraph's cache (computed on a miss);
     ``pass_`` ``backward`` analyses a training step (its default loss, backward outside
     autocast) as ``ampgraph render --pass backward`` does. The analysis runs in a process group
-    of its own, killed after ``timeout`` seconds (None: no bound), as the command line's. A setting is a name, read for
-    ``device`` and ``amp_dtype``, or a :class:`~ampgraph.settings.Setting` (a recipe's), used
+    of its own, killed after ``timeout`` seconds (None: no bound), as the command line's. A
+    setting is a name, read for ``device`` and ``amp_dtype``, or a
+    :class:`~ampgraph.settings.Setting` (a recipe's), used
     as it is."""
     from ampgraph.pipeline.run import analyze_spec
     from ampgraph.settings import Setting, seed_matrix

@@ -96,11 +96,18 @@ def loss_output(cap: Capture, loss: str | int | None, values: list[Any] | None =
     ``values`` are the outputs' values where known, to find floating ones.
     """
     paths = cap.output_paths or [str(i) for i in range(len(values or []))]
-    choices = ", ".join(paths) or "none"
+    whole = _user_output_nodes(cap) if values is None and len(paths) == 1 else []
+    if whole and not isinstance(whole[0], fx.Node):
+        # The whole output is a constant (None, a string): its type says more than a path.
+        choices = f"a {type(whole[0]).__name__}"
+    else:
+        choices = ", ".join(paths) or "none"
 
     def floating(i: int) -> bool:
         if values is None:
-            val = _user_output_nodes(cap)[i].meta.get("val")
+            # A constant output (``(None, y)``, ``(3, y)``, a string) is no graph node.
+            node = _user_output_nodes(cap)[i]
+            val = node.meta.get("val") if isinstance(node, fx.Node) else node
         else:
             val = values[i]
         return isinstance(val, torch.Tensor) and val.is_floating_point()
