@@ -498,12 +498,12 @@ def setup(app: Sphinx) -> ExtensionMetadata:
     app.add_config_value("ampgraph_check", True, "env", types=frozenset({bool}))
     app.add_config_value("ampgraph_jobs", None, "env", types=frozenset({int, type(None)}))
     app.add_config_value("ampgraph_theme", "auto", "env", types=frozenset({str}))
-    # Not for users to set: its value changing (a new ampgraph, torch or transformers) is what
-    # makes Sphinx re-read the documents and redraw.
-    app.add_config_value(
     app.add_config_value(
         "ampgraph_timeout", DEFAULT_TIMEOUT, "env", types=frozenset({int, float})
     )
+    # Not for users to set: its value changing (a new ampgraph, torch or transformers) is what
+    # makes Sphinx re-read the documents and redraw.
+    app.add_config_value(
         "ampgraph_environment", analysis_environment(), "env", types=frozenset({str})
     )
     app.add_css_file(CSS_FILE)
