@@ -587,6 +587,12 @@ autocast. No change was needed to the rule's data.
   tensors too). Fake CUDA tensors take the math backend (which upcasts 16-bit inputs inside) where
   a GPU takes flash or efficient attention; both return the query's dtype. Flash attention's own
   refusal of fp32 only moves the choice to another backend.
+* Reductions (`sum`, `mean`, `cumsum`, `norm`) of 16-bit tensors accumulate in fp32 inside the
+  CUDA kernels (`acc_type`), but their output dtype is set by structured meta functions every
+  device shares: nothing for a dtype rule to add.
+* Not modelled yet: the CUDA normalisations' backward kernels (`batch_norm_backward_cuda`'s own
+  mixed rule, read from the same file) and `_batch_norm_no_update`, which the forward graphs
+  ampgraph records do not reach.
 """
 
 
