@@ -339,3 +339,23 @@ def test_a_stand_in_prediction_is_marked_in_every_artefact(tmp_path: Path) -> No
     assert json.loads(base)["stand_in"] == why and read_baseline(base).report.model == "m"
     plain = report()
     assert "prediction" not in to_dot(plain) + sarif([plain]) + baseline_text(plain)
+
+
+def test_the_directive_reads_its_files_with_the_one_reader(tmp_path: Path) -> None:
+    """A FIFO as the directive's :report: or its DeepSpeed :recipe: blocked sphinx-build
+    forever; now each is one warning and the build ends (well inside the guard)."""
+    from .test_sphinx import build, make_project, objects
+
+    page = (
+        "Hostile\n=======\n\n.. ampgraph::\n   :report: fifo.json\n\n"
+        ".. ampgraph::\n   :report: report.json\n   :recipe: deepspeed:ds.json\n"
+    )
+    src = make_project(tmp_path / "src", {"index.rst": page})
+    (src / "fifo.json").unlink(missing_ok=True)
+    os.mkfifo(src / "fifo.json")
+    os.mkfifo(src / "ds.json")
+    proc = build(src, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 2 and all("FIFO" in w for w in warnings), warnings
+    assert objects((tmp_path / "out" / "index.html").read_text()) == []

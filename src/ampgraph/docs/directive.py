@@ -246,7 +246,7 @@ class AmpgraphDirective(SphinxDirective):
             match = CONFIG_RECIPE.match(written)
             if match and match["path"].lower() not in ("bf16", "fp16", "fp32"):
                 rel, path = self.env.relfn2path(match["path"])
-                if Path(path).is_file():
+                if Path(path).exists():  # not is_file: a FIFO there is the reader's to refuse
                     self.env.note_dependency(rel)
                     text = f"{match[1]}:{path}"
             recipe = parse_recipe(text, device_type=self.options.get("device", "cuda"))
