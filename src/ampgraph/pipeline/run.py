@@ -4,8 +4,8 @@
 the cache (:mod:`ampgraph.pipeline.cache`) are read before torch is imported; the model is built and traced
 once (:func:`prepare`) for the rest, which are analysed in forked worker processes
 (:func:`ampgraph.pipeline.stages.analyze_many`) and cached. Torch-free itself, so a warm run never
-imports torch; nor does a cold ``render``, whose analysis runs in a process of its own
-(:func:`analysis_beside`) while the command loads the renderer.
+imports torch; nor does a cold command, whose analysis runs in a process group of its own that
+the command kills at ``--timeout`` (``process``), while ``render`` loads the renderer.
 
 >>> reports = analyze_spec("llama-tiny", ["amp-fp32"], check=False)
 >>> [(r.model, r.setting["name"]) for r in reports]
