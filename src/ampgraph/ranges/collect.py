@@ -41,26 +41,35 @@ EXTREME = 1e38
 
 #: Elements per chunk of |x|: a reused buffer that stays in cache, instead of a new tensor as large
 #: as a weight matrix (whose allocation and page faults cost ten times the arithmetic).
-CHUNK = 1 << 18
+CHUNK = 1 << 20
 
 
-def _magnitudes(x: torch.Tensor, skip_zeros: bool = False) -> tuple[float, float]:
-    """(max |x|, min |x|) in one read of the values, a chunk at a time; NaN where x has one.
-    With ``skip_zeros`` the minimum is over the non-zero values (inf when there are none)."""
+def _chunk_range(part: torch.Tensor) -> tuple[float, float, int]:
+    """(max, min non-zero, zeros) of a chunk of magnitudes (``part`` is overwritten)."""
+    lo, hi = torch.stack(list(torch.aminmax(part))).tolist()
+    if lo != 0 or math.isnan(hi):
+        return hi, lo, 0
+    zero = part == 0
+    zeros = int(zero.sum())
+    low = float(part.masked_fill_(zero, math.inf).amin()) if zeros < part.numel() else math.inf
+    return hi, low, zeros
+
+
+def _magnitudes(x: torch.Tensor) -> tuple[float, float, int]:
+    """(max |x|, min non-zero |x|, zeros) in one read of the values, a chunk at a time into a
+    reused buffer; NaN for the maximum where x has a NaN, inf for the minimum where all are 0."""
+    if x.numel() <= CHUNK:  # one chunk: no buffer, no copy of a non-contiguous view
+        return _chunk_range(x.abs())
     flat = x.reshape(-1)
-    buf = torch.empty(min(CHUNK, flat.numel()), dtype=x.dtype)
-    top, low = 0.0, math.inf
+    buf = torch.empty(CHUNK, dtype=x.dtype)
+    top, low, zeros = 0.0, math.inf, 0
     for start in range(0, flat.numel(), CHUNK):
         chunk = flat[start : start + CHUNK]
-        part = torch.abs(chunk, out=buf[: chunk.numel()])
-        if skip_zeros:
-            part.masked_fill_(part == 0, math.inf)
-        lo, hi = torch.aminmax(part)
-        lo_f, hi_f = float(lo), float(hi)
-        if math.isnan(lo_f) or math.isnan(hi_f):
-            return math.nan, math.nan
-        top, low = max(top, hi_f if not skip_zeros or hi_f < math.inf else top), min(low, lo_f)
-    return top, low
+        hi, lo, z = _chunk_range(torch.abs(chunk, out=buf[: chunk.numel()]))
+        if math.isnan(hi):
+            return math.nan, math.nan, 0
+        top, low, zeros = max(top, hi), min(low, lo), zeros + z
+    return top, low, zeros
 
 
 def reduce_tensor(t: torch.Tensor) -> ValueRange:
@@ -74,7 +83,7 @@ def reduce_tensor(t: torch.Tensor) -> ValueRange:
     if t.numel() == 0:
         return out
     x = t if t.dtype in (torch.float32, torch.float64) else t.float()
-    top, low = _magnitudes(x)
+    top, low, out.zeros = _magnitudes(x)
     if not top < EXTREME:  # NaN, inf or a sentinel: the slow path, rarely taken
         a = x.abs()
         finite = torch.isfinite(a)
@@ -86,9 +95,6 @@ def reduce_tensor(t: torch.Tensor) -> ValueRange:
         a = a[finite & (a != 0) & ~extreme]
         top = float(a.amax()) if a.numel() else None
         low = float(a.amin()) if a.numel() else math.inf
-    elif low == 0:  # zeros: count them, and the smallest magnitude is over the others
-        out.zeros = x.numel() - int(torch.count_nonzero(x))
-        low = _magnitudes(x, skip_zeros=True)[1]
     out.max_abs = top if top is not None and top > 0 else None
     out.min_nonzero = low if math.isfinite(low) else None
     return out
