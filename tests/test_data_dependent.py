@@ -151,3 +151,107 @@ def test_a_branch_on_a_size_is_traced_in_its_setting_along_the_data_path(name: s
             "[(top level)] in=None -> not analysed: Could not guard on data-dependent"
         )
     assert model.module.anchors.cell is cell  # the module's own attribute is left as it was
+
+
+class TopQueries(nn.Module):
+    """Attention that keeps the top-k queries by a score computed from the data, k itself a
+    count of the data (issue 33): every size past the choice is the data's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.k = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k = self.q(x), self.k(x)
+        score = q.abs().sum(-1)
+        n = int((score > score.mean()).sum(-1).max())
+        top = score.topk(n, dim=-1).indices
+        kept = torch.gather(q, 1, top.unsqueeze(-1).expand(-1, -1, q.shape[-1]))
+        return self.out(torch.softmax(kept @ k.transpose(1, 2), -1) @ k)
+
+
+class AutoCorrelation(nn.Module):
+    """Autoformer's auto-correlation in small: how many delays, and which, come from the data;
+    a Python loop runs once per delay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.k = nn.Linear(8, 8)
+        self.v = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        score = (q * k).sum(-1).mean(0)
+        top_k = int((score > score.mean()).sum()) + 1
+        weights, delays = torch.topk(score, top_k)
+        weights = torch.softmax(weights, -1)
+        agg = torch.zeros_like(v)
+        for i in range(top_k):
+            agg = agg + torch.roll(v, -int(delays[i]), dims=1) * weights[i]
+        return self.out(agg)
+
+
+class DelayWeights(nn.Module):
+    """Autoformer's training-time delay aggregation in small: weights read at the delays the
+    data picks (a view at a data-dependent offset), then rolled by them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.v = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.v(x)
+        mean_value = v.mean(-1)
+        index = torch.topk(mean_value.mean(0), 2, dim=-1)[1]
+        weights = torch.stack([mean_value[:, index[i]] for i in range(2)], dim=-1)
+        agg = sum(torch.roll(v, -int(index[i]), 1) * weights[:, i, None, None] for i in range(2))
+        return self.out(agg)
+
+
+@pytest.mark.parametrize("cls", [TopQueries, AutoCorrelation, DelayWeights])
+@pytest.mark.parametrize("name", ["fp32", "half", "amp-fp32"])
+def test_sizes_computed_from_values_are_followed_as_a_real_cpu_run_follows_them(
+    cls: type[nn.Module], name: str
+) -> None:
+    from ampgraph.verify import verify
+
+    torch.manual_seed(0)
+    model = ModelInputs(cls.__name__, cls(), (torch.randn(2, 8, 8),))
+    report = analyze(model, name)
+    assert report.capture["method"] in ("export-data-path", "draft-export")
+    assert report.capture["data_dependent"] and report.capture["unbacked_values"]
+    assert report.check is not None and report.check["disagreements"] == 0
+    lines = hook_lines(report)
+    if name == "half":  # fp32 input, bf16 weights: the first Linear raises, as on a GPU
+        assert len(lines) == 1 and "error: mat1 and mat2" in lines[0]
+    else:
+        assert lines[-1].startswith("[out] ") and "error" not in "".join(lines)
+    result = verify(model, Setting.parse(name, device_type="cpu"))
+    assert result.ok, result.disagreements
+
+
+def test_a_size_no_run_decides_ends_the_graph_there_not_the_whole_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where even the trace on real values cannot decide a size (draft export's own check of a
+    data-dependent offset, without the leniency ampgraph gives it), the model is analysed up to
+    there and the node says why it is not analysed: never a lost model."""
+    import contextlib
+
+    from ampgraph.capture import engines
+
+    monkeypatch.setattr(engines, "_real_checks_without_guards", contextlib.nullcontext)
+    torch.manual_seed(0)
+    report = analyze(ModelInputs("delays", DelayWeights(), (torch.randn(2, 8, 8),)), "amp-fp32")
+    assert report.capture["method"] == "draft-export"
+    last = report.capture["data_dependent"][-1]
+    assert last.endswith("not followed, the forward is analysed up to here")
+    assert hook_lines(report) == ["[v] in=torch.float32 -> out=torch.bfloat16"]
+    cut = [n for n in report.nodes if n.op == "ampgraph.raises.default"]
+    assert len(cut) == 1 and "data-dependent" in (cut[0].not_analysed or "")
+    assert report.check is not None and report.check["disagreements"] == 0

@@ -79,6 +79,12 @@ def python_raise_site(exc: BaseException, module: nn.Module) -> str | None:
     frame = _raise_statement(exc)
     if frame is None or frame.f_code.co_filename.startswith(_MACHINERY):
         return None
+    return module_site(exc, module)
+
+
+def module_site(exc: BaseException, module: nn.Module) -> str | None:
+    """The path of the innermost module of ``module`` whose code was running when ``exc`` was
+    raised (``""`` for ``module`` itself); None where none was."""
     paths = {id(mod): path for path, mod in module.named_modules()}
     tb = exc.__traceback__
     site = None
@@ -102,6 +108,8 @@ def raises_op() -> Any:
 
         @torch.library.custom_op("ampgraph::raises", mutates_args=())
         def raises(tensors: list[torch.Tensor], kind: str, message: str) -> torch.Tensor:
+            if _RECORDING[0]:  # a trace on real values (draft export) runs it too
+                return torch.empty(0)
             _raise(kind, message)
 
         @raises.register_fake
@@ -112,6 +120,15 @@ def raises_op() -> Any:
 
         _RAISES.append(torch.ops.ampgraph.raises.default)
     return _RAISES[0]
+
+
+def ends_at_a_raise(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` was cut at a raise (:func:`stopping_at_raise`): it has a raises node.
+
+    >>> ends_at_a_raise(torch.fx.symbolic_trace(torch.nn.ReLU()))
+    False
+    """
+    return bool(_RAISES) and any(n.target is _RAISES[0] for n in gm.graph.nodes)
 
 
 def _raise(kind: str, message: str) -> NoReturn:
@@ -132,11 +149,15 @@ def _builtin_name(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def stopping_at_raise(root: nn.Module, path: str, exc: BaseException) -> Iterator[None]:
+def stopping_at_raise(
+    root: nn.Module, path: str, exc: BaseException, *, same_message: bool = True
+) -> Iterator[None]:
     """While it lasts, the module at ``path`` ends the traced forward where it raises ``exc``
     again (the same type and first line): an ``ampgraph::raises`` node in its call, on the
     tensors it was called with, whose output :class:`Stopped` carries to the traced forward
-    (:func:`returning_at_stop`). The forward is swapped on the instance, so hooks still fire."""
+    (:func:`returning_at_stop`). The forward is swapped on the instance, so hooks still fire.
+    Without ``same_message``, any exception of ``exc``'s type stops it (a data-dependent guard
+    names values that a run with dropout draws anew)."""
     module = root.get_submodule(path)
     forward = module.forward
     had = "forward" in vars(module)
@@ -146,7 +167,7 @@ def stopping_at_raise(root: nn.Module, path: str, exc: BaseException) -> Iterato
         try:
             return forward(*args, **kwargs)
         except Exception as again:
-            if type(again) is not type(exc) or first_line(again) != message:
+            if type(again) is not type(exc) or (same_message and first_line(again) != message):
                 raise
             # The call's tensors and the module's own, whose dtypes the raise compared.
             leaves = [*pytree.tree_leaves((args, kwargs)), *module.parameters()]
@@ -171,9 +192,18 @@ def stopping_at_raise(root: nn.Module, path: str, exc: BaseException) -> Iterato
 def returning_at_stop(call: Any, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, or the value a :class:`Stopped` carries where the forward
     stopped at a raise (:func:`stopping_at_raise`)."""
+    from torch.fx.experimental import proxy_tensor
+
+    # The tracer's stack of module calls is pushed and popped around each call, not unwound by
+    # an exception: what the calls cut short left on it goes, or export's next pop fails.
+    tracer = getattr(proxy_tensor.get_proxy_mode(), "tracer", None)
+    stack = getattr(tracer, "module_stack", None)
+    depth = len(stack) if stack is not None else 0
     try:
         return call(*args, **kwargs)
     except Stopped as stop:
+        while stack is not None and len(stack) > depth:
+            stack.popitem(last=True)
         return stop.value
 
 
@@ -219,7 +249,9 @@ def model_call(call: Any, *args: Any, **kwargs: Any) -> Any:
 __all__ = [
     "Stopped",
     "as_a_real_run",
+    "ends_at_a_raise",
     "model_call",
+    "module_site",
     "on_a_real_run",
     "python_raise_site",
     "raises_op",

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from ampgraph.capture.engines import ENGINES, Traced
+from ampgraph.capture.engines import ENGINES, Traced, _draft_export
 from ampgraph.capture.module_io import ModuleIORecorder, error_line
 from ampgraph.capture.raises import (
     as_a_real_run,
+    module_site,
     on_a_real_run,
     python_raise_site,
     stopping_at_raise,
@@ -58,6 +59,34 @@ def autograd_refused(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return False
+
+
+def draft_to_the_guard(
+    model: ModelInputs, recorder: ModuleIORecorder
+) -> tuple[Traced, list[str], dict[str, int | float]]:
+    """:func:`ampgraph.capture.engines._draft_export` of ``model``; where even a trace on real
+    values cannot decide a size (torch's own check of a data-dependent size against its real
+    value, in a roll by a delay read from the data), the graph up to there, ended by a node
+    that is not analysable and says why (:func:`~ampgraph.capture.raises.stopping_at_raise`):
+    the model is analysed up to that module, never lost whole."""
+    try:
+        return _draft_export(model)
+    except Exception as exc:
+        site = module_site(exc, model.module) if _data_dependent(exc) else None
+        if site is None:
+            raise
+        recorder.reset()
+        with stopping_at_raise(model.module, site, exc, same_message=False):
+            traced, branches, values = _draft_export(model)
+        where = f"{site or '(top level)'}: {first_line(exc)}"
+        cut = f"{where}: not followed, the forward is analysed up to here"
+        return traced, [*branches, cut], values
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return isinstance(exc, GuardOnDataDependentSymNode)
 
 
 def real_run_why(exc: BaseException) -> str:
@@ -121,4 +150,10 @@ def past_python_raise(
         return None
 
 
-__all__ = ["OnARealRunPath", "autograd_refused", "past_python_raise", "real_run_why"]
+__all__ = [
+    "OnARealRunPath",
+    "autograd_refused",
+    "draft_to_the_guard",
+    "past_python_raise",
+    "real_run_why",
+]

@@ -42,10 +42,11 @@ from ampgraph.capture.engines import (
 )
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
 from ampgraph.capture.outputs import output_paths
-from ampgraph.capture.raises import as_a_real_run, on_a_real_run
+from ampgraph.capture.raises import as_a_real_run, ends_at_a_raise, on_a_real_run
 from ampgraph.capture.retrace import (
     OnARealRunPath,
     autograd_refused,
+    draft_to_the_guard,
     past_python_raise,
     real_run_why,
 )
@@ -429,12 +430,14 @@ def capture(
                             on_data = True
                     if on_data:
                         recorder.reset()
-                        program, data_dependent, unbacked = _draft_export(model)
+                        program, data_dependent, unbacked = draft_to_the_guard(model, recorder)
                         method = DRAFT_EXPORT
                         reads = None  # traced on data values: this graph serves its setting only
                         draft = (program, dict(recorder.calls), list(recorder.order))
                         recorder.reset()
                         try:
+                            if ends_at_a_raise(program.graph_module):  # so would any trace
+                                raise CaptureError("no run decides a size there: the draft")
                             on_path = _trace_on_path(model, setting, recorder, unbacked)
                             if on_path is None:  # the setting branches on data the neutral run
                                 # never met (inside `if x.dtype == torch.float16`): follow a run
