@@ -82,13 +82,9 @@ def text(result: RangesResult) -> str:
     )
     for s in result.settings:
         rest = [f for f in s.findings if f.severity != "note" and f is not s.first]
-        notes = sum(f.severity == "note" for f in s.findings)
-        if not rest and not notes:
+        if not rest:
             continue
-        more = f"{len(rest)} more finding{'s' * (len(rest) != 1)}"
-        if notes:
-            more += f", {notes} note{'s' * (notes != 1)} (--format json)"
-        lines += ["", f"# {s.name}: {more}"]
+        lines += ["", f"# {s.name}: {len(rest)} more finding{'s' * (len(rest) != 1)}"]
         groups = _grouped(rest)
         for f, n in groups[:SHOWN]:
             times = f" (x{n})" if n > 1 else ""
@@ -98,6 +94,11 @@ def text(result: RangesResult) -> str:
     if result.reference_findings:
         lines.append("")
     lines += [f"fp32 run: {f.message}" for f in result.reference_findings]
+    notes = [(s.name, sum(f.severity == "note" for f in s.findings)) for s in result.settings]
+    if any(n for _, n in notes):
+        counts = ", ".join(f"{name} {n}" for name, n in notes if n)
+        lines += ["", f"notes (values that lose bits as subnormals or flush to zero): {counts} "
+                      "(--format json lists them)"]  # fmt: skip
     precision = _precision_line(result)
     if precision:
         lines += ["", precision]
