@@ -7,16 +7,20 @@ and hold no version tests or ``try: import`` of their own. The supported range i
 without importing torch, so ``import ampgraph`` and the command line can say in one line that a
 release is outside it (:func:`support_message`).
 
-Where the floor is, and why: torch 2.9. Every minor release from 2.9.1 to 2.14.1 runs the three
+Where the floor is, and why: torch 2.10. Every minor release from 2.10.0 to 2.14.1 runs the
 engines, the annotation, ``check``, ``verify --device cpu`` and the training pass
-(``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). Below it, torch 2.6 lacks
-``guard_or_true`` (kept up below) and its export passes differ in ways nobody here has tried;
-a floor that CI proves is worth more than one that is only hoped for.
+(``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). torch 2.9.1 runs every
+``--device cpu`` command, but its fake CUDA tensors need a CUDA driver: the first op on a fake CUDA
+parameter makes its autograd node, which asks the driver for the current stream, and Python-level
+indexing opens a CUDA device guard; without a GPU the process aborts in C++ on the default
+(CUDA) settings. 2.10 no longer does either. torch 2.6 also lacks ``guard_or_true`` (kept up
+below). A floor that CI proves (``make test-floor``) is worth more than one hoped for.
 
 >>> version_tuple("2.11.0+cu130"), version_tuple("2.14.1"), version_tuple("5.0.0rc1")
 ((2, 11, 0), (2, 14, 1), (5, 0, 0))
->>> support_message("torch", "2.6.0")
-"ampgraph supports torch 2.9 to 2.14.1; this is torch 2.6.0: pip install 'torch>=2.9,<=2.14.1'"
+>>> print(support_message("torch", "2.9.1").replace("; ", ";\\n"))
+ampgraph supports torch 2.10 to 2.14.1;
+this is torch 2.9.1: pip install 'torch>=2.10,<=2.14.1'
 >>> support_message("torch", "2.11.0+cu130") is None
 True
 """
@@ -44,10 +48,14 @@ class Range(NamedTuple):
 
 
 #: torch: the floor CI runs the quick suite on (``make test-floor``), the newest release tried.
-TORCH_RANGE: Final = Range("torch", "2.9", "2.14.1", "torch>=2.9,<=2.14.1")
-#: transformers: the 5.x line (4.x's ``transformers.utils.fx`` is the hf-fx tracer's, laid over
-#: in a side environment by ``scripts/hf_fx_env.sh``, not a supported install).
-TRANSFORMERS_RANGE: Final = Range("transformers", "5.0", "5.24", "transformers>=5.0,<6")
+TORCH_RANGE: Final = Range("torch", "2.10", "2.14.1", "torch>=2.10,<=2.14.1")
+#: transformers: 5.17 (the first GPU machine's, fact 18) to 5.24. Older 5.x lines fail on models
+#: ampgraph bundles: 5.0.0's ``PhiConfig`` has no ``pad_token_id``; 5.1.0's Jamba asks for
+#: mamba's CUDA kernels and its outputs have no pytree ``flatten_with_keys_fn`` (the training
+#: pass). A transformers outside the range is warned of, not refused: the model code is its own.
+#: 4.x's ``transformers.utils.fx`` is the hf-fx tracer's, laid over in a side environment by
+#: ``scripts/hf_fx_env.sh``, and not warned of.
+TRANSFORMERS_RANGE: Final = Range("transformers", "5.17", "5.24", "transformers>=5.17,<6")
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -70,11 +78,11 @@ def support_message(package: str, version: str | None) -> str | None:
     Below the floor (or absent) the line says what to install; above the newest release tried it
     says so, since nothing proves the newer one (callers warn then, they do not refuse).
 
-    >>> print(support_message("transformers", "4.57.1").replace("; ", ";\n"))
-    ampgraph supports transformers 5.0 to 5.24;
-    this is transformers 4.57.1: pip install 'transformers>=5.0,<6'
-    >>> print(support_message("torch", "2.15.0").replace("; ", ";\n"))
-    ampgraph was tried with torch 2.9 to 2.14.1;
+    >>> print(support_message("transformers", "4.57.1").replace("; ", ";\\n"))
+    ampgraph supports transformers 5.17 to 5.24;
+    this is transformers 4.57.1: pip install 'transformers>=5.17,<6'
+    >>> print(support_message("torch", "2.15.0").replace("; ", ";\\n"))
+    ampgraph was tried with torch 2.10 to 2.14.1;
     this is torch 2.15.0, newer: its results are unproven
     """
     known = {TORCH_RANGE.package: TORCH_RANGE, TRANSFORMERS_RANGE.package: TRANSFORMERS_RANGE}
@@ -153,9 +161,10 @@ def guard_or_true(condition: Any) -> bool:
     """``condition`` as a bool, True where it depends on a size known only at run time (an
     unbacked size after ``nonzero``): no guard raises on it.
 
-    torch 2.8 added ``torch.fx.experimental.symbolic_shapes.guard_or_true``; torch 2.6 and 2.7
-    lack it (importing it was every command's traceback there), so this falls back to what it
-    does: evaluate, and answer True where evaluating would need the data.
+    ``torch.fx.experimental.symbolic_shapes.guard_or_true`` is in every supported release; torch
+    2.6 lacks it (importing it was every command's traceback there, before the range check
+    existed), so this falls back to what it does: evaluate, and answer True where evaluating
+    would need the data.
 
     >>> guard_or_true(3 > 2), guard_or_true(1 > 2)
     (True, False)
@@ -175,9 +184,9 @@ def guard_or_true(condition: Any) -> bool:
 def fx_stack_traces(keep: bool) -> Iterator[None]:
     """Record each traced node's Python stack (``node.meta["stack_trace"]``) only if ``keep``.
 
-    ``torch.fx.config.do_not_emit_stack_traces`` is the switch from torch 2.12 on; torch 2.9 to
-    2.11 have no switch and always record them (the graph is the same, the trace a sixth
-    slower), so there this does nothing.
+    ``torch.fx.config.do_not_emit_stack_traces`` is the switch from torch 2.13 on; torch 2.10 and
+    2.11 have none (``AttributeError`` on every make-fx capture there) and always record them:
+    the graph is the same, the trace a sixth slower. There this does nothing.
 
     >>> with fx_stack_traces(False):
     ...     pass
@@ -199,20 +208,12 @@ def replace_kernel(lib: Any, name: str, kernel: Callable[..., Any], key: str) ->
     """``lib.impl(name, kernel, key)``, replacing a kernel torch registered from Python too.
 
     ``torch.library.Library.impl`` refuses a key that some Python library already registered for
-    the op, unless it is given ``allow_override=True`` (torch 2.12 on; the default from 2.13).
-    torch 2.11 registers ``_grouped_mm``'s Meta kernel with ``torch.library`` itself and has no
-    such argument: there the key's mark is lifted first (the dispatcher itself lets a later
-    registration override, with a warning), and ``impl`` sets it again.
+    the op unless given ``allow_override=True``, the default from torch 2.13 on; torch 2.10 to
+    2.12 default to refusing, and torch 2.11 registers ``_grouped_mm``'s Meta kernel with
+    ``torch.library`` itself (importing ampgraph raised there). The dispatcher lets a later
+    registration override an earlier one, with a warning, on every release.
     """
-    import inspect
-
-    import torch
-
-    if "allow_override" in inspect.signature(lib.impl).parameters:
-        lib.impl(name, kernel, key, allow_override=True)
-        return
-    torch.library._impls.discard(f"{lib.ns}/{name}/{key}")
-    lib.impl(name, kernel, key)
+    lib.impl(name, kernel, key, allow_override=True)
 
 
 #: Where torchvision registers its autocast wrappers (:data:`ampgraph.policy.LIBRARY_KERNELS`),
@@ -230,10 +231,39 @@ def fill_placeholder_values(graph: Any, values: list[Any]) -> None:
     """Give each placeholder of ``graph`` without a ``meta["val"]`` its input's value.
 
     ``make_fx`` records a non-tensor input's value (``use_cache=False``) as its placeholder's
-    ``val`` in torch 2.14; 2.9 to 2.11 record nothing there, and export's ``lift_constants_pass``,
+    ``val`` in torch 2.14; 2.10 and 2.11 record nothing there, and export's ``lift_constants_pass``,
     which the make-fx engine runs after it, reads every placeholder's ``val`` (``KeyError:
     'val'`` on every model). ``values`` are the graph's inputs in placeholder order.
     """
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
     for node, value in zip(placeholders, values, strict=False):
         node.meta.setdefault("val", value)
+
+
+def unbacked_value_setter() -> str:
+    """The name of the ``ShapeEnv`` method that records the real value of a data-dependent
+    (unbacked) symbol while real tensors propagate: ``set_real_tensor_prop_unbacked_vals`` from
+    torch 2.11 on, ``set_unbacked_var_to_val`` in 2.10 (the same record under its old name).
+
+    >>> unbacked_value_setter() in ("set_real_tensor_prop_unbacked_vals", "set_unbacked_var_to_val")
+    True
+    """
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    new = "set_real_tensor_prop_unbacked_vals"
+    return new if hasattr(ShapeEnv, new) else "set_unbacked_var_to_val"
+
+
+def soft_pending_unbacked() -> contextlib.AbstractContextManager[Any]:
+    """Let a draft export that fixed a data-dependent size to its real value go on without that
+    size in its output (``soft_pending_unbacked_not_found_error``, from torch 2.11 on). torch
+    2.10 has no such option and no such check there: nothing to set.
+
+    >>> with soft_pending_unbacked():
+    ...     pass
+    """
+    from torch.fx.experimental import _config as fx_config
+
+    if hasattr(fx_config, "soft_pending_unbacked_not_found_error"):
+        return fx_config.patch(soft_pending_unbacked_not_found_error=True)
+    return contextlib.nullcontext()

@@ -243,13 +243,16 @@ def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
     """
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from ampgraph.compat import unbacked_value_setter
+
+    setter = unbacked_value_setter()  # renamed in torch 2.11 (ampgraph.compat)
     original = ShapeEnv.create_unbacked_symint
 
     def create(self: ShapeEnv, *args: Any, **kwargs: Any) -> torch.SymInt:
         symbol = original(self, *args, **kwargs)
         value = values.get(str(symbol.node.expr))
         if value is not None:
-            self.set_real_tensor_prop_unbacked_vals(symbol.node.expr, value)
+            getattr(self, setter)(symbol.node.expr, value)
         return symbol
 
     original_bool = ShapeEnv.create_unbacked_symbool
@@ -260,7 +263,7 @@ def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
         symbol = truth.node.expr.args[0]
         value = values.get(str(symbol))
         if value is not None:
-            self.set_real_tensor_prop_unbacked_vals(symbol, value)
+            getattr(self, setter)(symbol, value)
         return truth
 
     original_float = ShapeEnv.create_unbacked_symfloat
@@ -269,7 +272,7 @@ def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
         number = original_float(self)
         value = values.get(str(number.node.expr))
         if value is not None:
-            self.set_real_tensor_prop_unbacked_vals(number.node.expr, value)
+            getattr(self, setter)(number.node.expr, value)
         return number
 
     ShapeEnv.create_unbacked_symint = create  # type: ignore[method-assign]

@@ -30,7 +30,12 @@ from torch.utils import _pytree as pytree
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.raises import model_call
 from ampgraph.capture.reads import TraceReads
-from ampgraph.compat import fill_placeholder_values, fx_stack_traces
+from ampgraph.compat import (
+    fill_placeholder_values,
+    fx_stack_traces,
+    soft_pending_unbacked,
+    unbacked_value_setter,
+)
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import (
@@ -479,8 +484,6 @@ def _draft_export(
         lambda t: t if t.device.type == "cpu" else _real_like(t, generator),
         (model.args, model.kwargs),
     )
-    from torch.fx.experimental import _config as fx_config
-
     values: dict[str, int | float] = {}
     autocast = (
         autocast_state("cpu", True, torch_dtype(setting.amp_dtype))
@@ -497,7 +500,7 @@ def _draft_export(
         _lift_scalar_constants(),
         # Real-value propagation fixes a boolean-mask index's size to its real value, so the
         # unbacked size it made is not in the output: expected here, not a tracing bug.
-        fx_config.patch(soft_pending_unbacked_not_found_error=True),
+        soft_pending_unbacked(),  # an option from torch 2.11 on (ampgraph.compat)
         _real_checks_without_guards(),
     ):
         warnings.simplefilter("ignore")
@@ -544,7 +547,8 @@ def _recording_unbacked_values(values: dict[str, int | float]) -> Iterator[None]
     import sympy
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    original = ShapeEnv.set_real_tensor_prop_unbacked_vals
+    setter = unbacked_value_setter()  # renamed in torch 2.11 (ampgraph.compat)
+    original = getattr(ShapeEnv, setter)
 
     def record(self: ShapeEnv, k: Any, v: Any) -> None:
         original(self, k, v)
@@ -557,11 +561,11 @@ def _recording_unbacked_values(values: dict[str, int | float]) -> Iterator[None]
         elif getattr(v, "is_integer", False) or isinstance(v, int):
             values.setdefault(str(k), int(v))
 
-    ShapeEnv.set_real_tensor_prop_unbacked_vals = record  # type: ignore[method-assign]
+    setattr(ShapeEnv, setter, record)
     try:
         yield
     finally:
-        ShapeEnv.set_real_tensor_prop_unbacked_vals = original  # type: ignore[method-assign]
+        setattr(ShapeEnv, setter, original)
 
 
 __all__ = [

@@ -479,7 +479,7 @@ def lookup(device_type: str, schema_name: str, overload: str) -> str | None:
     ampgraph knows, ``register_autocast``'s, or :data:`OPAQUE`; a what-if move of such an op
     (``ns::op`` in :func:`moved`'s tables) comes first.
 
-    >>> lookup("cuda", "aten::softmax", "int"), lookup("cuda", "aten::softmax", "Dimname")
+    >>> lookup("cuda", "aten::softmax", "int"), lookup("cuda", "aten::relu", "")
     ('fp32_set_opt_dtype', None)
     """
     if not schema_name.startswith("aten::"):
