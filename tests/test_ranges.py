@@ -337,3 +337,20 @@ def test_cli_text_json_and_fail_on() -> None:
     )
     md = CliRunner().invoke(main, [*args, "--format", "markdown"]).output
     assert md.startswith("### Value ranges") and "| `amp-fp32`" in md
+
+
+def test_overlay_colours_each_box_by_its_headroom(tmp_path: Any) -> None:
+    from ampgraph.ranges.overlay import BANDS, overlay_sources
+
+    args = ["ranges", "--module", "tests/test_ranges.py:tower", "--device", "cpu",
+            "--amp-dtype", "fp16", "-s", "amp-fp32", "--overlay", str(tmp_path)]  # fmt: skip
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 0, out.output
+    svg = (tmp_path / "tests-test_ranges.py-tower-amp-fp32-ranges.svg").read_text()
+    assert svg.startswith("<?xml") and "headroom" in svg
+    source = overlay_sources(_result("tower", ("amp-fp32",), "fp16"))["amp-fp32"]
+    red, green = BANDS[0][3], BANDS[-1][3]
+    fc2 = source[source.index('"module/layers.3.fc2"') :].split("\n", 1)[0]
+    assert f'fillcolor="{red}"' in fc2 and 'xlabel="-0.2"' in fc2
+    fc1 = source[source.index('"module/layers.3.fc1"') :].split("\n", 1)[0]
+    assert f'fillcolor="{green}"' in fc1

@@ -44,9 +44,14 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
     "--fail-on", type=click.Choice(["error", "never"]), default="never", show_default=True,
     help="error: exit 1 when a setting has a value that does not fit its dtype.",
 )  # fmt: skip
+@click.option(
+    "--overlay", "overlay_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+    help="Also write each setting's diagram (unfolded) with every box coloured by its headroom, "
+    "as MODEL-SETTING-ranges.svg in DIR (needs Graphviz's dot).",
+)  # fmt: skip
 def ranges_command(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    random_seed: int, random_weights: bool, fmt: str, fail_on: str,
+    random_seed: int, random_weights: bool, fmt: str, fail_on: str, overlay_dir: Path | None,
 ) -> None:  # fmt: skip
     """Will it overflow? Value ranges of one real fp32 run, judged in each setting.
 
@@ -65,6 +70,7 @@ def ranges_command(
       ampgraph ranges --module my_model.py:make -s amp-fp32 -s amp-half --amp-dtype fp16
       ampgraph ranges --model-dir ./opt-125m -s half --amp-dtype fp16 --format json
       ampgraph ranges --fail-on error -s amp-fp32 --amp-dtype fp16   # for CI
+      ampgraph ranges llama-tiny --amp-dtype fp16 --overlay figures/  # coloured diagrams
     """
     from ampgraph.model.usercode import deadline, model_code
     from ampgraph.pipeline.run import prepare
@@ -82,6 +88,11 @@ def ranges_command(
     progress_done()
     render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown}[fmt]
     click.echo(render(result), nl=fmt == "json")
+    if overlay_dir is not None:
+        from ampgraph.ranges.overlay import write_overlays
+
+        for path in write_overlays(result, overlay_dir):
+            click.echo(f"overlay: {path}", err=fmt != "text")  # stdout stays the JSON alone
     if fail_on == "error" and not result.ok:
         bad = [s.name for s in result.settings if not s.ok]
         raise click.ClickException(f"values do not fit their dtype in {', '.join(bad)}")

@@ -135,6 +135,7 @@ def value_ranges(
         reference_findings=reference_findings(ref_report.nodes, measured),
         versions={"ampgraph": __version__, "torch": torch.__version__},
         seconds={k: round(v, 3) for k, v in seconds.items()},
+        reports=[rep for rep, _ in reports],
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ampgraph.errors import AmpgraphError
+from ampgraph.report.records import Report
 
 SCHEMA = "ampgraph.ranges"
 SCHEMA_VERSION = 1
@@ -245,6 +246,8 @@ class RangesResult:
     reference_findings: list[RangeFinding] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: Each setting's analysis, in the order of ``settings`` (for the overlay; not in the JSON).
+    reports: list[Report] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
