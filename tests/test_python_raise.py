@@ -68,8 +68,12 @@ def test_a_python_raise_is_that_settings_error_at_the_module_that_raises() -> No
     raised = [n for n in reports[1].nodes if n.error]
     assert [n.op for n in raised] == ["ampgraph.raises.default"]
     assert raised[0].module == "gru" and raised[0].error.startswith(GRU_ERROR)
+    # The modules after it are in the graph, not run (the diagrams and JSON show them so).
+    half = reports[1]
+    assert [m.path for m in half.modules] == ["gru", "head", "act"]
+    assert all(half.node(n).skipped for m in half.modules[1:] for n in m.nodes)
     # Predicted, checked (the dispatcher replay raises it too), never a disagreement.
-    assert reports[1].check["disagreements"] == 0
+    assert half.check["disagreements"] == 0
     for name in ("fp32", "amp-fp32"):  # the other settings, analysed as usual
         assert [line.split("]")[0] for line in lines[name]] == ["[gru", "[head", "[act"]
         assert not any("error" in line for line in lines[name])
@@ -79,6 +83,12 @@ def test_a_python_raise_is_that_settings_error_at_the_module_that_raises() -> No
 def test_a_python_raise_agrees_with_a_real_cpu_run(name: str) -> None:
     result = verify(_gru(), Setting.parse(name, device_type="cpu"))
     assert result.ok, result.disagreements
+    # Every module compared, those after the raise as not run on both sides.
+    assert (result.modules.agree, result.modules.total) == (3, 3)
+    if name == "half":
+        assert result.eager_hooks == [f"[gru] in=torch.float32 -> error: {GRU_ERROR}"
+                                      " Convert input: input.to(torch.bfloat16), or convert "
+                                      "model: model.to(torch.float32)"]
 
 
 def test_a_raise_in_a_non_leaf_modules_own_code_is_printed_at_the_top_level() -> None:

@@ -106,16 +106,18 @@ def raises_op() -> Any:
     exception's name) whenever it runs, on fake tensors or real ones; defined once."""
     if not _RAISES:
 
+        # It returns a marker and a copy of each tensor it takes: what the forward computes
+        # past the raise, it computes from those, so a replay reports it not run.
         @torch.library.custom_op("ampgraph::raises", mutates_args=())
-        def raises(tensors: list[torch.Tensor], kind: str, message: str) -> torch.Tensor:
+        def raises(tensors: list[torch.Tensor], kind: str, message: str) -> list[torch.Tensor]:
             if _RECORDING[0]:  # a trace on real values (draft export) runs it too
-                return torch.empty(0)
+                return [torch.empty(0), *(t.clone() for t in tensors)]
             _raise(kind, message)
 
         @raises.register_fake
-        def _(tensors: list[torch.Tensor], kind: str, message: str) -> torch.Tensor:
+        def _(tensors: list[torch.Tensor], kind: str, message: str) -> list[torch.Tensor]:
             if _RECORDING[0]:
-                return torch.empty(0)
+                return [torch.empty(0), *(torch.empty_like(t) for t in tensors)]
             _raise(kind, message)
 
         _RAISES.append(torch.ops.ampgraph.raises.default)
@@ -170,14 +172,28 @@ def stopping_at_raise(
             if type(again) is not type(exc) or (same_message and first_line(again) != message):
                 raise
             # The call's tensors and the module's own, whose dtypes the raise compared.
-            leaves = [*pytree.tree_leaves((args, kwargs)), *module.parameters()]
-            tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            own = list(module.parameters())
+            at = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
             _RECORDING[0] = True
             try:
-                value = raises_op()(tensors, kind, message)
+                marker, *copies = raises_op()([*(leaves[i] for i in at), *own], kind, message)
             finally:
                 _RECORDING[0] = False
-            raise Stopped(value) from None
+            # Past the raise, as a run that had not raised would go on: the call again, on the
+            # copies in its parameters' dtype (what a dtype check asks for), so that the modules
+            # after it are in the graph, not run (they depend on the raise); else the graph ends.
+            dtype = next((p.dtype for p in own if p.is_floating_point()), None)
+            for i, copy in zip(at, copies):
+                floating = copy.is_floating_point() and dtype is not None
+                leaves[i] = copy.to(dtype) if floating else copy
+            try:
+                if dtype is not None and same_message:
+                    past_args, past_kwargs = pytree.tree_unflatten(leaves, spec)
+                    return forward(*past_args, **past_kwargs)
+            except Exception:  # noqa: BLE001 - it raises past there too: the graph ends there
+                pass
+            raise Stopped(marker) from None
 
     module.forward = cut  # type: ignore[method-assign]
     try:
