@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""The support matrix: each torch release in a venv of its own, each engine and main command run
+there on a small model, the results written to ``docs/support-matrix.md``.
+
+Each release gets ``VENVS/torch-X.Y.Z`` (created once: ``pip install torch==X.Y.Z`` from PyPI,
+the CUDA build, then this checkout editable with its test extras, so the code tried is the code
+here). Then, with that venv's ``ampgraph`` and a cold cache: ``table`` with each tracer (make-fx,
+export, fx), and ``table``, ``check``, ``verify --device cpu``, ``render`` and ``table --pass
+train``. A cell is ``ok`` where the command exits 0, else the first line it said.
+
+    scripts/support_matrix.py                                  # every release below
+    scripts/support_matrix.py --release torch==2.11.0:transformers==5.17.0
+    scripts/support_matrix.py --venvs /work/venvs --no-install --out /tmp/matrix.md
+
+Torch is a large download (about 0.9 GB, 5 to 7 GB installed with its CUDA libraries): a
+release whose venv cannot be made is a row that says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: torch release -> the transformers it is tried with (None: what pip picks for this checkout).
+RELEASES: dict[str, str | None] = {
+    "torch==2.9.1": None,
+    "torch==2.10.0": None,
+    "torch==2.11.0": "transformers==5.17.0",  # the first GPU machine's image (DESIGN.md fact 18)
+    "torch==2.12.1": None,
+    "torch==2.13.0": None,
+    "torch==2.14.1": None,
+}
+
+#: Column -> the ampgraph arguments it runs (the model is appended).
+ENGINES = {
+    "make-fx": ["table", "-s", "amp-fp32", "--tracer", "make-fx"],
+    "export": ["table", "-s", "amp-fp32", "--tracer", "export"],
+    "fx": ["table", "-s", "amp-fp32", "--tracer", "fx"],
+}
+COMMANDS = {
+    "table": ["table"],
+    "check": ["check"],
+    "verify cpu": ["verify", "--device", "cpu", "-s", "amp-fp32"],
+    "render": ["render", "-s", "amp-fp32", "--out", "{tmp}"],
+    "train": ["table", "--pass", "train", "-s", "amp-fp32"],
+}
+
+
+#: What the page says besides the table: the range, the floor and why, what CI proves.
+PROSE = """## The supported range
+
+- **torch 2.10 to 2.14.1** (`pyproject.toml`: `torch>=2.10,<3`). Outside it, the command line
+  and `import ampgraph` say so in one line (`ampgraph.compat`): below the floor the command
+  refuses (`Error: ampgraph supports torch 2.10 to 2.14.1; this is torch 2.9.1: pip install
+  'torch>=2.10,<=2.14.1'`, exit 1) and the import warns; above 2.14.1 both warn that the
+  results are unproven and go on. pip is not told an upper bound, so installing ampgraph
+  beside a newer torch never downgrades the torch a GPU image shipped.
+- **Why the floor is 2.10:** on torch 2.9 the fake CUDA tensors ampgraph analyses with need a
+  CUDA driver: the first op on a fake CUDA parameter builds its autograd node, which asks the
+  driver for the current stream, and Python-level indexing opens a CUDA device guard. Without a
+  GPU the process aborts inside torch on the default (CUDA) settings; every `--device cpu`
+  command works there (the row above). 2.10 does neither. Below 2.9, torch 2.6 also lacks
+  `guard_or_true`.
+- **transformers 5.17 to 5.24** (`transformers>=5.17,<6`): older 5.x releases fail on bundled
+  models (5.0.0: `PhiConfig` has no `pad_token_id`; 5.1.0: Jamba asks for mamba's CUDA kernels,
+  and model outputs have no pytree `flatten_with_keys_fn` for the training pass). Outside the
+  range is a warning, not a refusal. transformers 4.45 to 4.49 is the hf-fx tracer's overlay
+  (`scripts/hf_fx_env.sh`) and is not warned of.
+- Each difference between releases that ampgraph's code meets is one function or table of
+  `ampgraph.compat`, which names the releases it concerns.
+
+## What CI proves
+
+`make test` runs the main suite on torch 2.14.1, the hf-fx tests on their overlay, then
+`make test-floor`: the quick slice on the floor, torch 2.10.0 with torchvision 0.25 in
+`.venv-floor` (about 7 GiB, 5 to 11 minutes to install on a 2-core machine; the slice takes
+about 4.5 minutes there). The slice (`FLOOR_TESTS` in the Makefile) is the tests of every stage
+a release can change: the version checks (`test_compat.py`), the policy tables against that
+release's dispatcher (`test_policy.py`), both engines node for node (`test_capture_engines.py`,
+`test_tracers.py`), the replaced meta kernels against the real CPU kernels
+(`test_meta_kernels.py`), library autocast kernels (`test_autocast_kernels.py`), the single ops
+and the seed notebook's lines (`test_single_ops.py`, `test_seed_notebook.py`), the training pass
+(`test_backward.py`), `verify --device cpu` (`test_verify.py`) and the command line
+(`test_cli.py`). The rest of the suite exercises the same stages on more models and formats.
+
+A contributor tries another release with `make test TORCH_SPEC=torch==2.11.0` (the Makefile picks
+its torchvision, 0.(N+15), and rebuilds `.venv` when the spec changes).
+"""
+
+
+@dataclass
+class Row:
+    """One release's results."""
+
+    spec: str
+    versions: str = ""
+    install: str = ""
+    cells: dict[str, str] = field(default_factory=dict)
+
+
+def _venv(venvs: Path, spec: str, transformers: str | None, install: bool) -> tuple[Path, str]:
+    """The release's venv (made if missing and ``install``), and how long making it took."""
+    path = venvs / spec.replace("==", "-")
+    python = path / "bin" / "python"
+    if python.exists() or not install:
+        return path, "existing venv"
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, spec], check=True)
+    extra = [transformers] if transformers else []
+    subprocess.run([*pip, "-e", f"{ROOT}[test]", spec, *extra], check=True)
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    return path, f"{time.monotonic() - start:.0f} s, {size / 2**30:.1f} GiB"
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error:")]
+    line = (errors or lines[-1:] or ["no output"])[0]
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def _run(venv: Path, args: list[str], model: str, timeout: int) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [str(venv / "bin" / "ampgraph"), "--no-cache", "-q"]
+        argv += [a.replace("{tmp}", tmp) for a in args] + [model]
+        env = {**os.environ, "AMPGRAPH_CACHE_DIR": tmp}
+        try:
+            out = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp
+            )
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout} s"
+    if out.returncode == 0:
+        return "ok"
+    return f"exit {out.returncode}: {_first_line(out.stderr or out.stdout)}"
+
+
+def _versions(venv: Path) -> str:
+    code = "import torch, transformers; print(torch.__version__, transformers.__version__)"
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=300
+    )
+    return out.stdout.strip() if out.returncode == 0 else _first_line(out.stderr)
+
+
+def measure(spec: str, transformers: str | None, venvs: Path, model: str, install: bool,
+            timeout: int) -> Row:  # fmt: skip
+    """Make (or find) the release's venv and run every engine and command there."""
+    row = Row(spec)
+    try:
+        venv, row.install = _venv(venvs, spec, transformers, install)
+    except subprocess.CalledProcessError as exc:
+        row.install = f"could not be installed ({exc})"
+        return row
+    if not (venv / "bin" / "ampgraph").exists():
+        row.install = "no venv (run without --no-install)"
+        return row
+    row.versions = _versions(venv)
+    for name, args in {**ENGINES, **COMMANDS}.items():
+        row.cells[name] = _run(venv, args, model, timeout)
+        print(f"{spec} {name}: {row.cells[name]}", file=sys.stderr)
+    return row
+
+
+def markdown(rows: list[Row], model: str) -> str:
+    """The page: one row per release, a column per engine and command, failures as notes."""
+    columns = [*ENGINES, *COMMANDS]
+    notes: list[str] = []
+    lines = [
+        "| torch, transformers | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for row in rows:
+        cells = []
+        for name in columns:
+            result = row.cells.get(name, "not run")
+            if result == "ok":
+                cells.append("ok")
+            else:
+                notes.append(f"{row.spec}, {name}: {result}")
+                cells.append(f"[{len(notes)}]")
+        lines.append(f"| {row.versions or row.spec} | " + " | ".join(cells) + " |")
+    installs = [f"- {row.spec}: {row.install}" for row in rows]
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    where = f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU" if not shutil.which(
+        "nvidia-smi") else f"{platform.machine()} with a GPU"  # fmt: skip
+    return "\n".join([
+        "# Support matrix",
+        "",
+        "Which torch and transformers releases ampgraph runs on, engine by engine and command by",
+        f"command, on `{model}`. Made by `scripts/support_matrix.py` on {when} ({where}); each",
+        "release is a venv of its own with the CUDA build of torch from PyPI. `ok`: the command",
+        "exited 0; a number: the note below says what it said instead.",
+        "",
+        *lines,
+        "",
+        *([f"{i}. {note}" for i, note in enumerate(notes, 1)] or ["No failures."]),
+        "",
+        "Venvs (time to make, size installed):",
+        "",
+        *installs,
+        "",
+        PROSE,
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--release", action="append", help="torch==X.Y.Z[:transformers==A.B.C]")
+    parser.add_argument("--venvs", type=Path, default=Path.home() / ".cache" / "ampgraph-venvs")
+    parser.add_argument("--model", default="llama-tiny")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per command")
+    parser.add_argument("--no-install", action="store_true", help="use existing venvs only")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "support-matrix.md")
+    args = parser.parse_args(argv)
+    releases = RELEASES
+    if args.release:
+        releases = {}
+        for item in args.release:
+            spec, _, transformers = item.partition(":")
+            releases[spec] = transformers or None
+    args.venvs.mkdir(parents=True, exist_ok=True)
+    rows = [
+        measure(spec, tf, args.venvs, args.model, not args.no_install, args.timeout)
+        for spec, tf in releases.items()
+    ]
+    args.out.write_text(markdown(rows, args.model))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
