@@ -7,8 +7,8 @@ says nothing about the others. The capture traces such a setting again up to the
 (:func:`stopping_at_raise`): the module's forward is cut where it raised, with one
 ``ampgraph::raises`` node in it that takes the call's tensors and raises the model's own error
 whenever the graph is replayed (annotation, dispatcher check, real execution). The annotation then
-reports it where a kernel error is reported, at that node and that module call, and the forward
-ends there, as the real run ends.
+reports it where a kernel error is reported, at that node and that module call; what the forward
+computes past it depends on that node, so it is reported not run, as the real run never runs it.
 
 Where the forward raises only on export's path (model code that asks
 ``torch.compiler.is_exporting()``), the capture traces it as a real run runs it instead

@@ -4,7 +4,7 @@ Two cases, told apart by tracing again (:func:`past_python_raise`): the forward 
 path only (model code that asks ``torch.compiler.is_exporting()``, as transformers' mask builders
 do), and is traced on the path a real run takes (:func:`ampgraph.capture.raises.as_a_real_run`);
 or the model raises in this setting, as a real run does (``nn.GRU``'s dtype check in ``half``),
-and the graph ends at the raise (:func:`ampgraph.capture.raises.stopping_at_raise`). A forward
+and the raise is a node of the graph (:func:`ampgraph.capture.raises.stopping_at_raise`). A forward
 that autograd refuses (:func:`autograd_refused`) is traced without gradients.
 
 >>> real_run_why(ValueError("mask of the wrong size"))[-41:]
