@@ -267,3 +267,33 @@ def soft_pending_unbacked() -> contextlib.AbstractContextManager[Any]:
     if hasattr(fx_config, "soft_pending_unbacked_not_found_error"):
         return fx_config.patch(soft_pending_unbacked_not_found_error=True)
     return contextlib.nullcontext()
+
+
+def custom_op_autocast_dtype(opdef: Any, device_type: str) -> Any:
+    """The ``cast_inputs`` dtype ``torch.library.register_autocast`` left on a ``custom_op``'s
+    definition for ``device_type``, or None: a dict by device type (``_autocast_dtype``) in
+    torch 2.13 on; one attribute per device, ``_autocast_cuda_dtype`` and ``_autocast_cpu_dtype``
+    (the only two it took), in 2.10 to 2.12.
+    """
+    table = getattr(opdef, "_autocast_dtype", None)
+    if isinstance(table, dict):
+        return table.get(device_type)
+    return getattr(opdef, f"_autocast_{device_type}_dtype", None)
+
+
+def torch_release() -> tuple[int, ...]:
+    """The installed torch's release numbers (``(2, 11, 0)``), read from its metadata.
+
+    >>> len(torch_release()) >= 2
+    True
+    """
+    return version_tuple(installed_version("torch") or "")
+
+
+def mse_loss_backward_takes_mixed_dtypes() -> bool:
+    """Whether ``mse_loss_backward``'s kernel takes a target or gradient of another dtype than
+    the input (``Loss.cpp``: the result is the input's): from torch 2.12 on. In 2.10 and 2.11 it
+    refuses, ``Found dtype BFloat16 but expected Float``, naming the target before the gradient
+    (seen on the CPU kernel, which shares the code with CUDA's).
+    """
+    return torch_release() >= (2, 12)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ampgraph.compat import replace_kernel
+from ampgraph.compat import mse_loss_backward_takes_mixed_dtypes, replace_kernel
 
 #: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
 GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -148,9 +148,23 @@ def _mse_loss_backward(
     grad: torch.Tensor, input: torch.Tensor, target: torch.Tensor, reduction: int
 ) -> torch.Tensor:
     """``mse_loss_backward`` (``Loss.cpp``, every device) writes into ``at::zeros_like(input)``
-    (contiguous): the input's dtype, where the decomposition promotes with the target."""
+    (contiguous): the input's dtype, where the decomposition promotes with the target. Before
+    torch 2.12 the kernel takes no other dtype beside the input's
+    (:func:`ampgraph.compat.mse_loss_backward_takes_mixed_dtypes`)."""
     torch.broadcast_shapes(grad.shape, input.shape, target.shape)  # its shape check
+    if not mse_loss_backward_takes_mixed_dtypes():
+        for other in (target, grad):
+            if other.dtype != input.dtype:
+                raise RuntimeError(
+                    f"Found dtype {_c10_name(other.dtype)} but expected {_c10_name(input.dtype)}"
+                )
     return input.new_empty(input.shape)
+
+
+def _c10_name(dtype: torch.dtype) -> str:
+    """A dtype as c10 names a ScalarType (``Float``, ``BFloat16``, ``Half``)."""
+    names = {torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half"}
+    return names.get(dtype) or _TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 #: Op name -> the replacement meta kernel.

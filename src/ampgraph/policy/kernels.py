@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ampgraph.compat import TORCHVISION_AUTOCAST_SITES
+from ampgraph.compat import TORCHVISION_AUTOCAST_SITES, custom_op_autocast_dtype
 from ampgraph.policy.categories import CAST_INPUTS, FP32, FP32_OUTPUT_AS_INPUT, OPAQUE
 
 #: Autocast kernels that libraries register, with the rule each applies, read from the library's
@@ -167,7 +167,7 @@ def _register_autocast_dtype(device_type: str, op_name: str) -> str | None:
     base, _, overload = op_name.partition(".")
     opdef = custom_ops.OPDEFS.get(base)
     if opdef is not None and overload in ("", "default"):
-        dtype = getattr(opdef, "_autocast_dtype", {}).get(device_type)
+        dtype = custom_op_autocast_dtype(opdef, device_type)  # stored otherwise before 2.13
         if isinstance(dtype, torch.dtype):
             return str(dtype).removeprefix("torch.")
     namespace, _, name = base.partition("::")
