@@ -252,7 +252,7 @@ def model_call(call: Any, *args: Any, **kwargs: Any) -> Any:
     """The traced forward's call of the model: on a real run's path under :func:`as_a_real_run`,
     and returning where the forward stopped at a Python-level raise
     (:func:`stopping_at_raise`)."""
-    if not _REAL_RUN[0]:
+    if not _REAL_RUN[0] or not hasattr(torch.compiler, "_is_exporting_flag"):
         return returning_at_stop(call, *args, **kwargs)
     flags = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
     torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = False
