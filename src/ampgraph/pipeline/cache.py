@@ -108,6 +108,34 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+#: The CPU features that decide which kernels a CPU report predicts (oneDNN takes 16-bit
+#: convolutions only where torch's ``mkldnn_bf16_device_check`` / ``mkldnn_fp16_device_check``
+#: find them: ``ampgraph.annotate.cpu_backend``), and the variables that cap oneDNN's ISA.
+CPU_FEATURES = frozenset(
+    {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_fp16",
+     "amx_tile", "amx_bf16", "amx_fp16"}
+)  # fmt: skip
+
+
+def cpu_kind(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU features a CPU prediction depends on, read without torch: an AMD EPYC and a
+    Sapphire Rapids Xeon give different reports (oneDNN's 16-bit convolutions), so a cache shared
+    between them must not serve one's report on the other.
+
+    >>> isinstance(cpu_kind(), str), cpu_kind("/nonexistent").startswith("unknown")
+    (True, True)
+    """
+    caps = [f"{k}={os.environ[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+            if k in os.environ]  # fmt: skip
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            lines = (line for line in f if line.startswith("flags"))
+            flags = next((line.split(":", 1)[1].split() for line in lines), [])
+    except OSError:
+        return " ".join(["unknown", platform.processor(), *caps])
+    return " ".join([*sorted(CPU_FEATURES.intersection(flags)), *caps]) or "none"
+
+
 def environment() -> dict[str, str]:
     """What decides an analysis besides the request, read without importing torch.
 
@@ -132,6 +160,7 @@ def environment() -> dict[str, str]:
         "prefix": sys.prefix,
         "python": sys.version,
         "platform": f"{sys.platform} {platform.machine()}",
+        "cpu": cpu_kind(),
         "format": str(CACHE_FORMAT),
     }
 
