@@ -14,7 +14,8 @@ In one process, after the imports (which both pay alike), on the same fp32 weigh
 Each is the median of ``--runs`` runs (the whole calls: of one), in wall seconds and in this
 process's CPU seconds (``time.process_time``: what another process's load on the machine does
 not inflate; the budget is judged on both and printed PASS or FAIL). ``--seq-len`` sets the
-token count (8, the other commands' default, and 128 are worth a look).
+token count (8, the other commands' default, and 128 are worth a look), ``--threads`` torch's
+threads.
 
     python bench/ranges_bench.py
     python bench/ranges_bench.py --seq-len 128 --runs 7 --json bench/results/ranges.json
@@ -52,9 +53,17 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=8)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="Also write the figures to this file.")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch's intra-op threads (default: torch's own). 1 is the figure least moved by "
+        "other load: on a shared 2-core machine, two threads spin at every op's barrier.",
+    )  # fmt: skip
     args = parser.parse_args()
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     import ampgraph.ranges.collect as collect
     from ampgraph.capture.casts import cast_floating

@@ -15,6 +15,7 @@ ValueRange(dtype='float32', numel=4, max_abs=3.0, min_nonzero=0.0010..., zeros=1
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -172,6 +173,21 @@ class RangeRun(FakeReplay):
         self.modules = modules
         self.kinds = kinds
         self.ranges: dict[str, NodeRange] = ranges if ranges is not None else {}
+        #: Ranges of the graph inputs' memory (weights live for the whole run), by what makes a
+        #: view read the same values: a tied weight or an alias of one is not read again.
+        self.seen: dict[tuple[Any, ...], ValueRange] = {}
+        self.input_storages: set[int] = set()
+
+    def _reduce(self, v: torch.Tensor, placeholder: bool) -> ValueRange:
+        storage = v.untyped_storage().data_ptr()
+        if placeholder:
+            self.input_storages.add(storage)
+        if storage not in self.input_storages:
+            return reduce_tensor(v)
+        key = (storage, v.storage_offset(), tuple(v.shape), tuple(v.stride()), v.dtype, v._version)
+        if key not in self.seen:
+            self.seen[key] = reduce_tensor(v)
+        return copy.copy(self.seen[key])
 
     def _record(self, n: fx.Node, value: Any, error: str | None = None) -> None:
         name = self.qualified(n)
@@ -181,7 +197,9 @@ class RangeRun(FakeReplay):
         )  # fmt: skip
         if error is None:
             rec.outputs = [
-                reduce_tensor(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else None
+                self._reduce(v, n.op == "placeholder")
+                if isinstance(v, torch.Tensor) and v.is_floating_point()
+                else None
                 for v in pytree.tree_leaves(value)
             ]
         self.ranges[name] = rec
