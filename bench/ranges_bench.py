@@ -107,17 +107,22 @@ def main() -> None:
 
     rows: dict[str, tuple[float, float]] = {}
     # In turns, so that a change in the machine's load falls on all three alike.
-    for name, fn in (("eager forward", eager), ("graph run", graph_run), ("ranges run", ranges_run)):
+    runs = (("eager forward", eager), ("graph run", graph_run), ("ranges run", ranges_run))
+    for name, fn in runs:
         rows[name] = timed(fn, args.runs)
-    for name, settings in (("value_ranges, 1 setting", ["amp-fp32"]),
-                           ("value_ranges, 4 settings", ["fp32", "half", "amp-fp32", "amp-half"])):  # fmt: skip
+    calls = (
+        ("value_ranges, 1 setting", ["amp-fp32"]),
+        ("value_ranges, 4 settings", ["fp32", "half", "amp-fp32", "amp-half"]),
+    )
+    for name, settings in calls:
         w, c = time.perf_counter(), time.process_time()
         value_ranges(built, settings)
         rows[name] = (time.perf_counter() - w, time.process_time() - c)
 
     base_wall, base_cpu = rows["eager forward"]
-    print(f"{args.model}, seq_len {args.seq_len}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {platform.machine()}, median of {args.runs}")  # fmt: skip
+    threads = torch.get_num_threads()
+    print(f"{args.model}, seq_len {args.seq_len}, torch {torch.__version__}, {threads} threads, "
+          f"{platform.machine()}, median of {args.runs}")  # fmt: skip
     print(f"{'case':<26}{'wall':>10}{'CPU':>10}{'x forward (wall)':>18}{'x forward (CPU)':>17}")
     for name, (wall, cpu_s) in rows.items():
         print(f"{name:<26}{wall:>9.3f}s{cpu_s:>9.3f}s{wall / base_wall:>17.2f}x"
@@ -131,8 +136,10 @@ def main() -> None:
         record = {
             "model": args.model, "seq_len": args.seq_len, "runs": args.runs,
             "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cases": {k: {"wall_s": round(v[0], 4), "cpu_s": round(v[1], 4)} for k, v in rows.items()},
-            "ratio_wall": round(wall_ratio, 3), "ratio_cpu": round(cpu_ratio, 3), "verdict": verdict,
+            "cases": {k: {"wall_s": round(v[0], 4), "cpu_s": round(v[1], 4)}
+                      for k, v in rows.items()},
+            "ratio_wall": round(wall_ratio, 3), "ratio_cpu": round(cpu_ratio, 3),
+            "verdict": verdict,
         }  # fmt: skip
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 

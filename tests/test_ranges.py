@@ -337,6 +337,36 @@ def test_cli_text_json_and_fail_on() -> None:
     )
     md = CliRunner().invoke(main, [*args, "--format", "markdown"]).output
     assert md.startswith("### Value ranges") and "| `amp-fp32`" in md
+    sarif = json.loads(CliRunner().invoke(main, [*args, "--format", "sarif"]).output)
+    (run,) = sarif["runs"]
+    assert [r["ruleId"] for r in run["results"]] == ["overflow"]
+    assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"] == {
+        "uri": "tests/test_ranges.py"
+    }
+
+
+class TiedView(nn.Module):
+    """A weight read as it is and through views: each view's range is its own values'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.arange(-6.0, 6.0).reshape(3, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w.t() + self.w.t()[:2].sum()
+
+
+def test_views_of_a_weight_have_their_own_values_ranges() -> None:
+    module = TiedView()
+    result = value_ranges(ModelInputs("tied", module, (torch.ones(2, 4),)), ["fp32"],
+                          device_type="cpu")  # fmt: skip
+    w = module.w.detach()
+    for node in result.nodes:
+        out = node.outputs[0] if node.outputs else None
+        if node.op.startswith(("aten.t.", "aten.permute")) and out is not None:
+            assert out.max_abs == 6.0 and out.zeros == 1
+        if node.op.startswith("aten.slice") and out is not None:
+            assert out.max_abs == float(w.t()[:2].abs().max())
 
 
 def test_overlay_colours_each_box_by_its_headroom(tmp_path: Any) -> None:

@@ -36,9 +36,10 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
     help="Seeded random weights even where a model folder has *.safetensors shards.",
 )
 @format_option(
-    ["text", "json", "markdown"],
+    ["text", "json", "markdown", "sarif"],
     "text: a line per setting and its findings (one screen); json: schema ampgraph.ranges "
-    "(docs/schema.md); markdown: tables for a pull request.",
+    "(docs/schema.md); markdown: tables for a pull request; sarif: SARIF 2.1.0 for code "
+    "scanning.",
 )
 @click.option(
     "--fail-on", type=click.Choice(["error", "never"]), default="never", show_default=True,
@@ -86,8 +87,9 @@ def ranges_command(
                 weights_dir=_weights_dir(model, random_weights),
             )  # fmt: skip
     progress_done()
-    render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown}[fmt]
-    click.echo(render(result), nl=fmt == "json")
+    render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown,
+              "sarif": formats.sarif}[fmt]  # fmt: skip
+    click.echo(render(result), nl=fmt in ("json", "sarif"))
     if overlay_dir is not None:
         from ampgraph.ranges.overlay import write_overlays
 

@@ -137,4 +137,44 @@ def markdown(result: RangesResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["markdown", "text", "to_json"]
+def sarif(result: RangesResult) -> str:
+    """SARIF 2.1.0 for code scanning, as ``ampgraph audit --format sarif``: one run, a rule per
+    kind, a result per finding of severity warning or error (each setting's, and the fp32
+    run's), located at the module and node, and at the model's file where it names one."""
+    from ampgraph import __version__
+    from ampgraph.ranges.records import KINDS
+    from ampgraph.review.audit import artifact_uri, model_file
+
+    artifact = model_file(result.model)
+    results = []
+    pairs = [(s.name, f) for s in result.settings for f in s.findings]
+    pairs += [("fp32 run", f) for f in result.reference_findings]
+    for name, f in pairs:
+        if f.severity == "note":
+            continue
+        logical = {"fullyQualifiedName": f"{f.module or '<top>'}/{f.node}", "kind": "member"}
+        location: dict[str, object] = {"logicalLocations": [logical]}
+        if artifact:
+            location["physicalLocation"] = {
+                "artifactLocation": {"uri": artifact_uri(artifact)}, "region": {"startLine": 1},
+            }  # fmt: skip
+        results.append({
+            "ruleId": f.kind, "level": f.severity, "message": {"text": f"[{name}] {f.message}"},
+            "locations": [location],
+            "partialFingerprints": {"ampgraph/v1": f"{result.model}:{name}:{f.kind}:{f.node}"},
+        })  # fmt: skip
+    rules = [
+        {"id": kind, "name": kind.title().replace("-", ""), "shortDescription": {"text": title},
+         "defaultConfiguration": {"level": level},
+         "helpUri": "https://github.com/ampgraph/ampgraph/blob/main/docs/ranges.md"}
+        for kind, (level, title) in KINDS.items()
+    ]  # fmt: skip
+    return json.dumps({
+        "version": "2.1.0",
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "runs": [{"tool": {"driver": {"name": "ampgraph ranges", "version": __version__,
+                                      "rules": rules}}, "results": results}],
+    }, indent=1)  # fmt: skip
+
+
+__all__ = ["markdown", "sarif", "text", "to_json"]

@@ -71,7 +71,8 @@ def recolour(source: str, rooms: Mapping[str, float]) -> str:
         if room is None:
             return m.group(0)
         line, fill = _colours(room)
-        body = _COLOURS.sub(f'color="{line}" fillcolor="{fill}" xlabel="{room:+.1f}"', m.group(4), 1)
+        attrs = f'color="{line}" fillcolor="{fill}" xlabel="{room:+.1f}"'
+        body = _COLOURS.sub(attrs, m.group(4), 1)
         return m.group(1) + body
 
     painted = _BOX.sub(paint, source)
