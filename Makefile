@@ -20,6 +20,7 @@ BIN := $(VENV)/bin
 # docs/support-matrix.md.
 FLOOR_TORCH_SPEC ?= torch==2.10.0
 FLOOR_TRANSFORMERS_SPEC ?= transformers==5.24.0
+FLOOR_VISION_SPEC ?= torchvision==0.25.0
 FLOOR_VENV ?= .venv-floor
 FLOOR_TESTS ?= tests/test_compat.py src/ampgraph/compat.py tests/test_policy.py \
   tests/test_capture_engines.py tests/test_tracers.py tests/test_meta_kernels.py \
@@ -51,8 +52,9 @@ $(FLOOR_VENV)/.installed: pyproject.toml
 	rm -rf $(FLOOR_VENV)
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/pip install --quiet --upgrade pip
-	$(FLOOR_VENV)/bin/pip install --quiet "$(FLOOR_TORCH_SPEC)"
-	$(FLOOR_VENV)/bin/pip install --quiet -e ".[test]" "$(FLOOR_TORCH_SPEC)" "$(FLOOR_TRANSFORMERS_SPEC)"
+	$(FLOOR_VENV)/bin/pip install --quiet "$(FLOOR_TORCH_SPEC)" "$(FLOOR_VISION_SPEC)"
+	$(FLOOR_VENV)/bin/pip install --quiet -e ".[test]" "$(FLOOR_TORCH_SPEC)" "$(FLOOR_VISION_SPEC)" \
+	  "$(FLOOR_TRANSFORMERS_SPEC)"
 	touch $@
 
 # Graphviz's dot lays the diagrams out. Installed from Debian's packages when we are root.

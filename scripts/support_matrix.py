@@ -46,8 +46,27 @@ RELEASES: dict[str, str | None] = {
 ENGINES = {
     "make-fx": ["table", "-s", "amp-fp32", "--tracer", "make-fx"],
     "export": ["table", "-s", "amp-fp32", "--tracer", "export"],
-    "fx": ["table", "-s", "amp-fp32", "--tracer", "fx"],
+    # torch.fx.symbolic_trace cannot trace transformers 5's models (co_varnames): a plain module.
+    "fx": ["table", "-s", "amp-fp32", "--tracer", "fx", "--module", "{tmp}/mlp.py:build"],
 }
+
+#: The plain module the fx column traces: Linear, LayerNorm, GELU, Linear and a residual add.
+MLP = """import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.norm, self.down = nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.down(nn.functional.gelu(self.norm(self.up(x))))
+
+
+def build():
+    return Block(), (torch.randn(2, 8),)
+"""
 COMMANDS = {
     "table": ["table"],
     "check": ["check"],
@@ -114,15 +133,21 @@ def _venv(venvs: Path, spec: str, transformers: str | None, install: bool) -> tu
     path = venvs / spec.replace("==", "-")
     python = path / "bin" / "python"
     if python.exists() or not install:
-        return path, "existing venv"
+        return path, f"existing venv, {_size(path):.1f} GiB" if python.exists() else "none"
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, spec], check=True)
     extra = [transformers] if transformers else []
     subprocess.run([*pip, "-e", f"{ROOT}[test]", spec, *extra], check=True)
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-    return path, f"{time.monotonic() - start:.0f} s, {size / 2**30:.1f} GiB"
+    return path, f"{time.monotonic() - start:.0f} s, {_size(path):.1f} GiB"
+
+
+def _size(path: Path) -> float:
+    """What a venv holds, in GiB."""
+    real = path.resolve()
+    files = (f for f in real.rglob("*") if f.is_file() and not f.is_symlink())
+    return sum(f.stat().st_size for f in files) / 2**30
 
 
 def _first_line(text: str) -> str:
@@ -134,8 +159,10 @@ def _first_line(text: str) -> str:
 
 def _run(venv: Path, args: list[str], model: str, timeout: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "mlp.py").write_text(MLP)
         argv = [str(venv / "bin" / "ampgraph"), "--no-cache", "-q"]
-        argv += [a.replace("{tmp}", tmp) for a in args] + [model]
+        argv += [a.replace("{tmp}", tmp) for a in args]
+        argv += [] if "--module" in args else [model]
         env = {**os.environ, "AMPGRAPH_CACHE_DIR": tmp}
         try:
             out = subprocess.run(
@@ -201,7 +228,9 @@ def markdown(rows: list[Row], model: str) -> str:
         "# Support matrix",
         "",
         "Which torch and transformers releases ampgraph runs on, engine by engine and command by",
-        f"command, on `{model}`. Made by `scripts/support_matrix.py` on {when} ({where}); each",
+        f"command, on `{model}` (the fx tracer on a small plain module: it cannot trace",
+        "transformers 5's models). Made by `scripts/support_matrix.py` on",
+        f"{when} ({where}); each",
         "release is a venv of its own with the CUDA build of torch from PyPI. `ok`: the command",
         "exited 0; a number: the note below says what it said instead.",
         "",
