@@ -50,9 +50,27 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
     help="Also write each setting's diagram (unfolded) with every box coloured by its headroom, "
     "as MODEL-SETTING-ranges.svg in DIR (needs Graphviz's dot).",
 )  # fmt: skip
+@click.option(
+    "--pass", "pass_", type=click.Choice(["forward", "train"]), default="forward",
+    show_default=True,
+    help="train: trace the model in training mode and also run the train pass's loss "
+    "(output.float().sum()) backward for real: every gradient judged in its dtype there, and "
+    "the loss scale that keeps the fp16 ones finite.",
+)
+@click.option(
+    "--loss", metavar="KEY|INDEX", default=None,
+    help="Which output the loss reduces, for --pass train: an output key ('logits') or index "
+    "('0'). Default: the first floating-point output.",
+)
+@click.option(
+    "--diff", "show_diff", is_flag=True,
+    help="Compare two settings (give exactly two -s): the values judged differently in each, "
+    "one screen (text), or a 'diff' object added to the JSON.",
+)  # fmt: skip
 def ranges_command(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
     random_seed: int, random_weights: bool, fmt: str, fail_on: str, overlay_dir: Path | None,
+    pass_: str, loss: str | None, show_diff: bool,
 ) -> None:  # fmt: skip
     """Will it overflow? Value ranges of one real fp32 run, judged in each setting.
 
@@ -72,24 +90,33 @@ def ranges_command(
       ampgraph ranges --model-dir ./opt-125m -s half --amp-dtype fp16 --format json
       ampgraph ranges --fail-on error -s amp-fp32 --amp-dtype fp16   # for CI
       ampgraph ranges llama-tiny --amp-dtype fp16 --overlay figures/  # coloured diagrams
+      ampgraph ranges llama-tiny -s half --amp-dtype fp16 --pass train  # gradients, loss scale
+      ampgraph ranges llama-tiny -s amp-fp32 -s half --amp-dtype fp16 --diff
     """
     from ampgraph.model.usercode import deadline, model_code
     from ampgraph.pipeline.run import prepare
     from ampgraph.ranges import formats
     from ampgraph.ranges import value_ranges
 
+    if loss is not None and pass_ != "train":
+        raise click.UsageError("--loss needs --pass train")
     resolved = resolve_settings(settings, device, amp_dtype)
+    if show_diff and (len(resolved) != 2 or fmt not in ("text", "json")):
+        raise click.UsageError("--diff compares two settings (give two -s) in text or json")
     with deadline(timeout_seconds()):
         with model_code():
             built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
             result = value_ranges(
                 built, resolved, seed=random_seed, force=forced(), progress=progress,
-                weights_dir=_weights_dir(model, random_weights),
+                weights_dir=_weights_dir(model, random_weights), pass_=pass_, loss=loss,
             )  # fmt: skip
     progress_done()
-    render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown,
-              "sarif": formats.sarif}[fmt]  # fmt: skip
-    click.echo(render(result), nl=fmt in ("json", "sarif"))
+    if show_diff:
+        click.echo(formats.diff_view(result, fmt), nl=fmt == "json")
+    else:
+        render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown,
+                  "sarif": formats.sarif}[fmt]  # fmt: skip
+        click.echo(render(result), nl=fmt in ("json", "sarif"))
     if overlay_dir is not None:
         from ampgraph.ranges.overlay import write_overlays
 

@@ -29,14 +29,16 @@ linear (linear): max 1.2e+05 > fp16's 65,504; autocast runs linear in fp16 becau
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampgraph.capture.casts import cast_floating
-from ampgraph.capture.trace import capture
+from ampgraph.capture.trace import Capture, capture
 from ampgraph.model.build import ModelInputs
 from ampgraph.pipeline.stages import analyze_capture
 from ampgraph.ranges.collect import graph_constants, run_ranges
@@ -52,7 +54,11 @@ from ampgraph.ranges.records import (
     ValueRange,
 )
 from ampgraph.ranges.weights import check_memory, real_state
+from ampgraph.report.records import NodeRecord
 from ampgraph.settings import Setting
+
+if TYPE_CHECKING:
+    from ampgraph.ranges.backward import GradientRun
 
 Progress = Callable[[str], None] | None
 
@@ -60,6 +66,61 @@ Progress = Callable[[str], None] | None
 def _say(progress: Progress, text: str) -> None:
     if progress is not None:
         progress(text)
+
+
+def _reference_values(
+    ref_cap: Capture, model: ModelInputs, seed: int, weights_dir: Path | None
+) -> tuple[list[Any], str]:
+    """The reference graph's placeholder values on the CPU in fp32, and where the weights came
+    from (in words)."""
+    from ampgraph.verify.tensors import graph_inputs, real_inputs
+
+    state, source = real_state(model.module, seed, weights_dir)
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(seed)
+    args, kwargs = cast_floating(real_inputs(model, cpu, gen), "float32")
+    return list(graph_inputs(ref_cap, model, args, kwargs, cpu, gen, known=state)), source
+
+
+def _measure(
+    ref_cap: Capture, values: list[Any], modules: dict[str, str | None],
+    kinds: dict[str, str], pass_: str, loss: str | int | None,
+) -> tuple[dict[str, NodeRange], GradientRun | None]:  # fmt: skip
+    """The reference run: forward ranges, and with ``pass_`` train the gradients too."""
+    if pass_ != "train":
+        return run_ranges(ref_cap, values, modules, kinds), None
+    from ampgraph.ranges.backward import run_gradients
+
+    grads = run_gradients(ref_cap, values, modules, kinds, loss)
+    for name, slots in grads.nodes.items():
+        if name in grads.forward:
+            grads.forward[name].gradients = slots
+    return grads.forward, grads
+
+
+def _train_verdicts(
+    result: RangesResult, grads: GradientRun | None, ref_nodes: list[NodeRecord],
+    measured: dict[str, NodeRange], loss: str | int | None,
+) -> None:  # fmt: skip
+    """Add each setting's gradient findings and loss scale, and the run's own, to ``result``."""
+    from ampgraph.ranges.gradients import judge_gradients, loss_scale
+    from ampgraph.train.backward import LOSS_EXPRESSION
+
+    if grads is None:
+        return
+    result.pass_ = "train"
+    result.loss = {"output": grads.loss_output, "expression": LOSS_EXPRESSION,
+                   "value": grads.loss if math.isfinite(grads.loss) else str(grads.loss)}
+    result.parameter_gradients = grads.parameters
+    every = [
+        (f"{measured[n].op.removeprefix('aten.').split('.')[0]} in {measured[n].module} ({n})"
+         if n in measured and measured[n].module else n, g)
+        for n, slots in grads.nodes.items() for g in slots if g is not None
+    ]  # fmt: skip
+    result.loss_scale = loss_scale(every + list(grads.parameters.items()))
+    for verdict, report in zip(result.settings, result.reports):
+        found, verdict.loss_scale = judge_gradients(report, ref_nodes, measured, grads.parameters)
+        verdict.findings += found
 
 
 def value_ranges(
@@ -72,16 +133,22 @@ def value_ranges(
     weights_dir: Path | None = None,
     force: bool = False,
     progress: Progress = None,
+    pass_: str = "forward",
+    loss: str | int | None = None,
 ) -> RangesResult:
     """Run ``model`` once for real in fp32 on the CPU and judge its values in each setting.
 
     ``settings`` are :class:`~ampgraph.settings.Setting` objects or names (parsed with
     ``device_type`` and ``amp_dtype``). Weights: see :mod:`ampgraph.ranges.weights`;
     ``weights_dir`` is a folder of ``*.safetensors`` shards. A model whose fp32 weights do not fit
-    this machine's memory is a one-line :class:`RangesError` unless ``force``.
+    this machine's memory is a one-line :class:`RangesError` unless ``force``. ``pass_`` "train"
+    traces the model in training mode, runs the train pass's loss (``loss`` names its output)
+    backward for real too, and judges each gradient in its dtype (:mod:`ampgraph.ranges.gradients`).
     """
     from ampgraph import __version__
 
+    if pass_ not in ("forward", "train"):
+        raise RangesError(f"unknown pass {pass_!r} for ranges: use forward or train")
     parsed = [
         s if isinstance(s, Setting) else Setting.parse(s, device_type=device_type,
                                                        amp_dtype=amp_dtype)
@@ -89,43 +156,37 @@ def value_ranges(
     ]  # fmt: skip
     check_memory(model.module, model.name, force=force)
     seconds: dict[str, float] = {}
+    training, analysis = pass_ == "train", {"pass_": pass_, "loss": loss}
     t0 = time.perf_counter()
     reference = Setting.parse("fp32,inputs=fp32", device_type=parsed[0].device_type)
     _say(progress, "capturing the fp32 reference graph")
-    ref_cap = capture(model, reference)
-    ref_report = analyze_capture(ref_cap, check=False)
+    ref_cap = capture(model, reference, training=training)
+    ref_report = analyze_capture(ref_cap, check=False, **analysis)
     reports = []
     for i, setting in enumerate(parsed, 1):
         _say(progress, f"analysing {setting.name} ({i} of {len(parsed)})")
-        cap = ref_cap if setting == reference else capture(model, setting)
-        report = ref_report if cap is ref_cap else analyze_capture(cap, check=False)
+        cap = ref_cap if setting == reference else capture(model, setting, training=training)
+        report = ref_report if cap is ref_cap else analyze_capture(cap, check=False, **analysis)
         reports.append((report, graph_constants(cap.graph_module)))
     seconds["capture_annotate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     _say(progress, "materialising fp32 weights on the CPU")
-    state, source = real_state(model.module, seed, weights_dir)
-    from ampgraph.verify.tensors import graph_inputs, real_inputs
-
-    cpu = torch.device("cpu")
-    gen = torch.Generator().manual_seed(seed)
-    args, kwargs = cast_floating(real_inputs(model, cpu, gen), "float32")
-    values = graph_inputs(ref_cap, model, args, kwargs, cpu, gen, known=state)
-    del state
+    values, source = _reference_values(ref_cap, model, seed, weights_dir)
     seconds["materialise"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    _say(progress, "running the model in fp32 on the CPU")
+    _say(progress, "running the model in fp32 on the CPU" + " (forward and backward)" * training)
     modules = {r.name: r.module for r in ref_report.nodes}
     kinds = {r.name: r.kind for r in ref_report.nodes}
-    measured = run_ranges(ref_cap, values, modules, kinds)
+    measured, grads = _measure(ref_cap, values, modules, kinds, pass_, loss)
     del values
     seconds["run"] = time.perf_counter() - t0
 
     verdicts = [judge_setting(rep, ref_report.nodes, measured, consts) for rep, consts in reports]
     ordered = [measured[r.name] for r in ref_report.nodes if r.name in measured]
     ordered += [n for name, n in measured.items() if name not in modules]  # region bodies
-    return RangesResult(
+    result = RangesResult(
         model=model.name,
         weights=source,
         seed=seed,
@@ -137,6 +198,8 @@ def value_ranges(
         seconds={k: round(v, 3) for k, v in seconds.items()},
         reports=[rep for rep, _ in reports],
     )
+    _train_verdicts(result, grads, ref_report.nodes, measured, loss)
+    return result
 
 
 __all__ = [

@@ -64,6 +64,26 @@ def _room(s: SettingRanges) -> str:
     return f"{least[1]:+.1f}" if least is not None else "-"
 
 
+def _train_lines(result: RangesResult) -> list[str]:
+    """``--pass train``: the loss, and each setting's fp16 loss scale in a line."""
+    from ampgraph.ranges.gradients import describe
+
+    if result.pass_ != "train" or result.loss is None:
+        return []
+    loss = result.loss
+    which = f"the output {loss['output']!r}" if loss["output"] else "the model's output"
+    value = loss["value"] if isinstance(loss["value"], str) else f"{loss['value']:.4g}"
+    lines = ["", f"gradients: loss = {loss['expression']} of {which} = {value} in the fp32 run; "
+             f"{len(result.parameter_gradients)} parameter gradients"]  # fmt: skip
+    width = max([len(s.name) for s in result.settings] + [10])
+    named = [(s.name, s.loss_scale) for s in result.settings]
+    for name, scale in [*named, ("all fp16", result.loss_scale)]:
+        if scale is not None:
+            first, *rest = describe(scale)
+            lines += [f"  {name:<{width}}  {first}", *(f"  {'':<{width}}  {r}" for r in rest)]
+    return lines
+
+
 def text(result: RangesResult) -> str:
     """The table and summary: one screen."""
     width = max([len(s.name) for s in result.settings] + [7])
@@ -80,6 +100,7 @@ def text(result: RangesResult) -> str:
         "headroom: decades from the largest 16-bit value to its dtype's largest finite number "
         "(negative: overflow)"
     )
+    lines += _train_lines(result)
     for s in result.settings:
         rest = [f for f in s.findings if f.severity != "note" and f is not s.first]
         if not rest:
@@ -108,6 +129,19 @@ def text(result: RangesResult) -> str:
 def to_json(result: RangesResult) -> str:
     """The versioned JSON record (schema ``ampgraph.ranges``, documented in docs/schema.md)."""
     return json.dumps(result.to_dict(), indent=1, allow_nan=False)
+
+
+def diff_view(result: RangesResult, fmt: str) -> str:
+    """``--diff``: the first two settings' differing verdicts as text, or the JSON record with a
+    ``diff`` object (:mod:`ampgraph.ranges.diff`)."""
+    from ampgraph.ranges import diff
+
+    a, b = result.settings[:2]
+    rows = diff.diff(a, b)
+    if fmt == "text":
+        return diff.text(a, b, rows)
+    return json.dumps({**result.to_dict(), "diff": diff.to_dict(a, b, rows)}, indent=1,
+                      allow_nan=False)  # fmt: skip
 
 
 def _cell(value: str) -> str:
@@ -177,4 +211,4 @@ def sarif(result: RangesResult) -> str:
     }, indent=1)  # fmt: skip
 
 
-__all__ = ["markdown", "sarif", "text", "to_json"]
+__all__ = ["diff_view", "markdown", "sarif", "text", "to_json"]

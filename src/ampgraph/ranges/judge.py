@@ -217,8 +217,10 @@ def judge_setting(
     pairs = pair_nodes(ref_nodes, report.nodes)
     out = SettingRanges(report.setting, caption(report.setting))
     for rec in report.nodes:
+        start = len(out.findings)
         out.findings += _constant_findings(rec, constants.get(rec.name, ()))
         ref = _reference_of(rec, pairs, ranges)
+        _name_reference(out.findings[start:], ref.name if ref else pairs.get(rec.name))
         if ref is None:
             if rec.kind not in PLACEHOLDER_KINDS and rec.kind != "output":
                 out.unpaired.append(rec.name)
@@ -239,7 +241,15 @@ def judge_setting(
                 out.findings += _value_findings(
                     rec, cast.to_dtype, vr, report.setting, producer=cast.node
                 )
+        _name_reference(out.findings[start:], ref.name)
     return out
+
+
+def _name_reference(findings: Sequence[RangeFinding], reference: str | None) -> None:
+    """Each finding's reference-run node: what compares it with another setting's (``--diff``)."""
+    for f in findings:
+        if f.reference is None:
+            f.reference = reference
 
 
 def reference_findings(

@@ -39,6 +39,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "subnormal": ("note", "Values below the smallest normal number lose significant bits"),
     "reference-nonfinite": ("warning", "inf or NaN already in the fp32 run"),
     "reference-underflow": ("warning", "Values that underflow to zero already in fp32"),
+    "gradient-overflow": ("error", "Gradients above their dtype's largest finite number"),
+    "gradient-flush-to-zero": ("note", "Non-zero gradients that become zero in their dtype"),
+    "scaled-underflow": ("warning", "Gradients that still flush to zero at the fp16 loss scale"),
 }
 
 
@@ -150,13 +153,18 @@ class NodeRange:
     module: str | None
     outputs: list[ValueRange | None] = field(default_factory=list)
     error: str | None = None
+    #: ``--pass train``: the gradient flowing into each output (None: none reaches it).
+    gradients: list[ValueRange | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "name": self.name, "op": self.op, "kind": self.kind, "module": self.module,
             "outputs": [o.to_dict() if o is not None else None for o in self.outputs],
             "error": self.error,
         }  # fmt: skip
+        if self.gradients is not None:
+            data["gradients"] = [g.to_dict() if g is not None else None for g in self.gradients]
+        return data
 
 
 @dataclass
@@ -173,6 +181,8 @@ class RangeFinding:
     message: str
     #: The node whose value is cast (``cast-overflow``), or None.
     producer: str | None = None
+    #: The reference run's node this one is paired with (what ``--diff`` compares by), or None.
+    reference: str | None = None
 
     @property
     def severity(self) -> str:
@@ -183,6 +193,48 @@ class RangeFinding:
         data["severity"] = self.severity
         data["value"] = _num(self.value)
         return data
+
+
+@dataclass
+class LossScale:
+    """The loss scale that keeps a set of fp16 gradients finite, and what it costs.
+
+    ``scale`` is ``2 ** log2``: the largest power of two S with ``max_abs * S <= 65504`` (None
+    where no gradient is non-zero). ``torch.amp.GradScaler`` starts at ``2 ** 16`` and halves the
+    scale at each step whose gradients hold an inf (skipping that step): ``halvings`` such steps
+    before the first finite one. ``underflow`` names the gradients whose smallest non-zero
+    magnitude still rounds to zero in fp16 at S (``min_nonzero * S <= 2 ** -25``).
+    """
+
+    judged: int  # fp16 gradients looked at
+    max_abs: float | None = None
+    node: str | None = None  # the gradient that sets the scale
+    log2: int | None = None
+    underflow: list[str] = field(default_factory=list)
+
+    @property
+    def scale(self) -> float | None:
+        return None if self.log2 is None else math.ldexp(1.0, self.log2)
+
+    @property
+    def init_overflows(self) -> bool:
+        """Whether GradScaler's default first scale, 2**16, overflows at the first step."""
+        return self.log2 is not None and self.log2 < GRADSCALER_INIT_LOG2
+
+    @property
+    def halvings(self) -> int:
+        return max(0, GRADSCALER_INIT_LOG2 - self.log2) if self.log2 is not None else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "judged": self.judged, "max_abs": self.max_abs, "node": self.node,
+            "log2": self.log2, "scale": self.scale, "gradscaler_init_overflows":
+            self.init_overflows, "halvings": self.halvings, "underflow": self.underflow,
+        }  # fmt: skip
+
+
+#: ``torch.amp.GradScaler``'s default ``init_scale`` is ``2.0 ** 16``.
+GRADSCALER_INIT_LOG2 = 16
 
 
 @dataclass
@@ -197,6 +249,8 @@ class SettingRanges:
     #: Nodes that compute and had a reference value to judge / had none (unpaired).
     judged: int = 0
     unpaired: list[str] = field(default_factory=list)
+    #: ``--pass train``: the loss scale that keeps this setting's fp16 gradients finite.
+    loss_scale: LossScale | None = None
 
     @property
     def name(self) -> str:
@@ -229,6 +283,7 @@ class SettingRanges:
             "unpaired": self.unpaired,
             "least_headroom": {"node": least[0], "decades": round(least[1], 3)} if least else None,
             "headroom": {k: round(v, 3) for k, v in self.headroom.items()},
+            "loss_scale": self.loss_scale.to_dict() if self.loss_scale is not None else None,
         }
 
 
@@ -248,6 +303,14 @@ class RangesResult:
     seconds: dict[str, float] = field(default_factory=dict)
     #: Each setting's analysis, in the order of ``settings`` (for the overlay; not in the JSON).
     reports: list[Report] = field(default_factory=list, repr=False)
+    #: ``forward``, or ``train``: the gradients of the train pass's loss were measured too.
+    pass_: str = "forward"
+    #: ``--pass train``: the loss (output path, expression, value in the fp32 run).
+    loss: dict[str, Any] | None = None
+    #: ``--pass train``: each parameter's ``.grad`` in the fp32 run.
+    parameter_gradients: dict[str, ValueRange] = field(default_factory=dict)
+    #: ``--pass train``: the loss scale that would keep every gradient finite were all fp16.
+    loss_scale: LossScale | None = None
 
     @property
     def ok(self) -> bool:
@@ -266,12 +329,23 @@ class RangesResult:
             "settings": [s.to_dict() for s in self.settings],
             "nodes": [n.to_dict() for n in self.nodes],
             "seconds": self.seconds,
+            **(self._train_dict() if self.pass_ == "train" else {"pass": self.pass_}),
+        }
+
+    def _train_dict(self) -> dict[str, Any]:
+        return {
+            "pass": self.pass_,
+            "loss": self.loss,
+            "parameter_gradients": {k: v.to_dict() for k, v in self.parameter_gradients.items()},
+            "loss_scale": self.loss_scale.to_dict() if self.loss_scale is not None else None,
         }
 
 
 __all__ = [
+    "GRADSCALER_INIT_LOG2",
     "KINDS",
     "LIMITS",
+    "LossScale",
     "SCHEMA",
     "SCHEMA_VERSION",
     "SEVERITIES",
