@@ -12,6 +12,8 @@ import copy
 import functools
 import json
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -157,3 +159,62 @@ def test_cli_pass_train_and_diff() -> None:
     usage = CliRunner().invoke(main, [*args[:-4], "--diff"])  # one setting
     assert usage.exit_code == 2 and "--diff compares two settings" in usage.output
     assert CliRunner().invoke(main, [*args[:-2], "--loss", "0"]).exit_code == 2
+
+
+def _saved_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A ranges run and a report of ``grad_blowup`` in ``half`` (fp16), as the CLI saves them."""
+    args = ["--module", "tests/test_ranges_train.py:grad_blowup", "--device", "cpu",
+            "--amp-dtype", "fp16", "-s", "half"]  # fmt: skip
+    ranges, report = tmp_path / "ranges.json", tmp_path / "report.json"
+    out = CliRunner().invoke(main, ["ranges", *args, "--pass", "train", "--format", "json"])
+    ranges.write_text(out.output)
+    report.write_text(CliRunner().invoke(main, ["table", *args, "--format", "json"]).output)
+    return ranges, report
+
+
+def test_audit_kinds_are_ranges_kinds() -> None:
+    from ampgraph.ranges.records import KINDS
+    from ampgraph.review.ranges import SEVERITY
+
+    assert set(SEVERITY) == set(KINDS)
+    assert [SEVERITY[k][0] for k in ("overflow", "flush-to-zero", "subnormal")] == [
+        "error", "warning", "note"
+    ]  # fmt: skip
+
+
+def test_audit_ranges_adds_the_range_findings(tmp_path: Path) -> None:
+    ranges, report = _saved_files(tmp_path)
+    base = ["audit", "--report", str(report), "--ranges", str(ranges)]
+    out = CliRunner().invoke(main, base)
+    assert out.exit_code == 0, out.output
+    assert "findings: 3 range-gradient-overflow" in out.output
+    assert CliRunner().invoke(main, [*base, "--fail-on", "error"]).exit_code == 1
+    data = json.loads(CliRunner().invoke(main, [*base, "--format", "json"]).output)
+    kinds = [f["kind"] for f in data["audits"][0]["findings"]]
+    assert kinds.count("range-gradient-overflow") == 3
+    sarif = json.loads(CliRunner().invoke(main, [*base, "--format", "sarif"]).output)
+    run = sarif["runs"][0]
+    assert {r["ruleId"] for r in run["results"]} == {"range-gradient-overflow"}
+    assert "range-gradient-overflow" in {r["id"] for r in run["tool"]["driver"]["rules"]}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(schema="ampgraph.report"), "schema is 'ampgraph.report'"),
+        (lambda d: d["settings"][0]["findings"][0].update(node=3),
+         "settings[0].findings[0].node is an int, not a string"),
+        (lambda d: d["settings"][0]["findings"][0].update(kind="boom"), "'boom' is no kind"),
+        (lambda d: d["settings"][0]["setting"].update(name="amp-half"), "is not among the audited"),
+    ],
+)  # fmt: skip
+def test_audit_ranges_refuses_a_wrong_file_in_one_line(
+    tmp_path: Path, change: Any, message: str
+) -> None:
+    ranges, report = _saved_files(tmp_path)
+    data = json.loads(ranges.read_text())
+    change(data)
+    ranges.write_text(json.dumps(data))
+    out = CliRunner().invoke(main, ["audit", "--report", str(report), "--ranges", str(ranges)])
+    assert out.exit_code == 1 and message in out.output and "Traceback" not in out.output
+    assert len(out.output.strip().splitlines()) == 1

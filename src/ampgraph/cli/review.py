@@ -47,9 +47,15 @@ from ampgraph.settings import PRESETS, Setting
     "several. Needs no torch."
 )
 @no_check_option
+@click.option(
+    "--ranges", "ranges_paths", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
+    help="Add the findings of a saved ranges run (ampgraph ranges --format json) to the audit of "
+    "the same model and setting: values that overflow (error), flush to zero (warning) or lose "
+    "bits as subnormals (note). Repeat for several; needs no torch.",
+)  # fmt: skip
 def audit(
     model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int, fmt: str,
-    fail_on: str, report_paths: tuple[Path, ...], no_check: bool,
+    fail_on: str, report_paths: tuple[Path, ...], no_check: bool, ranges_paths: tuple[Path, ...],
 ) -> None:  # fmt: skip
     """Findings where dtypes meet: promotions, autocast casts, hazards, 16-bit risks.
 
@@ -66,6 +72,8 @@ def audit(
       ampgraph audit -s half --fail-on warning
       ampgraph audit --module model.py:build -s amp-half --format sarif > audit.sarif
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph audit --report r.json
+      ampgraph ranges -s amp-fp32 --amp-dtype fp16 --format json > ranges.json
+      ampgraph audit -s amp-fp32 --amp-dtype fp16 --ranges ranges.json
     """
     from ampgraph.review import audit as audit_lib
 
@@ -79,10 +87,16 @@ def audit(
         reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
                            options={"sources": True})  # fmt: skip
     findings = [audit_lib.audit(r) for r in reports]
+    if ranges_paths:
+        from ampgraph.review.ranges import attach, load_ranges
+
+        extra = attach(reports, [load_ranges(p) for p in ranges_paths])
+        findings = [f + e for f, e in zip(findings, extra, strict=True)]
+    given = findings if ranges_paths else None
     if fmt == "json":
-        click.echo(audit_lib.to_json(reports))
+        click.echo(audit_lib.to_json(reports, given))
     elif fmt == "sarif":
-        click.echo(audit_lib.sarif(reports))
+        click.echo(audit_lib.sarif(reports, findings=given))
         unplaced = sorted({
             r.model for r, found in zip(reports, findings, strict=True)
             if audit_lib.model_file(r.model) is None and any(f.source is None for f in found)

@@ -183,14 +183,17 @@ def _groups(report: Report, findings: Sequence[Finding]) -> tuple[list[dict[str,
     return groups, of
 
 
-def to_json(reports: Sequence[Report]) -> str:
+def to_json(
+    reports: Sequence[Report], findings: Sequence[Sequence[Finding]] | None = None
+) -> str:
     """JSON (schema ``ampgraph.audit`` version 1): per report its model, setting, totals, every
     finding, and ``groups``: the findings of identical layers that text and Markdown fold, each
     with its layers and its findings' positions (a grouped finding's ``group`` is its number;
-    null for one that is not)."""
+    null for one that is not). ``findings``: each report's, where not :func:`audit`'s alone
+    (``--ranges`` adds a ranges run's)."""
     audits = []
-    for r in reports:
-        fs = audit(r)
+    for n, r in enumerate(reports):
+        fs = audit(r) if findings is None else list(findings[n])
         groups, of = _groups(r, fs)
         audits.append({
             "model": r.model, "setting": r.setting, "summary": summary(r, fs),
@@ -281,7 +284,11 @@ def _predicted(report: Report) -> str:
     return f", prediction for {report.setting.get('device_type', '?')}"
 
 
-def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_file) -> str:
+def sarif(
+    reports: Sequence[Report],
+    uri: Callable[[str], str | None] = model_file,
+    findings: Sequence[Sequence[Finding]] | None = None,
+) -> str:
     """SARIF 2.1.0 for GitHub code scanning: one run, a rule per kind, a result per finding.
 
     Each result names its module and node as logical locations, and a physical location where
@@ -291,14 +298,16 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
     the model's own file (``--module path/model.py:factory``, a ``config.json``) at line 1.
     A finding of identical layers, which text folds into one entry, stays one result per layer,
     with ``properties.group``: the layers (``model.decoder.layers.0-11``), their count and
-    indices, and the module as text shows it.
+    indices, and the module as text shows it. ``findings`` as :func:`to_json`'s.
     """
+    from ampgraph.review.ranges import SEVERITY
+
     results = []
-    for report in reports:
+    for n, report in enumerate(reports):
         artifact = uri(report.model)
-        findings = audit(report)
-        groups, of = _groups(report, findings)
-        for i, f in enumerate(findings):
+        found = audit(report) if findings is None else list(findings[n])
+        groups, of = _groups(report, found)
+        for i, f in enumerate(found):
             location: dict[str, Any] = {"logicalLocations": [
                 {"fullyQualifiedName": f"{f.module or '<top>'}/{f.node}", "kind": "member"},
             ]}  # fmt: skip
@@ -330,7 +339,8 @@ def sarif(reports: Sequence[Report], uri: Callable[[str], str | None] = model_fi
         {"id": kind, "name": kind.title().replace("-", ""), "shortDescription": {"text": title},
          "defaultConfiguration": {"level": level},
          "helpUri": "https://github.com/ampgraph/ampgraph/blob/main/docs/audit.md"}
-        for kind, (level, title) in KINDS.items()
+        for kind, (level, title) in [*KINDS.items(), *(
+            (f"range-{k}", v) for k, v in SEVERITY.items() if findings is not None)]
     ]  # fmt: skip
     return json.dumps({
         "version": "2.1.0",
