@@ -178,6 +178,18 @@ def test_the_models_exit_or_fork_is_one_error_line(
 
 
 @needs_proc
+def test_verify_runs_the_model_in_the_process_group_too(tmp_path: Path) -> None:
+    """verify runs the model for real: the same bound, the same one line."""
+    done = ampgraph(tmp_path, "exit0", "verify", "--module", "hostile.py:build", "--device",
+                    "cpu", "-s", "fp32", "--format", "json")  # fmt: skip
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "Error: the model's code called sys.exit(0), "
+    )
+
+
+@needs_proc
 def test_a_thread_that_prints_after_the_report_cannot_reach_stdout(tmp_path: Path) -> None:
     proc = ampgraph(tmp_path, "thread", "table", "--module", "hostile.py:build", "-s", "fp32",
                     "--format", "json", popen=True)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -361,45 +362,36 @@ def verify(
       ampgraph verify --device cpu --pass train
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
-    from ampgraph.model.usercode import deadline, model_code
-    from ampgraph.pipeline.run import prepare
     from ampgraph.report.files import check_writable
-    from ampgraph.train.verify import verify_train
-    from ampgraph.verify import resolve_device, write_record
-    from ampgraph.verify import verify as verify_model
 
     options = train_options(pass_, loss, backward_autocast)
-
     resolved = resolve_settings(settings, device, amp_dtype)
-    for setting in resolved:
-        resolve_device(setting)  # no GPU: one line now, before the model is built
     if record_path is not None:
         check_writable(Path(record_path), "record")  # before the work, not after it
-    results = []
-    # The model's code (its build, the eager runs) prints to stderr; the lines between are ours.
-    with deadline(timeout_seconds()):
-        with model_code():
-            built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
-        for i, setting in enumerate(resolved, 1):
-            step: list[Any] = []
-            progress(f"verifying {setting.name} on real tensors ({i} of {len(resolved)})")
-            with model_code():
-                if pass_ != "backward":
-                    step.append(
-                        verify_model(built, setting, random_seed=random_seed, force=forced())
-                    )
-                if options:
-                    step.append(verify_train(
-                        built, setting, random_seed=random_seed, force=forced(), loss=loss,
-                        backward_autocast=backward_autocast,
-                    ))  # fmt: skip
-            progress_done()  # the setting's lines come next
-            for result in step if fmt == "text" else ():
-                click.echo(result.summary_line())
-                for line in result.disagreement_lines():
-                    click.echo(line)
-            results += step
+    results: list[Any] = []
+
+    def take(item: tuple[str, Any]) -> None:
+        kind, value = item
+        if kind == "progress":
+            progress(value)
+            return
+        progress_done()  # the setting's lines come next
+        for result in value if fmt == "text" else ():
+            click.echo(result.summary_line())
+            for line in result.disagreement_lines():
+                click.echo(line)
+        results.extend(value)
+
+    # The model's code runs for real in a process group the command kills at --timeout, as
+    # every analysis does; torch and the device are there, never here (a CUDA context made
+    # before the fork would not work in it).
+    _verify_beside(
+        take, model, resolved, seq_len=seq_len, random_seed=random_seed, pass_=pass_,
+        loss=loss, backward_autocast=backward_autocast, train=bool(options),
+    )  # fmt: skip
     if record_path is not None:
+        from ampgraph.verify import write_record
+
         written = write_record(results, record_path)
         if fmt == "text":
             click.echo(f"record: {written}")
@@ -415,3 +407,54 @@ def verify(
             f"{failed} disagreement{'s' if failed != 1 else ''} between the annotations and "
             "real execution"
         )
+
+
+def _verify_beside(
+    take: Any, model: str, resolved: Sequence[Setting], *, seq_len: int, random_seed: int,
+    pass_: str, loss: str | None, backward_autocast: bool, train: bool,
+) -> None:  # fmt: skip
+    """``verify``'s work in a process group of its own (:func:`ampgraph.pipeline.workers.beside`),
+    killed at ``--timeout``: ``take`` receives ``("progress", note)`` and ``("step", results)``
+    for each setting. In this process, under the alarm, where torch has run here already."""
+    from ampgraph.model.usercode import model_code, overdue_message
+    from ampgraph.pipeline.workers import beside
+
+    force, timeout = forced(), timeout_seconds()
+
+    def produce(send: Any) -> None:
+        from ampgraph.pipeline.run import prepare
+        from ampgraph.train.verify import verify_train
+        from ampgraph.verify import resolve_device
+        from ampgraph.verify import verify as verify_model
+
+        for setting in resolved:
+            resolve_device(setting)  # no GPU: one line now, before the model is built
+        send(("progress", f"building {model} on the meta device..."))
+        with model_code():  # its prints go to stderr; the lines between are ours
+            built = prepare(model, seq_len=seq_len, force=force)
+        for i, setting in enumerate(resolved, 1):
+            send(("progress", f"verifying {setting.name} on real tensors ({i} of {len(resolved)})"))
+            step: list[Any] = []
+            with model_code():
+                if pass_ != "backward":
+                    step.append(verify_model(built, setting, random_seed=random_seed, force=force))
+                if train:
+                    step.append(verify_train(
+                        built, setting, random_seed=random_seed, force=force, loss=loss,
+                        backward_autocast=backward_autocast,
+                    ))  # fmt: skip
+            send(("step", step))
+
+    if "torch" in sys.modules:
+        # A process that has run torch's CPU kernels (a test runner, a notebook calling the
+        # command) cannot fork one that runs them again: OpenMP's threads do not survive a
+        # fork, and the child waited on them forever. Here, as before, with the alarm.
+        from ampgraph.model.usercode import deadline
+
+        with deadline(timeout):
+            produce(take)
+        return
+    beside(
+        produce, take, 1 + 2 * len(resolved), name="verification", timeout=timeout,
+        overdue=overdue_message(timeout) if timeout else "", group=True,
+    )  # fmt: skip
