@@ -14,8 +14,8 @@ values whose verdicts differ (a kind in one setting and not the other, or anothe
 >>> rows = diff(a, b)
 >>> [(r.value, r.a[0].kind if r.a else None, r.b) for r in rows]
 [('linear_1', 'overflow', [])]
->>> print(text(a, b, rows).splitlines()[0])
-amp-fp32 (autocast cpu fp16) vs amp-fp32 (autocast cpu bf16): 1 value judged differently
+>>> print(" | ".join(text(a, b, rows).splitlines()[:3]))
+A: amp-fp32 (autocast cpu fp16) | B: amp-fp32 (autocast cpu bf16) | 1 value judged differently
 """
 
 from __future__ import annotations
@@ -90,12 +90,12 @@ def _label(row: DiffRow) -> str:
 def text(a: SettingRanges, b: SettingRanges, rows: list[DiffRow]) -> str:
     """One screen: a line per value judged differently, and the first finding's message."""
     count = f"{len(rows)} value{'s' * (len(rows) != 1)} judged differently"
-    lines = [f"{a.name} ({a.caption}) vs {b.name} ({b.caption}): {count}"]
+    lines = [f"A: {a.name} ({a.caption})", f"B: {b.name} ({b.caption})", count]
     if not rows:
-        return lines[0] + "\n"
+        return "\n".join(lines) + "\n"
     names = [_label(r) for r in rows[:SHOWN]]
     width = min(40, max(len(n) for n in names))
-    lines += ["", f"  {'value':<{width}}  {a.name[:28]:<28}  {b.name[:28]}"]
+    lines += ["", f"  {'value':<{width}}  {'A':<28}  B"]
     for r, name in zip(rows[:SHOWN], names):
         lines.append(f"  {name:<{width}}  {_side(r.a):<28}  {_side(r.b)}")
         first = (r.a or r.b)[0]
