@@ -29,11 +29,11 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
 @click.option(
     "--seed", "--random-seed", "random_seed", type=int, default=0, show_default=True,
     help="Random seed of the weights where the model has none of its own (a bundled model, a "
-    "config, a folder without *.safetensors).",
+    "config, a folder without .safetensors files).",
 )
 @click.option(
     "--random-weights", is_flag=True,
-    help="Seeded random weights even where a model folder has *.safetensors shards.",
+    help="Seeded random weights even where a model folder has .safetensors shards.",
 )
 @format_option(
     ["text", "json", "markdown", "sarif"],
@@ -75,7 +75,7 @@ def ranges_command(
     """Will it overflow? Value ranges of one real fp32 run, judged in each setting.
 
     Runs MODEL once for real on the CPU in fp32 (its own weights: a --module's, or a model
-    folder's *.safetensors read lazily, never pickle files; seeded random ones otherwise) on
+    folder's .safetensors shards read lazily, never pickle files; seeded random ones otherwise) on
     its example inputs, and records for every node of the captured graph the largest and the
     smallest non-zero magnitude and how many values are zero, inf or NaN. Then, in each
     setting, node by node, against the dtype ampgraph predicts there: values that overflow to
