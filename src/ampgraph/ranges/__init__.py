@@ -84,14 +84,17 @@ def _reference_values(
 
 def _measure(
     ref_cap: Capture, values: list[Any], modules: dict[str, str | None],
-    kinds: dict[str, str], pass_: str, loss: str | int | None,
+    kinds: dict[str, str], pass_: str, loss: str | int | None, seed: int,
 ) -> tuple[dict[str, NodeRange], GradientRun | None]:  # fmt: skip
-    """The reference run: forward ranges, and with ``pass_`` train the gradients too."""
+    """The reference run: forward ranges, and with ``pass_`` train the gradients too (dropout's
+    masks drawn from ``seed``, so that two runs agree; the caller's random state is kept)."""
     if pass_ != "train":
         return run_ranges(ref_cap, values, modules, kinds), None
     from ampgraph.ranges.backward import run_gradients
 
-    grads = run_gradients(ref_cap, values, modules, kinds, loss)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        grads = run_gradients(ref_cap, values, modules, kinds, loss)
     for name, slots in grads.nodes.items():
         if name in grads.forward:
             grads.forward[name].gradients = slots
@@ -179,7 +182,7 @@ def value_ranges(
     _say(progress, "running the model in fp32 on the CPU" + " (forward and backward)" * training)
     modules = {r.name: r.module for r in ref_report.nodes}
     kinds = {r.name: r.kind for r in ref_report.nodes}
-    measured, grads = _measure(ref_cap, values, modules, kinds, pass_, loss)
+    measured, grads = _measure(ref_cap, values, modules, kinds, pass_, loss, seed)
     del values
     seconds["run"] = time.perf_counter() - t0
 

@@ -146,7 +146,8 @@ def run_gradients(
         paths = cap.output_paths or [str(i) for i in range(len(outputs))]
         value = outputs[index].float().sum()  # ampgraph.train.backward.LOSS_EXPRESSION
         del result, outputs
-        value.backward()
+        if value.requires_grad:  # no trainable parameter reaches the loss: no gradients
+            value.backward()
     run.loss_output, run.loss = paths[index], float(value.detach())
     run.nodes = interp.grads
     run.parameters = {t: reduce_tensor(p.grad) for t, p in params.items() if p.grad is not None}

@@ -102,7 +102,7 @@ def _source_gradient(
 
 
 #: An fp16 gradient: its label (what the text names), range, node record and reference value.
-Fp16 = tuple[str, ValueRange, "NodeRecord | None", "str | None"]
+Fp16 = tuple[str, ValueRange, NodeRecord | None, str | None]
 
 
 def _judge_casts(
