@@ -5,9 +5,13 @@ A ``--module`` factory, the module it lives in, the model's ``forward`` (traced,
 check, run for real by ``verify``) and whatever they import run inside ampgraph's processes. A
 ``print`` there came out ahead of ``ampgraph table --format json``'s report (invalid JSON, exit
 status 0), an ``os._exit(0)`` ended the command with status 0 and no output, and a ``forward``
-that never returned hung the command with no bound. :func:`confined` is the block that code
+that never returned hung the command with no bound. :func:`model_code` is the block that code
 runs in: its output goes to standard error (:func:`output_to_stderr`), ``os._exit`` is an error
-(:func:`exit_refused`), and the block ends with an error after a time (:func:`deadline`).
+(:func:`exit_refused`), and ``sys.exit`` or ``KeyboardInterrupt`` one line (:func:`exit_error`).
+The time bound is not here: a deadline inside the process can be caught or overridden by the
+model's own code, so the command runs the analysis in a process group it kills
+(:mod:`ampgraph.pipeline.workers`); :func:`deadline` is a best-effort bound for a call that
+stays in the caller's process.
 
 Torch-free: the command line enters these blocks before torch is imported.
 
@@ -276,19 +280,11 @@ def exit_error(exc: SystemExit | KeyboardInterrupt) -> ModelExited:
     )
 
 
-@contextlib.contextmanager
-def confined(timeout: float | None = None) -> Iterator[None]:
-    """:func:`model_code`, ended by an error after ``timeout`` seconds (None or 0: no bound)."""
-    with model_code(), deadline(timeout):
-        yield
-
-
 __all__ = [
     "DEFAULT_TIMEOUT",
     "MAX_TIMEOUT",
     "MIN_TIMEOUT",
     "ModelExited",
-    "confined",
     "deadline",
     "exit_error",
     "exit_refused",
