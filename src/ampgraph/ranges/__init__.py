@@ -157,7 +157,7 @@ def value_ranges(
                                                        amp_dtype=amp_dtype)
         for s in settings
     ]  # fmt: skip
-    check_memory(model.module, model.name, force=force)
+    check_memory(model.module, model.name, force=force, gradients=pass_ == "train")
     seconds: dict[str, float] = {}
     training, analysis = pass_ == "train", {"pass_": pass_, "loss": loss}
     t0 = time.perf_counter()

@@ -38,17 +38,23 @@ from ampgraph.verify.tensors import random_like
 MEMORY_SHARE = 0.7
 
 
-def check_memory(module: nn.Module, name: str, *, force: bool = False) -> int:
-    """The fp32 weights' bytes; one-line :class:`RangesError` when they cannot fit in memory.
+def check_memory(
+    module: nn.Module, name: str, *, force: bool = False, gradients: bool = False
+) -> int:
+    """The fp32 weights' bytes (twice that with ``gradients``: each weight's ``.grad`` too, for
+    ``--pass train``); one-line :class:`RangesError` when they cannot fit in memory.
 
     >>> check_memory(torch.nn.Linear(4, 2), "linear")      # 10 fp32 numbers
     40
+    >>> check_memory(torch.nn.Linear(4, 2), "linear", gradients=True)
+    80
     """
-    need = weight_bytes(module, torch.float32)
+    need = weight_bytes(module, torch.float32) * (2 if gradients else 1)
     free = available_memory(torch.device("cpu"))
+    what = "weights and their gradients" if gradients else "weights"
     if free is not None and need > MEMORY_SHARE * free and not force:
         raise RangesError(
-            f"ranges runs {name} in fp32 on the CPU: about {need / 1e9:.1f} GB of weights, and "
+            f"ranges runs {name} in fp32 on the CPU: about {need / 1e9:.1f} GB of {what}, and "
             f"this machine has {free / 1e9:.1f} GB free; use a machine with more memory, a "
             "smaller model of the same family, or --force"
         )
