@@ -25,7 +25,15 @@ FLOOR_VENV ?= .venv-floor
 FLOOR_TESTS ?= tests/test_compat.py src/ampgraph/compat.py tests/test_policy.py \
   tests/test_capture_engines.py tests/test_tracers.py tests/test_meta_kernels.py \
   tests/test_autocast_kernels.py tests/test_single_ops.py tests/test_seed_notebook.py \
-  tests/test_backward.py tests/test_verify.py tests/test_cli.py
+  tests/test_verify.py tests/test_cli.py
+# The training pass in a pytest process of its own: on torch 2.10, a process that has run a
+# backward cannot use autograd in the workers it forks after (torch refuses, "Unable to handle
+# autograd's threading in combination with fork-based multiprocessing", or the worker hangs);
+# the two tests that run the command line in-process after this module's backwards are left out
+# there. A command started on its own (the support matrix's train column) is not affected.
+FLOOR_TRAIN_TESTS ?= tests/test_backward.py \
+  --deselect tests/test_backward.py::test_cli_table_markdown_for_the_training_step \
+  --deselect tests/test_backward.py::test_cli_check_and_table_for_the_backward
 
 .PHONY: setup graphviz chromium render docs test test-hffx test-floor check clean FORCE
 
@@ -100,6 +108,7 @@ test-hffx: setup
 # The quick slice on the floor torch (FLOOR_TORCH_SPEC), in its own venv.
 test-floor: $(FLOOR_VENV)/.installed graphviz
 	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOOR_TESTS)
+	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOOR_TRAIN_TESTS)
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .venv-hf45 ampgraph-out .pytest_cache docs/_build docs/_generated

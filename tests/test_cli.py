@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ampgraph.cli import main
+from ampgraph.compat import draft_export_names_branches
 from ampgraph.report.records import SCHEMA, Report
 
 from .conftest import seed_hook_blocks
@@ -118,8 +119,11 @@ def test_a_forward_that_branches_on_data_is_analysed_along_one_path_and_says_so(
     assert code == 0, out
     warning, summary = out.strip().splitlines()
     assert warning.startswith("warning: the forward branches on data values")
-    assert "`if x.sum() > 0:`" in warning and "not analysed" in warning
-    assert summary.endswith("through 1 branch on data, whose other sides are not analysed")
+    assert "not analysed" in warning
+    # torch 2.10 to 2.12's draft export does not say where it decided (ampgraph.compat).
+    assert ("`if x.sum() > 0:`" in warning) == draft_export_names_branches()
+    counted = "1 branch" if draft_export_names_branches() else "0 branches"
+    assert summary.endswith(f"through {counted} on data, whose other sides are not analysed")
 
 
 def test_factory_that_raises_is_one_line() -> None:

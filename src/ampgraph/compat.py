@@ -297,3 +297,12 @@ def mse_loss_backward_takes_mixed_dtypes() -> bool:
     (seen on the CPU kernel, which shares the code with CUDA's).
     """
     return torch_release() >= (2, 12)
+
+
+def draft_export_names_branches() -> bool:
+    """Whether ``torch.export.draft_export`` reports each branch it decided on data, with the
+    source line (``if x.sum() > 0:``), among its failures: from torch 2.13 on. 2.10 to 2.12
+    decide the branch alike and report nothing, so the warning that the forward branches on
+    data cannot say where.
+    """
+    return torch_release() >= (2, 13)
