@@ -152,6 +152,8 @@ def test_cli_pass_train_and_diff() -> None:
     assert data["pass"] == "train" and data["loss_scale"]["log2"] == -2
     assert data["settings"][0]["loss_scale"]["halvings"] == 18
     assert data["parameter_gradients"]["fc1.weight"]["max_abs"] == pytest.approx(1.6e5)
+    md = CliRunner().invoke(main, [*args, "--format", "markdown"]).output
+    assert "- `half`: loss scale <= 2**-2 keeps the fp16 gradients finite" in md
     shown = CliRunner().invoke(main, [*args, "--diff"])
     assert shown.exit_code == 0 and "3 values judged differently" in shown.output
     record = json.loads(CliRunner().invoke(main, [*args, "--diff", "--format", "json"]).output)

@@ -17,7 +17,13 @@ import json
 import re
 from collections import Counter
 
-from ampgraph.ranges.records import LIMITS, RangeFinding, RangesResult, SettingRanges
+from ampgraph.ranges.records import (
+    LIMITS,
+    LossScale,
+    RangeFinding,
+    RangesResult,
+    SettingRanges,
+)
 from ampgraph.settings import short_dtype
 
 #: Findings listed per setting in the text format before "... and N more".
@@ -76,12 +82,16 @@ def _train_lines(result: RangesResult) -> list[str]:
     lines = ["", f"gradients: loss = {loss['expression']} of {which} = {value} in the fp32 run; "
              f"{len(result.parameter_gradients)} parameter gradients"]  # fmt: skip
     width = max([len(s.name) for s in result.settings] + [10])
-    named = [(s.name, s.loss_scale) for s in result.settings]
-    for name, scale in [*named, ("all fp16", result.loss_scale)]:
-        if scale is not None:
-            first, *rest = describe(scale)
-            lines += [f"  {name:<{width}}  {first}", *(f"  {'':<{width}}  {r}" for r in rest)]
+    for name, scale in _scales(result):
+        first, *rest = describe(scale)
+        lines += [f"  {name:<{width}}  {first}", *(f"  {'':<{width}}  {r}" for r in rest)]
     return lines
+
+
+def _scales(result: RangesResult) -> list[tuple[str, LossScale]]:
+    """Each setting's fp16 loss scale, then the one were every gradient fp16 ("all fp16")."""
+    named = [(s.name, s.loss_scale) for s in result.settings]
+    return [(n, scale) for n, scale in [*named, ("all fp16", result.loss_scale)] if scale is not None]
 
 
 def text(result: RangesResult) -> str:
@@ -168,6 +178,14 @@ def markdown(result: RangesResult) -> str:
             lines.append(f"| `{_cell(s.name)}` | {f.severity} | {_cell(f.message)} |")
     for f in result.reference_findings:
         lines += ["", f"- fp32 run: {_cell(f.message)}"]
+    train = _train_lines(result)
+    if train:  # --pass train: the loss and each setting's fp16 loss scale, as a list
+        from ampgraph.ranges.gradients import describe
+
+        lines += ["", f"- {_cell(train[1])}"] + [
+            f"  - `{_cell(name)}`: {_cell('; '.join(describe(scale)))}"
+            for name, scale in _scales(result)
+        ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
