@@ -90,8 +90,8 @@ def _train_lines(result: RangesResult) -> list[str]:
 
 def _scales(result: RangesResult) -> list[tuple[str, LossScale]]:
     """Each setting's fp16 loss scale, then the one were every gradient fp16 ("all fp16")."""
-    named = [(s.name, s.loss_scale) for s in result.settings]
-    return [(n, scale) for n, scale in [*named, ("all fp16", result.loss_scale)] if scale is not None]
+    named = [(s.name, s.loss_scale) for s in result.settings] + [("all fp16", result.loss_scale)]
+    return [(n, scale) for n, scale in named if scale is not None]
 
 
 def text(result: RangesResult) -> str:
