@@ -57,11 +57,12 @@ def loss_scale(gradients: Sequence[tuple[str, ValueRange]]) -> LossScale:
 
 def _finding(kind: str, where: str, rec: NodeRecord | None, dtype: str, value: float,
              limit: float, text: str, reference: str | None) -> RangeFinding:  # fmt: skip
-    return RangeFinding(
-        kind, rec.name if rec else where, rec.op if rec else "parameter",
-        rec.module if rec else where.rsplit(".", 1)[0], dtype, value, limit, text,
-        reference=reference,
-    )  # fmt: skip
+    if rec is not None:
+        return RangeFinding(kind, rec.name, rec.op, rec.module, dtype, value, limit, text,
+                            reference=reference)  # fmt: skip
+    module = where.rsplit(".", 1)[0] if "." in where else None  # a parameter's module
+    return RangeFinding(kind, where, "parameter", module, dtype, value, limit, text,
+                        reference=reference)  # fmt: skip
 
 
 def _judge_one(where: str, rec: NodeRecord | None, dtype: str, g: ValueRange,
