@@ -12,6 +12,8 @@ import copy
 import functools
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +200,13 @@ def test_audit_ranges_adds_the_range_findings(tmp_path: Path) -> None:
     run = sarif["runs"][0]
     assert {r["ruleId"] for r in run["results"]} == {"range-gradient-overflow"}
     assert "range-gradient-overflow" in {r["id"] for r in run["tool"]["driver"]["rules"]}
+    # Torch-free, as the audit of saved reports is: torch cannot even be imported here.
+    code = ("import sys; sys.modules['torch'] = None; from ampgraph.cli import main; "
+            f"main({base!r})")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "findings: 3 range-gradient-overflow" in done.stdout
 
 
 @pytest.mark.parametrize(
