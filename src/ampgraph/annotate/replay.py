@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from ampgraph.annotate.kernel_dtypes import RealCpuDtypes
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
+from ampgraph.capture.grad_params import requires_grad
 from ampgraph.errors import first_line
 from ampgraph.settings import Setting
 from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
@@ -154,11 +155,14 @@ def device_type_of(t: torch.Tensor) -> str:
     return "cuda" if kind == "meta" else kind
 
 
-def placeholder_value(node: fx.Node, device: str) -> Any:
-    """A fresh fake tensor shaped like the placeholder's recorded value, on ``device``."""
+def placeholder_value(node: fx.Node, device: str, grad: bool = False) -> Any:
+    """A fresh fake tensor shaped (and strided) like the placeholder's recorded value, on
+    ``device``; with ``grad``, requiring grad where the model's parameter does, as ``matmul``'s
+    folding reads it (:mod:`ampgraph.capture.grad_params`)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return torch.empty(val.shape, dtype=val.dtype, device=device)
+        t = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
+        return t.requires_grad_() if grad and requires_grad(node) and t.is_floating_point() else t
     return val
 
 
@@ -260,7 +264,9 @@ class FakeReplay(fx.Interpreter):
         """Run the whole graph on fresh fake placeholders (call inside :func:`fake_session`)."""
         placeholders = [p for p in self.graph.nodes if p.op == "placeholder"]
         device = replay_device(self.setting.device_type)
-        return self.run(*(placeholder_value(p, device) for p in placeholders))
+        values = [placeholder_value(p, device, grad=True) for p in placeholders]
+        with torch.no_grad():  # as inference runs; parameters still require grad, as there
+            return self.run(*values)
 
     def _retarget_devices(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]

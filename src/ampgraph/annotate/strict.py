@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.annotate import cpu_backend
+from ampgraph.annotate import cpu_backend, cpu_bmm
 from ampgraph.annotate.device_kernels import DEVICE_CHECKS
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
-from ampgraph.compat import guard_or_true
 from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
+from ampgraph.compat import guard_or_true
 
 aten = torch.ops.aten
 
@@ -108,14 +108,27 @@ def _mm(device_type: str) -> Check:
     return check
 
 
-def _bmm_cpu(args: tuple[Any, ...]) -> str | None:
-    """CPU ``bmm``: ``baddbmm_cpu_kernel`` reads the second batch as the first's type."""
-    return _data_ptr(args[0], args[1])
+def _bmm_cpu(args: tuple[Any, ...], split: str = "m1") -> str | None:
+    """CPU ``bmm`` of two dtypes, by the path it takes (:func:`cpu_bmm.bmm_path`): the naive
+    kernel reads the result and ``batch2`` as ``batch1``'s type, MKL's gemm ``batch1`` as the
+    result's (``batch2``'s); split per item, ``addmm_impl_cpu_`` ("m1 and m2") for ``bmm``,
+    ``addmm_``'s meta ("mat1 and mat2") for ``baddbmm``."""
+    b1, b2 = args[:2]
+    if b1.dtype == b2.dtype:
+        return None
+    path = cpu_bmm.bmm_path(b1, b2)
+    if path == "naive":
+        return _data_ptr(b1, b2)
+    if path == "gemm":
+        return _data_ptr(b2, b1)
+    if path == "split":
+        return _mm("cpu")(args) if split == "m1" else _addmm((b2, b1, b2))
+    return None
 
 
 def _baddbmm(device_type: str) -> Check:
     """``TORCH_META_FUNC(baddbmm)`` compares ``self`` with ``batch1`` on every device; the CPU
-    kernel then reads ``batch2`` as ``batch1``'s type."""
+    kernel then takes ``bmm``'s paths."""
 
     def check(args: tuple[Any, ...]) -> str | None:
         self, b1, b2 = args[:3]
@@ -124,7 +137,7 @@ def _baddbmm(device_type: str) -> Check:
                 f"Input dtypes must be the same, got: input {_tm(self)}, batch1: {_tm(b1)}, "
                 f"batch2: {_tm(b2)}"
             )
-        return _data_ptr(b1, b2) if device_type == "cpu" else None
+        return _bmm_cpu((b1, b2), split="mat1") if device_type == "cpu" else None
 
     return check
 

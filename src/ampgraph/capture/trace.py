@@ -40,6 +40,7 @@ from ampgraph.capture.engines import (
     keeping_stack_traces,
     make_fx_available,
 )
+from ampgraph.capture.grad_params import mark_requires_grad
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
 from ampgraph.capture.outputs import output_paths
 from ampgraph.capture.raises import as_a_real_run, ends_at_a_raise, on_a_real_run
@@ -501,6 +502,7 @@ def capture(
         }.get(spec.kind.name, spec.kind.name.lower())
         kinds[arg_name] = (kind, spec.target or arg_name)
     gm = program.graph_module
+    mark_requires_grad(gm, kinds, model.module)  # matmul folds by it (capture/grad_params)
     if method in (EXPORT_RETYPED, DRAFT_EXPORT, EXPORT_META_REPLAY):
         _retype_parameters(gm, kinds, setting)
     if method not in DATA_PATH_METHODS:

@@ -144,7 +144,12 @@ class RealExecution(FakeReplay):
 
 @contextlib.contextmanager
 def real_autocast(setting: Setting) -> Iterator[None]:
-    """``torch.autocast`` as the setting says; autocast off on the other device type."""
+    """``torch.autocast`` as the setting says; autocast off on the other device type.
+
+    Without autocast's cast cache: parameters require grad here as in the model (``matmul``
+    folds by it, :mod:`ampgraph.capture.grad_params`), and the cache would cast such a leaf once
+    per autocast region, where ampgraph predicts (and logs) a cast at every op that takes it (a
+    GRU's recurrent weights at every step). The cache changes how often, never the dtypes."""
     with contextlib.ExitStack() as stack:
         for device_type in ("cpu", "cuda"):
             if device_type != setting.device_type:
@@ -155,6 +160,7 @@ def real_autocast(setting: Setting) -> Iterator[None]:
                 device_type=setting.device_type,
                 dtype=torch_dtype(setting.amp_dtype),
                 enabled=setting.autocast,
+                cache_enabled=False,
             )
         )
         yield

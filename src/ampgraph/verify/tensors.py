@@ -17,6 +17,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.grad_params import requires_grad
 from ampgraph.capture.trace import Capture
 from ampgraph.errors import VerifyError
 from ampgraph.model.build import ModelInputs
@@ -148,7 +149,10 @@ def graph_inputs(
         if isinstance(held, torch.Tensor) and _is_real(held):
             values.append(held.detach().to(device))  # a lifted constant's real value
         else:
-            values.append(random_like(val.shape, val.dtype, device, gen))
+            made = random_like(val.shape, val.dtype, device, gen)
+            # A parameter that requires grad makes matmul fold (capture/grad_params).
+            grad = kind == "parameter" and requires_grad(p) and made.is_floating_point()
+            values.append(made.requires_grad_() if grad else made)
     return values
 
 
