@@ -59,7 +59,11 @@ class Failed:
 #: What CUDA kernels say when they need a driver even on fake tensors (DESIGN.md fact 13).
 DRIVER_ERRORS = ("Found no NVIDIA driver", "CUDA driver version is insufficient")
 #: What fake tensors say when a size or a branch depends on values they do not have.
-DATA_DEPENDENT_ERRORS = ("Could not guard on data-dependent expression", "data-dependent output")
+DATA_DEPENDENT_ERRORS = (
+    "Could not guard on data-dependent expression",
+    "from data-dependent expression",  # "Could not extract specialized integer from ..."
+    "data-dependent output",
+)
 
 
 def needs_driver(message: str) -> bool:

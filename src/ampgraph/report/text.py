@@ -44,11 +44,18 @@ def call_error(report: Report, call: ModuleCall) -> str | None:
     that ran without being analysed (an opaque autocast kernel) has dtypes, and does not stop it.
     """
     for name in call.nodes:
-        rec = report.node(name)
-        if rec.error:
-            return rec.error
-        if rec.not_analysed is not None and rec.skipped is None and not rec.outputs:
-            return f"not analysed: {rec.not_analysed}"
+        if (stop := _stop(report.node(name))) is not None:
+            return stop
+    return None
+
+
+def _stop(rec: NodeRecord) -> str | None:
+    """Where the forward stops at ``rec``: its error, or ``not analysed: ...`` for a node that
+    could not run here (a size no run decides, a kernel that needs a driver)."""
+    if rec.error:
+        return rec.error
+    if rec.not_analysed is not None and rec.skipped is None and not rec.outputs:
+        return f"not analysed: {rec.not_analysed}"
     return None
 
 
@@ -92,11 +99,15 @@ def hook_lines(report: Report, only: Sequence[str] | None = None) -> list[str]:
             lines.append(call.hook_line())
     if only is None and not any(error for _call, error in printed_calls(report)):
         # An op outside every leaf call that raises (F.binary_cross_entropy in the forward
-        # itself): the eager hooks print it at the top level (:mod:`ampgraph.verify.hooks`).
+        # itself), or that no run here could follow (a size only data decides, where the capture
+        # cut the graph): the eager hooks print it at the top level (:mod:`ampgraph.verify.hooks`),
+        # "not analysed" where it is no finding; the listing never just ends there.
         in_calls = {name for call in report.modules for name in call.nodes}
-        raised = next((r for r in report.nodes if r.error and r.name not in in_calls), None)
-        if raised is not None:
-            lines.append(f"[(top level)] in=None -> error: {raised.error}")
+        stops = (_stop(r) for r in report.nodes if r.name not in in_calls)
+        stop = next((s for s in stops if s is not None), None)
+        if stop is not None:
+            tail = stop if stop.startswith("not analysed: ") else f"error: {stop}"
+            lines.append(f"[(top level)] in=None -> {tail}")
     return lines
 
 
