@@ -87,9 +87,11 @@ PROSE = """## The supported range
   beside a newer torch never downgrades the torch a GPU image shipped.
 - **Why the floor is 2.10:** on torch 2.9 the fake CUDA tensors ampgraph analyses with need a
   CUDA driver: the first op on a fake CUDA parameter builds its autograd node, which asks the
-  driver for the current stream, and Python-level indexing opens a CUDA device guard. Without a
-  GPU the process aborts inside torch on the default (CUDA) settings; every `--device cpu`
-  command works there (the row above). 2.10 does neither. Below 2.9, torch 2.6 also lacks
+  driver for the current stream (`InputMetadata`, a C++ abort), and Python-level indexing opens
+  a CUDA device guard (`CUDA driver version is insufficient`). Without a GPU every default
+  (CUDA) analysis fails so, under `no_grad` too; every `--device cpu` command works there. 2.10
+  answers both without the driver. Neither call has a switch in 2.9 (`ampgraph.compat` says
+  what was tried); with a GPU driver 2.9 is untried. Below 2.9, torch 2.6 also lacks
   `guard_or_true`.
 - **transformers 5.17 to 5.24** (`transformers>=5.17,<6`): older 5.x releases fail on bundled
   models (5.0.0: `PhiConfig` has no `pad_token_id`; 5.1.0: Jamba asks for mamba's CUDA kernels,

@@ -83,6 +83,19 @@ def test_the_command_refuses_a_torch_below_the_floor_in_one_line(tmp_path: Path)
     )
 
 
+def test_python_m_ampgraph_says_it_once(tmp_path: Path) -> None:
+    """``python -m ampgraph`` is the command too: its line, not the import's warning as well."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ampgraph", "models"], env=_with_torch_metadata(tmp_path, "2.6.0"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "Error: ampgraph supports torch 2.10 to 2.14.1; this is torch 2.6.0: "
+        "pip install 'torch>=2.10,<=2.14.1'"
+    ]
+
+
 def test_the_command_warns_of_a_newer_torch_and_runs(tmp_path: Path) -> None:
     out = subprocess.run(
         [str(AMPGRAPH), "models"], env=_with_torch_metadata(tmp_path, "2.15.0"),

@@ -10,11 +10,27 @@ release is outside it (:func:`support_message`).
 Where the floor is, and why: torch 2.10. Every minor release from 2.10.0 to 2.14.1 runs the
 engines, the annotation, ``check``, ``verify --device cpu`` and the training pass
 (``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). torch 2.9.1 runs every
-``--device cpu`` command, but its fake CUDA tensors need a CUDA driver: the first op on a fake CUDA
-parameter makes its autograd node, which asks the driver for the current stream, and Python-level
-indexing opens a CUDA device guard; without a GPU the process aborts in C++ on the default
-(CUDA) settings. 2.10 no longer does either. torch 2.6 also lacks ``guard_or_true`` (kept up
-below). A floor that CI proves (``make test-floor``) is worth more than one hoped for.
+``--device cpu`` command, but without a GPU driver its fake CUDA tensors reach the driver in two
+places, both in C++ (seen on 2.9.1+cu128, the default CUDA settings, every model and command):
+
+* Every autograd node records its inputs' stream: ``InputMetadata::InputMetadata``
+  (``torch/csrc/autograd/input_metadata.cpp``) calls ``getDeviceGuardImpl(device.type())->
+  getStream(device)``, for CUDA ``c10::cuda::getCurrentCUDAStream``, which throws where nothing
+  can catch it: ``terminate``, SIGABRT. The first op on a parameter that requires grad (Llama's
+  and OPT's embedding, via ``AccumulateGrad``) ends the analysis process.
+* Python-level indexing (``THPVariable_getitem``, and setitem) opens an ``OptionalDeviceGuard``
+  on the tensor's device: ``CUDAGuardImpl::exchangeDevice`` -> ``c10::cuda::ExchangeDevice``
+  raises ``CUDA driver version is insufficient``, with grad on or off (Llama's rotary embedding,
+  ``self.inv_freq[None, :, None]``).
+
+2.10 answers both without the driver (CUDA stays uninitialised, device count 0). Nothing in 2.9
+does: tracing under ``no_grad`` skips the nodes but not the indexing, changes the graph export
+records (see ``capture/trace.py``), and the training pass needs the nodes; both calls are C++,
+with no switch; making fake tensors answer ``meta`` to C++ device queries, as FakeTensor does
+inside its kernels, would put tensors made from ``options()`` on meta and fail autograd's device
+checks; the meta-tensor path of a CPU-only build leaves ``check`` nothing to check against. With
+a GPU driver 2.9 may well run: untried. torch 2.6 also lacks ``guard_or_true`` (kept up below).
+A floor that CI proves (``make test-floor``) is worth more than one hoped for.
 
 >>> version_tuple("2.11.0+cu130"), version_tuple("2.14.1"), version_tuple("5.0.0rc1")
 ((2, 11, 0), (2, 14, 1), (5, 0, 0))
@@ -138,9 +154,13 @@ def unsupported() -> list[tuple[bool, str]]:
 
 
 def _started_as_cli() -> bool:
-    """Whether this process is the ``ampgraph`` command, which says it once itself."""
+    """Whether this process is the ``ampgraph`` command, which says it once itself.
+
+    ``python -m ampgraph`` imports the package while ``sys.argv[0]`` is still ``"-m"``, which
+    Python sets only while it locates the module to run: then that module is ampgraph's own.
+    """
     argv = getattr(sys, "argv", None) or [""]
-    return os.path.basename(argv[0]) == "ampgraph"
+    return os.path.basename(argv[0]) == "ampgraph" or argv[0] == "-m"
 
 
 def warn_if_unsupported() -> None:
