@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
 import json
+import os
+import platform
+import select
+import signal
 import sys
 import time
 import types
 import unittest
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +156,41 @@ def encode(value: Any) -> Any:
     raise Unencodable(type(value).__name__)
 
 
+class Crashed(Exception):
+    """The real call took the process down (a signal) or never returned."""
+
+
+def isolated(fn: Callable[[], str | None], seconds: float = 20.0) -> str | None:
+    """``fn()`` (an error line or None) run in a forked child: the recorded arguments are random
+    values, and some releases' kernels do not check them before LAPACK reads them (torch 2.10 to
+    2.12's ``linalg_ldl_solve`` with zero pivots aborts with ``double free`` or a segfault, where
+    2.13 raises). A child that dies or hangs raises :class:`Crashed`; the survey goes on."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, send the result, leave without running Python's exit hooks
+        os.close(read)
+        try:
+            os.write(write, json.dumps(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], seconds)
+    data = b""
+    while ready:
+        chunk = os.read(read, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(read)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    if not data or not os.WIFEXITED(status):
+        raise Crashed(f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else "no result")
+    result: str | None = json.loads(data)
+    return result
+
+
 def prove_cpu(call: Any, dtype: torch.dtype) -> tuple[bool, str, str]:
     """Run the overload for real: (True, its error, how it dispatches) where fp32 runs and
     ``dtype`` raises. How it dispatches: ``"first"`` where the first floating tensor in ``dtype``
@@ -178,12 +216,16 @@ def prove_cpu(call: Any, dtype: torch.dtype) -> tuple[bool, str, str]:
             return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return None
 
-    if run(F32) is not None:
-        return False, "the fp32 call raises too", ""
-    error = run(dtype)
-    if error is None:
-        return False, "the real kernel runs", ""
-    return True, error, "first" if run(dtype, first_only=True) == error else "common"
+    try:
+        if isolated(lambda: run(F32)) is not None:
+            return False, "the fp32 call raises too", ""
+        error = isolated(lambda: run(dtype))
+        if error is None:
+            return False, "the real kernel runs", ""
+        first = isolated(lambda: run(dtype, first_only=True)) == error
+    except Crashed as exc:
+        return False, f"the real call crashes the process ({exc})", ""
+    return True, error, "first" if first else "common"
 
 
 def as_sm90() -> None:
