@@ -115,7 +115,7 @@ def test_cpu_coverage_check_on_mixed_inputs_is_the_real_kernel(name: str, entry:
 
 def test_the_installed_torch_has_a_coverage_table() -> None:
     """A new torch needs its own table (``scripts/kernel_coverage.py``): OpInfo's lists and the
-    kernels change between releases (CUDA's FFTs took bf16 after 2.11)."""
+    kernels change between releases (OpInfo gives CUDA's FFTs bf16 from 2.14 on)."""
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     tables = coverage_tables()
     assert version in tables
@@ -336,7 +336,9 @@ def test_torchvision_autocast_wrappers_return_the_inputs_dtype(op: str) -> None:
     index outputs of ``roi_pool`` and the ``ps_`` ops too); ampgraph predicts the same dtypes under
     CUDA autocast (the H200 saw it for the first three)."""
     pytest.importorskip("torchvision.ops")
-    from torchvision import _autograd_registrations as reg
+    # torchvision 0.29 writes these wrappers in Python; 0.25 and 0.26 (torch 2.10, 2.11) in
+    # C++ (csrc/ops/autocast/), which this test cannot call on CPU tensors: skipped there.
+    reg = pytest.importorskip("torchvision._autograd_registrations")
 
     module, x = TvCall(op), torch.randn(1, 4, 8, 8, dtype=BF16)
     out = getattr(reg, f"_autocast_{op}")(x, *module.extra())
