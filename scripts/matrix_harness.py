@@ -69,6 +69,27 @@ class Cell:
 
 
 @dataclass
+class Verified:
+    """One model in one setting verified against real execution on the CPU (``ampgraph verify
+    --device cpu``): the three cross-checks' counts, and the first disagreement."""
+
+    setting: str
+    nodes: tuple[int, int] = (0, 0)
+    modules: tuple[int, int] = (0, 0)
+    casts: tuple[int, int] = (0, 0)
+    disagreements: int = 0
+    first: str | None = None
+    #: Why it could not be verified at all (the capture or the real run could not be set up).
+    failure: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Verified, with something compared and nothing disagreeing."""
+        return self.failure is None and self.disagreements == 0 and self.nodes[1] > 0
+
+
+@dataclass
 class Row:
     """One model: its cells keyed by (16-bit dtype, setting name), and what the page says of it."""
 
@@ -79,6 +100,8 @@ class Row:
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     seconds: float = 0.0
     note: str = ""
+    #: Its real-execution verification on the CPU, keyed by setting name (``verify_matrix.py``).
+    verified: dict[str, Verified] = field(default_factory=dict)
 
     def count(self, attr: str) -> int:
         """``attr`` summed over the cells (``compared``, ``hooks_agree``, ...)."""
@@ -152,6 +175,42 @@ def compare(
     return cell
 
 
+def verify_cpu(model: ModelInputs, setting_name: str, amp: str = "bf16") -> Verified:
+    """``model`` in ``setting_name`` verified on the CPU with ``amp`` CPU autocast: the library
+    call behind ``ampgraph verify --device cpu`` (random weights from seed 0, real kernels).
+
+    >>> import torch
+    >>> from ampgraph.model.build import ModelInputs
+    >>> lin = ModelInputs("linear", torch.nn.Linear(4, 4), (torch.randn(1, 4),))
+    >>> v = verify_cpu(lin, "amp-fp32")
+    >>> v.ok, v.casts
+    (True, (3, 3))
+    """
+    import time
+
+    from ampgraph.errors import AmpgraphError
+    from ampgraph.settings import Setting
+    from ampgraph.verify import verify
+
+    start = time.perf_counter()
+    setting = Setting.parse(setting_name, device_type="cpu", amp_dtype=amp)
+    out = Verified(setting_name)
+    try:
+        result = verify(model, setting, device="cpu")
+    except AmpgraphError as exc:
+        out.failure = one_line(exc)
+    else:
+        counts = result.agreement()
+        out.nodes, out.modules, out.casts = (
+            (counts[k].agree, counts[k].total) for k in ("nodes", "modules", "casts")
+        )
+        out.disagreements = len(result.disagreements)
+        lines = result.disagreement_lines()
+        out.first = lines[0].strip() if lines else None
+    out.seconds = time.perf_counter() - start
+    return out
+
+
 def run_all(
     names: Iterable[str], run_one: Callable[[str], Row], jobs: int, label: str
 ) -> list[Row]:
@@ -176,8 +235,13 @@ class _Safely:
             row = self.run_one(name)
         except Exception as exc:  # noqa: BLE001 - one model's failure is a line in the table
             row = Row(name, note=f"{type(exc).__name__}: {one_line(exc)}")
+        done = (
+            f"{sum(v.ok for v in row.verified.values())}/{len(row.verified)} settings verified"
+            if row.verified
+            else f"{row.agreeing}/{len(row.cells)} cells agree"
+        )
         print(
-            f"{self.label}: {name}: {row.agreeing}/{len(row.cells)} cells agree "
+            f"{self.label}: {name}: {done} "
             f"({row.seconds:.0f} s){' ' + row.note if row.note else ''}",
             file=sys.stderr,
             flush=True,
@@ -231,6 +295,7 @@ __all__ = [
     "AGREEMENT",
     "Cell",
     "Row",
+    "Verified",
     "agreement",
     "all_agree",
     "cell_notes",
@@ -240,4 +305,5 @@ __all__ = [
     "produced_by",
     "run_all",
     "totals_line",
+    "verify_cpu",
 ]
