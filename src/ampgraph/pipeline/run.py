@@ -211,7 +211,11 @@ def analyze_spec(
     :class:`~ampgraph.errors.AnalysisError` (a forward that never returns, or that catches every
     exception and signal), and the model's threads, forks and ``SystemExit`` cannot reach the
     caller's output or exit status. A bound needs that process: code that runs in the caller's
-    own process cannot be stopped from there.
+    own process cannot be stopped from there. A process that has imported torch already (a test
+    runner, a notebook calling the command line) keeps the analysis in itself, with a best-effort
+    deadline, as ``verify`` does: a fork of a process whose OpenMP or autograd threads have run
+    cannot run torch's kernels again (the child hangs, or autograd refuses "fork-based
+    multiprocessing"). The command line itself never imports torch, so it always isolates.
     """
     resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
     requests = (
@@ -261,7 +265,7 @@ def analyze_spec(
     from ampgraph.model.usercode import deadline, overdue_message
 
     isolate = bool(timeout) if process is None else process
-    if (isolate and _can_fork()) or (
+    if (isolate and _can_fork() and "torch" not in sys.modules) or (
         meanwhile is not None and analysis_beside(workers, pass_=(options or {}).get("pass_"))
     ):
         from ampgraph.pipeline.workers import beside
