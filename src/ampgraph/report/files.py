@@ -33,23 +33,13 @@ import tempfile
 from pathlib import Path
 
 from ampgraph.errors import AmpgraphError
+from ampgraph.report.reading import kind_of
 
 
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _kind(mode: int) -> str:
-    """What a non-regular file is, in words, for an error message."""
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def _existing(path: Path) -> os.stat_result | None:
@@ -86,7 +76,7 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o666) -> None:
             return
         if stat.S_ISDIR(status.st_mode):
             raise IsADirectoryError(21, "it is a folder", str(path))
-        raise OSError(f"it is {_kind(status.st_mode)}, which ampgraph never writes to or replaces")
+        raise OSError(f"it is {kind_of(status.st_mode)}, which ampgraph never writes to or replaces")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -120,7 +110,7 @@ def check_writable(path: Path, what: str = "output") -> None:
             if not os.access(target, os.W_OK):
                 problem = "it is a device that is not writable"
         else:
-            problem = f"it is {_kind(status.st_mode)}"
+            problem = f"it is {kind_of(status.st_mode)}"
     elif not parent.is_dir():
         problem = f"{parent} is a file, not a folder"
     elif not os.access(parent, os.W_OK):
