@@ -70,6 +70,7 @@ def main(ctx: click.Context, no_cache: bool, jobs: int | None, quiet: bool) -> N
       ampgraph audit -s amp-fp32 --fail-on warning   # findings for a reviewer or CI
       ampgraph diff -s amp-fp32 -s amp-half          # what changes between two settings
       ampgraph render --pass backward -s amp-fp32    # the gradients' dtypes, saved memory
+      ampgraph ranges --amp-dtype fp16               # will it overflow? one real CPU run
     """
     ctx.obj = {"no_cache": no_cache, "jobs": jobs, "quiet": quiet}
 
