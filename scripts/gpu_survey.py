@@ -30,6 +30,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import os
 import platform
 import sys
 import time
@@ -303,34 +304,99 @@ def survey_sample(opinfo: Any, name: str, sample: Any, device: str) -> list[OpVa
     return out
 
 
-def survey_ops(device: str, only: Sequence[str] | None, limit_s: float) -> dict[str, Any]:
-    """The OpInfo pass within ``limit_s`` seconds: at most two samples an op."""
+def _op_list(only: Sequence[str] | None) -> list[Any]:
+    """The OpInfo entries surveyed, in the database's order (a worker finds them by index)."""
+    return [o for o in fks.load_op_db()
+            if not only or o.name in only or f"{o.name}.{o.variant_test_name}" in only]  # fmt: skip
+
+
+def _op_name(opinfo: Any) -> str:
+    return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+
+
+def ops_worker(device: str, only: Sequence[str] | None, first: int, limit_s: float,
+               log: Path) -> None:  # fmt: skip
+    """Survey the ops from index ``first`` on, one JSON line before and after each op in ``log``.
+
+    A CUDA kernel that faults (an illegal memory access) poisons the process's CUDA context: every
+    later call fails. So the ops run in a worker process the parent restarts after the op it died
+    on; the line written before each op names the culprit."""
     import ampgraph.capture.meta_kernels  # noqa: F401 - ampgraph's replaced meta kernels
 
-    ops = [o for o in fks.load_op_db()
-           if not only or o.name in only or f"{o.name}.{o.variant_test_name}" in only]  # fmt: skip
-    start, visited, variants = time.perf_counter(), 0, []
-    for opinfo in ops:
-        if time.perf_counter() - start > limit_s:
+    start = time.perf_counter()
+    with log.open("a") as out:
+        for index, opinfo in enumerate(_op_list(only)[first:], start=first):
+            if time.perf_counter() - start > limit_s:
+                break
+            print(json.dumps({"start": index, "op": _op_name(opinfo)}), file=out, flush=True)
+            if os.environ.get("AMPGRAPH_SURVEY_DIE_AT") == _op_name(opinfo):
+                os.abort()  # the test's stand-in for a kernel that kills its process
+            found: list[OpVariant] = []
+            if not fks._skip_reason(opinfo):
+                torch.manual_seed(0)
+                try:
+                    with fks._time_limit(5.0):
+                        samples = list(opinfo.sample_inputs("cpu", torch.float32))[:6]
+                except Exception:  # noqa: BLE001 - a sample generator that fails or is slow
+                    samples = []
+                name = _op_name(opinfo)
+                found = [v for s in samples for v in survey_sample(opinfo, name, s, device)][:24]
+                parting = [v for v in found if v.kind != fks.AGREES]
+                if parting:
+                    print(f"  {name}: {len(parting)} of {len(found)} part", file=sys.stderr)
+            print(json.dumps({"done": index, "variants": [asdict(v) for v in found]}), file=out,
+                  flush=True)  # fmt: skip
+
+
+def _fault(stderr: str) -> str:
+    """The line of a dead worker's stderr that says why (the exception's, else the last)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    said = [ln for ln in lines if "Error" in ln.split(":", 1)[0]]
+    return (said or lines or ["the worker died without a word"])[-1][:300]
+
+
+def survey_ops(device: str, only: Sequence[str] | None, limit_s: float) -> dict[str, Any]:
+    """The OpInfo pass within ``limit_s`` seconds, at most six samples an op, in worker processes
+    (:func:`ops_worker`): an op whose kernel kills its process is a finding of its own, ``crash``,
+    and the pass goes on from the next op."""
+    import subprocess
+    import tempfile
+
+    total, start = len(_op_list(only)), time.perf_counter()
+    variants: list[dict[str, Any]] = []
+    crashes: list[dict[str, Any]] = []
+    visited = first = 0
+    while first < total and (left := limit_s - (time.perf_counter() - start)) > 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "ops.jsonl"
+            command = [sys.executable, __file__, "--device", device, "--ops-worker", str(first),
+                       "--limit", f"{left:.1f}", "--ops-log", str(log)]  # fmt: skip
+            if only:
+                command += ["--ops", ",".join(only)]
+            proc = subprocess.run(command, capture_output=True, text=True, check=False)
+            sys.stderr.write("".join(ln + "\n" for ln in proc.stderr.splitlines()
+                                     if ln.startswith("  ")))  # fmt: skip
+            started, done = None, None
+            for line in log.read_text().splitlines() if log.exists() else []:
+                entry = json.loads(line)
+                if "start" in entry:
+                    started = entry
+                else:
+                    done = entry["done"]
+                    variants += entry["variants"]
+        visited = (done + 1) if done is not None else visited
+        if proc.returncode == 0:
             break
-        visited += 1
-        if fks._skip_reason(opinfo):
-            continue
-        name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
-        torch.manual_seed(0)
-        try:
-            with fks._time_limit(5.0):
-                samples = list(opinfo.sample_inputs("cpu", torch.float32))[:6]
-        except Exception:  # noqa: BLE001 - a sample generator that fails or is slow
-            continue
-        found = [v for s in samples for v in survey_sample(opinfo, name, s, device)][:24]
-        variants += found
-        parting = [v for v in found if v.kind != fks.AGREES]
-        if parting:
-            print(f"  {name}: {len(parting)} of {len(found)} part", file=sys.stderr)
-    return {"visited": visited, "of": len(ops), "seconds": round(time.perf_counter() - start, 1),
-            "variants": len(variants), "ops": len({v.op for v in variants}),
-            "parting": [asdict(v) for v in variants if v.kind != fks.AGREES]}  # fmt: skip
+        if started is None or started["start"] == done:
+            raise RuntimeError(f"the ops worker failed before any op: {_fault(proc.stderr)}")
+        crashes.append(asdict(OpVariant(started["op"], "(the op's whole run: its process died)",
+                                        "crash", _fault(proc.stderr), "")))  # fmt: skip
+        print(f"  {started['op']}: its process died: {_fault(proc.stderr)}", file=sys.stderr)
+        first = visited = started["start"] + 1
+    parting = [v for v in variants if v["kind"] != fks.AGREES] + crashes
+    return {"visited": visited, "of": total, "seconds": round(time.perf_counter() - start, 1),
+            "variants": len(variants), "ops": len({v["op"] for v in variants}),
+            "parting": parting}  # fmt: skip
 
 
 # -- the record and the page -----------------------------------------------------------------------
@@ -414,14 +480,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ops", help="comma-separated OpInfo names (default: all); 'none': skip")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds for the ops pass")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "verification")
+    parser.add_argument("--ops-worker", type=int, help=argparse.SUPPRESS)  # survey_ops's child
+    parser.add_argument("--ops-log", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    only = [o.strip() for o in (args.ops or "").split(",") if o.strip()] or None
+    if args.ops_worker is not None:
+        with _quiet():
+            ops_worker(args.device, only, args.ops_worker, args.limit, args.ops_log)
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device here: run this on the GPU machine, or pass --device cpu",
               file=sys.stderr)  # fmt: skip
         return 2
-    from ampgraph.verify import device_name
-    from ampgraph.verify.results import now, versions
-
     cases = _names(args.cases, list(CASES))
     settings = _names(args.settings, ["fp32", "half", "amp-half", "amp-fp32"])
     amps = [{"bf16": "bfloat16", "fp16": "float16"}.get(a, a) for a in _names(
@@ -435,12 +505,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for r in rows:
                     verdict = r.error or ("agrees" if r.ok else "PARTS")
                     print(f"{r.case} {r.setting} {SHORT[amp]}: {verdict}", file=sys.stderr)
+                    for line in [] if r.ok else r.disagreements[:6]:
+                        print(f"    {line.strip()[:300]}", file=sys.stderr)
                 runs += rows
-        only = [o.strip() for o in (args.ops or "").split(",") if o.strip()] or None
+        record = _record(args, argv, start, cases, runs, NO_OPS)
+        write(args.out, record)  # the cases kept, whatever becomes of the ops pass
         ops = (
-            survey_ops(args.device, only, args.limit) if args.ops != "none" else
-            {"visited": 0, "of": 0, "seconds": 0.0, "variants": 0, "ops": 0, "parting": []}
+            survey_ops(args.device, only, args.limit) if args.ops != "none" else NO_OPS
         )  # fmt: skip
+    record = _record(args, argv, start, cases, runs, ops)
+    data, page = write(args.out, record)
+    print(f"record: {data}\npage: {page}", file=sys.stderr)
+    return 0 if record["ok"] else 1
+
+
+NO_OPS: dict[str, Any] = {"visited": 0, "of": 0, "seconds": 0.0, "variants": 0, "ops": 0,
+                          "parting": []}  # fmt: skip
+
+
+def _record(args: argparse.Namespace, argv: Sequence[str] | None, start: float,
+            cases: Sequence[str], runs: Sequence[CaseRun], ops: dict[str, Any]) -> dict[str, Any]:
+    """The JSON record of what ran so far."""
+    from ampgraph.verify import device_name
+    from ampgraph.verify.results import now, versions
+
     record = {
         "schema": SCHEMA, "version": VERSION, "device": args.device,
         "device_name": device_name(args.device), "versions": versions(), "date": now(),
@@ -451,9 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cases": [asdict(r) for r in runs], "ops": ops,
     }  # fmt: skip
     record["ok"] = all(r.ok for r in runs) and not ops["parting"]
-    data, page = write(args.out, record)
-    print(f"record: {data}\npage: {page}", file=sys.stderr)
-    return 0 if record["ok"] else 1
+    return record
 
 
 @contextlib.contextmanager
