@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph.annotate import cpu_backend, cpu_bmm
 from ampgraph.annotate.device_kernels import DEVICE_CHECKS
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
+from ampgraph.annotate.library_checks import library_check
 from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
 from ampgraph.compat import guard_or_true
 
@@ -582,7 +583,7 @@ class StrictDtypeMode(TorchDispatchMode):
             if message is not None:
                 raise RuntimeError(message)
         # Then the device's own rules: kernel coverage, CUDA's normalisations (device_kernels).
-        own = DEVICE_CHECKS.get((self.device_type, func))
+        own = DEVICE_CHECKS.get((self.device_type, func)) or library_check(self.device_type, func)
         if own is not None and (message := own(tuple(args))) is not None:
             raise RuntimeError(message)
         return func(*args, **(kwargs or {}))
