@@ -1,7 +1,9 @@
 """The cast log: which ``aten._to_copy`` calls autocast itself made at a node.
 
 While a node runs for real, :class:`CastLog` logs every dtype-changing ``aten._to_copy`` (what
-autocast's ``cached_cast`` reaches, and what seed 001 logged with ``LoggingTensorMode``). Ops also
+autocast's ``cached_cast`` reaches, and what seed 001 logged with ``LoggingTensorMode``) and
+every ``aten.copy_`` into a tensor of another dtype (how cuDNN RNNs' autocast kernel casts the
+weights). Ops also
 convert on their own (``softmax(x, dtype=float)`` does ``x.to(float)``; explicit ``aten.to`` nodes
 are nothing but a ``_to_copy``), and from inside the dispatcher the two look alike. So a node that
 logged a cast is called a second time with autocast *off*, the way the annotation says autocast
@@ -77,6 +79,13 @@ class CastLog(TorchDispatchMode):
             source = args[0]
             if isinstance(source, torch.Tensor) and source.dtype != out.dtype:
                 self.casts.append(LoggedCast(source, source.dtype, out.dtype))
+        elif func is torch.ops.aten.copy_.default:
+            # A copy into a tensor of another dtype casts its source too: cuDNN RNNs' autocast
+            # kernel (``_cudnn_rnn_cast_reflatten``) casts the weights so, copying each into an
+            # fp16 buffer laid out for cuDNN (seen on an H100: the weights' casts were missing).
+            target, source = args[0], args[1]
+            if isinstance(source, torch.Tensor) and source.dtype != target.dtype:
+                self.casts.append(LoggedCast(source, source.dtype, target.dtype))
         return out
 
 
