@@ -14,9 +14,12 @@ overload is marked as lacking a 16-bit dtype on a device only where
 
 On the CPU each entry is then proven: the overload is called for real with the recorded
 arguments, once in fp32 (it must run) and once with its floating tensors in the 16-bit dtype (it
-must raise); the real kernel's first error line is the table's message. An entry the real kernel
-runs is dropped, and listed. CUDA entries cannot be proven here: their message is the one a GPU
-showed where one did (:data:`CUDA_WORDING`), else a message that names OpInfo as the source.
+must raise); the real kernel's first error line is the table's message. A pointwise op
+(``Tag.pointwise``) computes in its ``TensorIterator``'s common dtype and is written so
+(``"dispatch": "promoted"``), whatever its mixed call showed (an fp32 zero-dimensional tensor
+beside a bf16 one leaves that dtype bf16). An entry the real kernel runs is dropped, and listed.
+CUDA entries cannot be proven here: their message is the one a GPU showed where one did
+(:data:`CUDA_WORDING`), else a message that names OpInfo as the source.
 
     .venv/bin/python scripts/kernel_coverage.py      # -> src/ampgraph/policy/kernel_coverage.json
     .venv/bin/python scripts/kernel_coverage.py --out /tmp/t.json -o nn.functional.pdist
@@ -314,6 +317,8 @@ def survey(only: list[str]) -> tuple[dict[str, Any], list[str]]:
                 entry["dispatch"] = dispatch
             elif name in table["cpu"]:  # CUDA: as the CPU's kernel of the op dispatches
                 entry["dispatch"] = table["cpu"][name].get("dispatch", "first")
+            if torch.Tag.pointwise in call[0].tags:  # a TensorIterator: its common dtype
+                entry["dispatch"] = "promoted"
     return table, dropped
 
 
@@ -324,7 +329,8 @@ ABOUT = (
     "OpInfo reaching the overload supports the dtype. CPU entries are proven against the real "
     "CPU kernels (their messages are the kernels' own; 'call' is the call the suite reruns; "
     "'dispatch' says whether the kernel switches on its first floating input or computes in "
-    "the common dtype of its inputs, as the real kernel showed on a mixed call); "
+    "the common dtype of its inputs, as the real kernel showed on a mixed call, or, 'promoted', "
+    "is a pointwise op computing in its TensorIterator's common dtype); "
     "CUDA entries are OpInfo's word (as on an sm_90 GPU), kept where the overload is the "
     "OpInfo's own op or proven on the CPU, with the wording a real GPU showed where one did. "
     "Read by ampgraph.annotate.device_kernels."

@@ -101,10 +101,47 @@ def _euclidean_cdist(args: tuple[Any, ...]) -> bool:
     return bool(p == 2 and (mode == 1 or (mode in (None, 0) and rows > 25)))
 
 
+def _empty_solve(args: tuple[Any, ...]) -> bool:
+    """``_linalg_solve_ex`` of an empty ``A``: ``linalg_lu_factor_ex_out`` returns before its
+    kernel when ``A.numel() == 0``, and ``linalg_lu_solve_out`` when the result is empty
+    (``BatchLinearAlgebra.cpp``, every device: the CPU kernel returns bf16, as an H100 did)."""
+    return int(args[0].numel()) == 0
+
+
+def _empty_lu_solve(args: tuple[Any, ...]) -> bool:
+    """``linalg_lu_solve`` with an empty result (``B`` empty, or a batch of none): it returns
+    before its kernel (``BatchLinearAlgebra.cpp``, every device)."""
+    lu, b = args[0], args[2]
+    try:
+        batch = torch.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        return False  # a shape error comes first
+    return any(int(s) == 0 for s in (*batch, *b.shape[-2:]))
+
+
 #: Overload -> when its kernel is not reached at all (the coverage check then does not apply).
 _BYPASSES: dict[str, Callable[[tuple[Any, ...]], bool]] = {
     "aten::_cdist_forward": _euclidean_cdist,
+    "aten::_linalg_solve_ex": _empty_solve,
+    "aten::linalg_lu_solve": _empty_lu_solve,
 }
+
+
+def iterator_dtype(tensors: list[torch.Tensor]) -> torch.dtype | None:
+    """The dtype a ``TensorIterator`` computes in, for its floating inputs: their promoted type,
+    where zero-dimensional tensors count only if no input has dimensions (``result_type``'s
+    rule: ``zeta(bf16[5], f32[])`` computes in bf16, ``zeta(bf16[], f32[])`` in fp32).
+
+    >>> iterator_dtype([torch.empty(5, dtype=torch.bfloat16), torch.empty(())])
+    torch.bfloat16
+    """
+    return _promoted([t for t in tensors if t.dim() > 0] or tensors)
+
+
+def _promoted(tensors: list[torch.Tensor]) -> torch.dtype | None:
+    if not tensors:
+        return None
+    return functools.reduce(torch.promote_types, (t.dtype for t in tensors))
 
 
 def _coverage_check(
@@ -116,14 +153,18 @@ def _coverage_check(
         if bypass is not None and bypass(args):
             return None
         # AT_DISPATCH switches on the first floating input's dtype where the table says a mixed
-        # call showed it; otherwise the check fires only where every floating input is of the
+        # call showed it; a pointwise op computes in its TensorIterator's common dtype
+        # ("promoted"); otherwise the check fires only where every floating input is of the
         # dtype (a mixed call computes in another, or meets a mixing check first).
         floats = [t for t in pytree.tree_leaves(args)
                   if isinstance(t, torch.Tensor) and t.is_floating_point()]  # fmt: skip
-        ranked = floats[:1] if dispatch == "first" else floats
-        if not ranked:
+        if dispatch == "promoted":
+            dtype = iterator_dtype(floats)
+        else:
+            ranked = floats[:1] if dispatch == "first" else floats
+            dtype = _promoted(ranked)
+        if dtype is None:
             return None
-        dtype = functools.reduce(torch.promote_types, (t.dtype for t in ranked))
         message = lacking.get(dtype)
         return message.replace("{dtype}", _name(dtype)) if message is not None else None
 
@@ -137,6 +178,19 @@ def _overload(name: str) -> Any:
     return getattr(packet, overload or "default", None) if packet is not None else None
 
 
+def dispatch_of(op: Any, entry: dict[str, Any]) -> str:
+    """How an overload's kernel picks the dtype it computes in: ``"promoted"`` for a pointwise op
+    (``Tag.pointwise`` in ``native_functions.yaml``: a ``TensorIterator`` kernel, on every
+    device), else the table's word (``"first"`` where the table has none). A table written
+    before this rule says ``"first"`` for ``special_zeta`` (its mixed call paired a
+    bf16[10, 5] with an fp32 zero-dimensional tensor: bf16 either way), and an H100 ran
+    ``zeta(bf16[], f32[])`` in fp32, as the CPU does."""
+    if torch.Tag.pointwise in getattr(op, "tags", ()):
+        return "promoted"
+    dispatch: str = entry.get("dispatch") or "first"
+    return dispatch
+
+
 def coverage_checks(table: dict[str, dict[str, Any]]) -> dict[tuple[str, Any], Check]:
     """(device type, op) -> check, for every entry of a coverage table this torch has."""
     checks: dict[tuple[str, Any], Check] = {}
@@ -145,7 +199,7 @@ def coverage_checks(table: dict[str, dict[str, Any]]) -> dict[tuple[str, Any], C
             op = _overload(name)
             if op is not None:
                 checks[(device, op)] = _coverage_check(
-                    entry["dtypes"], entry.get("dispatch", "first"), _BYPASSES.get(name)
+                    entry["dtypes"], dispatch_of(op, entry), _BYPASSES.get(name)
                 )
     return checks
 

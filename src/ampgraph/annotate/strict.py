@@ -13,7 +13,9 @@ in code both devices run (a structured kernel's ``TORCH_META_FUNC``, a device-ge
 function, ``TensorIterator``) or in CUDA's own kernel; the CPU entries are proven against real
 CPU kernels, every dtype pair, by ``tests/test_strict_dtypes.py`` and
 ``tests/test_fake_kernels.py`` (no false errors either). ``scripts/fake_kernel_survey.py`` looks
-for the checks still missing over torch's OpInfo database (``docs/fake-kernels.md``).
+for the checks still missing over torch's OpInfo database (``docs/fake-kernels.md``). The
+indexing checks are :mod:`ampgraph.annotate.index_checks`'s, the checks only CUDA's kernels make
+:mod:`ampgraph.annotate.cuda_kernels`'s.
 
 >>> import torch
 >>> check = STRICT_CHECKS[("cuda", torch.ops.aten.mm.default)]
@@ -30,11 +32,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.annotate import cpu_backend, cpu_bmm
+from ampgraph.annotate.cuda_kernels import CUDA_CHECKS
 from ampgraph.annotate.device_kernels import DEVICE_CHECKS
+from ampgraph.annotate.index_checks import INDEX_CHECKS
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
 from ampgraph.annotate.library_checks import library_check
 from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
-from ampgraph.compat import guard_or_true
+from ampgraph.compat import guard_or_true, torch_release
 
 aten = torch.ops.aten
 
@@ -85,7 +89,8 @@ def _data_ptr(expected: torch.Tensor, found: torch.Tensor) -> str | None:
 def _addmm(args: tuple[Any, ...]) -> str | None:
     """``ADDMM_META()`` in ``LinearAlgebra.cpp``, the structured meta function of ``addmm`` and
     ``_addmm_activation`` on every device (``F.linear`` with a bias on 2-D or contiguous 3-D
-    input); CPU ``addbmm``'s per-batch ``addmm_`` reaches it too."""
+    input); ``addbmm``'s per-batch ``addmm_`` reaches it too, on the CPU and on CUDA (an H100's
+    messages, ``docs/verification/cuda-survey.json``)."""
     self, mat1, mat2 = args[:3]
     if self.dtype != mat2.dtype:
         return f"self and mat2 must have the same dtype, but got {_st(self)} and {_st(mat2)}"
@@ -144,8 +149,13 @@ def _baddbmm(device_type: str) -> Check:
 
 
 def _addmv(args: tuple[Any, ...]) -> str | None:
-    """``TORCH_META_FUNC(addmv)``, every device."""
+    """``TORCH_META_FUNC(addmv)``, every device, from torch 2.12 on. Before, the meta function
+    checks no dtype: the kernels (CPU ``addmv_out_cpu``, CUDA ``addmv_out_cuda``) copy ``self``
+    into a result of ``vec``'s dtype, casting, then read ``vec`` as ``mat``'s type (2.11's real
+    CPU kernel; an H100 on 2.11 ran ``addmv(bf16[5], f32[5, 10], f32[10])`` to fp32)."""
     self, mat, vec = args[:3]
+    if torch_release() < (2, 12):
+        return _data_ptr(mat, vec)
     if not (self.dtype == mat.dtype == vec.dtype):
         return (
             f"addmv input tensors must have the same dtype, but got {_st(self)}, {_st(mat)}, "
@@ -282,76 +292,6 @@ def _cpu_norm(op: Any) -> Check:
         return next((m for p in defined if (m := _data_ptr(x, p))), None)
 
     return check
-
-
-# -- indexing -----------------------------------------------------------------------------------
-def _index_put(args: tuple[Any, ...]) -> str | None:
-    """``make_index_put_iterator`` in ``TensorAdvancedIndexing.cpp`` (device-generic)."""
-    self, _indices, values = args[:3]
-    if isinstance(values, torch.Tensor) and values.dtype != self.dtype:
-        return (
-            f"Index put requires the source and destination dtypes match, got {_st(self)} for "
-            f"the destination and {_st(values)} for the source."
-        )
-    return None
-
-
-def _index_func(name: str) -> Check:
-    """``index_func_meta_impl``, the structured meta function of ``index_add`` and
-    ``index_reduce`` on every device."""
-
-    def check(args: tuple[Any, ...]) -> str | None:
-        self, source = args[0], args[3]
-        if self.dtype != source.dtype:
-            return (
-                f"{name}_(): self ({_st(self)}) and source ({_st(source)}) must have the same "
-                "scalar type"
-            )
-        return None
-
-    return check
-
-
-_index_add = _index_func("index_add")
-
-
-def _index_copy(args: tuple[Any, ...]) -> str | None:
-    """``TORCH_PRECOMPUTE_META_FUNC(index_copy)``, every device."""
-    self, source = args[0], args[3]
-    if self.dtype != source.dtype:
-        return (
-            "index_copy_(): self and source expected to have the same dtype, but got (self) "
-            f"{_st(self)} and (source) {_st(source)}"
-        )
-    return None
-
-
-def _masked_scatter_cpu(args: tuple[Any, ...]) -> str | None:
-    """CPU ``masked_scatter`` (the missing space is the kernel's)."""
-    self, source = args[0], args[2]
-    if self.dtype != source.dtype:
-        return (
-            "masked_scatter: expected self and source to have same dtypes but got"
-            f"{_st(self)} and {_st(source)}"
-        )
-    return None
-
-
-def _masked_index_put(args: tuple[Any, ...]) -> str | None:
-    """``_unsafe_masked_index_put_accumulate`` (``TensorAdvancedIndexing.cpp``) is
-    ``index_put_`` of its values, every device."""
-    return _index_put((args[0], args[2], args[3]))
-
-
-def _put(args: tuple[Any, ...]) -> str | None:
-    """``put_`` in ``TensorAdvancedIndexing.cpp`` (device-generic; ``put`` clones into it)."""
-    self, source = args[0], args[2]
-    if self.dtype != source.dtype:
-        return (
-            "put_(): self and source expected to have the same dtype, but got self.dtype = "
-            f"{_st(self)} and source.dtype = {_st(source)}"
-        )
-    return None
 
 
 def _complex(args: tuple[Any, ...]) -> str | None:
@@ -504,7 +444,7 @@ def _both(op: Any, check: Check) -> dict[tuple[str, Any], Check]:
 STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     **_both(aten.addmm.default, _addmm),
     **_both(aten._addmm_activation.default, _addmm),
-    ("cpu", aten.addbmm.default): _addmm,
+    **_both(aten.addbmm.default, _addmm),
     ("cpu", aten.mm.default): _mm("cpu"),
     ("cuda", aten.mm.default): _mm("cuda"),
     ("cpu", aten.bmm.default): _bmm_cpu,
@@ -517,17 +457,8 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cuda", aten.convolution.default): _convolution("cuda"),
     ("cpu", aten.convolution.default): _convolution("cpu"),
     **{("cpu", op): _cpu_norm(op) for op in _CHECKED_NORMS},
-    **_both(aten.index_put.default, _index_put),
-    **_both(aten.index_put_.default, _index_put),
-    **_both(aten._index_put_impl_.default, _index_put),
-    **_both(aten.index_add.default, _index_add),
-    **_both(aten.index_add_.default, _index_add),
-    **_both(aten.index_copy.default, _index_copy),
-    **_both(aten.index_reduce.default, _index_func("index_reduce")),
-    **_both(aten.index_reduce_.default, _index_func("index_reduce")),
-    **_both(aten._unsafe_masked_index_put_accumulate.default, _masked_index_put),
-    **_both(aten.put.default, _put),
-    **_both(aten.put_.default, _put),
+    # index_put and its kin: per device (ampgraph.annotate.index_checks).
+    **INDEX_CHECKS,
     **_both(aten.complex.default, _complex),
     **_both(aten.polar.default, _complex),
     **_both(aten.heaviside.default, _heaviside),
@@ -540,9 +471,6 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cpu", aten.nll_loss_backward.default): _nll_loss_backward_cpu,
     ("cpu", aten.nll_loss2d_backward.default): _nll_loss_backward_cpu,
     **{("cpu", op): check for op, check in CPU_NORM_BACKWARD_CHECKS.items()},
-    **_both(aten.index_copy_.default, _index_copy),
-    ("cpu", aten.masked_scatter.default): _masked_scatter_cpu,
-    ("cpu", aten.masked_scatter_.default): _masked_scatter_cpu,
     **_both(aten.lerp.Scalar, _lerp),
     **_both(aten.lerp.Tensor, _lerp),
     **_both(aten.binary_cross_entropy.default, _binary_cross_entropy),
@@ -559,6 +487,8 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cuda", aten._embedding_bag_forward_only.default): _embedding_bag_cuda,
     # Python scalars that overflow the tensor's dtype (ampgraph.annotate.scalars).
     **SCALAR_CHECKS,
+    # CUDA's own kernels' checks (ampgraph.annotate.cuda_kernels).
+    **CUDA_CHECKS,
 }
 
 

@@ -12,7 +12,8 @@ which shares the rule (``tests/test_meta_kernels.py``):
   (``aten/src/ATen/native/GroupedMMUtils.h``: ``_grouped_mm_validate_inputs``, then the bf16 fast
   path or ``_grouped_mm_fallback``'s loop of ``mm_out``) take fp32, bf16 and fp16, return
   ``mat_a``'s dtype, and raise ``mm``'s error where the two dtypes differ.
-* ``addr``, ``huber_loss``, ``soft_margin_loss``, ``threshold_backward``, ``mse_loss_backward``:
+* ``addr``, ``huber_loss``, ``soft_margin_loss``, ``threshold_backward``, ``mse_loss_backward``,
+  ``binary_cross_entropy_with_logits`` and ``addmv`` (before torch 2.12):
   fake tensors ran Python decompositions that promote otherwise than the real kernels (found by
   ``scripts/fake_kernel_survey.py``, ``docs/fake-kernels.md``); each replacement keeps the
   decomposition's shape and takes the dtype the real kernels' shared code gives.
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ampgraph.compat import mse_loss_backward_takes_mixed_dtypes, replace_kernel
+from ampgraph.compat import mse_loss_backward_takes_mixed_dtypes, replace_kernel, torch_release
 
 #: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
 GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -136,6 +137,37 @@ def _loss_as_input(name: str) -> Any:
     return kernel
 
 
+def _bce_with_logits(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """``binary_cross_entropy_with_logits`` (``Loss.cpp``, every device) computes
+    ``(1 - target).mul_(input)...`` in place: the target's dtype, where torch 2.10 and 2.11's
+    reference promotes with the input (an H100 on 2.11: ``(f32[5], bf16[5]) -> bf16``)."""
+    from torch._decomp import decomposition_table
+
+    reference = decomposition_table[torch.ops.aten.binary_cross_entropy_with_logits.default]
+    return _retyped(reference(input, target, *args, **kwargs), target.dtype)
+
+
+def _addmv_before_2_12(
+    self: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+) -> torch.Tensor:
+    """``addmv`` before torch 2.12: ``TORCH_META_FUNC(addmv)`` makes the result with ``vec``'s
+    options and checks no dtype (the kernels copy ``self`` into it, casting), where the reference
+    fake tensors ran promotes with ``self`` (2.11's real CPU kernel: ``addmv(f32[5], bf16[5, 10],
+    bf16[10])`` is bf16). From 2.12 on the meta function refuses any mix."""
+    torch._check(
+        mat.dim() == 2 and vec.dim() == 1 and self.dim() <= 1,
+        lambda: f"vector + matrix @ vector expected, got {self.dim()}, {mat.dim()}, {vec.dim()}",
+    )
+    torch._check(
+        mat.shape[1] == vec.shape[0] and self.numel() in (mat.shape[0], 1),
+        lambda: (
+            f"size mismatch, got input ({self.shape[0] if self.dim() else 1}), mat "
+            f"({mat.shape[0]}x{mat.shape[1]}), vec ({vec.shape[0]})"
+        ),
+    )
+    return vec.new_empty((mat.shape[0],))
+
+
 def _threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) -> torch.Tensor:
     """``threshold_backward`` (ReLU's backward): its structured meta function builds a binary
     ``TensorIterator`` of ``self`` and the gradient, which promotes; the decomposition fake
@@ -173,6 +205,8 @@ REPLACED: dict[str, Any] = {
     "addr": _addr,
     "huber_loss": _loss_as_input("huber_loss"),
     "soft_margin_loss": _loss_as_input("soft_margin_loss"),
+    "binary_cross_entropy_with_logits": _bce_with_logits,
+    **({"addmv": _addmv_before_2_12} if torch_release() < (2, 12) else {}),
     "threshold_backward": _threshold_backward,
     "mse_loss_backward": _mse_loss_backward,
 }
