@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph import __version__
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
@@ -38,6 +37,7 @@ from ampgraph.policy import release_in_use
 from ampgraph.report.records import PASSES, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.torchutil import fake_device_built
+from ampgraph.version import __version__
 
 
 def versions() -> dict[str, str]:

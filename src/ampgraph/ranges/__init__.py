@@ -148,7 +148,7 @@ def value_ranges(
     traces the model in training mode, runs the train pass's loss (``loss`` names its output)
     backward for real too, and judges each gradient in its dtype (:mod:`ampgraph.ranges.gradients`).
     """
-    from ampgraph import __version__
+    from ampgraph.version import __version__
 
     if pass_ not in ("forward", "train"):
         raise RangesError(f"unknown pass {pass_!r} for ranges: use forward or train")

@@ -193,9 +193,9 @@ def sarif(result: RangesResult) -> str:
     """SARIF 2.1.0 for code scanning, as ``ampgraph audit --format sarif``: one run, a rule per
     kind, a result per finding of severity warning or error (each setting's, and the fp32
     run's), located at the module and node, and at the model's file where it names one."""
-    from ampgraph import __version__
     from ampgraph.ranges.records import KINDS
     from ampgraph.review.audit import artifact_uri, model_file
+    from ampgraph.version import __version__
 
     artifact = model_file(result.model)
     results = []

@@ -333,7 +333,7 @@ def sarif(
             if report.capture.get("stand_in"):
                 result.setdefault("properties", {})["prediction"] = report.capture["stand_in"]
             results.append(result)
-    from ampgraph import __version__
+    from ampgraph.version import __version__
 
     rules = [
         {"id": kind, "name": kind.title().replace("-", ""), "shortDescription": {"text": title},
