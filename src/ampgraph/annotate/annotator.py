@@ -37,23 +37,27 @@ from ampgraph.annotate.composite import Decomposed, InnerAutocast, is_composite
 from ampgraph.annotate.replay import (
     Failed,
     FakeReplay,
-    device_type_of,
     dtype_names,
     fake_session,
     is_getitem,
     not_analysable,
     op_name,
-    region_args,
     shape_lists,
-    tensor_leaves,
 )
+from ampgraph.capture.regions import region_args
+from ampgraph.capture.sources import source_of
 from ampgraph.capture.trace import Capture
 from ampgraph.policy import rules
 from ampgraph.policy.kernels import python_kernel
 from ampgraph.report.records import Cast, NodeRecord
-from ampgraph.review.sources import source_of
 from ampgraph.settings import Setting, short_dtype
-from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
+from ampgraph.torchutil import (
+    autocast_state,
+    device_type_of,
+    dtype_name,
+    tensor_leaves,
+    torch_dtype,
+)
 
 
 class AutocastState:

@@ -20,19 +20,19 @@ from typing import Any
 import torch
 from torch import fx
 
-from ampgraph.annotate.replay import (
-    Failed,
-    FakeReplay,
-    dtype_names,
-    fake_session,
-    region_args,
-    tensor_leaves,
-)
+from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names, fake_session
 from ampgraph.capture.module_io import HOOK_DTYPES
+from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import IN_SETTING, Capture
 from ampgraph.pipeline.calls import indexed_module_calls
 from ampgraph.report.records import NodeRecord, Report
-from ampgraph.torchutil import autocast_state, can_trace_fake, dtype_name, torch_dtype
+from ampgraph.torchutil import (
+    autocast_state,
+    can_trace_fake,
+    dtype_name,
+    tensor_leaves,
+    torch_dtype,
+)
 
 ORACLE = "dispatcher (real autocast kernels on fake tensors)"
 

@@ -20,9 +20,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import policy as P
-from ampgraph.annotate.replay import Failed, device_type_of
+from ampgraph.annotate.replay import Failed
 from ampgraph.capture import driverless
 from ampgraph.report.records import Cast
+from ampgraph.torchutil import device_type_of
 
 if TYPE_CHECKING:
     from ampgraph.annotate.annotator import AutocastAnnotator

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ampgraph.annotate.replay import device_type_of, tensor_leaves
 from ampgraph.policy import APPEND_DTYPE_REDISPATCH, entry_name
+from ampgraph.torchutil import device_type_of, tensor_leaves
 
 
 def is_eligible(t: Any, device_type: str) -> bool:

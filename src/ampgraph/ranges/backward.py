@@ -32,7 +32,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ampgraph.annotate.replay import region_args
+from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.ranges.collect import RangeRun, reduce_tensor
 from ampgraph.ranges.records import NodeRange, ValueRange

@@ -24,7 +24,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ampgraph.annotate.replay import REGION_OPS, Failed, FakeReplay, op_name, region_args
+from ampgraph.annotate.replay import Failed, FakeReplay, op_name
+from ampgraph.capture.regions import REGION_OPS, region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.ranges.records import NodeRange, ValueRange
 from ampgraph.settings import Setting

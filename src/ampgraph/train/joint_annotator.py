@@ -26,9 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph.annotate.annotator import AutocastAnnotator
 from ampgraph.annotate.composite import InnerAutocast
 from ampgraph.annotate.kernel_dtypes import RealCpuDtypes, retyped
-from ampgraph.annotate.replay import WRAP_WITH_SET_GRAD_ENABLED, tensor_leaves
+from ampgraph.capture.regions import WRAP_WITH_SET_GRAD_ENABLED
 from ampgraph.report.records import Cast
-from ampgraph.torchutil import dtype_name
+from ampgraph.torchutil import dtype_name, tensor_leaves
 from ampgraph.train.joint_state import (
     AUTOCAST_CAST,
     FORWARD,

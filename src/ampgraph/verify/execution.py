@@ -17,11 +17,12 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names, region_args, tensor_leaves
+from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names
+from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.report.records import NodeRecord
 from ampgraph.settings import Setting
-from ampgraph.torchutil import autocast_state, torch_dtype
+from ampgraph.torchutil import autocast_state, tensor_leaves, torch_dtype
 from ampgraph.verify.casts import CastKey, CastLog, autocast_casts
 
 
