@@ -18,8 +18,8 @@ from torch import nn
 
 from ampgraph import analyze
 from ampgraph.model.build import ModelInputs
+from ampgraph.report.printed import hook_lines
 from ampgraph.report.records import Report
-from ampgraph.report.text import hook_lines
 from ampgraph.review.audit import folded, markdown, sarif, text, to_json
 from ampgraph.review.findings import KINDS, audit
 from ampgraph.settings import Setting

@@ -68,7 +68,8 @@ def table(
     """
     import json
 
-    from ampgraph.report.text import hook_lines, markdown_table
+    from ampgraph.report.printed import hook_lines
+    from ampgraph.report.text import markdown_table
     from ampgraph.train.formats import backward_lines, markdown_train
 
     options = train_options(pass_, loss, backward_autocast)

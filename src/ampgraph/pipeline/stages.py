@@ -20,7 +20,6 @@ from torch import nn
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
-from ampgraph.annotate.check import check as run_check
 from ampgraph.annotate.check import dispatcher_unavailable, hold_to_the_raise
 from ampgraph.capture.trace import (
     DATA_PATH_METHODS,
@@ -31,6 +30,7 @@ from ampgraph.capture.trace import (
 from ampgraph.errors import SettingError
 from ampgraph.model.build import ModelInputs
 from ampgraph.model.specs import spec_tracer
+from ampgraph.pipeline.call_check import check as run_check
 from ampgraph.pipeline.calls import module_calls
 from ampgraph.pipeline.workers import beside, default_workers, die_with_parent
 from ampgraph.policy import release_in_use
