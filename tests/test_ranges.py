@@ -370,7 +370,7 @@ def test_views_of_a_weight_have_their_own_values_ranges() -> None:
 
 
 def test_overlay_colours_each_box_by_its_headroom(tmp_path: Any) -> None:
-    from ampgraph.ranges.overlay import BANDS, overlay_sources
+    from ampgraph.render.range_overlay import BANDS, overlay_sources
 
     args = ["ranges", "--module", "tests/test_ranges.py:tower", "--device", "cpu",
             "--amp-dtype", "fp16", "-s", "amp-fp32", "--overlay", str(tmp_path)]  # fmt: skip

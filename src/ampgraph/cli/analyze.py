@@ -363,7 +363,7 @@ def verify(
       ampgraph verify --device cpu --pass train
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
-    from ampgraph.report.files import check_writable
+    from ampgraph.report.writing import check_writable
 
     options = train_options(pass_, loss, backward_autocast)
     resolved = resolve_settings(settings, device, amp_dtype)
@@ -424,9 +424,9 @@ def _verify_beside(
 
     def produce(send: Any) -> None:
         from ampgraph.pipeline.run import prepare
-        from ampgraph.train.verify import verify_train
         from ampgraph.verify import resolve_device
         from ampgraph.verify import verify as verify_model
+        from ampgraph.verify.training import verify_train
 
         for setting in resolved:
             resolve_device(setting)  # no GPU: one line now, before the model is built

@@ -42,7 +42,7 @@ def baseline_group() -> None:
 
 def _write_baseline(path: Path, text: str) -> None:
     """Write a baseline atomically; a folder that takes no files is one ``Error:`` line."""
-    from ampgraph.report.files import atomic_write
+    from ampgraph.report.writing import atomic_write
 
     try:
         atomic_write(path, text.encode())
@@ -76,7 +76,7 @@ def baseline_write(
 ) -> None:  # fmt: skip
     """Write the dtype flow of MODEL (default OPT-125M) in one setting (or --recipe) to FILE."""
     from ampgraph.model.specs import ModelSpec
-    from ampgraph.report.files import check_writable
+    from ampgraph.report.writing import check_writable
     from ampgraph.review.baseline import baseline_text
 
     check_writable(file, "baseline")

@@ -95,8 +95,7 @@ def ranges_command(
     """
     from ampgraph.model.usercode import deadline, model_code
     from ampgraph.pipeline.run import prepare
-    from ampgraph.ranges import formats
-    from ampgraph.ranges import value_ranges
+    from ampgraph.ranges import formats, value_ranges
 
     if loss is not None and pass_ != "train":
         raise click.UsageError("--loss needs --pass train")
@@ -118,7 +117,7 @@ def ranges_command(
                   "sarif": formats.sarif}[fmt]  # fmt: skip
         click.echo(render(result), nl=fmt in ("json", "sarif"))
     if overlay_dir is not None:
-        from ampgraph.ranges.overlay import write_overlays
+        from ampgraph.render.range_overlay import write_overlays
 
         for path in write_overlays(result, overlay_dir):
             click.echo(f"overlay: {path}", err=fmt != "text")  # stdout stays the JSON alone

@@ -88,7 +88,7 @@ def audit(
                            options={"sources": True})  # fmt: skip
     findings = [audit_lib.audit(r) for r in reports]
     if ranges_paths:
-        from ampgraph.review.ranges import attach, load_ranges
+        from ampgraph.review.audit_ranges import attach, load_ranges
 
         extra = attach(reports, [load_ranges(p) for p in ranges_paths])
         findings = [f + e for f, e in zip(findings, extra, strict=True)]
@@ -153,8 +153,8 @@ def _report_file(source: str) -> Report | None:
     (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
     import json
 
-    from ampgraph.report.records import load_json
     from ampgraph.report.reading import read_text
+    from ampgraph.report.records import load_json
     from ampgraph.review.baseline import SCHEMA as BASELINE
     from ampgraph.review.baseline import read_baseline
 

@@ -245,7 +245,7 @@ def analyze_capture(
         trace = trace_joint(cap, loss=loss, backward_autocast=backward_autocast)
         report.backward = backward_section(trace)
         if check and not report.backward.skipped:
-            from ampgraph.train.check import check_backward
+            from ampgraph.train.joint_check import check_backward
 
             check_backward(trace, report.backward)
     return report

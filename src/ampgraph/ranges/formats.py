@@ -4,7 +4,7 @@ Torch-free. The text is one screen: a line per setting saying whether it fits an
 first node that does not and why; then the findings of severity warning or more, identical
 messages of repeated layers counted once; then the tightest headroom per setting.
 
->>> from ampgraph.ranges.records import RangesResult, SettingRanges
+>>> from ampgraph.ranges.data import RangesResult, SettingRanges
 >>> r = RangesResult("m", "seeded random weights (seed 0)", 0, {"name": "fp32"}, [],
 ...                  [SettingRanges({"name": "amp-fp32"}, "autocast bf16, parameters fp32")])
 >>> print(text(r).splitlines()[3])
@@ -17,7 +17,7 @@ import json
 import re
 from collections import Counter
 
-from ampgraph.ranges.records import (
+from ampgraph.ranges.data import (
     LIMITS,
     LossScale,
     RangeFinding,
@@ -143,8 +143,8 @@ def to_json(result: RangesResult) -> str:
 
 def diff_view(result: RangesResult, fmt: str) -> str:
     """``--diff``: the first two settings' differing verdicts as text, or the JSON record with a
-    ``diff`` object (:mod:`ampgraph.ranges.diff`)."""
-    from ampgraph.ranges import diff
+    ``diff`` object (:mod:`ampgraph.ranges.setting_diff`)."""
+    from ampgraph.ranges import setting_diff as diff
 
     a, b = result.settings[:2]
     rows = diff.diff(a, b)
@@ -193,7 +193,7 @@ def sarif(result: RangesResult) -> str:
     """SARIF 2.1.0 for code scanning, as ``ampgraph audit --format sarif``: one run, a rule per
     kind, a result per finding of severity warning or error (each setting's, and the fp32
     run's), located at the module and node, and at the model's file where it names one."""
-    from ampgraph.ranges.records import KINDS
+    from ampgraph.ranges.data import KINDS
     from ampgraph.review.audit import artifact_uri, model_file
     from ampgraph.version import __version__
 

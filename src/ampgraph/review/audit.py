@@ -300,7 +300,7 @@ def sarif(
     with ``properties.group``: the layers (``model.decoder.layers.0-11``), their count and
     indices, and the module as text shows it. ``findings`` as :func:`to_json`'s.
     """
-    from ampgraph.review.ranges import SEVERITY
+    from ampgraph.review.audit_ranges import SEVERITY
 
     results = []
     for n, report in enumerate(reports):

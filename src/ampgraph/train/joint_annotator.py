@@ -102,7 +102,7 @@ class ParameterCopies(TorchDispatchMode):
     """Note the storage of every dtype conversion of a parameter or buffer (autocast's 16-bit
     copies of weights, a model's own ``weight.to(dtype)``): memory that exists only while it is
     needed, unlike the parameter's. The copies are kept alive so no other tensor reuses their
-    storage while the step runs. :mod:`ampgraph.train.verify` watches the real step with it too.
+    storage while the step runs. :mod:`ampgraph.verify.training` watches the real step with it too.
     """
 
     def __init__(self, sources: set[int]) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ampgraph.report.printed import hook_lines, printed_calls
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.settings import short_dtype
-from ampgraph.verify.casts import INTERNAL, CastKey, cast_text
+from ampgraph.verify.cast_log import INTERNAL, CastKey, cast_text
 from ampgraph.verify.eager import HookCall
 from ampgraph.verify.execution import Observed
 from ampgraph.verify.results import Agreement, Disagreement

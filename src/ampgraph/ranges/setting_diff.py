@@ -5,7 +5,7 @@ Torch-free. Both settings are judged against the same fp32 run, so a finding's `
 value it is about in either graph; :func:`diff` groups each setting's findings by it and keeps the
 values whose verdicts differ (a kind in one setting and not the other, or another dtype).
 
->>> from ampgraph.ranges.records import RangeFinding, SettingRanges
+>>> from ampgraph.ranges.data import RangeFinding, SettingRanges
 >>> f = RangeFinding("overflow", "linear_1", "aten.linear.default", "fc2", "float16", 1e5,
 ...                  65504.0, "linear in fc2 (linear_1): max 1e+05 > fp16's 65,504; ...",
 ...                  reference="linear_1")
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampgraph.ranges.records import SEVERITIES, RangeFinding, SettingRanges
+from ampgraph.ranges.data import SEVERITIES, RangeFinding, SettingRanges
 
 #: Rows the text view shows before "... and N more (--format json)": one screen.
 SHOWN = 15
