@@ -159,13 +159,13 @@ class BackwardAutocast(InnerAutocast):
         kwargs = kwargs or {}
         if not isinstance(func, torch._ops.OpOverload):
             return func(*args, **kwargs)
-        category, device_type = self.annotator._policy(func, tuple(args), kwargs)
+        category, device_type = self.annotator.policy_at(func, tuple(args), kwargs)
         if category is None:
             return func(*args, **kwargs)
         state = active_state()
         sources = {id(t): state.node_of(t) for t in tensor_leaves((args, kwargs))}
         before = len(state.graph.nodes)
-        call_args, call_kwargs, casts, op, _why = self.annotator._apply(
+        call_args, call_kwargs, casts, op, _why = self.annotator.apply_policy(
             func, category, device_type, tuple(args), kwargs, None
         )
         for node in state.new_nodes(before):
