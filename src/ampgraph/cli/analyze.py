@@ -23,7 +23,7 @@ from ampgraph.cli.options import (
     train_options,
 )
 from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
-from ampgraph.report.markdown import terminal
+from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 

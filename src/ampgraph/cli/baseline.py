@@ -17,7 +17,7 @@ from ampgraph.cli.options import (
     seq_len_option,
 )
 from ampgraph.cli.reports import analysed
-from ampgraph.report.markdown import terminal
+from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS
 

@@ -85,7 +85,7 @@ def _check_words(report: ReportView) -> str:
 def _shown(text: str) -> str:
     """A name on one line of a terminal: line breaks as control pictures, escape sequences (an
     OSC 8 link in a module name) shown as ``\\xNN``, never run."""
-    from ampgraph.report.markdown import terminal, visible
+    from ampgraph.report.escape import terminal, visible
 
     return terminal(visible(text))
 

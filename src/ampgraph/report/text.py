@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from ampgraph.policy import CATEGORY_LABEL
-from ampgraph.report.markdown import code_span, escape_text
+from ampgraph.report.escape import code_span, escape_text
 from ampgraph.report.printed import printed_calls
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.review.fold import Names, fold
@@ -33,7 +33,7 @@ def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
     """A Markdown table of the leaf-module calls, for pasting into a pull request.
 
     Module paths, class names and node names are the model's own text: they go through
-    :mod:`ampgraph.report.markdown`, so a ``|``, a newline or a link in one stays text in its cell.
+    :mod:`ampgraph.report.escape`, so a ``|``, a newline or a link in one stays text in its cell.
 
     >>> from ampgraph.report.records import ModuleCall
     >>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,

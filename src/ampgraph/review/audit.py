@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ampgraph.report.markdown import code_span, escape_text
+from ampgraph.report.escape import code_span, escape_text
 from ampgraph.report.records import Report
 from ampgraph.review.findings import (
     FLOATING,
@@ -217,7 +217,7 @@ def markdown(report: Report, findings: Sequence[Finding] | None = None) -> str:
     finding or per run of identical layers (``model.decoder.layers.0-11`` ×12).
 
     Module and node names, and the messages that mention them, are the model's text: they go
-    through :mod:`ampgraph.report.markdown`, so none of them can break the table or become a link.
+    through :mod:`ampgraph.report.escape`, so none of them can break the table or become a link.
 
     >>> from ampgraph.report.records import NodeRecord, Report
     >>> setting = {"name": "half", "device_type": "cuda", "autocast": False,

@@ -23,7 +23,7 @@ import json
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ampgraph.report.markdown import code_span, escape_text
+from ampgraph.report.escape import code_span, escape_text
 from ampgraph.review.findings import fmt_bytes
 from ampgraph.review.fold import Fold, Names, fold
 from ampgraph.settings import caption
@@ -234,7 +234,7 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
     At most ``limit`` entries are listed (GitHub refuses comments over 65,536 characters); the
     summary table counts every change. The changes of identical layers are one row
     (``model.decoder.layers.0-11.fc1`` ×12). Module, node and op names and the changes' text are
-    the model's: they go through :mod:`ampgraph.report.markdown`, so none can break the table or
+    the model's: they go through :mod:`ampgraph.report.escape`, so none can break the table or
     become a link.
 
     >>> from ampgraph.review.diff import ReportDiff

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from ampgraph.report.markdown import code_span, escape_text
+from ampgraph.report.escape import code_span, escape_text
 from ampgraph.report.records import Backward, Gradient, NodeRecord, Report
 from ampgraph.settings import caption, short_dtype
 from ampgraph.train.memory import (
@@ -228,7 +228,7 @@ def markdown_train(report: Report, depth: int | None = None) -> str:
 
     ``depth`` cuts module paths for the memory table (default: the deepest level holding
     numbered layers, ``model.decoder.layers.3``). The model's name and its module paths go
-    through :mod:`ampgraph.report.markdown`: a ``|`` or a newline in one cannot break a table.
+    through :mod:`ampgraph.report.escape`: a ``|`` or a newline in one cannot break a table.
     """
     bw = report.backward
     assert bw is not None
