@@ -224,7 +224,7 @@ def test_torch_free_modules_import_no_torch() -> None:
     """The CLI, the cache, the pipeline and the renderer start without torch (a warm run)."""
     code = (
         "import sys, ampgraph.cli, ampgraph.pipeline.run, ampgraph.pipeline.cache, ampgraph.render, "
-        "ampgraph.report.text, ampgraph.model.specs, ampgraph.policy, ampgraph.review.audit; print('torch' in sys.modules)"
+        "ampgraph.formats, ampgraph.model.specs, ampgraph.policy, ampgraph.review.audit; print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -17,11 +17,13 @@ from torch import nn
 
 from ampgraph import analyze
 from ampgraph.cli import main
+from ampgraph.formats.markdown import markdown_train
+from ampgraph.formats.text import backward_lines
 from ampgraph.model.build import ModelInputs
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 from ampgraph.train.backward import LossError
-from ampgraph.train.formats import backward_lines, cast_pairs, gradient_origin, markdown_train
+from ampgraph.train.backward_ops import cast_pairs, gradient_origin
 from ampgraph.train.memory import activation_bytes_by_dtype
 from ampgraph.verify.training import verify_train
 from tests.conftest import model

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ampgraph.report.text import disagreement_lines
+from ampgraph.formats.text import disagreement_lines
 
 from .conftest import report
 

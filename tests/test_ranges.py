@@ -218,7 +218,7 @@ def test_predicted_overflow_is_where_the_real_run_makes_inf(
 def test_bf16_fits_and_is_told_its_precision() -> None:
     result = _result("blowup", ("amp-fp32",), "bf16")
     assert result.ok
-    from ampgraph.ranges.formats import text
+    from ampgraph.formats.text import ranges_text as text
 
     out = text(result)
     assert "fits" in out and "bf16 keeps 8 significant bits" in out

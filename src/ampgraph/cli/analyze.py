@@ -68,9 +68,9 @@ def table(
     """
     import json
 
+    from ampgraph.formats.markdown import markdown_table, markdown_train
+    from ampgraph.formats.text import backward_lines
     from ampgraph.report.printed import hook_lines
-    from ampgraph.report.text import markdown_table
-    from ampgraph.train.formats import backward_lines, markdown_train
 
     options = train_options(pass_, loss, backward_autocast)
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
@@ -150,8 +150,9 @@ def check_command(
       ampgraph check gpt2 --amp-dtype fp16
       ampgraph check --pass train --backward-in-autocast
     """
-    from ampgraph.report.text import check_markdown, check_record, check_summary, disagreement_lines
-    from ampgraph.train.formats import backward_check_lines
+    from ampgraph.formats.json import check_record
+    from ampgraph.formats.markdown import check_markdown
+    from ampgraph.formats.text import backward_check_lines, check_summary, disagreement_lines
 
     options = train_options(pass_, loss, backward_autocast)
     failed = 0

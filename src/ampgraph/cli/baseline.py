@@ -126,7 +126,7 @@ def baseline_check(
         refuse_other,
         spec_to_check,
     )
-    from ampgraph.review.diff import FORMATS
+    from ampgraph.formats import DIFF_FORMATS as FORMATS
 
     if not file.exists():
         raise click.ClickException(

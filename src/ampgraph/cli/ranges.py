@@ -95,7 +95,8 @@ def ranges_command(
     """
     from ampgraph.model.usercode import deadline, model_code
     from ampgraph.pipeline.run import prepare
-    from ampgraph.ranges import formats, value_ranges
+    from ampgraph.formats import diff_text, json, markdown, sarif, text
+    from ampgraph.ranges import value_ranges
 
     if loss is not None and pass_ != "train":
         raise click.UsageError("--loss needs --pass train")
@@ -111,10 +112,11 @@ def ranges_command(
             )  # fmt: skip
     progress_done()
     if show_diff:
-        click.echo(formats.diff_view(result, fmt), nl=fmt == "json")
+        view = diff_text.ranges_diff_text if fmt == "text" else json.ranges_diff_json
+        click.echo(view(result), nl=fmt == "json")
     else:
-        render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown,
-                  "sarif": formats.sarif}[fmt]  # fmt: skip
+        render = {"text": text.ranges_text, "json": json.ranges_json,
+                  "markdown": markdown.ranges_markdown, "sarif": sarif.ranges_sarif}[fmt]  # fmt: skip
         click.echo(render(result), nl=fmt in ("json", "sarif"))
     if overlay_dir is not None:
         from ampgraph.render.range_overlay import write_overlays

@@ -26,7 +26,7 @@ def analysed(
     ``meanwhile`` is the command's own work that can run beside the analysis.
     """
     from ampgraph.pipeline.run import analyze_spec
-    from ampgraph.report.text import data_dependent_warning, dtype_branches_warning
+    from ampgraph.formats.text import data_dependent_warning, dtype_branches_warning
 
     root = root_options()
     reports = analyze_spec(

@@ -75,6 +75,10 @@ def audit(
       ampgraph ranges -s amp-fp32 --amp-dtype fp16 --format json > ranges.json
       ampgraph audit -s amp-fp32 --amp-dtype fp16 --ranges ranges.json
     """
+    from ampgraph.formats.json import audit_json
+    from ampgraph.formats.markdown import audit_markdown
+    from ampgraph.formats.sarif import audit_sarif, model_file
+    from ampgraph.formats.text import audit_text
     from ampgraph.review import audit as audit_lib
 
     if report_paths:
@@ -94,19 +98,19 @@ def audit(
         findings = [f + e for f, e in zip(findings, extra, strict=True)]
     given = findings if ranges_paths else None
     if fmt == "json":
-        click.echo(audit_lib.to_json(reports, given))
+        click.echo(audit_json(reports, given))
     elif fmt == "sarif":
-        click.echo(audit_lib.sarif(reports, findings=given))
+        click.echo(audit_sarif(reports, findings=given))
         unplaced = sorted({
             r.model for r, found in zip(reports, findings, strict=True)
-            if audit_lib.model_file(r.model) is None and any(f.source is None for f in found)
+            if model_file(r.model) is None and any(f.source is None for f in found)
         })  # fmt: skip
         if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
             click.echo(f"warning: {', '.join(unplaced)}: some results have no source line and "
                        "the model names no file of model code, so they have logical locations "
                        "only (see docs/audit.md)", err=True)  # fmt: skip
     else:
-        show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
+        show = audit_markdown if fmt == "markdown" else audit_text
         out = "\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True))
         click.echo(terminal(out))  # control characters in module names shown, never run
     if fail_on != "never":
@@ -266,7 +270,8 @@ def diff_command(
       ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
     from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
-    from ampgraph.review.diff import FORMATS, diff_reports
+    from ampgraph.formats import DIFF_FORMATS as FORMATS
+    from ampgraph.review.diff import diff_reports
 
     given = option_model()
     if given is not None:

@@ -85,7 +85,7 @@ def _installed(dist: str) -> tuple[str, str]:
 #: Code that draws, publishes or reads reports but never changes one: left out of the digest, so
 #: that editing a diagram's style, the Sphinx directive or a finding's wording keeps every cached
 #: analysis.
-PRESENTATION = frozenset({"render", "docs/directive.py", "review/audit.py", "review/diff.py", "review/baseline.py"})
+PRESENTATION = frozenset({"render", "formats", "docs/directive.py", "review/audit.py", "review/diff.py", "review/baseline.py"})
 
 
 def source_digest() -> str:
