@@ -118,6 +118,7 @@ def baseline_check(
     FILE; a model or setting given must be the baseline's own. FILE is data and never decides
     what code runs: a baseline of a --module factory is checked only with that --module given.
     """
+    from ampgraph.formats import DIFF_FORMATS as FORMATS
     from ampgraph.model.specs import ModelSpec, spec_kind, spec_tracer
     from ampgraph.review.baseline import (
         baseline_text,
@@ -126,7 +127,6 @@ def baseline_check(
         refuse_other,
         spec_to_check,
     )
-    from ampgraph.formats import DIFF_FORMATS as FORMATS
 
     if not file.exists():
         raise click.ClickException(

@@ -93,9 +93,13 @@ def ranges_command(
       ampgraph ranges llama-tiny -s half --amp-dtype fp16 --pass train  # gradients, loss scale
       ampgraph ranges llama-tiny -s amp-fp32 -s half --amp-dtype fp16 --diff
     """
+    from ampgraph.formats.diff_text import ranges_diff_text
+    from ampgraph.formats.json import ranges_diff_json, ranges_json
+    from ampgraph.formats.markdown import ranges_markdown
+    from ampgraph.formats.sarif import ranges_sarif
+    from ampgraph.formats.text import ranges_text
     from ampgraph.model.usercode import deadline, model_code
     from ampgraph.pipeline.run import prepare
-    from ampgraph.formats import diff_text, json, markdown, sarif, text
     from ampgraph.ranges import value_ranges
 
     if loss is not None and pass_ != "train":
@@ -112,11 +116,11 @@ def ranges_command(
             )  # fmt: skip
     progress_done()
     if show_diff:
-        view = diff_text.ranges_diff_text if fmt == "text" else json.ranges_diff_json
+        view = ranges_diff_text if fmt == "text" else ranges_diff_json
         click.echo(view(result), nl=fmt == "json")
     else:
-        render = {"text": text.ranges_text, "json": json.ranges_json,
-                  "markdown": markdown.ranges_markdown, "sarif": sarif.ranges_sarif}[fmt]  # fmt: skip
+        render = {"text": ranges_text, "json": ranges_json, "markdown": ranges_markdown,
+                  "sarif": ranges_sarif}[fmt]  # fmt: skip
         click.echo(render(result), nl=fmt in ("json", "sarif"))
     if overlay_dir is not None:
         from ampgraph.render.range_overlay import write_overlays

@@ -269,8 +269,8 @@ def diff_command(
       ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
       ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
-    from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
     from ampgraph.formats import DIFF_FORMATS as FORMATS
+    from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
     from ampgraph.review.diff import diff_reports
 
     given = option_model()

@@ -18,11 +18,14 @@ renderer's (:data:`ampgraph.render.FORMATS`).
 
 from __future__ import annotations
 
-from ampgraph.formats.diff_text import diff_text
-from ampgraph.formats.json import diff_json
-from ampgraph.formats.markdown import diff_markdown
+# The modules, not their functions: ``ampgraph.formats.diff_text`` stays the module.
+from ampgraph.formats import diff_text, json, markdown
 
 #: ``ampgraph diff``'s and ``baseline check``'s ``--format`` choices.
-DIFF_FORMATS = {"text": diff_text, "markdown": diff_markdown, "json": diff_json}
+DIFF_FORMATS = {
+    "text": diff_text.diff_text,
+    "markdown": markdown.diff_markdown,
+    "json": json.diff_json,
+}
 
 __all__ = ["DIFF_FORMATS"]

@@ -136,7 +136,6 @@ def ranges_sarif(result: RangesResult) -> str:
     kind, a result per finding of severity warning or error (each setting's, and the fp32
     run's), located at the module and node, and at the model's file where it names one."""
     from ampgraph.ranges.data import KINDS
-    from ampgraph.review.audit import artifact_uri, model_file
 
     artifact = model_file(result.model)
     results = []
