@@ -26,9 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ampgraph.review.audit import (
-    fmt_bytes,
-)
+from ampgraph.review.audit import fmt_bytes
 from ampgraph.review.diff import NodeChange, ReportDiff
 from ampgraph.review.diff import folded as folded_changes
 from ampgraph.review.fold import Fold
@@ -262,3 +260,25 @@ def ranges_diff_text(result: RangesResult) -> str:
 
     a, b = result.settings[:2]
     return setting_diff_text(a, b, setting_diff.diff(a, b))
+
+
+__all__ = [
+    "DIFF_ROWS_SHOWN",
+    "FOLD_INPUTS_FROM",
+    "LARGEST",
+    "change_head",
+    "change_line",
+    "change_name",
+    "change_text",
+    "describe",
+    "diff_summary_line",
+    "diff_text",
+    "diff_totals_line",
+    "grouped_changes",
+    "inputs_alike",
+    "inputs_name",
+    "largest_changes",
+    "listed_changes",
+    "ranges_diff_text",
+    "setting_diff_text",
+]

@@ -17,12 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ampgraph.report.records import Report
-from ampgraph.review.audit import (
-    Finding,
-    audit,
-    finding_groups,
-    summary,
-)
+from ampgraph.review.audit import Finding, audit, finding_groups, summary
 from ampgraph.review.diff import ReportDiff
 from ampgraph.review.diff import folded as folded_changes
 
@@ -115,3 +110,12 @@ def diff_json(d: ReportDiff) -> str:
         change.setdefault("group", None)
     data["groups"] = groups
     return json.dumps(data, indent=1)
+
+
+__all__ = [
+    "audit_json",
+    "check_record",
+    "diff_json",
+    "ranges_diff_json",
+    "ranges_json",
+]

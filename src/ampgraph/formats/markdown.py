@@ -46,11 +46,7 @@ from ampgraph.policy import CATEGORY_LABEL
 from ampgraph.report.escape import code_span, escape_text
 from ampgraph.report.printed import printed_calls
 from ampgraph.report.records import NodeRecord, Report
-from ampgraph.review.audit import (
-    Finding,
-    audit,
-    folded,
-)
+from ampgraph.review.audit import Finding, audit, folded
 from ampgraph.review.diff import ReportDiff
 from ampgraph.settings import caption, short_dtype
 from ampgraph.train.backward_ops import (
@@ -382,3 +378,13 @@ def diff_markdown(d: ReportDiff, *, limit: int = 250) -> str:
         rows += ["", f"… and {len(listed) - limit} more: `ampgraph diff` (text or JSON) lists all."]
     rows += ["", "</details>"]
     return "\n".join(rows)
+
+
+__all__ = [
+    "audit_markdown",
+    "check_markdown",
+    "diff_markdown",
+    "markdown_table",
+    "markdown_train",
+    "ranges_markdown",
+]

@@ -16,12 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ampgraph.report.records import Report
-from ampgraph.review.audit import (
-    KINDS,
-    Finding,
-    audit,
-    finding_groups,
-)
+from ampgraph.review.audit import KINDS, Finding, audit, finding_groups
 from ampgraph.version import __version__
 
 if TYPE_CHECKING:  # annotations only: the ranges package imports torch
@@ -167,3 +162,12 @@ def ranges_sarif(result: RangesResult) -> str:
         "runs": [{"tool": {"driver": {"name": "ampgraph ranges", "version": __version__,
                                       "rules": rules}}, "results": results}],
     }, indent=1)  # fmt: skip
+
+
+__all__ = [
+    "SARIF_SCHEMA",
+    "artifact_uri",
+    "audit_sarif",
+    "model_file",
+    "ranges_sarif",
+]

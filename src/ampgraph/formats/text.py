@@ -24,14 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ampgraph.report.records import Backward, Gradient, NodeRecord, Report
-from ampgraph.review.audit import (
-    Finding,
-    audit,
-    fmt_bytes,
-    folded,
-    summary,
-    where,
-)
+from ampgraph.review.audit import Finding, audit, fmt_bytes, folded, summary, where
 from ampgraph.review.fold import Fold, Names, fold
 from ampgraph.settings import caption, short_dtype
 from ampgraph.train.backward_ops import (
@@ -558,3 +551,26 @@ def ranges_text(result: RangesResult) -> str:
     if precision:
         lines += ["", precision]
     return "\n".join(lines).rstrip() + "\n"
+
+
+__all__ = [
+    "LARGEST",
+    "SHOWN",
+    "audit_text",
+    "audit_title",
+    "audit_totals",
+    "backward_check_lines",
+    "backward_lines",
+    "check_summary",
+    "data_dependent_warning",
+    "disagreement_lines",
+    "dtype_branches_warning",
+    "finding_message",
+    "largest_findings",
+    "loss_scales",
+    "ranges_text",
+    "ranges_train_lines",
+    "ranges_verdict",
+    "saved_text",
+    "train_summary_lines",
+]
