@@ -124,7 +124,7 @@ def main() -> None:
     phases.wrap(analysis, "module_calls", "module view")
     if args.pass_ != "forward":
         from ampgraph.train import backward
-        from ampgraph.train import check as backward_check
+        from ampgraph.train import joint_check as backward_check
 
         phases.wrap(backward, "trace_joint", "joint trace (forward + loss + backward)")
         phases.wrap(backward, "backward_section", "backward records")

@@ -453,7 +453,7 @@ def render(record: dict[str, Any]) -> str:
 
 
 def write(out: Path, record: dict[str, Any]) -> tuple[Path, Path]:
-    from ampgraph.report.files import atomic_write
+    from ampgraph.report.writing import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"{record['device']}-survey"

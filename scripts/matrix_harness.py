@@ -149,7 +149,7 @@ def compare(
     """
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
-    from ampgraph.report.text import hook_lines
+    from ampgraph.report.printed import hook_lines
     from ampgraph.settings import Setting
     from ampgraph.verify.hooks import eager_hook_lines
 

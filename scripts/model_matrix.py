@@ -60,9 +60,9 @@ class Row:
 
 def run_model(name: str) -> Row:
     """Build one model and check it in all 16 settings."""
+    from ampgraph.formats.text import disagreement_lines
     from ampgraph.model.build import CatalogueEntry, bundled_models, count_parameters, load_model
     from ampgraph.pipeline.stages import analyze, analyze_group
-    from ampgraph.report.text import disagreement_lines
     from ampgraph.settings import Setting, short_dtype
 
     start = time.perf_counter()

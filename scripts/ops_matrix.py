@@ -166,7 +166,7 @@ def run_op(name: str) -> Row:
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
     from ampgraph.model.build import ModelInputs
-    from ampgraph.report.text import hook_lines
+    from ampgraph.report.printed import hook_lines
     from ampgraph.settings import Setting
     from ampgraph.verify.hooks import eager_hook_lines
 

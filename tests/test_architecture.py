@@ -1,4 +1,5 @@
-"""The package's shape: no import circles among ampgraph's modules, torch where it belongs."""
+"""The package's shape: imports that point one way (down the layers below), no import circles
+among ampgraph's modules, torch where it belongs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,30 @@ from pathlib import Path
 import networkx as nx
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "ampgraph"
+
+#: The layers, bottom first (docs/how-it-works.md shows them): a module imports its own package
+#: (a top-level module: itself) and lower layers only, never a layer above it or beside it.
+#: A name is a subpackage or a top-level module of ``ampgraph``; ``ampgraph`` is the package root.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "compat", "version"),  # foundation: imports nothing of ampgraph
+    ("settings", "torchutil"),  # foundation: what a run is in, torch helpers
+    ("report",),  # the result as plain data: records, reading, files, summary, validate
+    ("model",),  # what to analyse: specs, building on meta
+    ("policy",),  # autocast's tables as data, read by every stage after it
+    ("capture",),  # model -> graph
+    ("annotate",),  # graph -> annotated nodes, the dispatcher check
+    ("train",),  # the backward pass, its check, saved-activation memory
+    ("pipeline",),  # one call over the stages above, the cache, workers
+    ("verify",),  # against real execution (the training step's too): analyses through pipeline
+    ("ranges", "review"),  # value ranges; what a reviewer reads (audit, diff, baseline, ...)
+    ("formats",),  # text, Markdown, JSON, SARIF: one module per format
+    ("render",),  # records -> Graphviz, torch-free
+    ("deepspeed_config",),
+    ("recipes",),  # a framework's precision flag
+    ("docs", "notebook"),  # the Sphinx directive, Jupyter's display
+    ("sphinx", "cli"),  # the extension's name, the command line
+    ("__main__", "ampgraph"),  # ``python -m ampgraph``, the public surface
+)
 
 
 def _module_name(path: Path) -> str:
@@ -32,10 +57,10 @@ def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
-def import_graph() -> nx.DiGraph:
+def import_graph(type_checking: bool = False) -> nx.DiGraph:
     """Every import between ampgraph's modules, at the top of a file or inside a function (a
-    late import is a dependency too); imports under ``if TYPE_CHECKING:`` never run and do not
-    count."""
+    late import is a dependency too); imports under ``if TYPE_CHECKING:`` never run and count
+    only with ``type_checking`` (the shape of the code, not what a run loads)."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = nx.DiGraph()
     graph.add_nodes_from(modules)
@@ -56,7 +81,7 @@ def import_graph() -> nx.DiGraph:
                 ]
             else:
                 continue
-            if _type_checking_only(node, parents):
+            if not type_checking and _type_checking_only(node, parents):
                 continue
             for target in targets:
                 if target in modules and target != name:
@@ -74,8 +99,54 @@ def test_the_import_graph_is_read_whole() -> None:
 
 
 def test_no_import_circles() -> None:
-    cycles = sorted(nx.simple_cycles(import_graph()), key=len)
+    """No circle of any kind: one under ``if TYPE_CHECKING:`` is two modules that each need the
+    other to be understood, whatever a run loads."""
+    cycles = sorted(nx.simple_cycles(import_graph(type_checking=True)), key=len)
     assert not cycles, "import circles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles[:5])
+
+
+def _layer_unit(module: str) -> str:
+    """The name :data:`LAYERS` knows ``module`` by: its subpackage, its top-level module, or
+    ``ampgraph`` for the package root."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: nx.DiGraph) -> list[str]:
+    """Every import of ``graph`` that goes to a layer above its module's, or beside it (another
+    package of the same layer): ``a -> b (layer i -> j)``."""
+    layer = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+    wrong = []
+    for source, target in sorted(graph.edges):
+        unit, other = _layer_unit(source), _layer_unit(target)
+        if unit != other and layer[other] >= layer[unit]:
+            wrong.append(f"{source} -> {target} (layer {layer[unit]} -> {layer[other]})")
+    return wrong
+
+
+def test_every_module_has_a_layer() -> None:
+    units = {_layer_unit(m) for m in import_graph()}
+    known = {unit for units in LAYERS for unit in units}
+    assert units - known == set(), "add these to LAYERS"
+    assert sum(len(units) for units in LAYERS) == len(known)  # each named once
+
+
+def test_imports_point_down_the_layers() -> None:
+    """Each stage knows nothing of the stages after it (:data:`LAYERS`): no upward import, late
+    or under ``if TYPE_CHECKING:``."""
+    assert upward_imports(import_graph(type_checking=True)) == []
+
+
+def test_an_upward_import_is_caught() -> None:
+    """The check fails on a planted upward import (the records reading the renderer) and on
+    one beside (a package of the same layer)."""
+    graph = import_graph(type_checking=True)
+    graph.add_edge("ampgraph.report.records", "ampgraph.render.graph")
+    graph.add_edge("ampgraph.review.diff", "ampgraph.ranges.data")
+    assert upward_imports(graph) == [
+        "ampgraph.report.records -> ampgraph.render.graph (layer 2 -> 12)",
+        "ampgraph.review.diff -> ampgraph.ranges.data (layer 10 -> 10)",
+    ]
 
 
 def test_late_imports_count_and_type_checking_ones_do_not() -> None:
@@ -153,7 +224,7 @@ def test_torch_free_modules_import_no_torch() -> None:
     """The CLI, the cache, the pipeline and the renderer start without torch (a warm run)."""
     code = (
         "import sys, ampgraph.cli, ampgraph.pipeline.run, ampgraph.pipeline.cache, ampgraph.render, "
-        "ampgraph.report.text, ampgraph.model.specs, ampgraph.policy, ampgraph.review.audit; print('torch' in sys.modules)"
+        "ampgraph.formats, ampgraph.model.specs, ampgraph.policy, ampgraph.review.audit; print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

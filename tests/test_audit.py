@@ -15,6 +15,8 @@ from torch import nn
 
 from ampgraph import Setting, analyze
 from ampgraph.cli import main
+from ampgraph.formats.markdown import audit_markdown as markdown
+from ampgraph.formats.sarif import audit_sarif as sarif
 from ampgraph.report.records import Report
 from ampgraph.review.audit import (
     KINDS,
@@ -22,8 +24,6 @@ from ampgraph.review.audit import (
     Finding,
     at_or_above,
     audit,
-    markdown,
-    sarif,
     summary,
 )
 from tests.conftest import report as bundled_report

@@ -2,7 +2,7 @@
 
 Each prediction here is proved two ways: by the dispatcher replay of the joint graph
 (``report.backward.check``) and by a real eager training step on the CPU
-(:func:`ampgraph.train.verify.verify_train`: ``.grad`` dtypes, what ``saved_tensors_hooks`` sees,
+(:func:`ampgraph.verify.training.verify_train`: ``.grad`` dtypes, what ``saved_tensors_hooks`` sees,
 every backward op). The small modules are made for one behaviour each.
 """
 
@@ -17,13 +17,15 @@ from torch import nn
 
 from ampgraph import analyze
 from ampgraph.cli import main
+from ampgraph.formats.markdown import markdown_train
+from ampgraph.formats.text import backward_lines
 from ampgraph.model.build import ModelInputs
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 from ampgraph.train.backward import LossError
-from ampgraph.train.formats import backward_lines, cast_pairs, gradient_origin, markdown_train
+from ampgraph.train.backward_ops import cast_pairs, gradient_origin
 from ampgraph.train.memory import activation_bytes_by_dtype
-from ampgraph.train.verify import verify_train
+from ampgraph.verify.training import verify_train
 from tests.conftest import model
 
 CPU_AMP = "autocast=on,device=cpu"
@@ -311,7 +313,7 @@ def test_a_wrong_backward_prediction_is_caught_by_the_dispatcher() -> None:
     """Tamper with the joint graph's prediction: the replay with real kernels disagrees."""
     from ampgraph.capture.trace import capture
     from ampgraph.train.backward import backward_section, trace_joint
-    from ampgraph.train.check import check_backward
+    from ampgraph.train.joint_check import check_backward
 
     trace = trace_joint(capture(island(), cpu("amp-fp32"), training=True), backward_autocast=True)
     bw = backward_section(trace)

@@ -17,10 +17,14 @@ import torch
 from torch import nn
 
 from ampgraph import analyze
+from ampgraph.formats.json import audit_json as to_json
+from ampgraph.formats.markdown import audit_markdown as markdown
+from ampgraph.formats.sarif import audit_sarif as sarif
+from ampgraph.formats.text import audit_text as text
 from ampgraph.model.build import ModelInputs
+from ampgraph.report.printed import hook_lines
 from ampgraph.report.records import Report
-from ampgraph.report.text import hook_lines
-from ampgraph.review.audit import folded, markdown, sarif, text, to_json
+from ampgraph.review.audit import folded
 from ampgraph.review.findings import KINDS, audit
 from ampgraph.settings import Setting
 from ampgraph.torchutil import torch_dtype

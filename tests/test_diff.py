@@ -13,9 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ampgraph.cli import main
+from ampgraph.formats.diff_text import diff_text
+from ampgraph.formats.json import diff_json
+from ampgraph.formats.markdown import diff_markdown
 from ampgraph.report.records import Cast, NodeRecord, Report
 from ampgraph.review.baseline import baseline_text, check_report, read_baseline
-from ampgraph.review.diff import diff_json, diff_markdown, diff_reports, diff_text
+from ampgraph.review.diff import diff_reports
 
 from .conftest import report as analysed_report
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ampgraph.report.text import disagreement_lines
+from ampgraph.formats.text import disagreement_lines
 
 from .conftest import report
 
@@ -59,7 +59,7 @@ def test_cpu_only_torch_annotates_on_meta_and_says_it_cannot_check(
     import torch
 
     from ampgraph import Setting, analyze
-    from ampgraph.report.text import SEED_WATCH, hook_lines
+    from ampgraph.report.printed import SEED_WATCH, hook_lines
 
     from .conftest import model, seed_hook_blocks
 

@@ -13,7 +13,7 @@ from torch import nn
 from ampgraph import analyze, policy
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
 from ampgraph.model.build import ModelInputs
-from ampgraph.report.text import hook_lines
+from ampgraph.report.printed import hook_lines
 from ampgraph.settings import Setting
 from ampgraph.verify.hooks import eager_hook_lines
 

@@ -16,7 +16,7 @@ import pytest
 
 from ampgraph import analyze
 from ampgraph.model.build import ModelInputs
-from ampgraph.report.text import hook_lines
+from ampgraph.report.printed import hook_lines
 from ampgraph.settings import Setting
 from ampgraph.verify.hooks import eager_hook_lines
 

@@ -18,7 +18,7 @@ from torch import nn
 from ampgraph import analyze
 from ampgraph.capture.module_io import ModuleIORecorder
 from ampgraph.model.build import ModelInputs
-from ampgraph.report.text import hook_lines
+from ampgraph.report.printed import hook_lines
 from ampgraph.settings import Setting
 from ampgraph.verify.hooks import eager_hook_lines
 

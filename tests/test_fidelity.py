@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from ampgraph import analyze, policy
 from ampgraph.model.build import ModelInputs
-from ampgraph.report.text import hook_lines
+from ampgraph.report.printed import hook_lines
 from ampgraph.settings import Setting
 from ampgraph.verify.hooks import eager_hook_lines
 

@@ -10,10 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from ampgraph.cli import main
+from ampgraph.formats.diff_text import diff_text
+from ampgraph.formats.json import audit_json as to_json
+from ampgraph.formats.json import diff_json
+from ampgraph.formats.sarif import audit_sarif as sarif
+from ampgraph.formats.text import audit_text as text
+from ampgraph.formats.text import disagreement_lines
 from ampgraph.report.records import Report
-from ampgraph.report.text import disagreement_lines
-from ampgraph.review.audit import audit, sarif, text, to_json
-from ampgraph.review.diff import diff_json, diff_reports, diff_text
+from ampgraph.review.audit import audit
+from ampgraph.review.diff import diff_reports
 from ampgraph.review.fold import Group, fold, indices_label
 from tests.conftest import report as bundled_report
 

@@ -16,7 +16,7 @@ from torch import nn
 from ampgraph import analyze
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
-from ampgraph.report.text import hook_lines
+from ampgraph.report.printed import hook_lines
 from ampgraph.settings import Setting
 from ampgraph.verify import verify
 

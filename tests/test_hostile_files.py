@@ -271,6 +271,7 @@ FIELDS = st.sampled_from([
 def test_a_saved_report_is_read_or_refused_in_one_line(where: tuple, value: object) -> None:
     """Whatever value lands in a field, the report is refused in one line, or read into one
     whose repr, summary and audit print without a crash."""
+    from ampgraph.formats.text import audit_text
     from ampgraph.review import audit
 
     data = report().to_dict()
@@ -285,7 +286,7 @@ def test_a_saved_report_is_read_or_refused_in_one_line(where: tuple, value: obje
         assert "\n" not in str(exc)
         return
     assert repr(read) and read.summary()
-    assert audit.text(read, audit.audit(read))
+    assert audit_text(read, audit.audit(read))
 
 
 # -- options that contradict each other ------------------------------------------------------------
@@ -322,8 +323,10 @@ def test_a_hostile_value_is_cut_in_the_error() -> None:
 def test_a_stand_in_prediction_is_marked_in_every_artefact(tmp_path: Path) -> None:
     """xpu and mps on a torch built without them are predictions (traced on CUDA, annotated
     with the device's lists): diagrams, SARIF, audit text and baselines say so."""
+    from ampgraph.formats.sarif import audit_sarif as sarif
+    from ampgraph.formats.text import audit_text as text
     from ampgraph.render.dot import to_dot
-    from ampgraph.review.audit import audit, sarif, text
+    from ampgraph.review.audit import audit
     from ampgraph.review.baseline import baseline_text, read_baseline
 
     predicted = report()

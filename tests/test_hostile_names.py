@@ -35,18 +35,23 @@ from markdown_it import MarkdownIt
 from torch import nn
 
 from ampgraph.cli import main
+from ampgraph.formats.json import audit_json, diff_json
+from ampgraph.formats.markdown import (
+    audit_markdown,
+    check_markdown,
+    diff_markdown,
+    markdown_table,
+    markdown_train,
+)
+from ampgraph.formats.sarif import artifact_uri
+from ampgraph.formats.sarif import audit_sarif as sarif
 from ampgraph.pipeline.stages import analyze, analyze_group
 from ampgraph.render.dot import to_dot
 from ampgraph.render.graph import build_graph
 from ampgraph.render.overview import overview_dot
 from ampgraph.render.tooltips import node_tooltip
 from ampgraph.report.records import Report
-from ampgraph.report.text import check_markdown, markdown_table
-from ampgraph.review.audit import artifact_uri, sarif
-from ampgraph.review.audit import markdown as audit_markdown
-from ampgraph.review.audit import to_json as audit_json
-from ampgraph.review.diff import diff_json, diff_markdown, diff_reports
-from ampgraph.train.formats import markdown_train
+from ampgraph.review.diff import diff_reports
 
 # -- the models ------------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ampgraph import analyze
 from ampgraph.annotate.kernel_dtypes import CPU_MIXED, RealCpuDtypes
 from ampgraph.model.build import ModelInputs
-from ampgraph.train.verify import verify_train
+from ampgraph.verify.training import verify_train
 
 aten = torch.ops.aten
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16

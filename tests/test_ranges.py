@@ -218,7 +218,7 @@ def test_predicted_overflow_is_where_the_real_run_makes_inf(
 def test_bf16_fits_and_is_told_its_precision() -> None:
     result = _result("blowup", ("amp-fp32",), "bf16")
     assert result.ok
-    from ampgraph.ranges.formats import text
+    from ampgraph.formats.text import ranges_text as text
 
     out = text(result)
     assert "fits" in out and "bf16 keeps 8 significant bits" in out
@@ -370,7 +370,7 @@ def test_views_of_a_weight_have_their_own_values_ranges() -> None:
 
 
 def test_overlay_colours_each_box_by_its_headroom(tmp_path: Any) -> None:
-    from ampgraph.ranges.overlay import BANDS, overlay_sources
+    from ampgraph.render.range_overlay import BANDS, overlay_sources
 
     args = ["ranges", "--module", "tests/test_ranges.py:tower", "--device", "cpu",
             "--amp-dtype", "fp16", "-s", "amp-fp32", "--overlay", str(tmp_path)]  # fmt: skip

@@ -25,7 +25,7 @@ from torch import nn
 from ampgraph.cli import main
 from ampgraph.model.build import ModelInputs
 from ampgraph.ranges import RangesResult, value_ranges
-from ampgraph.ranges.diff import diff
+from ampgraph.ranges.setting_diff import diff
 
 FP16_SETTINGS = ("half", "amp-fp32")
 BF16 = "autocast=on,dtype=bf16,params=fp32"
@@ -177,8 +177,8 @@ def _saved_files(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_audit_kinds_are_ranges_kinds() -> None:
-    from ampgraph.ranges.records import KINDS
-    from ampgraph.review.ranges import SEVERITY
+    from ampgraph.ranges.data import KINDS
+    from ampgraph.review.audit_ranges import SEVERITY
 
     assert set(SEVERITY) == set(KINDS)
     assert [SEVERITY[k][0] for k in ("overflow", "flush-to-zero", "subnormal")] == [

@@ -288,9 +288,9 @@ def test_eager_oracles_and_real_runs_take_the_recipes_casts(text: str) -> None:
     """``verify`` and ``verify --pass train`` (real CPU runs) and the fake eager hooks make the
     model's inputs, buffers and outputs as the recipe does, so they agree with the analysis."""
     from ampgraph.model.build import ModelInputs
-    from ampgraph.train.verify import verify_train
     from ampgraph.verify import verify
     from ampgraph.verify.hooks import eager_hook_lines
+    from ampgraph.verify.training import verify_train
 
     setting = parse_recipe(text, device_type="cpu").setting
     model = ModelInputs("buffer-block", BufferBlock(), (example(),))

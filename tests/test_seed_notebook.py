@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ampgraph.report.text import SEED_WATCH, hook_lines
+from ampgraph.report.printed import SEED_WATCH, hook_lines
 
 from .conftest import seed_hook_blocks
 

@@ -24,7 +24,7 @@ from ampgraph.model.specs import TRACERS as SPEC_TRACERS
 from ampgraph.model.specs import ModelSpec
 from ampgraph.pipeline import cache
 from ampgraph.pipeline.run import report_keys
-from ampgraph.report.text import SEED_WATCH, hook_lines
+from ampgraph.report.printed import SEED_WATCH, hook_lines
 
 from .conftest import seed_hook_blocks
 from .test_regions import Fp32Island, NestedDtype

@@ -19,7 +19,7 @@ from ampgraph import policy as P
 from ampgraph.cli import main
 from ampgraph.compat import torch_release
 from ampgraph.model.build import ModelInputs
-from ampgraph.report.text import SEED_WATCH
+from ampgraph.report.printed import SEED_WATCH
 from ampgraph.settings import seed_matrix
 from ampgraph.verify import (
     NO_CUDA_MESSAGE,

@@ -19,7 +19,7 @@ from ampgraph.pipeline.stages import analyze_capture
 from ampgraph.report.records import Cast, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.verify import VerifyResult, verify
-from ampgraph.verify.casts import INTERNAL
+from ampgraph.verify.cast_log import INTERNAL
 from ampgraph.verify.compare import compare_modules, compare_nodes
 from ampgraph.verify.execution import Observed, run_graph
 from ampgraph.verify.hooks import HookCall

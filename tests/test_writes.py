@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from ampgraph.cli import main
 from ampgraph.errors import AmpgraphError
-from ampgraph.report.files import atomic_write, check_writable
+from ampgraph.report.writing import atomic_write, check_writable
 
 
 def _device(tmp_path: Path, name: str, minor: int) -> Path:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import sys
 import typing
 
-__version__ = "0.1.0"
-
 from ampgraph.compat import warn_if_unsupported as _warn_if_unsupported
 from ampgraph.errors import (
     AmpgraphError,
@@ -31,6 +29,7 @@ from ampgraph.errors import (
 from ampgraph.recipes import Recipe, parse_recipe
 from ampgraph.report.records import ModuleCall, NodeRecord, Report
 from ampgraph.settings import Setting, seed_matrix
+from ampgraph.version import __version__ as __version__
 
 # A torch or transformers outside the range ampgraph was tried with: one warning line, now.
 _warn_if_unsupported()

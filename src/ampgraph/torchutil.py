@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -31,6 +32,26 @@ def torch_dtype(name: str) -> torch.dtype:
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``: the spelling reports and renderers use."""
     return str(dtype).removeprefix("torch.")
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors among the leaves of a node's value (a tensor, or tuples and lists of them).
+
+    >>> len(tensor_leaves((torch.empty(1), 3, [torch.empty(2)])))
+    2
+    """
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
+def device_type_of(t: torch.Tensor) -> str:
+    """The device type autocast would see for ``t``: a meta tensor stands in for CUDA, where a
+    CPU-only torch cannot make fake CUDA tensors (``annotate.replay.replay_device``).
+
+    >>> device_type_of(torch.empty(1, device="meta"))
+    'cuda'
+    """
+    kind = t.device.type
+    return "cuda" if kind == "meta" else kind
 
 
 @contextlib.contextmanager
@@ -292,6 +313,7 @@ __all__ = [
     "VirtualGpuProperties",
     "autocast_state",
     "can_trace_fake",
+    "device_type_of",
     "dtype_name",
     "fake_device_built",
     "fake_mode",
@@ -299,6 +321,7 @@ __all__ = [
     "silenced",
     "simulated_cuda_amp",
     "swapped_tensors",
+    "tensor_leaves",
     "torch_dtype",
     "unbacked_values",
 ]

@@ -37,23 +37,27 @@ from ampgraph.annotate.composite import Decomposed, InnerAutocast, is_composite
 from ampgraph.annotate.replay import (
     Failed,
     FakeReplay,
-    device_type_of,
     dtype_names,
     fake_session,
     is_getitem,
     not_analysable,
     op_name,
-    region_args,
     shape_lists,
-    tensor_leaves,
 )
+from ampgraph.capture.regions import region_args
+from ampgraph.capture.sources import source_of
 from ampgraph.capture.trace import Capture
 from ampgraph.policy import rules
 from ampgraph.policy.kernels import python_kernel
 from ampgraph.report.records import Cast, NodeRecord
-from ampgraph.review.sources import source_of
 from ampgraph.settings import Setting, short_dtype
-from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
+from ampgraph.torchutil import (
+    autocast_state,
+    device_type_of,
+    dtype_name,
+    tensor_leaves,
+    torch_dtype,
+)
 
 
 class AutocastState:
@@ -187,9 +191,9 @@ class AutocastAnnotator(FakeReplay):
             reason = "selects one output" if is_getitem(target) else "Python-level op"
             self._record(n, outputs=dtype_names(value), reason=reason)
             return value
-        category, device_type = self._policy(target, args, kwargs)
+        category, device_type = self.policy_at(target, args, kwargs)
         self._pending[n.name] = {"policy": category}
-        call_args, call_kwargs, casts, op, reason = self._apply(
+        call_args, call_kwargs, casts, op, reason = self.apply_policy(
             target, category, device_type, args, kwargs, n
         )
         self._pending[n.name]["casts"] = casts
@@ -309,6 +313,13 @@ class AutocastAnnotator(FakeReplay):
         rec.outputs = dtype_names(value)
         return value
 
+    def child(self, gm: fx.GraphModule, prefix: str) -> AutocastAnnotator:
+        """An annotator of a small graph met inside one of this one's nodes (a composite op's
+        decomposition): the same capture, autocast state and region, records of its own."""
+        return type(self)(
+            self.capture, gm=gm, state=self.state, records=[], prefix=prefix, region=self.region
+        )
+
     def trace_decomposition(self, trace: Any) -> fx.GraphModule:
         """Run ``trace()``, which traces a composite op's decomposition into a small graph.
 
@@ -318,10 +329,11 @@ class AutocastAnnotator(FakeReplay):
         return trace()
 
     # -- policy -------------------------------------------------------------------------------------
-    def _policy(
+    def policy_at(
         self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[str | None, str]:
-        """The category that applies: the op's entry for the device autocast is enabled on."""
+        """The category that applies at ``op``, and the device: the op's entry for the device
+        autocast is enabled on (None where no entry applies)."""
         tensors = tensor_leaves((args, kwargs))
         devices = [device_type_of(t) for t in tensors] or [self.setting.device_type]
         for device_type in dict.fromkeys(devices):
@@ -339,7 +351,7 @@ class AutocastAnnotator(FakeReplay):
                 return category, device_type
         return None, self.setting.device_type
 
-    def _apply(
+    def apply_policy(
         self,
         op: torch._ops.OpOverload,
         category: str | None,
@@ -348,21 +360,11 @@ class AutocastAnnotator(FakeReplay):
         kwargs: dict[str, Any],
         n: fx.Node | None,
     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast], Any, str]:
+        """What autocast does at ``op`` in ``category``: the arguments it calls with, the casts
+        it makes, the callable that runs, and why (the record's reason)."""
         name = op._schema.name.removeprefix("aten::")
         if category is None:
-            enabled = self.state.states[self.setting.device_type][0]
-            why = (
-                "no autocast policy: runs in its inputs' dtype"
-                if enabled
-                else ("autocast off here: runs as called")
-            )
-            if enabled and op.namespace != "aten":
-                # Not ATen's lists' silence: nobody registered a kernel (register_autocast).
-                why = (
-                    f"no autocast rule for {op.name()} on {self.setting.device_type}: runs in "
-                    "its inputs' dtype and returns what its kernel returns"
-                )
-            return args, kwargs, [], op, why
+            return args, kwargs, [], op, self._no_policy_reason(op)
         lower = self.state.states[device_type][1]
         if category == P.BANNED:
             raise RuntimeError(P.BANNED_MESSAGE)
@@ -376,48 +378,9 @@ class AutocastAnnotator(FakeReplay):
 
             return args, kwargs, [], run_kernel, f"not analysed: {opaque_reason(op, device_type)}"
         if category == P.CAST_INPUTS:
-            rule = P.library_rule(device_type, op.name())
-            assert rule is not None and rule.cast_to is not None
-            to = torch_dtype(rule.cast_to)
-            new_args, new_kwargs, casts = self._cast_all(
-                args, kwargs, to, device_type, n, f"({name} input)"
-            )
-            detail = ", ".join(
-                f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}" for c in casts
-            )
-            why = (
-                f"register_autocast's kernel runs {op.name()} with autocast off after casting its "
-                f"floating inputs to {short_dtype(rule.cast_to)}: "
-                + (f"casts {detail}" if casts else "no cast needed")
-            )
-            return new_args, new_kwargs, casts, op, why
+            return self._library_casts(op, device_type, args, kwargs, n)
         if category == P.FP32_OUTPUT_AS_INPUT:
-            first = next((t for t in tensor_leaves((args, kwargs))), None)
-            back = first.dtype if first is not None else torch.float32
-            # torchvision's _autocast_cast casts every floating, not fp64, tensor: whatever its
-            # device, unlike autocast's own is_eligible.
-            new_args, new_kwargs, casts = self._cast_all(
-                args, kwargs, torch.float32, device_type, n, f"({name} input)", any_device=True
-            )
-
-            def run_and_cast_back(*a: Any, **k: Any) -> Any:
-                out = op(*a, **k)
-                return pytree.tree_map_only(
-                    torch.Tensor, lambda t: torch.ops.aten._to_copy.default(t, dtype=back), out
-                )
-
-            why = (
-                f"{op.name()}'s autocast wrapper runs it in fp32 and returns "
-                f"{short_dtype(dtype_name(back))}"
-                + (
-                    ": casts " + ", ".join(
-                        f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}"
-                        for c in casts
-                    )
-                    if casts else ""
-                )
-            )  # fmt: skip
-            return new_args, new_kwargs, casts, run_and_cast_back, why
+            return self._fp32_and_back(op, device_type, args, kwargs, n)
         if category in (P.LOWER_PRECISION_FP, P.FP16, P.FP32, P.PROMOTE):
             if category == P.LOWER_PRECISION_FP:
                 to = lower
@@ -430,16 +393,7 @@ class AutocastAnnotator(FakeReplay):
             unknown = f"({name} input)"
             new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n, unknown)
             verb = {P.PROMOTE: "promotes to"}.get(category, "runs")
-            detail = (
-                "casts "
-                + ", ".join(
-                    f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}"
-                    for c in casts
-                )
-                if casts
-                else "no cast needed"
-            )
-            why = f"autocast {verb} {name} in {short_dtype(dtype_name(to))}: {detail}"
+            why = f"autocast {verb} {name} in {short_dtype(dtype_name(to))}: {_casts_said(casts)}"
             return new_args, new_kwargs, casts, op, why
         if category == P.FP32_SET_OPT_DTYPE:
             if not rules.is_eligible(rules.first_argument(args, kwargs), device_type):
@@ -458,6 +412,72 @@ class AutocastAnnotator(FakeReplay):
             f"autocast calls {redispatch} with dtype={short_dtype(dtype_name(new_kwargs['dtype']))}"
         )
         return args, new_kwargs, [], target, why
+
+    def _no_policy_reason(self, op: torch._ops.OpOverload) -> str:
+        """Why an op without a policy runs as it does: autocast is off, or has no entry for it."""
+        enabled = self.state.states[self.setting.device_type][0]
+        if not enabled:
+            return "autocast off here: runs as called"
+        if op.namespace != "aten":
+            # Not ATen's lists' silence: nobody registered a kernel (register_autocast).
+            return (
+                f"no autocast rule for {op.name()} on {self.setting.device_type}: runs in "
+                "its inputs' dtype and returns what its kernel returns"
+            )
+        return "no autocast policy: runs in its inputs' dtype"
+
+    def _library_casts(
+        self,
+        op: torch._ops.OpOverload,
+        device_type: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        n: fx.Node | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast], Any, str]:
+        """``register_autocast``'s kernel: the floating inputs cast, then autocast off."""
+        name = op._schema.name.removeprefix("aten::")
+        rule = P.library_rule(device_type, op.name())
+        assert rule is not None and rule.cast_to is not None
+        to = torch_dtype(rule.cast_to)
+        new_args, new_kwargs, casts = self._cast_all(
+            args, kwargs, to, device_type, n, f"({name} input)"
+        )
+        why = (
+            f"register_autocast's kernel runs {op.name()} with autocast off after casting its "
+            f"floating inputs to {short_dtype(rule.cast_to)}: {_casts_said(casts)}"
+        )
+        return new_args, new_kwargs, casts, op, why
+
+    def _fp32_and_back(
+        self,
+        op: torch._ops.OpOverload,
+        device_type: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        n: fx.Node | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast], Any, str]:
+        """torchvision's autocast wrappers: the op in fp32, its outputs cast back to the first
+        input's dtype."""
+        name = op._schema.name.removeprefix("aten::")
+        first = next((t for t in tensor_leaves((args, kwargs))), None)
+        back = first.dtype if first is not None else torch.float32
+        # torchvision's _autocast_cast casts every floating, not fp64, tensor: whatever its
+        # device, unlike autocast's own is_eligible.
+        new_args, new_kwargs, casts = self._cast_all(
+            args, kwargs, torch.float32, device_type, n, f"({name} input)", any_device=True
+        )
+
+        def run_and_cast_back(*a: Any, **k: Any) -> Any:
+            out = op(*a, **k)
+            return pytree.tree_map_only(
+                torch.Tensor, lambda t: torch.ops.aten._to_copy.default(t, dtype=back), out
+            )
+
+        why = (
+            f"{op.name()}'s autocast wrapper runs it in fp32 and returns "
+            f"{short_dtype(dtype_name(back))}" + (f": {_casts_said(casts)}" if casts else "")
+        )
+        return new_args, new_kwargs, casts, run_and_cast_back, why
 
     def producer_label(self, n: fx.Node | None, t: torch.Tensor, unknown: str) -> str:
         """The qualified name of the input node of ``n`` that produced tensor ``t``."""
@@ -529,6 +549,15 @@ def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
         f"opaque autocast kernel: {op.name()} has an autocast kernel on {device_type} whose rule "
         f"ampgraph does not know{where}; its dtypes are what that kernel returned, not a "
         "prediction"
+    )
+
+
+def _casts_said(casts: list[Cast]) -> str:
+    """``casts a bf16->fp32, b bf16->fp32``, or ``no cast needed``: a reason's list of casts."""
+    if not casts:
+        return "no cast needed"
+    return "casts " + ", ".join(
+        f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}" for c in casts
     )
 
 

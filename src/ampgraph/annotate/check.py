@@ -9,7 +9,7 @@ Where the graph was captured in the setting itself (``Capture.method`` ``make-fx
 ``export``), the dtypes the trace recorded (``node.meta["val"]``) are a second, independent oracle
 for the top-level nodes, and the dtypes the leaf modules' hooks saw while it traced one for the
 module view (the hook lines): which node a call received is ampgraph's attribution, which every
-node's dtype being right does not prove (:func:`check_module_calls`).
+node's dtype being right does not prove (:func:`ampgraph.pipeline.call_check.check_module_calls`).
 """
 
 from __future__ import annotations
@@ -20,19 +20,17 @@ from typing import Any
 import torch
 from torch import fx
 
-from ampgraph.annotate.replay import (
-    Failed,
-    FakeReplay,
-    dtype_names,
-    fake_session,
-    region_args,
-    tensor_leaves,
-)
-from ampgraph.capture.module_io import HOOK_DTYPES
+from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names, fake_session
+from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import IN_SETTING, Capture
-from ampgraph.pipeline.calls import indexed_module_calls
 from ampgraph.report.records import NodeRecord, Report
-from ampgraph.torchutil import autocast_state, can_trace_fake, dtype_name, torch_dtype
+from ampgraph.torchutil import (
+    autocast_state,
+    can_trace_fake,
+    dtype_name,
+    tensor_leaves,
+    torch_dtype,
+)
 
 ORACLE = "dispatcher (real autocast kernels on fake tensors)"
 
@@ -135,11 +133,22 @@ def check(
     records: list[NodeRecord],
     oracle: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Fill ``record.check`` for every node and return the summary for the report.
+    """Fill ``record.check`` for every node and return the summary for the report (the nodes
+    only: :func:`ampgraph.pipeline.call_check.check` adds the module view's calls).
 
     ``oracle`` is :func:`dispatcher_results` of the capture, when it was computed elsewhere (in
     parallel with the annotation, say).
     """
+    return check_nodes(capture, records, oracle)[0]
+
+
+def check_nodes(
+    capture: Capture,
+    records: list[NodeRecord],
+    oracle: dict[str, dict[str, Any]] | None = None,
+) -> tuple[dict[str, Any], set[str]]:
+    """:func:`check`'s summary, and the nodes whose export-traced dtypes differ from the
+    kernels' (where they do, the hooks that saw the trace may differ too)."""
     if oracle is None:
         oracle = dispatcher_results(capture)
     traced = trace_results(capture)
@@ -199,69 +208,7 @@ def check(
                "disagreements": disagreements}  # fmt: skip
     if not_analysed:
         summary["not_analysed"] = not_analysed
-    if not differs:  # where the trace's dtypes differ from the kernels', so may its hooks'
-        check_module_calls(capture, records, summary)
-    return summary
-
-
-def check_module_calls(
-    capture: Capture, records: list[NodeRecord], summary: dict[str, Any]
-) -> None:
-    """Compare each leaf call's predicted hook line with what its hook saw while tracing.
-
-    The module view says which graph node a call received and returned (``in``/``out``); the
-    nodes' dtypes can all be right while a call is given the wrong node (an MoE expert's
-    activation attributed the routing indices). In a trace made in the setting, the hooks saw
-    the dispatcher's own dtypes: a call whose predicted ``in`` or ``out`` differs is a
-    disagreement, counted once at the call's first node (where the report shows it). Only a
-    prediction that runs to its end is compared: past a predicted error or an op not analysed,
-    the hooks that ran are not the ones the prediction prints.
-
-    >>> summary = {"disagreements": 0}
-    >>> from ampgraph.settings import Setting
-    >>> from torch import fx
-    >>> cap = Capture("m", Setting.parse("fp32"), fx.GraphModule({}, fx.Graph()), "meta", {}, {})
-    >>> check_module_calls(cap, [], summary); summary
-    {'disagreements': 0}
-    """
-    if capture.method not in IN_SETTING or capture.graph_of is not None:
-        return  # traced in another setting: its hooks saw that setting's dtypes
-    seen = capture.graph_module.meta.get(HOOK_DTYPES)
-    if seen is None or any(r.error or r.skipped or r.not_analysed for r in records):
-        return
-    by_name = {r.name: r for r in records}
-    calls = indexed_module_calls(records, capture.modules, capture.module_io, capture.call_order)
-    for (path, index), call in calls:
-        of_path = seen.get(path, [])
-        if index >= len(of_path):
-            continue
-        hook_in, hook_out = of_path[index]
-        wrong = [
-            f"{side}={_torch_name(predicted)} where its hook saw {_torch_name(saw)}"
-            for side, predicted, saw in (
-                ("in", call.in_dtype, hook_in),
-                ("out", call.out_dtype, hook_out),
-            )
-            if predicted != saw
-        ]
-        rec = by_name.get(call.nodes[0]) if call.nodes else None
-        if not wrong:
-            continue
-        # Counted once: at the call's first node unless counted there already; a call without
-        # nodes is counted and said in the summary only.
-        if rec is None or (rec.check or {}).get("agree") is not False:
-            summary["disagreements"] += 1
-        note = (
-            f"the module view prints [{path}] (call {index}) with {'; '.join(wrong)} "
-            "when traced in this setting"
-        )
-        summary.setdefault("module_disagreements", []).append(note)
-        if rec is not None:
-            rec.check = {**(rec.check or {}), "agree": False, "note": note}
-
-
-def _torch_name(dtype: str | None) -> str:
-    return f"torch.{dtype}" if dtype else "None"
+    return summary, differs
 
 
 def hold_to_the_raise(report: Report) -> None:
@@ -280,7 +227,7 @@ def hold_to_the_raise(report: Report) -> None:
     raised = report.capture.get("raised_in_setting")
     if raised is None or report.check is None:
         return
-    from ampgraph.report.text import printed_calls
+    from ampgraph.report.printed import printed_calls
 
     printed = printed_calls(report)
     first_error = next((r for r in report.nodes if r.error), None)

@@ -12,7 +12,7 @@ where the decomposition cannot be traced.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx
@@ -20,12 +20,44 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import policy as P
-from ampgraph.annotate.replay import Failed, device_type_of
+from ampgraph.annotate.replay import Failed
 from ampgraph.capture import driverless
-from ampgraph.report.records import Cast
+from ampgraph.report.records import Cast, NodeRecord
+from ampgraph.torchutil import device_type_of
 
-if TYPE_CHECKING:
-    from ampgraph.annotate.annotator import AutocastAnnotator
+
+class AutocastAnnotator(Protocol):
+    """What autocast inside a composite needs of the annotator that meets it
+    (:class:`ampgraph.annotate.annotator.AutocastAnnotator`, which uses this module): the
+    policy at an op, applying it, and a child annotator for a decomposition."""
+
+    state: Any  # the annotator's AutocastState: which devices autocast is on for, in what dtype
+    prefix: str
+    records: list[NodeRecord]
+    outer_names: dict[str, str]
+    inner_applied: dict[str, list[tuple[str, str]]]
+
+    def child(self, gm: fx.GraphModule, prefix: str) -> AutocastAnnotator: ...
+
+    def run(self, *args: Any) -> Any: ...
+
+    def trace_decomposition(self, trace: Any) -> fx.GraphModule: ...
+
+    def producer_label(self, n: fx.Node | None, t: torch.Tensor, unknown: str) -> str: ...
+
+    def policy_at(
+        self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, str]: ...
+
+    def apply_policy(
+        self,
+        op: torch._ops.OpOverload,
+        category: str | None,
+        device_type: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        n: fx.Node | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Cast], Any, str]: ...
 
 
 def is_composite(op: torch._ops.OpOverload) -> bool:
@@ -98,10 +130,7 @@ class Decomposed:
                 _NO_POLICY_INSIDE.add(key)
             return value
         parent = self.annotator
-        child = type(parent)(
-            parent.capture, gm=gm, state=parent.state, records=[],
-            prefix=f"{parent.prefix}{self.node.name}.", region=parent.region,
-        )  # fmt: skip
+        child = parent.child(gm, f"{parent.prefix}{self.node.name}.")
         placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
         child.outer_names = {
             p.name: parent.producer_label(self.node, t, "?") for p, t in zip(placeholders, tensors)
@@ -148,9 +177,9 @@ class InnerAutocast(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.OpOverload):
-            category, device_type = self.annotator._policy(func, tuple(args), kwargs)
+            category, device_type = self.annotator.policy_at(func, tuple(args), kwargs)
             if category is not None:
-                args, kwargs, casts, op, _why = self.annotator._apply(
+                args, kwargs, casts, op, _why = self.annotator.apply_policy(
                     func, category, device_type, tuple(args), kwargs, None
                 )
                 self.casts += casts

@@ -34,14 +34,11 @@ from ampgraph.annotate.kernel_dtypes import RealCpuDtypes
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
 from ampgraph.capture.grad_params import requires_grad
+from ampgraph.capture.regions import REGION_OPS
 from ampgraph.errors import first_line
 from ampgraph.settings import Setting
 from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
 
-WRAP_WITH_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
-WRAP_WITH_SET_GRAD_ENABLED = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
-#: Higher-order ops whose body is a submodule that ampgraph walks node by node. Index of the body.
-REGION_OPS = {op: i for op, i in ((WRAP_WITH_AUTOCAST, 4), (WRAP_WITH_SET_GRAD_ENABLED, 1)) if op}
 ASSERT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range"}
 
 
@@ -99,10 +96,6 @@ def is_assert(target: Any) -> bool:
     )
 
 
-def tensor_leaves(value: Any) -> list[torch.Tensor]:
-    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
-
-
 def shape_lists(value: Any) -> list[list[int] | None] | None:
     """The shape of every leaf of a node's value, like :func:`dtype_names` (None for a leaf that
     is not a tensor, or whose size is symbolic); None for a node that failed.
@@ -144,19 +137,13 @@ def dtype_names(value: Any) -> list[str | None]:
 def replay_device(device_type: str) -> str:
     """Where a setting's fake tensors live: on its device, or on ``meta`` for CUDA settings where
     this torch is a CPU-only build (it cannot make fake CUDA tensors). The annotator reads a meta
-    tensor's device as CUDA (:func:`device_type_of`); only the dispatcher check needs the real
+    tensor's device as CUDA (:func:`ampgraph.torchutil.device_type_of`); only the dispatcher check needs the real
     CUDA kernels, and it says so where they are missing.
 
     >>> replay_device("cpu")
     'cpu'
     """
     return device_type if can_trace_fake(device_type) else "meta"
-
-
-def device_type_of(t: torch.Tensor) -> str:
-    """The device type autocast would see for ``t``: meta stands in for CUDA (see above)."""
-    kind = t.device.type
-    return "cuda" if kind == "meta" else kind
 
 
 def placeholder_value(node: fx.Node, device: str, grad: bool = False) -> Any:
@@ -312,34 +299,6 @@ class FakeReplay(fx.Interpreter):
         return interp.run(*operands)
 
 
-@dataclass(frozen=True)
-class Region:
-    """A region body and what it changes: autocast for one device type, or nothing ampgraph
-    tracks (``wrap_with_set_grad_enabled``: grad mode does not change dtypes)."""
-
-    body: fx.GraphModule
-    operands: tuple[Any, ...]
-    device_type: str | None = None
-    dtype: torch.dtype | None = None
-    enabled: bool = True
-
-    @property
-    def is_autocast(self) -> bool:
-        return self.device_type is not None
-
-
-def region_args(n: fx.Node, args: tuple[Any, ...]) -> Region:
-    """Unpack ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)``
-    or ``wrap_with_set_grad_enabled(enabled, body, *operands)``."""
-    if n.target is WRAP_WITH_AUTOCAST:
-        device_type, dtype, enabled, _cache, body, *operands = args
-        if dtype is None:
-            dtype = torch.get_autocast_dtype(device_type)
-        return Region(body, tuple(operands), str(device_type), dtype, bool(enabled))
-    _grad, body, *operands = args
-    return Region(body, tuple(operands))
-
-
 def is_getitem(target: Any) -> bool:
     return target is operator.getitem
 
@@ -350,7 +309,5 @@ __all__ = [
     "StrictDtypeMode",
     "fake_session",
     "op_name",
-    "region_args",
-    "tensor_leaves",
     "torch_dtype",
 ]

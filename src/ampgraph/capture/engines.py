@@ -53,7 +53,7 @@ MAKE_FX = "make-fx"
 
 
 #: Whether captures record each node's Python stack (``node.meta["stack_trace"]``), which
-#: :mod:`ampgraph.review.sources` reads source lines from: only while :func:`keeping_stack_traces` lasts.
+#: :mod:`ampgraph.capture.sources` reads source lines from: only while :func:`keeping_stack_traces` lasts.
 _STACK_TRACES = False
 
 

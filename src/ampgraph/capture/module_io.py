@@ -54,7 +54,7 @@ def _hook_value(value: Any) -> Any:
 def _final_nodes(gm: fx.GraphModule, prefix: str = "") -> list[tuple[str, fx.Node]]:
     """Every node of ``gm`` by the name the annotation gives it, the bodies of autocast and grad
     regions included (``wrap_with_set_grad_enabled.to_2``, as :func:`reads.record_names`)."""
-    from ampgraph.annotate.replay import REGION_OPS
+    from ampgraph.capture.regions import REGION_OPS
 
     out: list[tuple[str, fx.Node]] = []
     for n in gm.graph.nodes:

@@ -390,7 +390,7 @@ def layout_of(t: torch.Tensor) -> str:
 def record_names(gm: fx.GraphModule, prefix: str = "") -> dict[tuple[str, str], str | None]:
     """(node name, target) -> the name the annotator gives the node (``wrap_with_autocast_1.mul``
     inside a region body); None where two nodes share a key."""
-    from ampgraph.annotate.replay import REGION_OPS
+    from ampgraph.capture.regions import REGION_OPS
 
     names: dict[tuple[str, str], str | None] = {}
     for n in gm.graph.nodes:

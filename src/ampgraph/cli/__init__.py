@@ -17,10 +17,10 @@ import sys
 
 import click
 
-from ampgraph import __version__
 from ampgraph.cli import analyze, baseline, cache, ranges, reference, review
 from ampgraph.cli.console import AmpgraphGroup, exit_now, stdout_closed
 from ampgraph.compat import unsupported
+from ampgraph.version import __version__
 
 
 @click.group(cls=AmpgraphGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -23,7 +23,7 @@ from ampgraph.cli.options import (
     train_options,
 )
 from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
-from ampgraph.report.markdown import terminal
+from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 
@@ -68,8 +68,9 @@ def table(
     """
     import json
 
-    from ampgraph.report.text import hook_lines, markdown_table
-    from ampgraph.train.formats import backward_lines, markdown_train
+    from ampgraph.formats.markdown import markdown_table, markdown_train
+    from ampgraph.formats.text import backward_lines
+    from ampgraph.report.printed import hook_lines
 
     options = train_options(pass_, loss, backward_autocast)
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
@@ -149,8 +150,9 @@ def check_command(
       ampgraph check gpt2 --amp-dtype fp16
       ampgraph check --pass train --backward-in-autocast
     """
-    from ampgraph.report.text import check_markdown, check_record, check_summary, disagreement_lines
-    from ampgraph.train.formats import backward_check_lines
+    from ampgraph.formats.json import check_record
+    from ampgraph.formats.markdown import check_markdown
+    from ampgraph.formats.text import backward_check_lines, check_summary, disagreement_lines
 
     options = train_options(pass_, loss, backward_autocast)
     failed = 0
@@ -362,7 +364,7 @@ def verify(
       ampgraph verify --device cpu --pass train
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
-    from ampgraph.report.files import check_writable
+    from ampgraph.report.writing import check_writable
 
     options = train_options(pass_, loss, backward_autocast)
     resolved = resolve_settings(settings, device, amp_dtype)
@@ -423,9 +425,9 @@ def _verify_beside(
 
     def produce(send: Any) -> None:
         from ampgraph.pipeline.run import prepare
-        from ampgraph.train.verify import verify_train
         from ampgraph.verify import resolve_device
         from ampgraph.verify import verify as verify_model
+        from ampgraph.verify.training import verify_train
 
         for setting in resolved:
             resolve_device(setting)  # no GPU: one line now, before the model is built

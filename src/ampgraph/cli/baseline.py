@@ -17,7 +17,7 @@ from ampgraph.cli.options import (
     seq_len_option,
 )
 from ampgraph.cli.reports import analysed
-from ampgraph.report.markdown import terminal
+from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS
 
@@ -42,7 +42,7 @@ def baseline_group() -> None:
 
 def _write_baseline(path: Path, text: str) -> None:
     """Write a baseline atomically; a folder that takes no files is one ``Error:`` line."""
-    from ampgraph.report.files import atomic_write
+    from ampgraph.report.writing import atomic_write
 
     try:
         atomic_write(path, text.encode())
@@ -76,7 +76,7 @@ def baseline_write(
 ) -> None:  # fmt: skip
     """Write the dtype flow of MODEL (default OPT-125M) in one setting (or --recipe) to FILE."""
     from ampgraph.model.specs import ModelSpec
-    from ampgraph.report.files import check_writable
+    from ampgraph.report.writing import check_writable
     from ampgraph.review.baseline import baseline_text
 
     check_writable(file, "baseline")
@@ -118,6 +118,7 @@ def baseline_check(
     FILE; a model or setting given must be the baseline's own. FILE is data and never decides
     what code runs: a baseline of a --module factory is checked only with that --module given.
     """
+    from ampgraph.formats import DIFF_FORMATS as FORMATS
     from ampgraph.model.specs import ModelSpec, spec_kind, spec_tracer
     from ampgraph.review.baseline import (
         baseline_text,
@@ -126,7 +127,6 @@ def baseline_check(
         refuse_other,
         spec_to_check,
     )
-    from ampgraph.review.diff import FORMATS
 
     if not file.exists():
         raise click.ClickException(

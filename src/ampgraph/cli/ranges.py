@@ -93,9 +93,13 @@ def ranges_command(
       ampgraph ranges llama-tiny -s half --amp-dtype fp16 --pass train  # gradients, loss scale
       ampgraph ranges llama-tiny -s amp-fp32 -s half --amp-dtype fp16 --diff
     """
+    from ampgraph.formats.diff_text import ranges_diff_text
+    from ampgraph.formats.json import ranges_diff_json, ranges_json
+    from ampgraph.formats.markdown import ranges_markdown
+    from ampgraph.formats.sarif import ranges_sarif
+    from ampgraph.formats.text import ranges_text
     from ampgraph.model.usercode import deadline, model_code
     from ampgraph.pipeline.run import prepare
-    from ampgraph.ranges import formats
     from ampgraph.ranges import value_ranges
 
     if loss is not None and pass_ != "train":
@@ -112,13 +116,14 @@ def ranges_command(
             )  # fmt: skip
     progress_done()
     if show_diff:
-        click.echo(formats.diff_view(result, fmt), nl=fmt == "json")
+        view = ranges_diff_text if fmt == "text" else ranges_diff_json
+        click.echo(view(result), nl=fmt == "json")
     else:
-        render = {"text": formats.text, "json": formats.to_json, "markdown": formats.markdown,
-                  "sarif": formats.sarif}[fmt]  # fmt: skip
+        render = {"text": ranges_text, "json": ranges_json, "markdown": ranges_markdown,
+                  "sarif": ranges_sarif}[fmt]  # fmt: skip
         click.echo(render(result), nl=fmt in ("json", "sarif"))
     if overlay_dir is not None:
-        from ampgraph.ranges.overlay import write_overlays
+        from ampgraph.render.range_overlay import write_overlays
 
         for path in write_overlays(result, overlay_dir):
             click.echo(f"overlay: {path}", err=fmt != "text")  # stdout stays the JSON alone

@@ -25,8 +25,8 @@ def analysed(
     ``options`` are :func:`~ampgraph.cli.options.train_options` (the pass, its loss and where backward runs);
     ``meanwhile`` is the command's own work that can run beside the analysis.
     """
+    from ampgraph.formats.text import data_dependent_warning, dtype_branches_warning
     from ampgraph.pipeline.run import analyze_spec
-    from ampgraph.report.text import data_dependent_warning, dtype_branches_warning
 
     root = root_options()
     reports = analyze_spec(

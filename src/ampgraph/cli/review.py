@@ -25,7 +25,7 @@ from ampgraph.cli.options import (
     timeout_seconds,
 )
 from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
-from ampgraph.report.markdown import terminal
+from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS, Setting
 
@@ -75,6 +75,10 @@ def audit(
       ampgraph ranges -s amp-fp32 --amp-dtype fp16 --format json > ranges.json
       ampgraph audit -s amp-fp32 --amp-dtype fp16 --ranges ranges.json
     """
+    from ampgraph.formats.json import audit_json
+    from ampgraph.formats.markdown import audit_markdown
+    from ampgraph.formats.sarif import audit_sarif, model_file
+    from ampgraph.formats.text import audit_text
     from ampgraph.review import audit as audit_lib
 
     if report_paths:
@@ -88,25 +92,25 @@ def audit(
                            options={"sources": True})  # fmt: skip
     findings = [audit_lib.audit(r) for r in reports]
     if ranges_paths:
-        from ampgraph.review.ranges import attach, load_ranges
+        from ampgraph.review.audit_ranges import attach, load_ranges
 
         extra = attach(reports, [load_ranges(p) for p in ranges_paths])
         findings = [f + e for f, e in zip(findings, extra, strict=True)]
     given = findings if ranges_paths else None
     if fmt == "json":
-        click.echo(audit_lib.to_json(reports, given))
+        click.echo(audit_json(reports, given))
     elif fmt == "sarif":
-        click.echo(audit_lib.sarif(reports, findings=given))
+        click.echo(audit_sarif(reports, findings=given))
         unplaced = sorted({
             r.model for r, found in zip(reports, findings, strict=True)
-            if audit_lib.model_file(r.model) is None and any(f.source is None for f in found)
+            if model_file(r.model) is None and any(f.source is None for f in found)
         })  # fmt: skip
         if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
             click.echo(f"warning: {', '.join(unplaced)}: some results have no source line and "
                        "the model names no file of model code, so they have logical locations "
                        "only (see docs/audit.md)", err=True)  # fmt: skip
     else:
-        show = audit_lib.markdown if fmt == "markdown" else audit_lib.text
+        show = audit_markdown if fmt == "markdown" else audit_text
         out = "\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True))
         click.echo(terminal(out))  # control characters in module names shown, never run
     if fail_on != "never":
@@ -153,8 +157,8 @@ def _report_file(source: str) -> Report | None:
     (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
     import json
 
-    from ampgraph.report.records import load_json
     from ampgraph.report.reading import read_text
+    from ampgraph.report.records import load_json
     from ampgraph.review.baseline import SCHEMA as BASELINE
     from ampgraph.review.baseline import read_baseline
 
@@ -265,8 +269,9 @@ def diff_command(
       ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
       ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
+    from ampgraph.formats import DIFF_FORMATS as FORMATS
     from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
-    from ampgraph.review.diff import FORMATS, diff_reports
+    from ampgraph.review.diff import diff_reports
 
     given = option_model()
     if given is not None:

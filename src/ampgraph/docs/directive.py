@@ -86,11 +86,11 @@ from sphinx.ext.graphviz import (
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from ampgraph import __version__
 from ampgraph.errors import first_line
 from ampgraph.model.usercode import DEFAULT_TIMEOUT, parse_timeout
 from ampgraph.report.records import Report
 from ampgraph.settings import DEVICE_TYPES
+from ampgraph.version import __version__
 
 if TYPE_CHECKING:
     from sphinx.application import Sphinx

@@ -46,7 +46,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ampgraph import __version__
 from ampgraph.errors import AmpgraphError
 from ampgraph.pipeline.cache_folder import (  # the folder's API, as it was here before
     DEFAULT_MAX_BYTES,
@@ -59,14 +58,15 @@ from ampgraph.pipeline.cache_folder import (  # the folder's API, as it was here
     _limit,
     _path,
     _read,
-    store_entry,
     bound,
     cache_dir,
     clear,
     disk_note,
     info,
     parse_size,
+    store_entry,
 )
+from ampgraph.version import __version__
 
 #: Bump when the analysis or the entries change in a way the environment does not capture.
 #: 3: entries carry their key and request, and the environment where the packages are.
@@ -85,7 +85,7 @@ def _installed(dist: str) -> tuple[str, str]:
 #: Code that draws, publishes or reads reports but never changes one: left out of the digest, so
 #: that editing a diagram's style, the Sphinx directive or a finding's wording keeps every cached
 #: analysis.
-PRESENTATION = frozenset({"render", "docs/directive.py", "review/audit.py", "review/diff.py", "review/baseline.py"})
+PRESENTATION = frozenset({"render", "formats", "docs/directive.py", "review/audit.py", "review/diff.py", "review/baseline.py"})
 
 
 def source_digest() -> str:

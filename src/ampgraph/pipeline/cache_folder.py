@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ampgraph.errors import AmpgraphError
-from ampgraph.report.files import atomic_write
+from ampgraph.report.writing import atomic_write
 
 #: The variable that bounds the entries' total size, and the bound without it.
 MAX_BYTES_VARIABLE = "AMPGRAPH_CACHE_MAX_BYTES"

@@ -17,11 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph import __version__
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
-from ampgraph.annotate.check import check as run_check
 from ampgraph.annotate.check import dispatcher_unavailable, hold_to_the_raise
 from ampgraph.capture.trace import (
     DATA_PATH_METHODS,
@@ -32,12 +30,14 @@ from ampgraph.capture.trace import (
 from ampgraph.errors import SettingError
 from ampgraph.model.build import ModelInputs
 from ampgraph.model.specs import spec_tracer
+from ampgraph.pipeline.call_check import check as run_check
 from ampgraph.pipeline.calls import module_calls
 from ampgraph.pipeline.workers import beside, default_workers, die_with_parent
 from ampgraph.policy import release_in_use
 from ampgraph.report.records import PASSES, NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.torchutil import fake_device_built
+from ampgraph.version import __version__
 
 
 def versions() -> dict[str, str]:
@@ -245,7 +245,7 @@ def analyze_capture(
         trace = trace_joint(cap, loss=loss, backward_autocast=backward_autocast)
         report.backward = backward_section(trace)
         if check and not report.backward.skipped:
-            from ampgraph.train.check import check_backward
+            from ampgraph.train.joint_check import check_backward
 
             check_backward(trace, report.backward)
     return report

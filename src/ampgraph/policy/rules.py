@@ -4,7 +4,7 @@ The tables (:mod:`ampgraph.policy`) say which category an op is in; these functi
 category does to one call: which tensors are eligible for a cast (``is_eligible``), the dtype a
 ``promote`` op runs in (``promote_type``), the ``dtype=`` that ``fp32_set_opt_dtype`` adds, and the
 overload ``fp32_append_dtype`` redispatches to. The annotator (:mod:`ampgraph.annotate.annotator`) applies
-them on fake tensors; verify (:mod:`ampgraph.verify.casts`) replays a call the way they say
+them on fake tensors; verify (:mod:`ampgraph.verify.cast_log`) replays a call the way they say
 autocast makes it. The dispatcher check (:mod:`ampgraph.annotate.check`) uses none of this: it runs the
 real autocast kernels, which is what makes it a proof.
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ampgraph.annotate.replay import device_type_of, tensor_leaves
 from ampgraph.policy import APPEND_DTYPE_REDISPATCH, entry_name
+from ampgraph.torchutil import device_type_of, tensor_leaves
 
 
 def is_eligible(t: Any, device_type: str) -> bool:

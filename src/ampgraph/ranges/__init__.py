@@ -42,8 +42,7 @@ from ampgraph.capture.trace import Capture, capture
 from ampgraph.model.build import ModelInputs
 from ampgraph.pipeline.stages import analyze_capture
 from ampgraph.ranges.collect import graph_constants, run_ranges
-from ampgraph.ranges.judge import judge_setting, reference_findings
-from ampgraph.ranges.records import (
+from ampgraph.ranges.data import (
     KINDS,
     LIMITS,
     NodeRange,
@@ -53,12 +52,13 @@ from ampgraph.ranges.records import (
     SettingRanges,
     ValueRange,
 )
+from ampgraph.ranges.judge import judge_setting, reference_findings
 from ampgraph.ranges.weights import check_memory, real_state
 from ampgraph.report.records import NodeRecord
 from ampgraph.settings import Setting
 
 if TYPE_CHECKING:
-    from ampgraph.ranges.backward import GradientRun
+    from ampgraph.ranges.grad_run import GradientRun
 
 Progress = Callable[[str], None] | None
 
@@ -90,7 +90,7 @@ def _measure(
     masks drawn from ``seed``, so that two runs agree; the caller's random state is kept)."""
     if pass_ != "train":
         return run_ranges(ref_cap, values, modules, kinds), None
-    from ampgraph.ranges.backward import run_gradients
+    from ampgraph.ranges.grad_run import run_gradients
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -148,7 +148,7 @@ def value_ranges(
     traces the model in training mode, runs the train pass's loss (``loss`` names its output)
     backward for real too, and judges each gradient in its dtype (:mod:`ampgraph.ranges.gradients`).
     """
-    from ampgraph import __version__
+    from ampgraph.version import __version__
 
     if pass_ not in ("forward", "train"):
         raise RangesError(f"unknown pass {pass_!r} for ranges: use forward or train")

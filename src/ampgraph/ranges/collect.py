@@ -3,7 +3,7 @@
 :class:`RangeRun` is an ``fx.Interpreter`` (through :class:`~ampgraph.annotate.replay.FakeReplay`,
 whose failure handling, device retargeting and region walking it shares with the annotator and
 ``verify``) that runs each node on real tensors with autocast off everywhere, reduces every
-floating output to a :class:`~ampgraph.ranges.records.ValueRange` (a handful of reductions) and
+floating output to a :class:`~ampgraph.ranges.data.ValueRange` (a handful of reductions) and
 keeps nothing else: ``fx.Interpreter`` frees each value after its last use, so memory is the
 weights plus the live activations, as in an eager forward.
 
@@ -24,9 +24,10 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ampgraph.annotate.replay import REGION_OPS, Failed, FakeReplay, op_name, region_args
+from ampgraph.annotate.replay import Failed, FakeReplay, op_name
+from ampgraph.capture.regions import REGION_OPS, region_args
 from ampgraph.capture.trace import Capture
-from ampgraph.ranges.records import NodeRange, ValueRange
+from ampgraph.ranges.data import NodeRange, ValueRange
 from ampgraph.settings import Setting
 from ampgraph.torchutil import autocast_state, dtype_name
 

@@ -8,7 +8,7 @@ activation has a 16-bit gradient. Each is judged unscaled, as the forward's valu
 loss scale that keeps them finite (:func:`loss_scale`), with those that still flush to zero at it
 (``scaled-underflow``).
 
->>> from ampgraph.ranges.records import ValueRange
+>>> from ampgraph.ranges.data import ValueRange
 >>> s = loss_scale([("fc1.weight", ValueRange("float32", 8, max_abs=8.0e4, min_nonzero=1e-6))])
 >>> s.log2, s.init_overflows, s.halvings, s.underflow
 (-1, True, 17, [])
@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from ampgraph.ranges.data import LIMITS, LossScale, NodeRange, RangeFinding, ValueRange
 from ampgraph.ranges.judge import NARROW, pair_nodes
-from ampgraph.ranges.records import LIMITS, LossScale, NodeRange, RangeFinding, ValueRange
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.settings import short_dtype
 
@@ -178,7 +178,7 @@ def judge_gradients(
 def describe(scale: LossScale) -> list[str]:
     """The loss scale in short lines, as the text format prints them.
 
-    >>> from ampgraph.ranges.records import LossScale
+    >>> from ampgraph.ranges.data import LossScale
     >>> print("\\n".join(describe(LossScale(3, 8.0e4, "fc1.weight", -1))))
     loss scale <= 2**-1 keeps the fp16 gradients finite (max 8e+04 at fc1.weight)
     GradScaler's init 2**16 overflows at step 1: 17 halvings (skipped steps) before a finite one

@@ -14,7 +14,7 @@ setting's order (:func:`judge_setting`):
   check the range and raise (``constant-raises``), others make it inf (``constant-overflow``).
 
 >>> from ampgraph.report.records import NodeRecord, Report
->>> from ampgraph.ranges.records import NodeRange, ValueRange
+>>> from ampgraph.ranges.data import NodeRange, ValueRange
 >>> ref = [NodeRecord("fc", "aten.linear.default", "op", module="fc", outputs=["float32"])]
 >>> ranges = {"fc": NodeRange("fc", "aten.linear.default", "op", "fc",
 ...                           [ValueRange("float32", 8, max_abs=1.3e5, min_nonzero=0.1)])}
@@ -35,7 +35,7 @@ import math
 from collections.abc import Mapping, Sequence
 from difflib import SequenceMatcher
 
-from ampgraph.ranges.records import (
+from ampgraph.ranges.data import (
     LIMITS,
     NodeRange,
     RangeFinding,

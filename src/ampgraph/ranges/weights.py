@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ampgraph.ranges.records import RangesError
+from ampgraph.ranges.data import RangesError
 from ampgraph.verify.device import available_memory, weight_bytes
 from ampgraph.verify.tensors import random_like
 

@@ -23,8 +23,8 @@ changes: ``module/model.decoder.layers.0.fc1``, ``op/model.decoder.layers.0/add.
 ['Linear-cuda-bf16-amp-fp32.svg', 'Linear-cuda-bf16-amp-fp32.dot']
 
 One job per module: :mod:`~ampgraph.render.graph` builds the graph (views, collapsing) from
-:mod:`~ampgraph.render.boxes` (what a box holds), :mod:`~ampgraph.render.fold` (repeated layers
-drawn once) and :mod:`~ampgraph.render.backward` (the backward pass);
+:mod:`~ampgraph.render.boxes` (what a box holds), :mod:`~ampgraph.render.folded_layers` (repeated layers
+drawn once) and :mod:`~ampgraph.render.backward_diagram` (the backward pass);
 :mod:`~ampgraph.render.style` holds colours and shapes as data; :mod:`~ampgraph.render.dot` writes
 Graphviz source with :mod:`~ampgraph.render.labels` (labels, escaping),
 :mod:`~ampgraph.render.tooltips`, :mod:`~ampgraph.render.emit` (boxes, frames, edges) and

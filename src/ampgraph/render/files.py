@@ -30,7 +30,7 @@ from ampgraph.render.dot import Diagram, diagram
 from ampgraph.render.overview import overview_diagram
 from ampgraph.render.style import DOT_TIMEOUT_S
 from ampgraph.render.svg import accessible_bytes
-from ampgraph.report.files import atomic_write
+from ampgraph.report.writing import atomic_write
 from ampgraph.settings import Setting
 
 if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds

@@ -10,7 +10,7 @@ Two views:
 * ``ops``: every ATen node.
 
 What a box holds is :mod:`ampgraph.render.boxes`'s; repeated layers are folded by
-:mod:`ampgraph.render.fold`; the backward pass is read through :mod:`ampgraph.render.backward`.
+:mod:`ampgraph.render.folded_layers`; the backward pass is read through :mod:`ampgraph.render.backward_diagram`.
 
 The result is a :class:`networkx.MultiDiGraph` (edges keyed by dtype) whose node attributes are
 plain data (see :func:`build_graph`); :mod:`ampgraph.render.dot` turns it into Graphviz source.
@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any, Final
 import networkx as nx
 
 from ampgraph.errors import RenderError
-from ampgraph.render.backward import backward_report, backward_titles, mark_backward, memory_rows
+from ampgraph.render.backward_diagram import (
+    backward_report,
+    backward_titles,
+    mark_backward,
+    memory_rows,
+)
 from ampgraph.render.boxes import (
     Context,
     io_attrs,
@@ -43,7 +48,7 @@ from ampgraph.render.boxes import (
     region_sinks,
     relative_path,
 )
-from ampgraph.render.fold import fold_layers
+from ampgraph.render.folded_layers import fold_layers
 
 if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import NodeRecord, Report

@@ -4,7 +4,7 @@ Every file ampgraph reads that a user (or anyone who can write a shared folder) 
 through :func:`read_bytes` or :func:`read_text`: model configs, saved reports, baselines,
 DeepSpeed configs, cache entries and the Sphinx directive's inputs. One rule holds for all:
 
-* a symbolic link is followed to the file it names, as :func:`~ampgraph.report.files.atomic_write`
+* a symbolic link is followed to the file it names, as :func:`~ampgraph.report.writing.atomic_write`
   follows it (``follow=False``, for the cache, refuses links instead);
 * only a regular file is read: a FIFO (a shell's ``<(...)``, an endless pipe) would block until a
   writer came or feed data forever, ``/dev/zero`` never ends, a folder has no bytes. The file is
@@ -15,7 +15,7 @@ DeepSpeed configs, cache entries and the Sphinx directive's inputs. One rule hol
 * each refusal is one :class:`~ampgraph.errors.FileReadError` line naming the file, what it is,
   and what to do.
 
-Torch-free, as :mod:`ampgraph.report.files` is.
+Torch-free, as :mod:`ampgraph.report.writing` is.
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "a.json"

@@ -193,7 +193,7 @@ class NodeRecord:
     #: None in reports written before shapes were kept. ``ampgraph audit`` reads bytes from them.
     shapes: list[list[int] | None] | None = None
     #: ``{"file", "line"}`` in the model's code where the node was made, in analyses that asked
-    #: for source lines (``analyze(..., sources=True)``, :mod:`ampgraph.review.sources`); else None.
+    #: for source lines (``analyze(..., sources=True)``, :mod:`ampgraph.capture.sources`); else None.
     source: dict[str, Any] | None = None
 
     @property

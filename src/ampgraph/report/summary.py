@@ -15,19 +15,60 @@ made familiar. Torch-free: it reads only the records.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from ampgraph.settings import caption
 
-if TYPE_CHECKING:
-    from ampgraph.report.records import Report
+
+# What the summary reads of a report, as protocols: the records module shows a report through
+# this one (``repr``, ``Report.summary``), so this one names no class of it, not even for types.
+class _Node(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def casts(self) -> Sequence[Any]: ...
+    @property
+    def promotion(self) -> Any: ...
+
+
+class _Call(Protocol):
+    @property
+    def path(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def in_dtype(self) -> str | None: ...
+    @property
+    def out_dtype(self) -> str | None: ...
+    @property
+    def nodes(self) -> Sequence[str]: ...
+
+
+class ReportView(Protocol):
+    """A :class:`ampgraph.report.records.Report`, as far as the summary reads it."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def setting(self) -> dict[str, Any]: ...
+    @property
+    def nodes(self) -> Sequence[_Node]: ...
+    @property
+    def modules(self) -> Sequence[_Call]: ...
+    @property
+    def check(self) -> dict[str, Any] | None: ...
+    @property
+    def errors(self) -> Sequence[Any]: ...
 
 
 def _count(n: int, word: str, plural: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (plural or word + 's')}"
 
 
-def _check_words(report: Report) -> str:
+def _check_words(report: ReportView) -> str:
     """What the dispatcher check compared: the nodes it could run (ops and outputs), not the
     graph's inputs, so fewer than the graph nodes."""
     from ampgraph.report.validate import is_report_check
@@ -44,12 +85,12 @@ def _check_words(report: Report) -> str:
 def _shown(text: str) -> str:
     """A name on one line of a terminal: line breaks as control pictures, escape sequences (an
     OSC 8 link in a module name) shown as ``\\xNN``, never run."""
-    from ampgraph.report.markdown import terminal, visible
+    from ampgraph.report.escape import terminal, visible
 
     return terminal(visible(text))
 
 
-def one_line(report: Report) -> str:
+def one_line(report: ReportView) -> str:
     """``repr(report)``: the model, the setting and the counts, in one line."""
     casts = sum(len(n.casts) for n in report.nodes)
     promotions = sum(1 for n in report.nodes if n.promotion)
@@ -67,7 +108,7 @@ class Summary(str):
         return str(self)
 
 
-def table(report: Report) -> Summary:
+def table(report: ReportView) -> Summary:
     """A torchinfo-style table: one row per leaf-module call (its class, the dtype in and out,
     its graph's ops, the casts autocast inserts and the promotions), then the totals.
 

@@ -10,8 +10,9 @@ added node, and modules that run in another order pair up by name.
 
 For each pair, what autocast cares about is compared: the policy, the input and output dtypes,
 the casts (by input position, since the producers' names differ too), the promotion and the
-error. Unpaired nodes are added or removed. The formats (:mod:`ampgraph.review.diff_format`,
-re-exported here) fold the changes of identical layers into one entry each.
+error. Unpaired nodes are added or removed. :func:`folded` makes the changes of identical layers
+one entry each, as the formats show them (:mod:`ampgraph.formats`: ``diff_text``,
+``diff_markdown``, ``diff_json``).
 
 >>> from ampgraph.report.records import NodeRecord, Report
 >>> def rep(*ops):
@@ -21,14 +22,14 @@ re-exported here) fold the changes of identical layers into one entry each.
 >>> d = diff_reports(rep("aten.linear", "aten.relu"), rep("aten.linear", "aten.gelu", "aten.relu"))
 >>> d.counts()["added"], d.counts()["changed"], d.equal
 (1, 0, False)
->>> print(diff_text(d).splitlines()[-1])
-  + n1 aten.gelu: out fp32
+>>> [(c.change, c.op) for c in d.changes]
+[('added', 'aten.gelu')]
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 from ampgraph.errors import AmpgraphError
 from ampgraph.report.records import PLACEHOLDER_KINDS, NodeRecord, Report
 from ampgraph.review.findings import summary
-from ampgraph.review.fold import Names
+from ampgraph.review.fold import Fold, Names, fold
 from ampgraph.settings import short_dtype
 
 SCHEMA = "ampgraph.diff"
@@ -362,30 +363,31 @@ def diff_reports(a: Report, b: Report) -> ReportDiff:
     return result
 
 
-# The formats live in diff_format (this module was at its size limit); diff is where callers find
-# them. Imported last: diff_format needs nothing of this module at import time.
-from ampgraph.review.diff_format import (
-    FORMATS,
-    change_line,
-    describe,
-    diff_json,
-    diff_markdown,
-    diff_text,
-    folded,
-)  # fmt: skip
+def folded(d: ReportDiff) -> list[Fold[NodeChange]]:
+    """The changes, those of identical layers as one entry each (:func:`ampgraph.review.fold.fold`):
+    two layers' changes are the same when all but the layer is (kind, op, module below the layer,
+    each field's text), each side's node names taken out with that side's :class:`Names`."""
+    empty = Names([])
+
+    def key(c: NodeChange, layer: str) -> Hashable:
+        na, nb = (d.names.get((side, c.section), empty) for side in ("a", "b"))
+        detail = (nb if c.change == "added" else na).key(c.detail, layer)
+        fields = tuple((f.field, na.key(f.before, layer), nb.key(f.after, layer)) for f in c.fields)
+        return (
+            c.change, c.section, c.op, na.key(c.module, layer), na.node(c.a, layer),
+            nb.node(c.b, layer), fields, nb.key(c.casts_added, layer),
+            na.key(c.casts_removed, layer), detail,
+        )  # fmt: skip
+
+    return fold(d.changes, lambda c: c.module, key)
+
 
 __all__ = [
-    "FORMATS",
     "DiffError",
     "FieldChange",
     "NodeChange",
     "ReportDiff",
-    "change_line",
-    "describe",
-    "diff_json",
-    "diff_markdown",
     "diff_nodes",
     "diff_reports",
-    "diff_text",
     "folded",
 ]

@@ -26,9 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ampgraph.annotate.annotator import AutocastAnnotator
 from ampgraph.annotate.composite import InnerAutocast
 from ampgraph.annotate.kernel_dtypes import RealCpuDtypes, retyped
-from ampgraph.annotate.replay import WRAP_WITH_SET_GRAD_ENABLED, tensor_leaves
+from ampgraph.capture.regions import WRAP_WITH_SET_GRAD_ENABLED
 from ampgraph.report.records import Cast
-from ampgraph.torchutil import dtype_name
+from ampgraph.torchutil import dtype_name, tensor_leaves
 from ampgraph.train.joint_state import (
     AUTOCAST_CAST,
     FORWARD,
@@ -102,7 +102,7 @@ class ParameterCopies(TorchDispatchMode):
     """Note the storage of every dtype conversion of a parameter or buffer (autocast's 16-bit
     copies of weights, a model's own ``weight.to(dtype)``): memory that exists only while it is
     needed, unlike the parameter's. The copies are kept alive so no other tensor reuses their
-    storage while the step runs. :mod:`ampgraph.train.verify` watches the real step with it too.
+    storage while the step runs. :mod:`ampgraph.verify.training` watches the real step with it too.
     """
 
     def __init__(self, sources: set[int]) -> None:
@@ -159,13 +159,13 @@ class BackwardAutocast(InnerAutocast):
         kwargs = kwargs or {}
         if not isinstance(func, torch._ops.OpOverload):
             return func(*args, **kwargs)
-        category, device_type = self.annotator._policy(func, tuple(args), kwargs)
+        category, device_type = self.annotator.policy_at(func, tuple(args), kwargs)
         if category is None:
             return func(*args, **kwargs)
         state = active_state()
         sources = {id(t): state.node_of(t) for t in tensor_leaves((args, kwargs))}
         before = len(state.graph.nodes)
-        call_args, call_kwargs, casts, op, _why = self.annotator._apply(
+        call_args, call_kwargs, casts, op, _why = self.annotator.apply_policy(
             func, category, device_type, tuple(args), kwargs, None
         )
         for node in state.new_nodes(before):

@@ -37,7 +37,7 @@ from ampgraph.errors import NoDeviceError, VerifyError
 from ampgraph.model.build import ModelInputs
 from ampgraph.pipeline.stages import analyze_capture
 from ampgraph.settings import Setting
-from ampgraph.verify.casts import CastLog
+from ampgraph.verify.cast_log import CastLog
 from ampgraph.verify.compare import compare_modules, compare_nodes
 from ampgraph.verify.device import NO_CUDA_MESSAGE, check_memory, device_name, resolve_device
 from ampgraph.verify.eager import run_eager

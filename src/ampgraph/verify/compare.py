@@ -8,7 +8,7 @@ Casts are matched by what the kernel does. A cast autocast makes *inside* a comp
 cast at the same node, so a source that is none of the node's inputs is compared as internal
 (:func:`cast_key`).
 
-Modules are compared as a real run prints them (:func:`~ampgraph.report.text.printed_calls`,
+Modules are compared as a real run prints them (:func:`~ampgraph.report.printed.printed_calls`,
 what ``ampgraph table`` shows): a forward stops at its first error, so a call the prediction lists
 after the call that raises is *not run* in the prediction as in the eager run.
 
@@ -25,10 +25,10 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from ampgraph.report.printed import hook_lines, printed_calls
 from ampgraph.report.records import NodeRecord, Report
-from ampgraph.report.text import call_error, hook_lines, printed_calls
 from ampgraph.settings import short_dtype
-from ampgraph.verify.casts import INTERNAL, CastKey, cast_text
+from ampgraph.verify.cast_log import INTERNAL, CastKey, cast_text
 from ampgraph.verify.eager import HookCall
 from ampgraph.verify.execution import Observed
 from ampgraph.verify.results import Agreement, Disagreement
@@ -122,7 +122,7 @@ class _Line:
 
 
 def _predicted_lines(report: Report) -> list[_Line]:
-    """The hook lines of :func:`~ampgraph.report.text.hook_lines`, with what each compares."""
+    """The hook lines of :func:`~ampgraph.report.printed.hook_lines`, with what each compares."""
     texts = hook_lines(report)
     lines = []
     for (call, error), text in zip(printed_calls(report), texts):

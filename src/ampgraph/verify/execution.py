@@ -1,7 +1,7 @@
 """Run a captured graph node by node on real tensors under real ``torch.autocast``.
 
 Each node's output dtypes, or its error message, are recorded (:class:`Observed`), with the casts
-autocast made there (:mod:`ampgraph.verify.casts`); ``wrap_with_autocast`` regions run under the
+autocast made there (:mod:`ampgraph.verify.cast_log`); ``wrap_with_autocast`` regions run under the
 real nested ``torch.autocast`` they stand for.
 """
 
@@ -17,12 +17,13 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names, region_args, tensor_leaves
+from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names
+from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.report.records import NodeRecord
 from ampgraph.settings import Setting
-from ampgraph.torchutil import autocast_state, torch_dtype
-from ampgraph.verify.casts import CastKey, CastLog, autocast_casts
+from ampgraph.torchutil import autocast_state, tensor_leaves, torch_dtype
+from ampgraph.verify.cast_log import CastKey, CastLog, autocast_casts
 
 
 @dataclass
@@ -40,7 +41,7 @@ class RealExecution(FakeReplay):
     """Run a captured graph node by node on real tensors under real autocast.
 
     Records, per qualified node name, the output dtypes or the error (:class:`Observed`), and the
-    casts autocast made there (:mod:`ampgraph.verify.casts` says how they are told apart).
+    casts autocast made there (:mod:`ampgraph.verify.cast_log` says how they are told apart).
     """
 
     def __init__(

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ampgraph.errors import AmpgraphError
-from ampgraph.report.files import atomic_write
 from ampgraph.report.records import Report
+from ampgraph.report.writing import atomic_write
 from ampgraph.settings import Setting, short_dtype
 
 SCHEMA = "ampgraph.verify"
@@ -71,7 +71,7 @@ class Verification:
     setting and the real device, the agreement counts, and the disagreements.
 
     One piece of code for the forward's (:class:`VerifyResult`) and the training step's
-    (:class:`ampgraph.train.verify.TrainVerifyResult`) results: each names its counts
+    (:class:`ampgraph.verify.training.TrainVerifyResult`) results: each names its counts
     (:meth:`agreement`) and what its record adds.
     """
 
@@ -192,7 +192,7 @@ def verify_record(results: Sequence[VerifyResult], **extra: Any) -> dict[str, An
 def write_record(
     results: Sequence[VerifyResult], path: str | os.PathLike[str], **extra: Any
 ) -> Path:
-    """Write :func:`verify_record` as JSON to ``path`` with :func:`~ampgraph.report.files.atomic_write`
+    """Write :func:`verify_record` as JSON to ``path`` with :func:`~ampgraph.report.writing.atomic_write`
     (a reader never sees half; a device such as ``/dev/null`` is written through, never replaced).
     """
     target = Path(path)

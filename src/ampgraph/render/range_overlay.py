@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from ampgraph.ranges.records import RangesResult, SettingRanges
+from ampgraph.ranges.data import RangesResult, SettingRanges
 from ampgraph.report.records import Report
 
 #: (upper bound in decades, name, border colour, fill colour), least headroom first.
@@ -100,7 +100,7 @@ def overlay_sources(result: RangesResult) -> dict[str, str]:
 def write_overlays(result: RangesResult, out_dir: Path) -> list[Path]:
     """One SVG per setting, ``MODEL-SETTING-ranges.svg`` in ``out_dir``; the paths."""
     from ampgraph.render.files import run_dot, safe_name
-    from ampgraph.report.files import atomic_write
+    from ampgraph.report.writing import atomic_write
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

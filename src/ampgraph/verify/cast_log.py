@@ -35,11 +35,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import policy as P
-from ampgraph.annotate.replay import tensor_leaves
 from ampgraph.policy import rules
 from ampgraph.report.records import NodeRecord
 from ampgraph.settings import short_dtype
-from ampgraph.torchutil import autocast_state, dtype_name, torch_dtype
+from ampgraph.torchutil import autocast_state, dtype_name, tensor_leaves, torch_dtype
 
 #: Where a cast's source tensor was made during the call rather than by an input node.
 INTERNAL = "(internal)"

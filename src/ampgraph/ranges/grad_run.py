@@ -3,7 +3,7 @@
 :class:`GradRun` is :class:`~ampgraph.ranges.collect.RangeRun` with autograd on: the parameters
 are leaves that require grad, and every floating output that requires grad gets a tensor hook
 that reduces the gradient flowing into it (the gradient of the loss with respect to that node's
-output) to a :class:`~ampgraph.ranges.records.ValueRange` and drops it. The loss is the one
+output) to a :class:`~ampgraph.ranges.data.ValueRange` and drops it. The loss is the one
 ampgraph's train pass differentiates (:data:`ampgraph.train.backward.LOSS_EXPRESSION`: the first
 floating output, or the one ``loss`` names, ``.float().sum()``); ``loss.backward()`` then fills
 each parameter's ``.grad``, which is reduced the same way. Memory is an eager training step's:
@@ -32,10 +32,10 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ampgraph.annotate.replay import region_args
+from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.ranges.collect import RangeRun, reduce_tensor
-from ampgraph.ranges.records import NodeRange, ValueRange
+from ampgraph.ranges.data import NodeRange, ValueRange
 from ampgraph.torchutil import autocast_state
 
 

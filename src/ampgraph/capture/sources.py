@@ -32,9 +32,10 @@ def library_dirs() -> tuple[str, ...]:
     """The folders whose frames are never the model's code: torch's and ampgraph's own."""
     import torch
 
-    import ampgraph
-
-    return tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, ampgraph))
+    # ampgraph's own folder from this file's place in it: importing the package root here would
+    # point an import up from the capture stage to the public surface.
+    here = Path(__file__).resolve().parent.parent
+    return (str(Path(torch.__file__).resolve().parent) + os.sep, str(here) + os.sep)
 
 
 def _shown(path: str) -> str:

@@ -1,4 +1,4 @@
-"""Model text in Markdown: every Markdown output (``table``, ``check``, ``audit``, ``diff``,
+"""Model text escaped for Markdown and terminals: every Markdown output (``table``, ``check``, ``audit``, ``diff``,
 ``baseline check``, the training tables) writes module and class names through this module.
 
 A module name is any string ``nn.Module.add_module`` accepts and a class name any string

@@ -5,7 +5,7 @@ Torch-free. Both settings are judged against the same fp32 run, so a finding's `
 value it is about in either graph; :func:`diff` groups each setting's findings by it and keeps the
 values whose verdicts differ (a kind in one setting and not the other, or another dtype).
 
->>> from ampgraph.ranges.records import RangeFinding, SettingRanges
+>>> from ampgraph.ranges.data import RangeFinding, SettingRanges
 >>> f = RangeFinding("overflow", "linear_1", "aten.linear.default", "fc2", "float16", 1e5,
 ...                  65504.0, "linear in fc2 (linear_1): max 1e+05 > fp16's 65,504; ...",
 ...                  reference="linear_1")
@@ -14,8 +14,10 @@ values whose verdicts differ (a kind in one setting and not the other, or anothe
 >>> rows = diff(a, b)
 >>> [(r.value, r.a[0].kind if r.a else None, r.b) for r in rows]
 [('linear_1', 'overflow', [])]
->>> print(" | ".join(text(a, b, rows).splitlines()[:3]))
-A: amp-fp32 (autocast cpu fp16) | B: amp-fp32 (autocast cpu bf16) | 1 value judged differently
+
+
+The text view is :func:`ampgraph.formats.diff_text.setting_diff_text`; :func:`to_dict` is the
+JSON's ``diff`` object.
 """
 
 from __future__ import annotations
@@ -23,11 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampgraph.ranges.records import SEVERITIES, RangeFinding, SettingRanges
-
-#: Rows the text view shows before "... and N more (--format json)": one screen.
-SHOWN = 15
-
+from ampgraph.ranges.data import SEVERITIES, RangeFinding, SettingRanges
 
 @dataclass
 class DiffRow:
@@ -72,43 +70,10 @@ def diff(a: SettingRanges, b: SettingRanges, *, notes: bool = False) -> list[Dif
     return sorted(differing, key=lambda r: -SEVERITIES.index(r.severity))
 
 
-def _side(findings: list[RangeFinding]) -> str:
-    if not findings:
-        return "fits"
-    f = findings[0]
-    more = f" (+{len(findings) - 1})" if len(findings) > 1 else ""
-    return f"{f.kind} in {f.dtype.replace('float', 'fp').replace('bfp', 'bf')}{more}"
-
-
-def _label(row: DiffRow) -> str:
-    """``linear_3 (model.fc2)``; a parameter's name says its module already."""
-    if row.module and not row.value.startswith(row.module):
-        return f"{row.value} ({row.module})"
-    return row.value
-
-
-def text(a: SettingRanges, b: SettingRanges, rows: list[DiffRow]) -> str:
-    """One screen: a line per value judged differently, and the first finding's message."""
-    count = f"{len(rows)} value{'s' * (len(rows) != 1)} judged differently"
-    lines = [f"A: {a.name} ({a.caption})", f"B: {b.name} ({b.caption})", count]
-    if not rows:
-        return "\n".join(lines) + "\n"
-    names = [_label(r) for r in rows[:SHOWN]]
-    width = min(40, max(len(n) for n in names))
-    lines += ["", f"  {'value':<{width}}  {'A':<28}  B"]
-    for r, name in zip(rows[:SHOWN], names):
-        lines.append(f"  {name:<{width}}  {_side(r.a):<28}  {_side(r.b)}")
-        first = (r.a or r.b)[0]
-        lines.append(f"  {'':<{width}}  {first.message}")
-    if len(rows) > SHOWN:
-        lines.append(f"  ... and {len(rows) - SHOWN} more (--format json)")
-    return "\n".join(lines) + "\n"
-
-
 def to_dict(a: SettingRanges, b: SettingRanges, rows: list[DiffRow]) -> dict[str, Any]:
     """The ``diff`` object of the JSON (docs/schema.md)."""
     return {"a": a.name, "b": b.name, "a_caption": a.caption, "b_caption": b.caption,
             "rows": [r.to_dict() for r in rows]}  # fmt: skip
 
 
-__all__ = ["SHOWN", "DiffRow", "diff", "text", "to_dict"]
+__all__ = ["DiffRow", "diff", "to_dict"]

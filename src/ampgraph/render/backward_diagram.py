@@ -3,7 +3,7 @@
 This module is torch-free.
 
 >>> backward_titles.__module__
-'ampgraph.render.backward'
+'ampgraph.render.backward_diagram'
 """
 
 from __future__ import annotations
