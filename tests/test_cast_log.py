@@ -1,4 +1,4 @@
-"""verify's cast log: what counts as a cast at the dispatcher (``ampgraph.verify.casts``)."""
+"""verify's cast log: what counts as a cast at the dispatcher (``ampgraph.verify.cast_log``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torch import nn
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.verify import verify
-from ampgraph.verify.casts import CastLog
+from ampgraph.verify.cast_log import CastLog
 
 
 def test_a_copy_into_another_dtype_is_a_cast_of_its_source() -> None:
