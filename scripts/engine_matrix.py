@@ -28,10 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+from matrix_harness import AMP_DTYPES, SETTINGS
 from reuse_matrix import COST_HINT, vision_model, vision_models
-
-SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
-AMP_DTYPES = ("bf16", "fp16")
 
 
 @dataclass

@@ -34,6 +34,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
 from matrix_harness import (  # noqa: E402
     AGREEMENT,
+    AMP_DTYPES,
+    SETTINGS,
     Row,
     all_agree,
     compare,
@@ -46,9 +48,8 @@ from matrix_harness import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 #: What a builder returns: the module and its example inputs (positional, or keyword as a dict).
 Built = tuple[nn.Module, Any]
-CELLS = [("fp32", "bf16")] + [
-    (s, d) for d in ("bf16", "fp16") for s in ("half", "amp-half", "amp-fp32")
-]
+#: fp32 once (no 16-bit dtype in it), the other settings with each 16-bit dtype.
+CELLS = [("fp32", "bf16")] + [(s, d) for d in AMP_DTYPES for s in SETTINGS if s != "fp32"]
 
 
 def unet() -> Built:

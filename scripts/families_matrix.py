@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
 from matrix_harness import (  # noqa: E402
     AGREEMENT,
+    AMP_DTYPES,
+    SETTINGS,
     Cell,
     Row,
     all_agree,
@@ -45,8 +47,6 @@ if TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
-AMP_DTYPES = ("bf16", "fp16")
 
 
 def _ids(*shape: int, high: int = 60) -> Any:

@@ -15,7 +15,8 @@ the three pages measure the same thing:
   ``hooks`` is the longer of the two lists. A setting that raises is a cell like any other: the
   line of the call that raises is compared too.
 
-A cell *agrees* when it was checked, no node disagrees and every hook line agrees.
+A cell *agrees* when it was checked, no node disagrees and every hook line agrees. Every matrix
+runs the same settings: :data:`SETTINGS` (the seed's four) with each of :data:`AMP_DTYPES`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs
+
+#: The seed's four settings, in the order every matrix's columns follow.
+SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
+#: The 16-bit dtypes each setting autocasts to (and ``half`` casts to): a column group each.
+AMP_DTYPES = ("bf16", "fp16")
 
 #: What every page says its hook-line figures count (one measure for all of them).
 AGREEMENT = (
@@ -293,6 +299,8 @@ def escape_cell(text: str) -> str:
 
 __all__ = [
     "AGREEMENT",
+    "AMP_DTYPES",
+    "SETTINGS",
     "Cell",
     "Row",
     "Verified",

@@ -24,10 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
+from matrix_harness import AMP_DTYPES, SETTINGS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ("cuda", "cpu")
-AMP_DTYPES = ("bf16", "fp16")
-SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
 #: Rough relative cost (layers x width) so the biggest models start first.
 COST_HINT = {"llama-3-70b": 100, "phi-2": 12, "mistral-7b": 10, "llama-3-8b": 10, "qwen2-0.5b": 8}
 

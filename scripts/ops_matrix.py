@@ -36,10 +36,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
+from matrix_harness import AMP_DTYPES, SETTINGS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ("cuda", "cpu")
-AMP_DTYPES = ("bf16", "fp16")
-SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
 #: Every op's input: (3, 4, 4), square matrices for the linear algebra.
 SHAPE = (3, 4, 4)
 

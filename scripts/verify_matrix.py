@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
 from matrix_harness import (  # noqa: E402
+    AMP_DTYPES,
+    SETTINGS,
     Row,
     Verified,
     escape_cell,
@@ -45,9 +47,6 @@ if TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
-#: The 16-bit dtypes CPU autocast and the 16-bit settings use (``--amp-dtype``), a table each.
-AMPS = ("bf16", "fp16")
 #: The matrices this page can cover, in its order; ``vision`` only when asked (heavier).
 MATRICES = ("families", "further", "vision")
 DEFAULT_MATRICES = ("families", "further")
@@ -98,7 +97,7 @@ class VerifyOne:
     """One model verified in the four settings with each 16-bit dtype; its records keyed
     ``"amp-fp32 bf16"`` (a class, so a pool pickles it)."""
 
-    def __init__(self, where: dict[str, str], amps: tuple[str, ...] = AMPS) -> None:
+    def __init__(self, where: dict[str, str], amps: tuple[str, ...] = AMP_DTYPES) -> None:
         self.where, self.amps = where, amps  # model name -> matrix; the 16-bit dtypes
 
     def __call__(self, name: str) -> Row:
@@ -228,7 +227,7 @@ def _table(rows: list[Row], amp: str) -> list[str]:
 
 
 def markdown(
-    rows: list[Row], seconds: float, versions: dict[str, str], amps: tuple[str, ...] = AMPS
+    rows: list[Row], seconds: float, versions: dict[str, str], amps: tuple[str, ...] = AMP_DTYPES
 ) -> str:
     """The page: how it was made, the totals, a line per model, then every disagreement."""
     verified, clean, found, unverified = summary(rows)
@@ -306,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the matrices to cover (repeatable; default: families, further)")
     parser.add_argument("-m", "--model", action="append", help="only this model (repeatable)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/verification/cpu-families.md")
-    parser.add_argument("--amp-dtype", action="append", choices=AMPS,
+    parser.add_argument("--amp-dtype", action="append", choices=AMP_DTYPES,
                         help="the 16-bit dtype (repeatable; default: bf16 and fp16)")
     parser.add_argument("-j", "--jobs", type=int, default=1)
     args = parser.parse_args(argv)  # fmt: skip
@@ -316,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no model {unknown[0]!r} in {', '.join(args.matrix or DEFAULT_MATRICES)}")
     versions = _versions()  # imports torch and transformers before the pool forks
     start = time.perf_counter()
-    amps = tuple(args.amp_dtype or AMPS)
+    amps = tuple(args.amp_dtype or AMP_DTYPES)
     rows = run_all(args.model or list(where), VerifyOne(where, amps), args.jobs, "verify")
     try:
         text = markdown(rows, time.perf_counter() - start, versions, amps)

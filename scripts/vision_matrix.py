@@ -31,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
 from matrix_harness import (  # noqa: E402
     AGREEMENT,
+    AMP_DTYPES,
+    SETTINGS,
     Row,
     all_agree,
     cell_notes,
@@ -40,8 +42,6 @@ from matrix_harness import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ("fp32", "half", "amp-half", "amp-fp32")
-AMP_DTYPES = ("bf16", "fp16")
 
 #: name -> (library, constructor name, input shape). Images are 224 x 224 unless a model wants
 #: otherwise; the batch is 1.

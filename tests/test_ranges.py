@@ -384,3 +384,22 @@ def test_overlay_colours_each_box_by_its_headroom(tmp_path: Any) -> None:
     assert f'fillcolor="{red}"' in fc2 and 'xlabel="-0.2"' in fc2
     fc1 = source[source.index('"module/layers.3.fc1"') :].split("\n", 1)[0]
     assert f'fillcolor="{green}"' in fc1
+
+
+def test_an_overlay_is_titled_as_asked(tmp_path: Any) -> None:
+    """A figure for a reader says what it shows (docs/ranges.md's: "Tower ..."), not the spec's
+    path: the title changes, the file's name (by the model) and every box stay as they were."""
+    from ampgraph.ranges.overlay import overlay_sources, write_overlays
+
+    result = _result("tower", ("amp-fp32",), "fp16")
+    plain = overlay_sources(result)["amp-fp32"]
+    titled = overlay_sources(result, title="Tower of residual blocks")["amp-fp32"]
+    assert "tower — amp-fp32" in plain and "Tower of residual blocks — amp-fp32" in titled
+    assert "tower" not in titled
+    lines, titled_lines = plain.splitlines(), titled.splitlines()
+    assert len(lines) == len(titled_lines)
+    differ = [(a, b) for a, b in zip(lines, titled_lines) if a != b]
+    assert differ and all("tower" in a and "Tower of residual blocks" in b for a, b in differ)
+    (path,) = write_overlays(result, tmp_path, title="Tower of residual blocks")
+    assert path.name == "tower-amp-fp32-ranges.svg"
+    assert "<title>Tower of residual blocks</title>" in path.read_text()

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.casts import cast_outputs
@@ -245,16 +246,11 @@ def _make_fx(
     same, node for node (``tests/test_capture_engines.py``), minus export's
     ``_assert_tensor_metadata`` checks, which the replay skips anyway.
     """
-    from torch._dispatch.python import enable_python_dispatcher
     from torch._export.passes.lift_constants_pass import ConstantAttrMap, lift_constants_pass
     from torch._export.passes.replace_autocast_with_hop_pass import replace_autocast_with_hop_pass
     from torch._export.passes.replace_set_grad_with_hop_pass import replace_set_grad_with_hop_pass
-    from torch._export.utils import _compiling_state_context, placeholder_naming_pass
-    from torch.export import graph_signature as sig
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch._export.utils import placeholder_naming_pass
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from torch.nn.utils.stateless import _reparametrize_module
 
     # A shape environment, as export has, so that ops with data-dependent output sizes
     # (nonzero, a boolean-mask index) trace with unbacked sizes instead of failing.
@@ -268,52 +264,83 @@ def _make_fx(
         # A tied parameter is one tensor under two names, so every use reads the last alias's
         # placeholder (OPT's embedding reads ``p_lm_head_weight``), as in export's graph.
         state = [*params.values(), *buffers.values()]
-        flat_inputs, in_spec = pytree.tree_flatten((args, kwargs))
-        out_specs: list[pytree.TreeSpec] = []
-
-        def forward(*flat: Any) -> tuple[Any, ...]:
-            call_args, call_kwargs = pytree.tree_unflatten(list(flat[len(names) :]), in_spec)
-            tensors = dict(zip(names, flat[: len(names)]))
-            with _reparametrize_module(module, tensors, tie_weights=False, strict=False):
-                out = model_call(module, *call_args, **call_kwargs)
-            leaves, spec = pytree.tree_flatten(plain_outputs(out))
-            out_specs.append(spec)
-            return tuple(leaves)
-
-        forward._orig_mod = module  # type: ignore[attr-defined] # make_fx's module-stack root
-        # Model code that asks torch.compiler.is_exporting() (transformers' mask builders)
-        # takes export's path, as under export.
-        with (
-            fake_mode,
-            enable_python_dispatcher(),
-            _compiling_state_context(),
-            _use_lazy_graph_module(True),  # see below: nothing runs its code
-        ):
-            gm = make_fx(forward, record_module_stack=True, pre_dispatch=True)(*state, *flat_inputs)
+        gm, flat_in, out_spec = _trace_functional(module, names, state, (args, kwargs), fake_mode)
 
     _runtime_asserts(gm, fake_mode)
-    fill_placeholder_values(gm.graph, [*state, *flat_inputs])  # torch 2.10, 2.11 leave some out
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fill_placeholder_values(gm.graph, [*state, *flat_in])  # torch 2.10, 2.11 leave some out
+    signature = _export_signature(gm, names, len(params), flat_in)
+    constants = lift_constants_pass(gm, signature, ConstantAttrMap())
+    # The region passes split the graph and inline it back, recompiling its Python code each
+    # time (a tenth of a second per recompile for a 70B-shaped graph); nothing here runs that
+    # code, so each module compiles only if something calls it.
+    with _use_lazy_graph_module(True):
+        gm, signature = replace_set_grad_with_hop_pass(gm, signature)
+        gm, signature = replace_autocast_with_hop_pass(gm, signature)
+    _export_module_stacks(gm)
+    with fake_mode:
+        placeholder_naming_pass(
+            gm, signature, module, args, kwargs, dict(zip(names, state)), constants
+        )
+    return Traced(gm, signature, out_spec)
+
+
+def _trace_functional(
+    module: nn.Module,
+    names: list[str],
+    state: list[torch.Tensor],
+    inputs: tuple[tuple[Any, ...], dict[str, Any]],
+    fake_mode: FakeTensorMode,
+) -> tuple[fx.GraphModule, list[Any], pytree.TreeSpec | None]:
+    """Pre-dispatch ``make_fx`` of ``module`` with ``state`` (its parameters and buffers, by
+    ``names``) as inputs, as non-strict export traces it: the graph, flat inputs, outputs' tree."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.utils import _compiling_state_context
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    flat_inputs, in_spec = pytree.tree_flatten(inputs)
+    out_specs: list[pytree.TreeSpec] = []
+
+    def forward(*flat: Any) -> tuple[Any, ...]:
+        call_args, call_kwargs = pytree.tree_unflatten(list(flat[len(names) :]), in_spec)
+        tensors = dict(zip(names, flat[: len(names)]))
+        with _reparametrize_module(module, tensors, tie_weights=False, strict=False):
+            out = model_call(module, *call_args, **call_kwargs)
+        leaves, spec = pytree.tree_flatten(plain_outputs(out))
+        out_specs.append(spec)
+        return tuple(leaves)
+
+    forward._orig_mod = module  # type: ignore[attr-defined] # make_fx's module-stack root
+    # Model code that asks torch.compiler.is_exporting() (transformers' mask builders)
+    # takes export's path, as under export.
+    with (
+        fake_mode,
+        enable_python_dispatcher(),
+        _compiling_state_context(),
+        _use_lazy_graph_module(True),  # see _make_fx: nothing runs its code
+    ):
+        gm = make_fx(forward, record_module_stack=True, pre_dispatch=True)(*state, *flat_inputs)
+    return gm, flat_inputs, out_specs[-1] if out_specs else None
+
+
+def _export_signature(
+    gm: fx.GraphModule, names: list[str], n_params: int, flat_inputs: list[Any]
+) -> Any:
+    """The ``ExportGraphSignature`` export gives the graph: its placeholders are the
+    ``n_params`` parameters, then the buffers (``names``), then the user's inputs."""
+    from torch.export import graph_signature as sig
+
     inputs = []
-    for i, node in enumerate(placeholders):
-        if i < len(params):
-            inputs.append(
-                sig.InputSpec(sig.InputKind.PARAMETER, sig.TensorArgument(node.name), names[i])
-            )
-        elif i < len(names):
-            inputs.append(
-                sig.InputSpec(
-                    sig.InputKind.BUFFER, sig.TensorArgument(node.name), names[i], persistent=True
-                )
-            )
-        else:
-            value = flat_inputs[i - len(names)]
-            arg = (
-                sig.TensorArgument(node.name)
-                if isinstance(value, torch.Tensor)
-                else sig.ConstantArgument(node.name, value)
-            )
-            inputs.append(sig.InputSpec(sig.InputKind.USER_INPUT, arg, None))
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        if i < len(names):  # a parameter (not persistent: None) or a buffer (persistent)
+            kind = sig.InputKind.PARAMETER if i < n_params else sig.InputKind.BUFFER
+            persistent = None if i < n_params else True
+            inputs.append(sig.InputSpec(kind, sig.TensorArgument(node.name), names[i], persistent))
+            continue
+        value = flat_inputs[i - len(names)]
+        tensor = isinstance(value, torch.Tensor)
+        arg = sig.TensorArgument(node.name) if tensor else sig.ConstantArgument(node.name, value)
+        inputs.append(sig.InputSpec(sig.InputKind.USER_INPUT, arg, None))
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     outputs = [
         sig.OutputSpec(
@@ -323,14 +350,11 @@ def _make_fx(
         )
         for a in pytree.tree_leaves(output.args)
     ]
-    signature = sig.ExportGraphSignature(inputs, outputs)
-    constants = lift_constants_pass(gm, signature, ConstantAttrMap())
-    # The region passes split the graph and inline it back, recompiling its Python code each
-    # time (a tenth of a second per recompile for a 70B-shaped graph); nothing here runs that
-    # code, so each module compiles only if something calls it.
-    with _use_lazy_graph_module(True):
-        gm, signature = replace_set_grad_with_hop_pass(gm, signature)
-        gm, signature = replace_autocast_with_hop_pass(gm, signature)
+    return sig.ExportGraphSignature(inputs, outputs)
+
+
+def _export_module_stacks(gm: fx.GraphModule) -> None:
+    """Every node's module stack keyed as export keys it, its placeholders' and outputs' gone."""
     # The region passes share meta dicts between graphs: rename each dict once (the old one is
     # kept alive here, so that its id is not reused while this runs).
     renamed: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -345,11 +369,6 @@ def _make_fx(
                 node.meta["nn_module_stack"] = new
             elif stack:
                 node.meta["nn_module_stack"] = renamed[id(stack)][1]
-    with fake_mode:
-        placeholder_naming_pass(
-            gm, signature, module, args, kwargs, dict(zip(names, state)), constants
-        )
-    return Traced(gm, signature, out_specs[-1] if out_specs else None)
 
 
 def _runtime_asserts(gm: fx.GraphModule, fake_mode: FakeTensorMode) -> None:

@@ -17,7 +17,7 @@ from ampgraph.errors import RenderError
 from ampgraph.render.boxes import CAST_OPS, MATMUL_OPS, Context, dedupe, op_parts, relative_path
 
 if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
-    from ampgraph.report.records import NodeRecord, Report
+    from ampgraph.report.records import Backward, ModuleCall, NodeRecord, Report
 
 
 #: Prefix of the node names given to gradient sinks (no ATen node is named so).
@@ -41,6 +41,20 @@ def backward_report(report: Report) -> Report:
             f"no backward to draw in the report of {report.model}: {why} "
             "(analyse with --pass backward or --pass train)"
         )
+    nodes = [*_from_the_loss(backward), *_gradient_sinks(report, backward)]
+    return replace(
+        report,
+        nodes=nodes,
+        modules=_backward_calls(report, nodes),
+        check=backward.check,
+        pass_="backward",
+        backward=None,
+    )
+
+
+def _from_the_loss(backward: Backward) -> list[NodeRecord]:
+    """The backward's records, after one input node ``loss`` that stands for the whole
+    reduction: the gradient flows from it."""
     # Records are made from the classes of the ones given: the renderer reads records and
     # imports no module of the report package at run time.
     record = type(backward.nodes[0])
@@ -48,7 +62,6 @@ def backward_report(report: Report) -> Report:
     nodes: list[NodeRecord] = []
     if losses:
         last = losses[-1]
-        # The loss stands for the whole reduction: the gradient flows from it.
         nodes.append(
             record(
                 name="loss", op="loss", kind="input",
@@ -65,16 +78,23 @@ def backward_report(report: Report) -> Report:
             inputs = [{**i, "node": "loss"} if i["node"] == loss_name else i for i in rec.inputs]
             rec = replace(rec, inputs=inputs)
         nodes.append(rec)
-    # A gradient sits in its parameter's module, with that module's stack: layers fold with it.
+    return nodes
+
+
+def _gradient_sinks(report: Report, backward: Backward) -> list[NodeRecord]:
+    """An output node per parameter gradient, in its parameter's module with that module's
+    stack: layers fold with it."""
+    record = type(backward.nodes[0])
     stacks: dict[str, list[str]] = {}
     for rec in report.nodes:
         if rec.module is not None:
             stacks.setdefault(rec.module, list(rec.stack))
+    sinks = []
     for grad in backward.gradients:
         if grad.node is None:
             continue
         module, _, short = grad.parameter.rpartition(".")
-        nodes.append(
+        sinks.append(
             record(
                 name=f"{GRAD_PREFIX}{grad.parameter}", op="gradient", kind="output",
                 target=short, module=module, stack=stacks.get(module, []),
@@ -82,6 +102,12 @@ def backward_report(report: Report) -> Report:
                 outputs=[grad.dtype], reason=f"gradient of {grad.parameter} ({grad.param_dtype})",
             )
         )  # fmt: skip
+    return sinks
+
+
+def _backward_calls(report: Report, nodes: list[NodeRecord]) -> list[ModuleCall]:
+    """The forward's module calls, each holding the backward ops autograd ran for it, ordered by
+    their first op: the backward's order, from the loss to the inputs."""
     names = {r.name for r in nodes}
     position: dict[str, int] = {}
     for k, r in enumerate(nodes):
@@ -107,11 +133,8 @@ def backward_report(report: Report) -> Report:
                 out_dtype=final.out_dtype, nodes=list(members),
             )
         )  # fmt: skip
-    # Boxes are ordered by their first op: the backward's order, from the loss to the inputs.
     calls.sort(key=lambda c: position[c.nodes[0]])
-    return replace(
-        report, nodes=nodes, modules=calls, check=backward.check, pass_="backward", backward=None
-    )
+    return calls
 
 
 #: 16-bit dtypes: a backward matmul in one of them is worth a line in its box.

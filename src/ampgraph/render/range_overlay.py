@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from ampgraph.ranges.data import RangesResult, SettingRanges
@@ -87,24 +88,29 @@ def recolour(source: str, rooms: Mapping[str, float]) -> str:
     return painted.rstrip().removesuffix("}") + legend + "}\n"
 
 
-def overlay_sources(result: RangesResult) -> dict[str, str]:
-    """Setting name -> the Graphviz source of its headroom overlay."""
+def overlay_sources(result: RangesResult, title: str | None = None) -> dict[str, str]:
+    """Setting name -> the Graphviz source of its headroom overlay, each titled ``title`` (default:
+    the model as it was given, ``result.model``: a spec such as ``tests/test_ranges.py:tower``)."""
     from ampgraph.render.dot import to_dot
 
     return {
-        verdict.name: recolour(to_dot(report, fold=False), box_headroom(report, verdict))
+        verdict.name: recolour(
+            to_dot(report if title is None else replace(report, model=title), fold=False),
+            box_headroom(report, verdict),
+        )
         for report, verdict in zip(result.reports, result.settings, strict=True)
     }
 
 
-def write_overlays(result: RangesResult, out_dir: Path) -> list[Path]:
-    """One SVG per setting, ``MODEL-SETTING-ranges.svg`` in ``out_dir``; the paths."""
+def write_overlays(result: RangesResult, out_dir: Path, title: str | None = None) -> list[Path]:
+    """One SVG per setting, ``MODEL-SETTING-ranges.svg`` in ``out_dir``, titled ``title`` (see
+    :func:`overlay_sources`); the paths."""
     from ampgraph.render.files import run_dot, safe_name
     from ampgraph.report.writing import atomic_write
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, source in overlay_sources(result).items():
+    for name, source in overlay_sources(result, title).items():
         path = out_dir / f"{safe_name(result.model)}-{safe_name(name)}-ranges.svg"
         atomic_write(path, run_dot(source, "svg"))  # laid out first: no half-written file
         paths.append(path)

@@ -188,6 +188,46 @@ def trace_joint(
     """Trace forward + ``output.float().sum()`` + ``torch.autograd.grad`` of ``cap``."""
     setting = cap.setting
     device = trace_device(setting)
+    kinds, values, trainable = _joint_inputs(cap, device)
+    plan = _Step(cap, device, kinds, trainable, loss_output(cap, loss), backward_autocast)
+    outcome: dict[str, Any] = {}
+
+    def step(*inputs: Any) -> Any:
+        mode = proxy_tensor.get_proxy_mode()
+        state = TraceState(setting, mode.tracer.graph, mode.tracer)
+        token = ACTIVE.set(state)
+        try:
+            grads, outcome["skipped"] = _training_step(plan, state, list(inputs))
+            return grads
+        finally:
+            ACTIVE.reset(token)
+            outcome["state"] = state
+
+    with _quiet(), _use_lazy_graph_module(True):
+        # Nothing calls the joint graph's Python code (the oracle interprets its nodes), so it is
+        # compiled only if something does; the torch-function metadata make_fx records by
+        # default (node.meta["torch_fn"]) is read by nothing here and costs every call a mode.
+        gm = proxy_tensor.make_fx(step, tracing_mode="real", **_LEAN_MAKE_FX)(*values)
+    state = outcome["state"]
+    joint_placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    _attribute(gm, state)
+    paths, index = cap.output_paths, plan.loss_index
+    return JointTrace(
+        capture=cap,
+        graph_module=gm,
+        state=state,
+        loss_index=index,
+        loss_path=paths[index] if index < len(paths) else str(index),
+        backward_autocast=backward_autocast and setting.autocast,
+        input_kinds={jp.name: kind for jp, kind in zip(joint_placeholders, kinds)},
+        parameters=[(kinds[i][1], joint_placeholders[i].name) for i in trainable],
+        skipped=outcome.get("skipped"),
+    )
+
+
+def _joint_inputs(cap: Capture, device: str) -> tuple[list[tuple[str, str]], list[Any], list[int]]:
+    """The capture's placeholders as the joint trace takes them: each one's (kind, target), a
+    fake value of it on ``device``, and the indices of the trainable (floating) parameters."""
     placeholders = [p for p in cap.graph_module.graph.nodes if p.op == "placeholder"]
     kinds = [cap.input_kinds.get(p.name, ("input", p.name)) for p in placeholders]
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -197,112 +237,124 @@ def trace_joint(
         if kind == "parameter" and isinstance(values[i], torch.Tensor)
         and values[i].is_floating_point()
     ]  # fmt: skip
-    index = loss_output(cap, loss)
-    paths = cap.output_paths
-    outcome: dict[str, Any] = {}
+    return kinds, values, trainable
 
-    def step(*inputs: Any) -> Any:
-        inputs = list(inputs)
-        mode = proxy_tensor.get_proxy_mode()
-        state = TraceState(setting, mode.tracer.graph, mode.tracer)
-        token = ACTIVE.set(state)
-        try:
-            return _step(state, inputs)
-        finally:
-            ACTIVE.reset(token)
-            outcome["state"] = state
 
-    def _step(state: TraceState, inputs: list[Any]) -> Any:
-        storages: dict[int, tuple[str, str]] = {}
-        for i, (kind, target) in enumerate(kinds):
-            t = inputs[i]
-            if isinstance(t, torch.Tensor):
-                storages.setdefault(t.untyped_storage()._cdata, (kind, target))
-        params = []
-        for i in trainable:
-            inputs[i] = inputs[i].requires_grad_(True)
-            params.append(inputs[i])
-        state.input_storages = {key: kind for key, (kind, _target) in storages.items()}
+@dataclass(frozen=True)
+class _Step:
+    """What one traced training step is asked to do: the capture to replay on the device it
+    traces on, its inputs' kinds, which of them train, the output the loss reduces, and whether
+    backward runs under autocast."""
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            owner = state.stack[-1][1] if state.stack else None
-            node = state.node_of(t)
-            state.saved.append(Packed(owner, t, node.name if node is not None else None))
-            return t
+    capture: Capture
+    device: str
+    kinds: list[tuple[str, str]]
+    trainable: list[int]
+    loss_index: int
+    backward_autocast: bool
 
-        # A dispatch mode costs every op a trip through Python: this one only where it acts.
-        def norms() -> contextlib.AbstractContextManager[Any]:
-            return CpuMixedNorms() if device == "cpu" else contextlib.nullcontext()
+    def norms(self) -> contextlib.AbstractContextManager[Any]:
+        """The real CPU normalisations' dtypes: a dispatch mode costs every op a trip through
+        Python, so this one only where it acts."""
+        return CpuMixedNorms() if self.device == "cpu" else contextlib.nullcontext()
 
-        annotator = JointAnnotator(cap)
-        copies = ParameterCopies(
-            {k for k, kind in state.input_storages.items() if kind in ("parameter", "buffer")}
+
+def _training_step(
+    plan: _Step, state: TraceState, inputs: list[Any]
+) -> tuple[list[Any], str | None]:
+    """The step make_fx traces: the annotated forward, the loss, ``loss.backward()``; the
+    trainable parameters' gradients, and why there is no backward (or None)."""
+    params = _mark_inputs(plan, state, inputs)
+    annotator, out = _annotated_forward(plan, state, inputs)
+    flat = list(pytree.tree_leaves(out))
+    paths = plan.capture.output_paths
+    user = flat[len(flat) - len(paths) :] if paths else flat
+    failed = [v for v in flat if isinstance(v, Failed)]
+    chosen = user[plan.loss_index] if plan.loss_index < len(user) else None
+    if failed or not isinstance(chosen, torch.Tensor) or not chosen.requires_grad:
+        skipped = (
+            f"the forward failed at {failed[0].node}: there is no backward to run"
+            if failed
+            else "the chosen output does not depend on any parameter"
         )
-        state.copies = copies
-        with (
-            copies,
-            norms(),
-            StrictDtypeMode(setting.device_type),
-            autocast_state("cpu", False, torch.get_autocast_dtype("cpu")),
-            autocast_state("cuda", False, torch.get_autocast_dtype("cuda")),
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        ):
-            out = annotator.run(*inputs)
-        state.forward_records = annotator.records
-        flat = list(pytree.tree_leaves(out))
-        user = flat[len(flat) - len(paths) :] if paths else flat
-        failed = [v for v in flat if isinstance(v, Failed)]
-        chosen = user[index] if index < len(user) else None
-        if failed or not isinstance(chosen, torch.Tensor) or not chosen.requires_grad:
-            outcome["skipped"] = (
-                f"the forward failed at {failed[0].node}: there is no backward to run"
-                if failed
-                else "the chosen output does not depend on any parameter"
-            )
-            return [None] * len(params)
-        state.enter((LOSS, None))
-        value = chosen.float().sum()
-        _hook_backward(state, value)
-        scope = (
-            BackwardAutocast(annotator)
-            if backward_autocast and setting.autocast
-            else contextlib.nullcontext()
-        )
-        state.enter((BACKWARD, None))
-        # The real CPU kernels' dtypes in the backward too, under autocast's casts where it runs
-        # inside the context (the mode entered first sees each op after the one entered last).
-        with norms(), scope:
-            # loss.backward(), as a training step calls it: the engine accumulates each
-            # gradient into .grad as it does for real (a copy where strides must change).
-            try:
-                value.backward()
-            except Exception as exc:  # the model's own backward: a custom op without a formula
-                raise AnalysisError(
-                    f"the backward of {cap.model_name!r} cannot be traced: {first_line(exc)} "
-                    "(a real training step raises this too; analyse it with --pass forward)"
-                ) from exc
-        return [p.grad for p in params]
+        return [None] * len(params), skipped
+    _loss_backward(plan, state, annotator, chosen)
+    return [p.grad for p in params], None
 
-    with _quiet(), _use_lazy_graph_module(True):
-        # Nothing calls the joint graph's Python code (the oracle interprets its nodes), so it is
-        # compiled only if something does; the torch-function metadata make_fx records by
-        # default (node.meta["torch_fn"]) is read by nothing here and costs every call a mode.
-        gm = proxy_tensor.make_fx(step, tracing_mode="real", **_LEAN_MAKE_FX)(*values)
-    state = outcome["state"]
-    joint_placeholders = [p for p in gm.graph.nodes if p.op == "placeholder"]
-    input_kinds = {jp.name: kind for jp, kind in zip(joint_placeholders, kinds)}
-    _attribute(gm, state)
-    return JointTrace(
-        capture=cap,
-        graph_module=gm,
-        state=state,
-        loss_index=index,
-        loss_path=paths[index] if index < len(paths) else str(index),
-        backward_autocast=backward_autocast and setting.autocast,
-        input_kinds=input_kinds,
-        parameters=[(kinds[i][1], joint_placeholders[i].name) for i in trainable],
-        skipped=outcome.get("skipped"),
+
+def _mark_inputs(plan: _Step, state: TraceState, inputs: list[Any]) -> list[torch.Tensor]:
+    """Record which storages are inputs of which kind, and make the trainable parameters
+    require grad (in ``inputs``); those parameters."""
+    storages: dict[int, tuple[str, str]] = {}
+    for i, (kind, target) in enumerate(plan.kinds):
+        t = inputs[i]
+        if isinstance(t, torch.Tensor):
+            storages.setdefault(t.untyped_storage()._cdata, (kind, target))
+    params = []
+    for i in plan.trainable:
+        inputs[i] = inputs[i].requires_grad_(True)
+        params.append(inputs[i])
+    state.input_storages = {key: kind for key, (kind, _target) in storages.items()}
+    return params
+
+
+def _annotated_forward(
+    plan: _Step, state: TraceState, inputs: list[Any]
+) -> tuple[JointAnnotator, Any]:
+    """The forward as ampgraph annotates it (autocast off, its casts explicit), every tensor
+    autograd saves seen by a pack hook; the annotator and the forward's output."""
+    setting = plan.capture.setting
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        owner = state.stack[-1][1] if state.stack else None
+        node = state.node_of(t)
+        state.saved.append(Packed(owner, t, node.name if node is not None else None))
+        return t
+
+    annotator = JointAnnotator(plan.capture)
+    copies = ParameterCopies(
+        {k for k, kind in state.input_storages.items() if kind in ("parameter", "buffer")}
     )
+    state.copies = copies
+    with (
+        copies,
+        plan.norms(),
+        StrictDtypeMode(setting.device_type),
+        autocast_state("cpu", False, torch.get_autocast_dtype("cpu")),
+        autocast_state("cuda", False, torch.get_autocast_dtype("cuda")),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+    ):
+        out = annotator.run(*inputs)
+    state.forward_records = annotator.records
+    return annotator, out
+
+
+def _loss_backward(
+    plan: _Step, state: TraceState, annotator: JointAnnotator, chosen: torch.Tensor
+) -> None:
+    """``chosen.float().sum().backward()``, each op attributed to the loss or the backward."""
+    cap = plan.capture
+    state.enter((LOSS, None))
+    value = chosen.float().sum()
+    _hook_backward(state, value)
+    scope = (
+        BackwardAutocast(annotator)
+        if plan.backward_autocast and cap.setting.autocast
+        else contextlib.nullcontext()
+    )
+    state.enter((BACKWARD, None))
+    # The real CPU kernels' dtypes in the backward too, under autocast's casts where it runs
+    # inside the context (the mode entered first sees each op after the one entered last).
+    with plan.norms(), scope:
+        # loss.backward(), as a training step calls it: the engine accumulates each
+        # gradient into .grad as it does for real (a copy where strides must change).
+        try:
+            value.backward()
+        except Exception as exc:  # the model's own backward: a custom op without a formula
+            raise AnalysisError(
+                f"the backward of {cap.model_name!r} cannot be traced: {first_line(exc)} "
+                "(a real training step raises this too; analyse it with --pass forward)"
+            ) from exc
 
 
 def _hook_backward(state: TraceState, loss: torch.Tensor) -> None:
