@@ -88,6 +88,29 @@ def test_a_real_run_off_the_captured_path_is_not_comparable_never_a_disagreement
     assert entry["ok"] is True and entry["agreement"]["nodes"]["not_comparable"] > 0
 
 
+class KeepInRegion(KeepAll):
+    """:class:`KeepAll`'s branch inside an autocast-disabled region (seed 002's fp32 wrapper)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        with torch.autocast("cpu", enabled=False):
+            keep = h[:, self.scale >= 4 * torch.finfo(h.dtype).eps]
+            y = keep.float() * 2 if keep.shape[1] == h.shape[1] else h.float()
+        return self.head(y)
+
+
+def test_a_branch_decided_otherwise_inside_a_region_sets_the_region_apart_too() -> None:
+    """The assertion fails in the region's body: the region node itself, and all after it, are
+    past that branch (never "not run" against a predicted dtype)."""
+    torch.manual_seed(0)
+    model = ModelInputs("keep-in-region", KeepInRegion(), (torch.randn(4, 8),))
+    result = verify(model, cpu("amp-fp32"))
+    assert result.ok, result.disagreement_lines()
+    assert result.nodes.not_comparable > 0
+    (why,) = result.nodes.why
+    assert "leaves the captured path at " in why and "._assert_scalar" in why  # in the body
+
+
 def test_nodes_not_analysed_are_counted_apart_not_as_disagreements(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -139,7 +139,10 @@ class RealExecution(FakeReplay):
         name = self.qualified(n)
         if n.target is torch.ops.aten.sym_size.int and isinstance(value, int):
             self.path.sizes[n] = value  # a size an assertion on the path may read
-        if n.op == "call_function":
+        if n.op == "call_function" and self.path.why is not None and isinstance(value, Failed):
+            # A region whose body left the path: the region is past that branch as well.
+            self.observed[name] = Observed(not_comparable=self.path.why)
+        elif n.op == "call_function":
             obs = self.observed.setdefault(name, Observed())
             if obs.error is None and obs.skipped is None:
                 if isinstance(value, Failed):
