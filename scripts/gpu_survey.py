@@ -188,6 +188,13 @@ CASES: dict[str, tuple[str, Callable[[], Any] | None]] = {
         Stack(nn.Conv2d(3, 4, 3, bias=True), cast=False), (_x(1, 3, 6, 6),))),
     "embedding-bag-weights": ("checks fake kernels skip", lambda: (
         Bag(), (torch.tensor([1, 2, 4, 5]), torch.tensor([0, 2]), _x(4)))),
+    # index_put's paths (ampgraph.annotate.index_checks): a one-element CPU value under a mask is
+    # a masked fill (any dtype, every device); accumulate takes CUDA's sort kernel.
+    "index-put-mask-scalar": ("index_put paths", lambda: (Head(lambda h: h.index_put(
+        (h[:, 0] > 0,), torch.tensor(1.0))), (_x(4, 8),))),
+    "index-put-accumulate": ("index_put paths", lambda: (Head(lambda h: h.index_put(
+        (torch.tensor([0, 1]),), torch.ones(2, 8, device=h.device), accumulate=True)),
+        (_x(4, 8),))),
 }
 
 

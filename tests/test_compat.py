@@ -44,7 +44,8 @@ def test_versions_are_read_as_release_numbers() -> None:
     "version,expected",
     [
         ("2.6.0", "refuse"),
-        ("2.9.1", "refuse"),
+        ("2.8.0", "refuse"),
+        ("2.9.1", None),
         ("2.10.0", None),
         (compat.TORCH_RANGE.tested, None),
         (compat.TORCH_RANGE.tested + "+cu130", None),
@@ -58,8 +59,8 @@ def test_the_torch_range(version: str | None, expected: str | None) -> None:
         assert line is None
     else:
         assert line is not None and "\n" not in line
-        assert "2.10" in line and "2.14.1" in line
-        assert ("pip install 'torch>=2.10,<=2.14.1'" in line) == (expected == "refuse")
+        assert "2.9" in line and "2.14.1" in line
+        assert ("pip install 'torch>=2.9,<=2.14.1'" in line) == (expected == "refuse")
 
 
 def test_the_installed_releases_are_in_range() -> None:
@@ -78,8 +79,8 @@ def test_the_command_refuses_a_torch_below_the_floor_in_one_line(tmp_path: Path)
     assert out.returncode == 1
     assert out.stdout == ""
     assert out.stderr == (
-        "Error: ampgraph supports torch 2.10 to 2.14.1; this is torch 2.6.0: "
-        "pip install 'torch>=2.10,<=2.14.1'\n"
+        "Error: ampgraph supports torch 2.9 to 2.14.1; this is torch 2.6.0: "
+        "pip install 'torch>=2.9,<=2.14.1'\n"
     )
 
 
@@ -91,8 +92,8 @@ def test_python_m_ampgraph_says_it_once(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 1
     assert out.stderr.splitlines() == [
-        "Error: ampgraph supports torch 2.10 to 2.14.1; this is torch 2.6.0: "
-        "pip install 'torch>=2.10,<=2.14.1'"
+        "Error: ampgraph supports torch 2.9 to 2.14.1; this is torch 2.6.0: "
+        "pip install 'torch>=2.9,<=2.14.1'"
     ]
 
 
@@ -103,7 +104,7 @@ def test_the_command_warns_of_a_newer_torch_and_runs(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stderr.splitlines() == [
-        "Warning: ampgraph was tried with torch 2.10 to 2.14.1; this is torch 2.15.0, newer: "
+        "Warning: ampgraph was tried with torch 2.9 to 2.14.1; this is torch 2.15.0, newer: "
         "its results are unproven"
     ]
     assert "opt-125m" in out.stdout
@@ -117,8 +118,8 @@ def test_import_says_it_in_one_warning_line(tmp_path: Path) -> None:
     assert out.returncode == 0
     [line] = out.stderr.splitlines()
     assert line.endswith(
-        "UnsupportedVersionWarning: ampgraph supports torch 2.10 to 2.14.1; this is torch 2.6.0: "
-        "pip install 'torch>=2.10,<=2.14.1'"
+        "UnsupportedVersionWarning: ampgraph supports torch 2.9 to 2.14.1; this is torch 2.6.0: "
+        "pip install 'torch>=2.9,<=2.14.1'"
     )
 
 

@@ -29,8 +29,14 @@ aten = torch.ops.aten
 F32, BF16, F16, I32, I64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
 BOOL = torch.bool
 SHORT = {F32: "f32", BF16: "bf16", F16: "f16"}
-RECORD = json.loads((ROOT / "docs" / "verification" / "cuda-survey.json").read_text())
-H100 = {(e["op"], e["call"]): e for e in RECORD["ops"]["parting"]}
+#: The H100's records: the first survey (``cuda-survey.json``, ampgraph b97ead5) and the second,
+#: of the ops these rules touch (``cuda-survey-rules.json``, ampgraph 55161eb, where only
+#: ``index_put`` with integer indices still parted).
+RECORDS = [
+    json.loads((ROOT / "docs" / "verification" / name).read_text())
+    for name in ("cuda-survey.json", "cuda-survey-rules.json")
+]
+H100 = {(e["op"], e["call"]): e for record in RECORDS for e in record["ops"]["parting"]}
 
 
 def _describe(fn: Callable[[], Any]) -> str:
@@ -142,17 +148,18 @@ CASES: list[tuple[str, str, Callable[..., Any], tuple[Any, ...]]] = [
         torch.addmv,
         (((5,), F32), ((5, 10), F16), ((10,), F16)),
     ),
+    # (the second survey's record: CUDA's sort kernel reads the destination as the value's type)
     (
         "index_put",
-        "index_put(bf16[5, 5], (bool[5],), f32[5], accumulate=True)",
+        "index_put(bf16[5, 5], (int64[2],), f32[2, 5], accumulate=True)",
         _index_put,
-        (((5, 5), BF16), ((5,), BOOL), ((5,), F32)),
+        (((5, 5), BF16), ((2,), I64), ((2, 5), F32)),
     ),
     (
         "index_put",
-        "index_put(f32[5, 5], (bool[5],), f16[5], accumulate=True)",
+        "index_put(f32[5, 5], (int64[2],), f16[2, 5], accumulate=True)",
         _index_put,
-        (((5, 5), F32), ((5,), BOOL), ((5,), F16)),
+        (((5, 5), F32), ((2,), I64), ((2, 5), F16)),
     ),
     # lenient: CUDA's own checks.
     (
@@ -366,6 +373,21 @@ def test_index_put_of_one_cpu_value_under_a_mask_is_a_masked_fill_on_every_devic
             return x.index_put((mask,), v)
 
         assert predicted("cpu", fn, specs) == real_cpu(fn, specs), value
+
+
+def test_cuda_index_put_accumulate_launches_nothing_for_an_empty_index() -> None:
+    """The sort kernel is not launched where nothing is indexed (so OpInfo's all-false mask ran
+    on the H100, ``index_put(bf16[5, 5], (bool[5],), f32[5], accumulate=True) -> bf16`` in
+    ``cuda-survey.json``); a mask's contents are data, so a mask is taken to select something."""
+    line = H100[("index_put", "index_put(bf16[5, 5], (bool[5],), f32[5], accumulate=True)")]
+    assert line["real"] == "-> bf16"
+    empty = (((5, 5), BF16), ((0,), I64), ((0, 5), F32))
+    assert predicted("cuda", _index_put, empty) == "-> bf16"
+    mask = (((5, 5), BF16), ((5,), BOOL), ((5,), F32))
+    assert (
+        predicted("cuda", _index_put, mask)
+        == "raises `expected scalar type Float but found BFloat16`"
+    )
 
 
 def test_index_put_accumulate_of_another_dtype_raises_on_the_cpu() -> None:

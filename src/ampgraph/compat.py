@@ -7,36 +7,21 @@ and hold no version tests or ``try: import`` of their own. The supported range i
 without importing torch, so ``import ampgraph`` and the command line can say in one line that a
 release is outside it (:func:`support_message`).
 
-Where the floor is, and why: torch 2.10. Every minor release from 2.10.0 to 2.14.1 runs the
+Where the floor is, and why: torch 2.9. Every minor release from 2.9.1 to 2.14.1 runs the
 engines, the annotation, ``check``, ``verify --device cpu`` and the training pass
-(``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). torch 2.9.1 runs every
-``--device cpu`` command, but without a GPU driver its fake CUDA tensors reach the driver in two
-places, both in C++ (seen on 2.9.1+cu128, the default CUDA settings, every model and command):
-
-* Every autograd node records its inputs' stream: ``InputMetadata::InputMetadata``
-  (``torch/csrc/autograd/input_metadata.cpp``) calls ``getDeviceGuardImpl(device.type())->
-  getStream(device)``, for CUDA ``c10::cuda::getCurrentCUDAStream``, which throws where nothing
-  can catch it: ``terminate``, SIGABRT. The first op on a parameter that requires grad (Llama's
-  and OPT's embedding, via ``AccumulateGrad``) ends the analysis process.
-* Python-level indexing (``THPVariable_getitem``, and setitem) opens an ``OptionalDeviceGuard``
-  on the tensor's device: ``CUDAGuardImpl::exchangeDevice`` -> ``c10::cuda::ExchangeDevice``
-  raises ``CUDA driver version is insufficient``, with grad on or off (Llama's rotary embedding,
-  ``self.inv_freq[None, :, None]``).
-
-2.10 answers both without the driver (CUDA stays uninitialised, device count 0). Nothing in 2.9
-does: tracing under ``no_grad`` skips the nodes but not the indexing, changes the graph export
-records (see ``capture/trace.py``), and the training pass needs the nodes; both calls are C++,
-with no switch; making fake tensors answer ``meta`` to C++ device queries, as FakeTensor does
-inside its kernels, would put tensors made from ``options()`` on meta and fail autograd's device
-checks; the meta-tensor path of a CPU-only build leaves ``check`` nothing to check against. With
-a GPU driver 2.9 may well run: untried. torch 2.6 also lacks ``guard_or_true`` (kept up below).
-A floor that CI proves (``make test-floor``) is worth more than one hoped for.
+(``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). On 2.9 that needs one
+difference made up (:func:`fake_cuda_needs_help`, done by ``capture/driverless_29.py``): without
+a GPU driver, fake CUDA tensors reach the driver from C++ where 2.10 gives them a driverless CUDA
+device guard (``FakeTensorMode.__enter__`` -> ``c10::impl::ensureCUDADeviceGuardSet``) and lets
+SDPA's backend choice fall back to math. torch 2.8 and older are not tried; torch 2.6 also lacks
+``guard_or_true`` (kept up below). A floor that CI proves (``make test-floor``) is worth more
+than one hoped for.
 
 >>> version_tuple("2.11.0+cu130"), version_tuple("2.14.1"), version_tuple("5.0.0rc1")
 ((2, 11, 0), (2, 14, 1), (5, 0, 0))
->>> print(support_message("torch", "2.9.1").replace("; ", ";\\n"))
-ampgraph supports torch 2.10 to 2.14.1;
-this is torch 2.9.1: pip install 'torch>=2.10,<=2.14.1'
+>>> print(support_message("torch", "2.8.0").replace("; ", ";\\n"))
+ampgraph supports torch 2.9 to 2.14.1;
+this is torch 2.8.0: pip install 'torch>=2.9,<=2.14.1'
 >>> support_message("torch", "2.11.0+cu130") is None
 True
 """
@@ -64,7 +49,7 @@ class Range(NamedTuple):
 
 
 #: torch: the floor CI runs the quick suite on (``make test-floor``), the newest release tried.
-TORCH_RANGE: Final = Range("torch", "2.10", "2.14.1", "torch>=2.10,<=2.14.1")
+TORCH_RANGE: Final = Range("torch", "2.9", "2.14.1", "torch>=2.9,<=2.14.1")
 #: transformers: 5.17 (the first GPU machine's, fact 18) to 5.24. Older 5.x lines fail on models
 #: ampgraph bundles: 5.0.0's ``PhiConfig`` has no ``pad_token_id``; 5.1.0's Jamba asks for
 #: mamba's CUDA kernels and its outputs have no pytree ``flatten_with_keys_fn`` (the training
@@ -98,7 +83,7 @@ def support_message(package: str, version: str | None) -> str | None:
     ampgraph supports transformers 5.17 to 5.24;
     this is transformers 4.57.1: pip install 'transformers>=5.17,<6'
     >>> print(support_message("torch", "2.15.0").replace("; ", ";\\n"))
-    ampgraph was tried with torch 2.10 to 2.14.1;
+    ampgraph was tried with torch 2.9 to 2.14.1;
     this is torch 2.15.0, newer: its results are unproven
     """
     known = {TORCH_RANGE.package: TORCH_RANGE, TRANSFORMERS_RANGE.package: TRANSFORMERS_RANGE}
@@ -204,7 +189,7 @@ def guard_or_true(condition: Any) -> bool:
 def fx_stack_traces(keep: bool) -> Iterator[None]:
     """Record each traced node's Python stack (``node.meta["stack_trace"]``) only if ``keep``.
 
-    ``torch.fx.config.do_not_emit_stack_traces`` is the switch from torch 2.13 on; torch 2.10 and
+    ``torch.fx.config.do_not_emit_stack_traces`` is the switch from torch 2.13 on; torch 2.9 to
     2.11 have none (``AttributeError`` on every make-fx capture there) and always record them:
     the graph is the same, the trace a sixth slower. There this does nothing.
 
@@ -228,7 +213,7 @@ def replace_kernel(lib: Any, name: str, kernel: Callable[..., Any], key: str) ->
     """``lib.impl(name, kernel, key)``, replacing a kernel torch registered from Python too.
 
     ``torch.library.Library.impl`` refuses a key that some Python library already registered for
-    the op unless given ``allow_override=True``, the default from torch 2.13 on; torch 2.10 to
+    the op unless given ``allow_override=True``, the default from torch 2.13 on; torch 2.9 to
     2.12 default to refusing, and torch 2.11 registers ``_grouped_mm``'s Meta kernel with
     ``torch.library`` itself (importing ampgraph raised there). The dispatcher lets a later
     registration override an earlier one, with a warning, on every release.
@@ -251,7 +236,7 @@ def fill_placeholder_values(graph: Any, values: list[Any]) -> None:
     """Give each placeholder of ``graph`` without a ``meta["val"]`` its input's value.
 
     ``make_fx`` records a non-tensor input's value (``use_cache=False``) as its placeholder's
-    ``val`` in torch 2.14; 2.10 and 2.11 record nothing there, and export's ``lift_constants_pass``,
+    ``val`` in torch 2.14; 2.9 to 2.11 record nothing there, and export's ``lift_constants_pass``,
     which the make-fx engine runs after it, reads every placeholder's ``val`` (``KeyError:
     'val'`` on every model). ``values`` are the graph's inputs in placeholder order.
     """
@@ -263,7 +248,8 @@ def fill_placeholder_values(graph: Any, values: list[Any]) -> None:
 def unbacked_value_setter() -> str:
     """The name of the ``ShapeEnv`` method that records the real value of a data-dependent
     (unbacked) symbol while real tensors propagate: ``set_real_tensor_prop_unbacked_vals`` from
-    torch 2.11 on, ``set_unbacked_var_to_val`` in 2.10 (the same record under its old name).
+    torch 2.11 on, ``set_unbacked_var_to_val`` in 2.9 and 2.10 (the same record under its old
+    name).
 
     >>> unbacked_value_setter() in ("set_real_tensor_prop_unbacked_vals", "set_unbacked_var_to_val")
     True
@@ -277,7 +263,7 @@ def unbacked_value_setter() -> str:
 def soft_pending_unbacked() -> contextlib.AbstractContextManager[Any]:
     """Let a draft export that fixed a data-dependent size to its real value go on without that
     size in its output (``soft_pending_unbacked_not_found_error``, from torch 2.11 on). torch
-    2.10 has no such option and no such check there: nothing to set.
+    2.9 and 2.10 have no such option and no such check there: nothing to set.
 
     >>> with soft_pending_unbacked():
     ...     pass
@@ -293,7 +279,7 @@ def custom_op_autocast_dtype(opdef: Any, device_type: str) -> Any:
     """The ``cast_inputs`` dtype ``torch.library.register_autocast`` left on a ``custom_op``'s
     definition for ``device_type``, or None: a dict by device type (``_autocast_dtype``) in
     torch 2.13 on; one attribute per device, ``_autocast_cuda_dtype`` and ``_autocast_cpu_dtype``
-    (the only two it took), in 2.10 to 2.12.
+    (the only two it took), in 2.9 to 2.12.
     """
     table = getattr(opdef, "_autocast_dtype", None)
     if isinstance(table, dict):
@@ -312,7 +298,7 @@ def torch_release() -> tuple[int, ...]:
 
 def mse_loss_backward_takes_mixed_dtypes() -> bool:
     """Whether ``mse_loss_backward``'s kernel takes a target or gradient of another dtype than
-    the input (``Loss.cpp``: the result is the input's): from torch 2.12 on. In 2.10 and 2.11 it
+    the input (``Loss.cpp``: the result is the input's): from torch 2.12 on. In 2.9 to 2.11 it
     refuses, ``Found dtype BFloat16 but expected Float``, naming the target before the gradient
     (seen on the CPU kernel, which shares the code with CUDA's).
     """
@@ -321,8 +307,29 @@ def mse_loss_backward_takes_mixed_dtypes() -> bool:
 
 def draft_export_names_branches() -> bool:
     """Whether ``torch.export.draft_export`` reports each branch it decided on data, with the
-    source line (``if x.sum() > 0:``), among its failures: from torch 2.13 on. 2.10 to 2.12
+    source line (``if x.sum() > 0:``), among its failures: from torch 2.13 on. 2.9 to 2.12
     decide the branch alike and report nothing, so the warning that the forward branches on
     data cannot say where.
     """
     return torch_release() >= (2, 13)
+
+
+def fake_cuda_needs_help() -> bool:
+    """Whether fake CUDA tensors on a machine without a GPU driver need ampgraph's help to run
+    (``capture/driverless_29.py`` gives it): torch 2.9. Two C++ paths ask the driver there:
+
+    * the CUDA device guard (``c10/cuda/impl/CUDAGuardImpl.h``), asked for the current stream by
+      autograd's ``InputMetadata`` (``torch/csrc/autograd/input_metadata.cpp``, the first op on
+      a parameter that requires grad; ``getStream`` is ``noexcept``: SIGABRT) and for the
+      current device by indexing's ``OptionalDeviceGuard`` (``THPVariable_getitem``) and
+      ``.to("cuda")``. torch 2.10 swaps in a driverless guard when fake tensors start
+      (``torch._C._ensureCUDADeviceGuardSet``, where the CUDA guard counts no device), which 2.9
+      lacks;
+    * ``scaled_dot_product_attention``'s CUDA backend choice (``sdp_utils.cpp``:
+      ``select_sdp_backend`` reads the device's properties): 2.10 catches the driver's error
+      there and takes the math backend, 2.9 raises.
+
+    >>> isinstance(fake_cuda_needs_help(), bool)
+    True
+    """
+    return torch_release() < (2, 10)

@@ -11,18 +11,23 @@ dtype check is made (``_index_put_impl_`` in ``TensorAdvancedIndexing.cpp``, tor
   destination's device and a one-element value on the CPU become ``masked_fill_(mask,
   value.item())``, which takes a value of any dtype (``canDispatchToMaskedFill``);
 * **sort**, CUDA only: with ``accumulate`` (or deterministic algorithms and more than one value)
-  a CUDA destination goes to ``index_put_with_sort_stub`` (``cuda/Indexing.cu``), which takes a
-  value of another dtype and writes the destination's: an H100 (torch 2.11,
-  ``docs/verification/cuda-survey.json``) returned bf16 for ``index_put(bf16[5, 5], (bool[5],),
-  f32[5], accumulate=True)`` and fp32 for the converse, where the CPU raises.
+  a CUDA destination goes to ``index_put_with_sort_stub`` (``cuda/Indexing.cu``), whose kernel
+  is dispatched on the value's type and reads the destination as it: ``index_put(bf16[5, 5],
+  (int64[2],), f32[2, 5], accumulate=True)`` raises ``expected scalar type Float but found
+  BFloat16`` on an H100 (torch 2.11, ``docs/verification/cuda-survey-rules.json``), where the
+  CPU says ``Index put requires ...``. Where nothing is indexed the kernel is not launched and
+  nothing is checked: the H100 returned bf16 for ``index_put(bf16[5, 5], (bool[5],), f32[5],
+  accumulate=True)`` because OpInfo's mask there is all false (``docs/verification/
+  cuda-survey.json``). A mask's contents are data fake tensors do not have: the rule takes a
+  boolean mask to select something, and an empty integer index to select nothing.
 
 >>> import torch
 >>> x, v = torch.empty(5, 5, dtype=torch.bfloat16), torch.empty(5)
 >>> mask = torch.ones(5, dtype=torch.bool)
 >>> INDEX_CHECKS[("cpu", torch.ops.aten.index_put.default)]((x, [mask], v, True))[:41]
 'Index put requires the source and destina'
->>> INDEX_CHECKS[("cuda", torch.ops.aten.index_put.default)]((x, [mask], v, True)) is None
-True
+>>> INDEX_CHECKS[("cuda", torch.ops.aten.index_put.default)]((x, [mask], v, True))
+'expected scalar type Float but found BFloat16'
 """
 
 from __future__ import annotations
@@ -66,9 +71,21 @@ def _sort_path(value: torch.Tensor, accumulate: bool) -> bool:
     return bool(accumulate) or deterministic
 
 
+def _sort_kernel(self: torch.Tensor, indices: Any, value: torch.Tensor) -> str | None:
+    """``index_put_with_sort_kernel``: launched only where something is indexed (an integer
+    index of no elements, or an empty destination, launches nothing), dispatched on the value's
+    type, reading the destination as that type."""
+    given = [i for i in (indices or ()) if isinstance(i, torch.Tensor)]
+    empty = [i for i in given if i.dtype not in (torch.bool, torch.uint8) and i.numel() == 0]
+    if empty or self.numel() == 0:
+        return None
+    return f"expected scalar type {_st(value)} but found {_st(self)}"
+
+
 def _index_put_impl(device_type: str) -> Check:
     """``_index_put_impl_`` (``index_put``, ``index_put_`` reach it): ``make_index_put_iterator``'s
-    check, unless the masked-fill path or (CUDA) the sort path takes the call."""
+    check, unless the masked-fill path or (CUDA) the sort path and its kernel's check take the
+    call."""
 
     def check(args: tuple[Any, ...]) -> str | None:
         self, indices, values = args[:3]
@@ -78,7 +95,7 @@ def _index_put_impl(device_type: str) -> Check:
         if not accumulate and _masked_fill_path(self, indices, values):
             return None
         if device_type == "cuda" and _sort_path(values, accumulate):
-            return None
+            return _sort_kernel(self, indices, values)
         return (
             f"Index put requires the source and destination dtypes match, got {_st(self)} for "
             f"the destination and {_st(values)} for the source."

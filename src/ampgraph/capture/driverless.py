@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ampgraph.capture import driverless_29
+
 aten = torch.ops.aten
 
 #: cudnnRNNMode_t, as ``_cudnn_rnn``'s ``mode`` argument takes it.
@@ -141,6 +143,8 @@ _CUDNN_META: tuple[tuple[str, Callable[..., Any]], ...] = (
 
 
 _LIBRARIES = _register_meta_kernels()
+# torch 2.9 with no GPU driver: the device guard and SDPA stand-in 2.10 needs none of.
+driverless_29.install()
 
 
 def uses_cudnn(t: torch.Tensor) -> bool:
@@ -254,7 +258,7 @@ def cudnn_rnn_stand_ins(device: str) -> Iterator[None]:
 
 def decomposition(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
     """The stand-in for ``op``'s CUDA composite, for tracers that call composites directly."""
-    return STAND_INS.get(op)
+    return STAND_INS.get(op) or driverless_29.STAND_INS.get(op)
 
 
 __all__ = ["CUDNN_MODES", "STAND_INS", "cudnn_rnn_stand_ins", "decomposition", "uses_cudnn"]

@@ -487,22 +487,13 @@ def _draft_export(
     == torch.float16 and not torch.isfinite(hidden_states).all()``) exists in that setting only,
     and only a run in its dtypes meets it and decides it on values.
     """
-    generator = torch.Generator().manual_seed(0)
     dtype = torch.float32 if setting is None else torch_dtype(setting.param_dtype)
+    args, kwargs, made = draft_values(model)
 
     def make_param(t: torch.Tensor) -> torch.Tensor:
-        real = _real_like(t, generator)
-        if real.is_floating_point() and not isinstance(t, nn.Parameter):
-            # Buffers hold statistics such as a batch norm's running variance: a negative one
-            # makes the whole forward NaN, and every branch on data then takes its empty side.
-            real = real.abs()
+        real = made[id(t)]
         return real.to(dtype) if real.is_floating_point() else real
 
-    args, kwargs = pytree.tree_map_only(
-        torch.Tensor,
-        lambda t: t if t.device.type == "cpu" else _real_like(t, generator),
-        (model.args, model.kwargs),
-    )
     values: dict[str, int | float] = {}
     autocast = (
         autocast_state("cpu", True, torch_dtype(setting.amp_dtype))
@@ -532,6 +523,33 @@ def _draft_export(
     failures = list(getattr(report, "failures", []) or [])
     traced = Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
     return traced, list(dict.fromkeys(_describe(f) for f in failures)), values
+
+
+def draft_values(
+    model: ModelInputs,
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[int, torch.Tensor]]:
+    """The values a draft run (:func:`_draft_export`) runs ``model`` on: its inputs (meta ones
+    made up), and by ``id`` each parameter and buffer's fp32 value (buffers' absolute), seeded,
+    in the run's order; verify runs on them too, so that its sizes are the capture's.
+
+    >>> len(draft_values(ModelInputs("lin", nn.Linear(2, 2), (torch.ones(1, 2),)))[2])
+    2"""
+    generator = torch.Generator().manual_seed(0)
+    args, kwargs = pytree.tree_map_only(
+        torch.Tensor,
+        lambda t: t if t.device.type == "cpu" else _real_like(t, generator),
+        (model.args, model.kwargs),
+    )
+    made: dict[int, torch.Tensor] = {}
+    for mod in model.module.modules():  # swapped_tensors' order
+        for tensor in (*mod._parameters.values(), *mod._buffers.values()):
+            if tensor is None or id(tensor) in made:
+                continue
+            real = _real_like(tensor, generator)
+            if real.is_floating_point() and not isinstance(tensor, nn.Parameter):
+                real = real.abs()  # buffers: a negative running variance makes all values NaN
+            made[id(tensor)] = real
+    return tuple(args), dict(kwargs), made
 
 
 @contextlib.contextmanager
@@ -595,6 +613,7 @@ __all__ = [
     "EXPORT",
     "MAKE_FX",
     "Traced",
+    "draft_values",
     "keeping_stack_traces",
     "make_fx_available",
 ]

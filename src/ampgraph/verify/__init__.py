@@ -51,7 +51,7 @@ from ampgraph.verify.results import (
     versions,
     write_record,
 )
-from ampgraph.verify.tensors import graph_inputs, random_like, real_inputs
+from ampgraph.verify.tensors import draft_tensors, graph_inputs, random_like, real_inputs
 
 
 def verify(
@@ -90,8 +90,10 @@ def verify(
     t0 = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(random_seed)
     # The inputs as the setting's recipe hands them to the forward (its input_dtype).
-    args, kwargs = cast_floating(real_inputs(model, dev, gen), setting.input_dtype)
-    values = graph_inputs(cap, model, args, kwargs, dev, gen)
+    # A graph traced along a data path: the draft run's values, so that the sizes are its own.
+    draft = draft_tensors(cap, model, dev, random_seed)
+    args, kwargs = cast_floating(real_inputs(model, dev, gen, draft), setting.input_dtype)
+    values = graph_inputs(cap, model, args, kwargs, dev, gen, draft.tensors if draft else None)
     seconds["materialise"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -101,7 +103,7 @@ def verify(
 
     t0 = time.perf_counter()
     hooks = run_eager(model, cap, values, args, kwargs, dev, gen)
-    modules, module_found = compare_modules(report, hooks)
+    modules, module_found = compare_modules(report, hooks, observed)
     seconds["eager"] = time.perf_counter() - t0
     del values  # the real weights; the result keeps only dtypes
     return VerifyResult(

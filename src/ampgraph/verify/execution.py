@@ -3,11 +3,18 @@
 Each node's output dtypes, or its error message, are recorded (:class:`Observed`), with the casts
 autocast made there (:mod:`ampgraph.verify.cast_log`); ``wrap_with_autocast`` regions run under the
 real nested ``torch.autocast`` they stand for.
+
+A graph traced along a data path (``export-data-path``, ``draft-export``) holds export's runtime
+assertions on the sizes the draft run's values gave (``_assert_scalar`` on ``Ne(u1, 0)``: the
+forward's ``if boxes.numel() == 0`` decided False). Where the real values decide one of them the
+other way, the real run leaves the captured path there: every node after it is recorded *not
+comparable*, with why (:class:`OffPath`), never run on a path the model does not take.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +24,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names
+from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names, is_assert
 from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.report.records import NodeRecord
@@ -35,6 +42,54 @@ class Observed:
     skipped: str | None = None
     casts: list[CastKey] = field(default_factory=list)
     checked_casts: bool = False
+    #: Why the node cannot be compared: the real run left the captured path before it.
+    not_comparable: str | None = None
+
+
+@dataclass
+class OffPath:
+    """Where the real run left the path the graph was captured along, shared by a graph's
+    interpreter and its regions' (a branch decided inside a region ends the path after it)."""
+
+    #: The assertion's node and why, once one failed; None while on the path.
+    why: str | None = None
+    #: Each ``sym_size`` node the run met -> the real size it read.
+    sizes: dict[fx.Node, int] = field(default_factory=dict)
+
+    def left(self, n: fx.Node, name: str, message: str, captured: dict[str, int | float]) -> None:
+        """The real run fails the assertion at ``n``: say which sizes it read here, and which
+        values the capture's draft run gave the size symbols the assertion names."""
+        upstream = _ancestors(n)
+        here = ", ".join(
+            f"{size.args[0]}.size({size.args[1]}) = {value}"
+            for size, value in self.sizes.items()
+            if size in upstream
+        )
+        symbols = sorted(set(re.findall(r"\bu\d+\b", message)), key=lambda u: int(u[1:]))
+        draft = ", ".join(f"{u} = {captured[u]}" for u in symbols if u in captured)
+        parts = [
+            f"here {here}" if here else "",
+            f"{draft} in the capture's draft run" if draft else "",
+        ]
+        said = "; ".join(part for part in parts if part)
+        self.why = (
+            f"the real run leaves the captured path at {name} ({message.strip()}"
+            f"{'; ' + said if said else ''}): the graph after it is another path's"
+        )
+
+
+def _ancestors(n: fx.Node) -> set[fx.Node]:
+    """The nodes ``n`` is computed from, up to the tensors its sizes are read from."""
+    seen: set[fx.Node] = set()
+    todo = list(n.all_input_nodes)
+    while todo:
+        a = todo.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if not isinstance(a.meta.get("val"), torch.Tensor):
+            todo.extend(a.all_input_nodes)  # a size's arithmetic, not a tensor
+    return seen
 
 
 class RealExecution(FakeReplay):
@@ -53,6 +108,8 @@ class RealExecution(FakeReplay):
         observed: dict[str, Observed] | None = None,
         prefix: str = "",
         autocast_device: str | None = None,
+        path: OffPath | None = None,
+        captured: dict[str, int | float] | None = None,
     ) -> None:
         super().__init__(gm, setting, prefix)
         self.device = device  # baked device= arguments go to this very device
@@ -60,12 +117,26 @@ class RealExecution(FakeReplay):
         self.observed: dict[str, Observed] = observed if observed is not None else {}
         #: The device type whose autocast the predicted policies are for (regions may change it).
         self.autocast_device = autocast_device or setting.device_type
+        self.path = path if path is not None else OffPath()
+        #: The value each data-dependent size took in the capture's draft run.
+        self.captured = captured or {}
 
     # -- bookkeeping --------------------------------------------------------------------------
     def run_node(self, n: fx.Node) -> Any:
+        if self.path.why is not None and n.op in ("call_function", "output"):
+            # Past a branch the real values decide otherwise: nothing to compare, nothing to run.
+            self.observed[self.qualified(n)] = Observed(not_comparable=self.path.why)
+            return Failed(self.qualified(n), self.path.why, analysed=False)
+        if n.op == "call_function" and is_assert(n.target):
+            self._check_path(n)
         value = super().run_node(n)
         name = self.qualified(n)
-        if n.op == "call_function":
+        if n.target is torch.ops.aten.sym_size.int and isinstance(value, int):
+            self.path.sizes[n] = value  # a size an assertion on the path may read
+        if n.op == "call_function" and self.path.why is not None and isinstance(value, Failed):
+            # A region whose body left the path: the region is past that branch as well.
+            self.observed[name] = Observed(not_comparable=self.path.why)
+        elif n.op == "call_function":
             obs = self.observed.setdefault(name, Observed())
             if obs.error is None and obs.skipped is None:
                 if isinstance(value, Failed):
@@ -80,6 +151,16 @@ class RealExecution(FakeReplay):
                 Observed(skipped=failed[0].node) if failed else Observed(outputs=dtype_names(value))
             )
         return value
+
+    def _check_path(self, n: fx.Node) -> None:
+        """A runtime assertion on data-dependent sizes: the real values hold it, or the real run
+        leaves the captured path here."""
+        if n.target is not torch.ops.aten._assert_scalar.default:
+            return
+        args, _kwargs = self.fetch_args_kwargs_from_env(n)
+        if args and isinstance(args[0], (bool, int, torch.SymBool)) and not bool(args[0]):
+            message = str(args[1]) if len(args) > 1 else n.name
+            self.path.left(n, self.qualified(n), message, self.captured)
 
     def on_error(self, n: fx.Node, failure: Failed) -> None:
         self.observed.setdefault(self.qualified(n), Observed()).error = failure.message
@@ -136,6 +217,8 @@ class RealExecution(FakeReplay):
             self.observed,
             prefix=f"{self.prefix}{n.name}.",
             autocast_device=device_type,
+            path=self.path,
+            captured=self.captured,
         )
         with scope:
             value = self.run_body(child, region.body, region.operands, n)
@@ -171,10 +254,13 @@ def run_graph(
     cap: Capture, records: Sequence[NodeRecord], values: Sequence[Any], device: torch.device
 ) -> dict[str, Observed]:
     """Run the captured graph on real ``values`` under the setting's real autocast."""
-    interp = RealExecution(cap.graph_module, cap.setting, device, {r.name: r for r in records})
+    predicted = {r.name: r for r in records}
+    interp = RealExecution(
+        cap.graph_module, cap.setting, device, predicted, captured=cap.unbacked_values
+    )
     with torch.no_grad(), real_autocast(cap.setting):
         interp.run(*values)
     return interp.observed
 
 
-__all__ = ["Observed", "RealExecution", "real_autocast", "run_graph"]
+__all__ = ["Observed", "OffPath", "RealExecution", "real_autocast", "run_graph"]

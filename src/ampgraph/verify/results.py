@@ -27,16 +27,42 @@ SCHEMA_VERSION = 2
 
 @dataclass(frozen=True)
 class Agreement:
-    """How many of the compared items agree: ``agree/total``."""
+    """How many of the compared items agree: ``agree/total``; apart from the total, how many
+    could not be compared: *not analysed* (ampgraph honestly could not follow the forward
+    there: no prediction) and *not comparable* (the real run left the captured path), with why.
+
+    >>> print(Agreement(5, 5, not_analysed=2).aside())
+     (2 not analysed)
+    """
 
     agree: int
     total: int
+    not_analysed: int = 0
+    not_comparable: int = 0
+    why: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.agree}/{self.total}"
 
-    def to_dict(self) -> dict[str, int]:
-        return {"agree": self.agree, "total": self.total}
+    def aside(self) -> str:
+        """`` (337 not analysed, 189 not comparable)`` after the counts; empty when none."""
+        parts = [
+            f"{n} {what}"
+            for n, what in ((self.not_analysed, "not analysed"),
+                            (self.not_comparable, "not comparable"))
+            if n
+        ]  # fmt: skip
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"agree": self.agree, "total": self.total}
+        # Only where some were not compared: a record where all were is as it always was.
+        for key in ("not_analysed", "not_comparable"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        if self.why:
+            out["why"] = list(self.why)
+        return out
 
 
 @dataclass(frozen=True)
@@ -105,7 +131,9 @@ class Verification:
     def summary_line(self) -> str:
         """``opt-125m amp-fp32 (cpu bf16) on <device>: nodes 354/354, ... 0 disagreements``."""
         n = len(self.disagreements)
-        counts = ", ".join(f"{k.replace('_', ' ')} {a}" for k, a in self.agreement().items())
+        counts = ", ".join(
+            f"{k.replace('_', ' ')} {a}{a.aside()}" for k, a in self.agreement().items()
+        )
         return (
             f"{self.model} {self.setting.name} ({self.setting.device_type} "
             f"{short_dtype(self.setting.amp_dtype)}){self.what()} on {self.device_name}: "
@@ -114,6 +142,14 @@ class Verification:
 
     def disagreement_lines(self) -> list[str]:
         return [d.line() for d in self.disagreements]
+
+    def note_lines(self) -> list[str]:
+        """Why some items were not compared, a line each (``  not comparable: ...``)."""
+        return [
+            f"  {k.replace('_', ' ')} not comparable: {why}"
+            for k, a in self.agreement().items()
+            for why in a.why
+        ]
 
     def _header(self) -> dict[str, Any]:
         """The record's first fields, before ``model``."""

@@ -1,6 +1,9 @@
 """Real tensors for a captured graph: random weights, the example inputs on a device.
 
-Values never change a dtype; the random seed of the generator makes runs repeat.
+Values never change a dtype; the random seed of the generator makes runs repeat. Sizes are
+another matter: a graph traced along a data path (``export-data-path``, ``draft-export``) is the
+path the capture's draft run took on its seeded values, so with seed 0 verify runs on those very
+values (:func:`draft_tensors`), and its data-dependent sizes are the capture's.
 
 >>> g = torch.Generator().manual_seed(0)
 >>> random_like((2, 3), torch.float32, torch.device("cpu"), g).dtype
@@ -11,14 +14,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.engines import draft_values
 from ampgraph.capture.grad_params import requires_grad
-from ampgraph.capture.trace import Capture
+from ampgraph.capture.trace import DATA_PATH_METHODS, Capture
 from ampgraph.errors import VerifyError
 from ampgraph.model.build import ModelInputs
 
@@ -84,14 +89,70 @@ def _matches(value: Any, placeholder: fx.Node) -> bool:
     return not isinstance(value, torch.Tensor)
 
 
+@dataclass
+class DraftTensors:
+    """The values the capture's draft run used, on the real device (:func:`draft_tensors`)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: qualified parameter/buffer name -> its value in the graph's dtype (``graph_inputs(known=)``)
+    tensors: dict[str, torch.Tensor]
+
+
+def draft_tensors(
+    cap: Capture, model: ModelInputs, device: torch.device, random_seed: int = 0
+) -> DraftTensors | None:
+    """The inputs, parameters and buffers the capture's draft run ran ``model`` on
+    (:func:`ampgraph.capture.engines.draft_values`), for a graph traced along its data path and
+    the seed it used (0); None otherwise. Parameters and buffers come in the graph's dtypes (the
+    setting's), parameters requiring grad as in the model.
+
+    >>> from ampgraph.capture.trace import capture
+    >>> from ampgraph.settings import Setting
+    >>> lin = ModelInputs("lin", nn.Linear(2, 2), (torch.ones(1, 2),))
+    >>> cap = capture(lin, Setting.parse("fp32", device_type="cpu"))
+    >>> draft_tensors(cap, lin, torch.device("cpu")) is None     # no branch on data: no draft
+    True
+    """
+    if random_seed != 0 or not cap.method.endswith(DATA_PATH_METHODS):
+        return None
+    args, kwargs, made = draft_values(model)
+    by_name = {
+        name: made[id(t)]
+        for name, t in [
+            *model.module.named_parameters(remove_duplicate=False),
+            *model.module.named_buffers(remove_duplicate=False),
+        ]
+        if id(t) in made
+    }
+    tensors: dict[str, torch.Tensor] = {}
+    for p in cap.graph_module.graph.nodes:
+        kind, target = cap.input_kinds.get(p.name, ("input", p.name))
+        val = p.meta.get("val") if p.op == "placeholder" else None
+        if kind not in ("parameter", "buffer") or target not in by_name or val is None:
+            continue
+        made_here = by_name[target].to(device=device, dtype=val.dtype)
+        grad = kind == "parameter" and requires_grad(p) and made_here.is_floating_point()
+        tensors[target] = made_here.requires_grad_() if grad else made_here
+    args, kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().to(device), (args, kwargs)
+    )
+    return DraftTensors(tuple(args), dict(kwargs), tensors)
+
+
 def real_inputs(
-    model: ModelInputs, device: torch.device, gen: torch.Generator
+    model: ModelInputs,
+    device: torch.device,
+    gen: torch.Generator,
+    draft: DraftTensors | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The model's example inputs as real tensors on ``device``.
 
     Real example inputs keep their values (OPT's synthesised token ids are in range); meta or
-    fake ones are made up with :func:`random_like`.
+    fake ones are made up with :func:`random_like`, or are the ``draft`` run's.
     """
+    if draft is not None:
+        return draft.args, draft.kwargs
 
     def make(t: torch.Tensor) -> torch.Tensor:
         if _is_real(t):
@@ -145,8 +206,8 @@ def graph_inputs(
         if not isinstance(val, torch.Tensor):
             values.append(val)
             continue
-        held = getattr(cap.graph_module, target, None) if kind == "constant" else None
-        if isinstance(held, torch.Tensor) and _is_real(held):
+        held = _constant(cap, target, val) if kind == "constant" else None
+        if held is not None:
             values.append(held.detach().to(device))  # a lifted constant's real value
         else:
             made = random_like(val.shape, val.dtype, device, gen)
@@ -154,6 +215,17 @@ def graph_inputs(
             grad = kind == "parameter" and requires_grad(p) and made.is_floating_point()
             values.append(made.requires_grad_() if grad else made)
     return values
+
+
+def _constant(cap: Capture, target: str, val: torch.Tensor) -> torch.Tensor | None:
+    """A lifted constant's real value: held by the graph module, or, for one the forward made
+    from Python data under fake tensors (``torch.as_tensor(self.image_mean)``, anchors), the
+    real tensor its fake value keeps (``FakeTensor.constant``); None where neither has one."""
+    held = getattr(cap.graph_module, target, None)
+    for candidate in (held, getattr(val, "constant", None)):
+        if isinstance(candidate, torch.Tensor) and _is_real(candidate):
+            return candidate
+    return None
 
 
 def module_tensors(cap: Capture, values: Sequence[Any]) -> dict[str, torch.Tensor]:
@@ -167,4 +239,12 @@ def module_tensors(cap: Capture, values: Sequence[Any]) -> dict[str, torch.Tenso
     return out
 
 
-__all__ = ["RANDOM_POOL", "graph_inputs", "module_tensors", "random_like", "real_inputs"]
+__all__ = [
+    "RANDOM_POOL",
+    "DraftTensors",
+    "draft_tensors",
+    "graph_inputs",
+    "module_tensors",
+    "random_like",
+    "real_inputs",
+]

@@ -1,0 +1,159 @@
+"""torch 2.9 without a GPU driver: what torch 2.10 does for fake CUDA tensors by itself, done here.
+
+ampgraph runs the real CUDA autocast kernels on fake CUDA tensors (DESIGN.md fact 3). On a CUDA
+build of torch 2.9 with no driver, two C++ paths that never look at a tensor's data still ask the
+driver, and every model stops on them (``compat.fake_cuda_needs_help`` names the releases):
+
+* **The CUDA device guard.** C++ code asks the registered ``DeviceGuardImplInterface`` for CUDA
+  (``c10/cuda/impl/CUDAGuardImpl.h``) for the current device and stream: autograd's
+  ``InputMetadata`` constructor (``torch/csrc/autograd/input_metadata.cpp``: ``getStream``, on
+  the first op on a parameter that requires grad; ``getStream`` is ``noexcept``, so the driver's
+  error ends the process, SIGABRT), Python indexing's ``OptionalDeviceGuard``
+  (``THPVariable_getitem``: ``exchangeDevice`` -> ``CUDA driver version is insufficient``), and
+  ``.to("cuda")``'s ``ensure_has_index``. torch 2.10 swaps that guard for a driverless one
+  (``c10::impl::ensureCUDADeviceGuardSet``, called by ``FakeTensorMode.__enter__`` through
+  ``torch._C._ensureCUDADeviceGuardSet`` where the CUDA guard counts no device; its
+  ``FakeGuardImpl<CUDA>`` answers device ``cuda:0`` and never calls CUDA). torch 2.9 has neither
+  the function nor its binding. :func:`install` puts the same kind of guard in the same registry
+  slot (``c10::impl::device_guard_impl_registry``, exported by ``libc10.so``), built from code
+  already in the process: the no-op guard torch registers for ``meta`` with ``type()``,
+  ``getDevice()`` and ``exchangeDevice()`` answered by ``CUDAGuardImpl::type``, whose machine code
+  (``mov eax, 1; ret``) is checked to return ``Device(cuda, 0)``; ``deviceCount()`` stays CUDA's
+  own (0). Nothing in it touches a dtype: it only stops the driver being asked.
+* **scaled_dot_product_attention.** Its CUDA composite chooses a backend
+  (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``: ``select_sdp_backend``), and the
+  flash, memory-efficient and cuDNN checks read the device's properties
+  (``at::cuda::getCurrentDeviceProperties`` -> ``c10::cuda::current_device``). torch 2.10 catches
+  that error in ``select_sdp_backend`` and takes the math backend; 2.9 raises. The stand-in
+  (:data:`STAND_INS`) runs the composite with only the math backend enabled, for CUDA inputs
+  only: the graphs it gives on 2.9 are the ones 2.10 gives (fp16, bf16 and fp32; causal,
+  dropout, grouped-query and masked calls compared node for node).
+
+Only where needed: torch older than 2.10, a CUDA build, and no CUDA device (the guard's own
+count). With a GPU, or on any other release, :func:`install` does nothing. Backward on fake CUDA
+tensors fails on 2.10 too (``hasPrimaryContext``); ampgraph differentiates on meta (fact 11).
+
+>>> install() is None  # idempotent; None: installed, or not needed here
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, Final
+
+import torch
+
+from ampgraph.compat import UnsupportedVersionWarning, fake_cuda_needs_help
+
+aten = torch.ops.aten
+
+#: ``c10::DeviceType`` values (``c10/core/DeviceType.h``) of the registry slots read here.
+_CUDA, _META = 1, 14
+#: Slots of ``DeviceGuardImplInterface``'s vtable (declaration order,
+#: ``c10/core/impl/DeviceGuardImplInterface.h`` of 2.9): type, exchangeDevice, getDevice, deviceCount.
+_TYPE, _EXCHANGE_DEVICE, _GET_DEVICE, _DEVICE_COUNT = 0, 1, 2, 14
+_SLOTS: Final = 23  # 21 virtual functions, and the destructor's two entries
+#: RTTI names (``typeid(...).name()``) of the two guards the new one is made from.
+_CUDA_GUARD: Final = b"N3c104cuda4impl13CUDAGuardImplE"
+_META_GUARD: Final = b"N3c104impl19NoOpDeviceGuardImplILNS_10DeviceTypeE14EEE"
+#: ``CUDAGuardImpl::type()``: ``mov eax, 1; ret``. As a ``Device`` (two bytes, type then index,
+#: returned in ``ax``) that is ``cuda:0``.
+_RETURNS_CUDA_0: Final = bytes.fromhex("b801000000c3")
+
+#: Kept alive for the process: the registry holds a raw pointer into them.
+_KEPT: list[Any] = []
+#: None once :func:`install` has run (or had nothing to do); else why it could not.
+_STATE: dict[str, str | None] = {}
+
+
+def _vtable(obj: int) -> tuple[int, bytes]:
+    """The vtable address of the C++ object at ``obj`` and its class's RTTI name."""
+    vtable = ctypes.c_void_p.from_address(obj).value or 0
+    type_info = ctypes.c_void_p.from_address(vtable - 8).value or 0
+    return vtable, ctypes.string_at(ctypes.c_void_p.from_address(type_info + 8).value or 0)
+
+
+def _install_cuda_guard() -> str | None:
+    """Put a driverless CUDA guard in the registry; None, or why not (nothing changed then)."""
+    libc10 = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+    try:
+        first = ctypes.c_void_p.in_dll(libc10, "_ZN3c104impl26device_guard_impl_registryE")
+    except ValueError:
+        return "libc10.so does not export c10::impl::device_guard_impl_registry"
+    registry = (ctypes.c_void_p * (_META + 1)).from_address(ctypes.addressof(first))
+    if not registry[_CUDA] or not registry[_META]:
+        return "no CUDA or meta device guard registered (a CPU-only build of torch?)"
+    cuda_vtable, cuda_name = _vtable(registry[_CUDA])
+    meta_vtable, meta_name = _vtable(registry[_META])
+    if cuda_name != _CUDA_GUARD or meta_name != _META_GUARD:
+        return f"unexpected device guards ({cuda_name!r}, {meta_name!r})"
+    cuda = (ctypes.c_void_p * _SLOTS).from_address(cuda_vtable)
+    if ctypes.string_at(cuda[_TYPE], len(_RETURNS_CUDA_0)) != _RETURNS_CUDA_0:
+        return "CUDAGuardImpl::type() is not the code this relies on"
+    # The meta guard's vtable with its two header words (offset to top, RTTI), then CUDA's answers.
+    table = (ctypes.c_void_p * (_SLOTS + 2)).from_buffer_copy(
+        ctypes.string_at(meta_vtable - 16, (_SLOTS + 2) * 8)
+    )
+    for slot in (_TYPE, _EXCHANGE_DEVICE, _GET_DEVICE):
+        table[2 + slot] = cuda[_TYPE]
+    table[2 + _DEVICE_COUNT] = cuda[_DEVICE_COUNT]
+    guard = ctypes.c_void_p(ctypes.addressof(table) + 16)  # the object: one vtable pointer
+    _KEPT.extend([table, guard])
+    registry[_CUDA] = ctypes.addressof(guard)
+    return None
+
+
+def _sdpa(*args: Any, **kwargs: Any) -> Any:
+    """``scaled_dot_product_attention``'s composite with the math backend alone, for CUDA
+    inputs (what 2.10 chooses without a driver); any other input takes the composite as is."""
+    composite = aten.scaled_dot_product_attention.default._op_dk
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    if args[0].device.type != "cuda":
+        return composite(key, *args, **kwargs)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        return composite(key, *args, **kwargs)
+
+
+#: op -> its stand-in while :func:`install` is in effect (``driverless.decomposition`` reads it).
+STAND_INS: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
+
+
+def _register_stand_ins() -> None:
+    """The SDPA stand-in at ``AutogradCUDA``, where the composite runs (no GPU here to affect)."""
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive in _KEPT
+    lib.impl("scaled_dot_product_attention", _sdpa, "AutogradCUDA")
+    _KEPT.append(lib)
+    STAND_INS[aten.scaled_dot_product_attention.default] = _sdpa
+
+
+def install() -> str | None:
+    """Make fake CUDA tensors work without a driver on torch 2.9, once; elsewhere nothing.
+
+    Returns None where done or not needed, else one line saying why it could not be done (the
+    analysis of CUDA settings then stops where torch asks the driver).
+    """
+    if "done" in _STATE:
+        return _STATE["done"]
+    why = None
+    if fake_cuda_needs_help() and torch.version.cuda and torch.cuda.device_count() == 0:
+        why = _install_cuda_guard()
+        if why is None:
+            _register_stand_ins()
+        else:  # one line, once: the CUDA settings will stop where torch asks the driver
+            warnings.warn(
+                f"torch {torch.__version__} without a GPU driver: fake CUDA tensors need a device "
+                f"guard ampgraph could not install ({why}); pip install 'torch>=2.10'",
+                UnsupportedVersionWarning,
+                stacklevel=2,
+            )
+    _STATE["done"] = why
+    return why
+
+
+__all__ = ["STAND_INS", "install"]
