@@ -243,9 +243,9 @@ def test_a_size_no_run_decides_ends_the_graph_there_not_the_whole_model(
     there and the node says why it is not analysed: never a lost model."""
     import contextlib
 
-    from ampgraph.capture import engines
+    from ampgraph.capture import draft_export
 
-    monkeypatch.setattr(engines, "_real_checks_without_guards", contextlib.nullcontext)
+    monkeypatch.setattr(draft_export, "_real_checks_without_guards", contextlib.nullcontext)
     torch.manual_seed(0)
     model = ModelInputs("delays", DelayWeights(), (torch.randn(2, 8, 8),))
     report = analyze(model, "amp-fp32")

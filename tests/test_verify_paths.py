@@ -27,7 +27,7 @@ from tests.test_data_dependent import DelayWeights
 class KeepAll(nn.Module):
     """A size from a threshold on values feeding later ops, and a branch on it.
 
-    The draft run's buffers are absolute values (:func:`ampgraph.capture.engines.draft_values`),
+    The draft run's buffers are absolute values (:func:`ampgraph.capture.draft_export.draft_values`),
     so in fp32 every column is kept there and the graph is the ``head(keep)`` path. Off that path
     a real ``head(keep)`` raises (fewer columns into an 8-wide Linear): a path the model does not
     take then. The threshold is the activations' precision: a 16-bit run keeps fewer.
@@ -117,9 +117,9 @@ def test_nodes_not_analysed_are_counted_apart_not_as_disagreements(
     """A size no run decides (the capture cut at it, as Faster R-CNN's unhinted ``Eq(u2, 0)``):
     the nodes from the cut on are no prediction, and the module lines a real run prints after
     it are not analysed either."""
-    from ampgraph.capture import engines
+    from ampgraph.capture import draft_export
 
-    monkeypatch.setattr(engines, "_real_checks_without_guards", contextlib.nullcontext)
+    monkeypatch.setattr(draft_export, "_real_checks_without_guards", contextlib.nullcontext)
     torch.manual_seed(0)
     model = ModelInputs("delays", DelayWeights(), (torch.randn(2, 8, 8),))
     result = verify(model, cpu("amp-fp32"))

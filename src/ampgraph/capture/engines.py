@@ -34,8 +34,6 @@ from ampgraph.capture.reads import TraceReads
 from ampgraph.compat import (
     fill_placeholder_values,
     fx_stack_traces,
-    soft_pending_unbacked,
-    unbacked_value_setter,
 )
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
@@ -423,35 +421,6 @@ def make_fx_available() -> bool:
 ENGINES = {MAKE_FX: _make_fx, EXPORT: _export}
 
 
-def _real_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """A real CPU tensor for a (meta) parameter, buffer or input: small normal floats, zero
-    integers (an index in range for any table), true bools, as verify materialises them."""
-    if t.is_floating_point():
-        out = torch.randn(t.shape, generator=generator, dtype=torch.float32) * 0.02
-        return out if t.dtype == torch.float64 else out.to(t.dtype)
-    if t.dtype == torch.bool:
-        return torch.ones(t.shape, dtype=torch.bool)
-    return torch.zeros(t.shape, dtype=t.dtype)
-
-
-def _describe(failure: Any) -> str:
-    """One line for a draft-export failure: where the forward decided what, on data values.
-
-    ``forward line 103: `if boxes.numel() == 0:`: Eq(4*u1, 0) decided False``.
-    """
-    data = getattr(failure, "data", None) or {}
-    what = str(data.get("expr") or getattr(failure.failure_type, "name", "data-dependent"))
-    if data.get("result") is not None:
-        what += f" decided {data['result']}"
-    stack = data.get("user_stack") or []
-    frame = stack[-1] if stack and isinstance(stack[-1], dict) else None
-    if frame is None:
-        return what
-    return (
-        f"{frame.get('name', '?')} line {frame.get('line', '?')}: `{frame.get('loc', '')}`: {what}"
-    )
-
-
 @contextlib.contextmanager
 def _plain_forward(module: nn.Module) -> Iterator[None]:
     """``module``'s forward returning :func:`plain_outputs`: export cannot return a cache object
@@ -474,146 +443,11 @@ def _plain_forward(module: nn.Module) -> Iterator[None]:
             vars(module).pop("forward", None)
 
 
-def _draft_export(
-    model: ModelInputs, setting: Setting | None = None
-) -> tuple[Traced, list[str], dict[str, int | float]]:
-    """Trace along the path seeded random values take (see
-    :data:`ampgraph.capture.trace.DRAFT_EXPORT`); also the value each data-dependent size or
-    truth value took there, by symbol name (``{"u1": 1000}``).
-
-    Without ``setting`` the run is neutral: fp32 parameters, autocast off. With it, the run is
-    the setting's on the CPU: parameters in its dtype and, where it autocasts, the CPU's autocast
-    to its dtype. A branch on data inside a branch on a dtype (BART's ``if hidden_states.dtype
-    == torch.float16 and not torch.isfinite(hidden_states).all()``) exists in that setting only,
-    and only a run in its dtypes meets it and decides it on values.
-    """
-    dtype = torch.float32 if setting is None else torch_dtype(setting.param_dtype)
-    args, kwargs, made = draft_values(model)
-
-    def make_param(t: torch.Tensor) -> torch.Tensor:
-        real = made[id(t)]
-        return real.to(dtype) if real.is_floating_point() else real
-
-    values: dict[str, int | float] = {}
-    autocast = (
-        autocast_state("cpu", True, torch_dtype(setting.amp_dtype))
-        if setting is not None and setting.autocast
-        else contextlib.nullcontext()
-    )
-    with (
-        _recording_unbacked_values(values),
-        autocast,
-        swapped_tensors(model.module, make_param),
-        warnings.catch_warnings(),
-        quiet_logging(),
-        _no_stack_traces(),
-        _lift_scalar_constants(),
-        # Real-value propagation fixes a boolean-mask index's size to its real value, so the
-        # unbacked size it made is not in the output: expected here, not a tracing bug.
-        soft_pending_unbacked(),  # an option from torch 2.11 on (ampgraph.compat)
-        _real_checks_without_guards(),
-    ):
-        warnings.simplefilter("ignore")
-        # Dropout in training mode and torch.randint draw from the global generator: seeded,
-        # so that a second run takes the first's path, and the caller's state is left alone.
-        with _plain_forward(model.module), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            program = torch.export.draft_export(model.module, tuple(args), kwargs, strict=False)
-    report = getattr(program, "_report", None)
-    failures = list(getattr(report, "failures", []) or [])
-    traced = Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
-    return traced, list(dict.fromkeys(_describe(f) for f in failures)), values
-
-
-def draft_values(
-    model: ModelInputs,
-) -> tuple[tuple[Any, ...], dict[str, Any], dict[int, torch.Tensor]]:
-    """The values a draft run (:func:`_draft_export`) runs ``model`` on: its inputs (meta ones
-    made up), and by ``id`` each parameter and buffer's fp32 value (buffers' absolute), seeded,
-    in the run's order; verify runs on them too, so that its sizes are the capture's.
-
-    >>> len(draft_values(ModelInputs("lin", nn.Linear(2, 2), (torch.ones(1, 2),)))[2])
-    2"""
-    generator = torch.Generator().manual_seed(0)
-    args, kwargs = pytree.tree_map_only(
-        torch.Tensor,
-        lambda t: t if t.device.type == "cpu" else _real_like(t, generator),
-        (model.args, model.kwargs),
-    )
-    made: dict[int, torch.Tensor] = {}
-    for mod in model.module.modules():  # swapped_tensors' order
-        for tensor in (*mod._parameters.values(), *mod._buffers.values()):
-            if tensor is None or id(tensor) in made:
-                continue
-            real = _real_like(tensor, generator)
-            if real.is_floating_point() and not isinstance(tensor, nn.Parameter):
-                real = real.abs()  # buffers: a negative running variance makes all values NaN
-            made[id(tensor)] = real
-    return tuple(args), dict(kwargs), made
-
-
-@contextlib.contextmanager
-def _real_checks_without_guards() -> Iterator[None]:
-    """Draft export's check of each fake output against the real one, minus the checks it
-    cannot make without guarding on data: a view at an offset the data picks
-    (``x[:, index[i]]``, Autoformer's delays) has a data-dependent storage offset, and comparing
-    it with the real offset guards on data and fails the whole trace (``Could not guard on
-    data-dependent expression Ne(u1, 3)``), though the real value is right there."""
-    from torch._subclasses import fake_utils
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    check = getattr(fake_utils, "_check_fake_real_tensors", None)
-    if check is None:  # a torch without the check: nothing to make lenient
-        yield
-        return
-
-    def lenient(*args: Any, **kwargs: Any) -> None:
-        try:
-            check(*args, **kwargs)
-        except GuardOnDataDependentSymNode:
-            pass  # a data-dependent size or offset: its real value is the one propagated
-
-    fake_utils._check_fake_real_tensors = lenient  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        fake_utils._check_fake_real_tensors = check
-
-
-@contextlib.contextmanager
-def _recording_unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
-    """Note in ``values`` the real value of each data-dependent size as a tracer learns it
-    (some are then replaced by constants, so the finished program no longer lists them)."""
-    import sympy
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    setter = unbacked_value_setter()  # renamed in torch 2.11 (ampgraph.compat)
-    original = getattr(ShapeEnv, setter)
-
-    def record(self: ShapeEnv, k: Any, v: Any) -> None:
-        original(self, k, v)
-        # A truth value from data (``bool(x.all())``) is the expression ``Eq(u0, 1)`` on a
-        # symbol of its own: the value that symbol took is what a tracer is given back.
-        if isinstance(k, sympy.Eq) and k.args[1] == 1 and isinstance(k.args[0], sympy.Symbol):
-            k, v = k.args[0], int(bool(v))
-        if isinstance(v, float) or getattr(v, "is_Float", False):
-            values.setdefault(str(k), float(v))  # ``x.max().item()``: a float, kept as one
-        elif getattr(v, "is_integer", False) or isinstance(v, int):
-            values.setdefault(str(k), int(v))
-
-    setattr(ShapeEnv, setter, record)
-    try:
-        yield
-    finally:
-        setattr(ShapeEnv, setter, original)
-
-
 __all__ = [
     "ENGINES",
     "EXPORT",
     "MAKE_FX",
     "Traced",
-    "draft_values",
     "keeping_stack_traces",
     "make_fx_available",
 ]

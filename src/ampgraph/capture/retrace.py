@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from ampgraph.capture.engines import ENGINES, Traced, _draft_export
+from ampgraph.capture.draft_export import _draft_export
+from ampgraph.capture.engines import ENGINES, Traced
 from ampgraph.capture.module_io import ModuleIORecorder, error_line
 from ampgraph.capture.raises import (
     as_a_real_run,
@@ -64,7 +65,7 @@ def autograd_refused(exc: BaseException) -> bool:
 def draft_to_the_guard(
     model: ModelInputs, recorder: ModuleIORecorder
 ) -> tuple[Traced, list[str], dict[str, int | float]]:
-    """:func:`ampgraph.capture.engines._draft_export` of ``model``; where even a trace on real
+    """:func:`ampgraph.capture.draft_export._draft_export` of ``model``; where even a trace on real
     values cannot decide a size (torch's own check of a data-dependent size against its real
     value, in a roll by a delay read from the data), the graph up to there, ended by a node
     that is not analysable and says why (:func:`~ampgraph.capture.raises.stopping_at_raise`):

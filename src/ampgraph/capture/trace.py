@@ -30,12 +30,12 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.casts import cast_outputs
+from ampgraph.capture.draft_export import _draft_export
 from ampgraph.capture.engines import (
     ENGINES,
     EXPORT,
     MAKE_FX,
     Traced,
-    _draft_export,
     _export,
     keeping_stack_traces,
     make_fx_available,
@@ -44,6 +44,7 @@ from ampgraph.capture.grad_params import mark_requires_grad
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
 from ampgraph.capture.outputs import output_paths
 from ampgraph.capture.raises import as_a_real_run, ends_at_a_raise, on_a_real_run
+from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.capture.retrace import (
     OnARealRunPath,
     autograd_refused,
@@ -51,7 +52,6 @@ from ampgraph.capture.retrace import (
     past_python_raise,
     real_run_why,
 )
-from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting

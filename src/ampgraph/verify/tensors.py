@@ -21,7 +21,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from ampgraph.capture.engines import draft_values
+from ampgraph.capture.draft_export import draft_values
 from ampgraph.capture.grad_params import requires_grad
 from ampgraph.capture.trace import DATA_PATH_METHODS, Capture
 from ampgraph.errors import VerifyError
@@ -103,7 +103,7 @@ def draft_tensors(
     cap: Capture, model: ModelInputs, device: torch.device, random_seed: int = 0
 ) -> DraftTensors | None:
     """The inputs, parameters and buffers the capture's draft run ran ``model`` on
-    (:func:`ampgraph.capture.engines.draft_values`), for a graph traced along its data path and
+    (:func:`ampgraph.capture.draft_export.draft_values`), for a graph traced along its data path and
     the seed it used (0); None otherwise. Parameters and buffers come in the graph's dtypes (the
     setting's), parameters requiring grad as in the model.
 
