@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,18 +10,20 @@ import click
 
 from ampgraph.cli.console import progress, progress_done
 from ampgraph.cli.options import (
-    forced,
     format_option,
     model_argument,
     no_check_option,
     pass_options,
     report_option,
-    resolve_settings,
     setting_options,
-    timeout_seconds,
     train_options,
 )
-from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
+from ampgraph.cli.reports import (
+    analysed,
+    analysis_request,
+    load_reports,
+    refuse_model_with_reports,
+)
 from ampgraph.report.markdown import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
@@ -71,13 +72,15 @@ def table(
     from ampgraph.report.text import hook_lines, markdown_table
     from ampgraph.train.formats import backward_lines, markdown_train
 
-    options = train_options(pass_, loss, backward_autocast)
+    train_options(pass_, loss, backward_autocast)  # a usage error first, as it always was
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
     if classes and fmt == "json":
         raise click.UsageError("--only selects lines of text or markdown: --format json prints "
                                "the whole report")  # fmt: skip
-    reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
-                       options=options)  # fmt: skip
+    reports = analysed(analysis_request(
+        model, settings, device, amp_dtype, seq_len, check=not no_check, pass_=pass_, loss=loss,
+        backward_autocast=backward_autocast,
+    ))  # fmt: skip
     if classes:
         refuse_unknown_classes(classes, reports[0])
     if fmt == "json":
@@ -152,10 +155,10 @@ def check_command(
     from ampgraph.report.text import check_markdown, check_record, check_summary, disagreement_lines
     from ampgraph.train.formats import backward_check_lines
 
-    options = train_options(pass_, loss, backward_autocast)
     failed = 0
-    reports = analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False,
-                       options=options)  # fmt: skip
+    request = analysis_request(model, settings, device, amp_dtype, seq_len, pass_=pass_,
+                               loss=loss, backward_autocast=backward_autocast)  # fmt: skip
+    reports = analysed(request, warn_unchecked=False)
     for report in reports:
         if report.check is None:
             raise click.ClickException(
@@ -282,11 +285,11 @@ def render(
         load_renderer()
         reports = load_reports(report_paths)
     else:
-        options = train_options(pass_, loss, backward_autocast)
-        reports = analysed(
-            model, settings, device, amp_dtype, seq_len, check=not no_check, options=options,
-            meanwhile=load_renderer,
+        request = analysis_request(
+            model, settings, device, amp_dtype, seq_len, check=not no_check, pass_=pass_,
+            loss=loss, backward_autocast=backward_autocast,
         )  # fmt: skip
+        reports = analysed(request, meanwhile=load_renderer)
     from ampgraph.render import render_files
 
     progress(f"laying out {len(reports)} diagram{'s' if len(reports) != 1 else ''} with dot")
@@ -363,9 +366,10 @@ def verify(
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
     from ampgraph.report.files import check_writable
+    from ampgraph.verify.spec_run import verify_spec
 
-    options = train_options(pass_, loss, backward_autocast)
-    resolved = resolve_settings(settings, device, amp_dtype)
+    request = analysis_request(model, settings, device, amp_dtype, seq_len, pass_=pass_,
+                               loss=loss, backward_autocast=backward_autocast)  # fmt: skip
     if record_path is not None:
         check_writable(Path(record_path), "record")  # before the work, not after it
     results: list[Any] = []
@@ -382,13 +386,7 @@ def verify(
                 click.echo(line)
         results.extend(value)
 
-    # The model's code runs for real in a process group the command kills at --timeout, as
-    # every analysis does; torch and the device are there, never here (a CUDA context made
-    # before the fork would not work in it).
-    _verify_beside(
-        take, model, resolved, seq_len=seq_len, random_seed=random_seed, pass_=pass_,
-        loss=loss, backward_autocast=backward_autocast, train=bool(options),
-    )  # fmt: skip
+    verify_spec(request, take, random_seed=random_seed)
     if record_path is not None:
         from ampgraph.verify import write_record
 
@@ -407,54 +405,3 @@ def verify(
             f"{failed} disagreement{'s' if failed != 1 else ''} between the annotations and "
             "real execution"
         )
-
-
-def _verify_beside(
-    take: Any, model: str, resolved: Sequence[Setting], *, seq_len: int, random_seed: int,
-    pass_: str, loss: str | None, backward_autocast: bool, train: bool,
-) -> None:  # fmt: skip
-    """``verify``'s work in a process group of its own (:func:`ampgraph.pipeline.workers.beside`),
-    killed at ``--timeout``: ``take`` receives ``("progress", note)`` and ``("step", results)``
-    for each setting. In this process, under the alarm, where torch has run here already."""
-    from ampgraph.model.usercode import model_code, overdue_message
-    from ampgraph.pipeline.workers import beside
-
-    force, timeout = forced(), timeout_seconds()
-
-    def produce(send: Any) -> None:
-        from ampgraph.pipeline.run import prepare
-        from ampgraph.train.verify import verify_train
-        from ampgraph.verify import resolve_device
-        from ampgraph.verify import verify as verify_model
-
-        for setting in resolved:
-            resolve_device(setting)  # no GPU: one line now, before the model is built
-        send(("progress", f"building {model} on the meta device..."))
-        with model_code():  # its prints go to stderr; the lines between are ours
-            built = prepare(model, seq_len=seq_len, force=force)
-        for i, setting in enumerate(resolved, 1):
-            send(("progress", f"verifying {setting.name} on real tensors ({i} of {len(resolved)})"))
-            step: list[Any] = []
-            with model_code():
-                if pass_ != "backward":
-                    step.append(verify_model(built, setting, random_seed=random_seed, force=force))
-                if train:
-                    step.append(verify_train(
-                        built, setting, random_seed=random_seed, force=force, loss=loss,
-                        backward_autocast=backward_autocast,
-                    ))  # fmt: skip
-            send(("step", step))
-
-    if "torch" in sys.modules:
-        # A process that has run torch's CPU kernels (a test runner, a notebook calling the
-        # command) cannot fork one that runs them again: OpenMP's threads do not survive a
-        # fork, and the child waited on them forever. Here, as before, with the alarm.
-        from ampgraph.model.usercode import deadline
-
-        with deadline(timeout):
-            produce(take)
-        return
-    beside(
-        produce, take, 1 + 2 * len(resolved), name="verification", timeout=timeout,
-        overdue=overdue_message(timeout) if timeout else "", group=True,
-    )  # fmt: skip

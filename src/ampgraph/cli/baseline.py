@@ -16,7 +16,7 @@ from ampgraph.cli.options import (
     resolve_settings,
     seq_len_option,
 )
-from ampgraph.cli.reports import analysed
+from ampgraph.cli.reports import analysed, analysis_request
 from ampgraph.report.markdown import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS
@@ -56,7 +56,7 @@ def _baseline_report(
     model: str, settings: list[str], device: str, amp_dtype: str, seq_len: int
 ) -> Report:
     """The report a baseline snapshots: of ``settings``' one, or (none) the --recipe's."""
-    return analysed(model, settings, device, amp_dtype, seq_len, check=False)[0]
+    return analysed(analysis_request(model, settings, device, amp_dtype, seq_len, check=False))[0]
 
 
 @baseline_group.command(name="write")
