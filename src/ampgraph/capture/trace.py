@@ -30,12 +30,18 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.casts import cast_outputs
+from ampgraph.capture.data_path import (
+    DATA_PATH_METHODS,
+    DRAFT_EXPORT,
+    EXPORT_DATA_PATH,
+    branches_on_data,
+    trace_data_path,
+)
 from ampgraph.capture.engines import (
     ENGINES,
     EXPORT,
     MAKE_FX,
     Traced,
-    _draft_export,
     _export,
     keeping_stack_traces,
     make_fx_available,
@@ -43,11 +49,10 @@ from ampgraph.capture.engines import (
 from ampgraph.capture.grad_params import mark_requires_grad
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
 from ampgraph.capture.outputs import output_paths
-from ampgraph.capture.raises import as_a_real_run, ends_at_a_raise, on_a_real_run
+from ampgraph.capture.raises import as_a_real_run, on_a_real_run
 from ampgraph.capture.retrace import (
     OnARealRunPath,
     autograd_refused,
-    draft_to_the_guard,
     past_python_raise,
     real_run_why,
 )
@@ -60,7 +65,6 @@ from ampgraph.torchutil import (
     fake_device_built,
     simulated_cuda_amp,
     torch_dtype,
-    unbacked_values,
 )
 
 #: The methods that trace the model in its setting, so that trace-time dtype reads are the
@@ -71,22 +75,6 @@ EXPORT_META_REPLAY = "export-meta-replay"
 #: ``half`` setting of a model fed fp32 inputs, an op autocast does not cover fed mixed dtypes),
 #: then replayed with the setting's dtypes and autocast.
 EXPORT_RETYPED = "export-retyped"
-#: A forward that branches on data (a detection model's ``if boxes.numel() == 0`` after NMS)
-#: cannot be traced on fake tensors, which have no values. Traced instead by
-#: ``torch.export.draft_export`` on real, seeded random weights and inputs on the CPU, with fp32
-#: parameters and no autocast; each branch on data is decided as those values decide it (listed
-#: in :attr:`Capture.data_dependent`), then replayed in the setting like ``export-retyped``.
-DRAFT_EXPORT = "draft-export"
-#: A forward that branches on data, traced in its setting like ``export`` (fake tensors of the
-#: setting's device and dtypes, autocast on), with each size that depends on data given the value
-#: the ``draft-export`` run found for it: every branch on data is decided as that run decided it
-#: (:attr:`Capture.data_dependent`), and every dtype the code reads at trace time is the
-#: setting's own, which a retyped fp32 trace cannot give (a detector's anchors follow its
-#: feature maps' dtype). Where that trace raises (the ``half`` setting's first layer), the
-#: ``draft-export`` graph is replayed instead.
-EXPORT_DATA_PATH = "export-data-path"
-#: Every method that decides branches on data (the report lists the branches).
-DATA_PATH_METHODS = (DRAFT_EXPORT, EXPORT_DATA_PATH)
 
 
 @dataclass(frozen=True)
@@ -275,19 +263,6 @@ def _traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
     return tracers.traced_by(model) if tracers is not None else (EXPORT, ())
 
 
-def _branches_on_data(exc: BaseException) -> bool:
-    """Whether export failed because the forward branched on a data-dependent value."""
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, GuardOnDataDependentSymNode) or "data-dependent" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
-
-
 def _check_fake_device(device_type: str) -> None:
     """One line where this build cannot trace fake ``device_type`` tensors
     (:func:`~ampgraph.torchutil.fake_device_built`); the analysis traces such a setting on CUDA
@@ -299,52 +274,6 @@ def _check_fake_device(device_type: str) -> None:
             f"on it here; 'ampgraph table --device {device_type}' predicts it from its lists on "
             f"a CUDA trace, and a torch built with {device_type} verifies it"
         )
-
-
-def _trace_on_path(
-    model: ModelInputs,
-    setting: Setting,
-    recorder: ModuleIORecorder,
-    unbacked: dict[str, int | float],
-) -> Traced | None:
-    """Trace in ``setting`` with each data-dependent value given as ``unbacked`` has it; None
-    where the forward still branches on a value it lacks (a branch the setting's dtypes reach
-    and the run that found ``unbacked`` did not). Any other error is raised."""
-    try:
-        with unbacked_values(unbacked):
-            return _export(model, setting.device_type, torch_dtype(setting.param_dtype), setting)
-    except Exception as exc:
-        if not _branches_on_data(exc):
-            raise
-        recorder.reset()
-        return None
-
-
-def _follow_setting_run(
-    model: ModelInputs,
-    setting: Setting,
-    recorder: ModuleIORecorder,
-    neutral: list[str],
-    unbacked: dict[str, int | float],
-) -> tuple[Traced, list[str], dict[str, int | float]]:
-    """The graph in ``setting`` along the path a run in its own dtypes takes on seeded values,
-    with that run's branches and values. Where no such run decides it (the CPU cannot run the
-    setting's dtypes), ``neutral`` gains a line saying the graph past the branch is the fp32
-    run's path, and the error propagates to the caller's fallback (the draft graph)."""
-    try:
-        _, branches, values = _draft_export(model, setting)
-        recorder.reset()
-        program = _trace_on_path(model, setting, recorder, values)
-        if program is None:
-            raise CaptureError("the run in its dtypes left a branch on data undecided")
-    except Exception as exc:  # the CPU cannot run the setting's dtypes here, or it raised
-        neutral.append(
-            f"the {setting.name} setting branches on data where the fp32 run does not, and no "
-            f"run in its dtypes decided it ({error_line(exc)}): past that branch the graph is "
-            "the fp32 run's path, not analysed in this setting"
-        )
-        raise
-    return program, branches, values
 
 
 @contextlib.contextmanager
@@ -451,8 +380,8 @@ def _after_raise(
 ) -> _Found:  # fmt: skip
     """The graph where the trace in the setting raised ``exc``: on a real run's path past a
     Python raise, on past the op that raised, retyped to fp32, or along the data's path."""
-    if _branches_on_data(exc):
-        return _trace_data_path(model, setting, recorder)
+    if branches_on_data(exc):
+        return _data_path(model, setting, recorder)
     found = past_python_raise(model, setting, recorder, exc, reads, engine)
     if found is not None:
         program, real_run = found
@@ -469,39 +398,16 @@ def _after_raise(
     except Exception as again:  # the same rule again
         # The half setting of a detector: its first layer raises, and the
         # neutral trace then stops where the forward branches on data.
-        if again is exc or not _branches_on_data(again):
+        if again is exc or not branches_on_data(again):
             raise
-        return _trace_data_path(model, setting, recorder)
+        return _data_path(model, setting, recorder)
     return _Found(program, EXPORT_RETYPED, reads, raised=raised)
 
 
-def _trace_data_path(
-    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder
-) -> _Found:
-    """A forward that branches on data: traced by ``draft-export`` on seeded values, then
-    again in the setting along that path where it can be (``export-data-path``)."""
-    recorder.reset()
-    program, data_dependent, unbacked = draft_to_the_guard(model, recorder)
-    method = DRAFT_EXPORT
-    draft = (program, dict(recorder.calls), list(recorder.order))
-    recorder.reset()
-    try:
-        if ends_at_a_raise(program.graph_module):  # so would any trace
-            raise CaptureError("no run decides a size there: the draft")
-        on_path = _trace_on_path(model, setting, recorder, unbacked)
-        if on_path is None:  # the setting branches on data the neutral run
-            # never met (inside `if x.dtype == torch.float16`): follow a run
-            # in the setting's own dtypes, or say the graph cannot follow it.
-            on_path, data_dependent, unbacked = _follow_setting_run(
-                model, setting, recorder, data_dependent, unbacked
-            )
-        program, method = on_path, EXPORT_DATA_PATH
-    except Exception:  # noqa: BLE001 - it raises in its setting: the draft
-        program, calls, order = draft
-        recorder.calls.clear()
-        recorder.calls.update(calls)
-        recorder.order[:] = order
-    # Traced on data values: this graph serves its setting only (no reads).
+def _data_path(model: ModelInputs, setting: Setting, recorder: ModuleIORecorder) -> _Found:
+    """:func:`~ampgraph.capture.data_path.trace_data_path`: traced on data values, this graph
+    serves its setting only (no reads)."""
+    program, method, data_dependent, unbacked = trace_data_path(model, setting, recorder)
     return _Found(program, method, None, data_dependent, unbacked)
 
 
