@@ -33,6 +33,7 @@ from ampgraph.errors import SettingError
 from ampgraph.model.build import ModelInputs
 from ampgraph.pipeline.calls import module_calls
 from ampgraph.pipeline.request import AnalysisRequest
+from ampgraph.pipeline.sharing import shared_capture
 from ampgraph.pipeline.workers import default_workers, die_with_parent, run_in_fork
 from ampgraph.policy import release_in_use
 from ampgraph.report.records import NodeRecord, Report
@@ -294,64 +295,6 @@ def _add_training_step(
         from ampgraph.train.check import check_backward
 
         check_backward(trace, report.backward)
-
-
-def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeRecord]] | str:
-    """``base``'s graph for ``setting``, with its annotation there, if it is the graph a capture
-    in ``setting`` would give; else why not, in one line.
-
-    It is when both settings have one :attr:`~ampgraph.settings.Setting.graph_key` (device type,
-    parameter dtype, a recipe's input, buffer and output dtypes) and everything the
-    traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.capture.reads`). A
-    graph traced on the meta device was traced without autocast: the same for any such setting.
-    """
-    from ampgraph.capture.reads import serves
-    from ampgraph.capture.trace import EXPORT_META_REPLAY, IN_SETTING
-
-    if base.setting.graph_key != setting.graph_key:
-        # Input, buffer and output dtypes (a recipe's) change the graph as parameters do.
-        return "another device type or parameter, buffer, input or output dtype"
-    method = base.method.rsplit("+", 1)[-1]
-    own_only = base.graph_of is not None or base.real_run is not None
-    if own_only or method not in (*IN_SETTING, EXPORT_META_REPLAY):
-        return f"a graph captured by {base.method} serves only its own setting"
-    shared = replace(base, setting=setting, graph_of=base.setting.name)
-    if base.reads is None:
-        return shared, annotate(shared)
-    layout_nodes = {r.node for r in base.reads if r.kind == "layout" and r.node}
-    records, layouts = annotate_observing(shared, layout_nodes)
-    why = serves(base.reads, setting, records, layouts)
-    if why is None and any(r.error for r in records):
-        # A capture in this setting raises and is traced again (capture.EXPORT_RETYPED); so is
-        # this one, so that its report reads as it always has.
-        why = f"the forward raises in {setting.name}"
-    return why if why is not None else (shared, records)
-
-
-def annotate_observing(
-    capture: Capture, names: set[str]
-) -> tuple[list[NodeRecord], dict[str, str]]:
-    """Annotate ``capture`` (:func:`ampgraph.annotate.annotator.annotate`), noting the layout of the values
-    of the top-level nodes in ``names`` as the annotation computes them."""
-    from torch import fx
-
-    from ampgraph.annotate.annotator import AutocastAnnotator
-    from ampgraph.annotate.replay import fake_session
-    from ampgraph.capture.reads import layout_of
-
-    layouts: dict[str, str] = {}
-
-    class Observing(AutocastAnnotator):
-        def run_node(self, n: fx.Node) -> Any:
-            value = super().run_node(n)
-            if n.name in names and isinstance(value, torch.Tensor):
-                layouts[n.name] = layout_of(value)
-            return value
-
-    annotator = Observing(capture)
-    with fake_session(capture.setting):
-        annotator.run_graph()
-    return annotator.records, layouts
 
 
 def analyze_group(
