@@ -19,8 +19,9 @@ from ampgraph.cli.options import (
     train_options,
 )
 from ampgraph.cli.reports import (
+    AnalysisOptions,
     analysed,
-    analysis_request,
+    gathers_analysis_options,
     load_reports,
     refuse_model_with_reports,
 )
@@ -44,11 +45,8 @@ from ampgraph.settings import Setting
 )
 @no_check_option
 @pass_options
-def table(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    only: str | None, fmt: str, no_check: bool, pass_: str, loss: str | None,
-    backward_autocast: bool,
-) -> None:  # fmt: skip
+@gathers_analysis_options
+def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
     """Print the dtype of every leaf-module call, as forward hooks would.
 
     Each line is the seed notebook's hook line, e.g.
@@ -72,15 +70,13 @@ def table(
     from ampgraph.report.text import hook_lines, markdown_table
     from ampgraph.train.formats import backward_lines, markdown_train
 
-    train_options(pass_, loss, backward_autocast)  # a usage error first, as it always was
+    pass_ = analysis.pass_
+    train_options(pass_, analysis.loss, analysis.backward_autocast)  # a usage error first
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
     if classes and fmt == "json":
         raise click.UsageError("--only selects lines of text or markdown: --format json prints "
                                "the whole report")  # fmt: skip
-    reports = analysed(analysis_request(
-        model, settings, device, amp_dtype, seq_len, check=not no_check, pass_=pass_, loss=loss,
-        backward_autocast=backward_autocast,
-    ))  # fmt: skip
+    reports = analysed(analysis.request())
     if classes:
         refuse_unknown_classes(classes, reports[0])
     if fmt == "json":
@@ -131,10 +127,8 @@ def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
     "and disagreements; markdown: a table for a pull request.",
 )
 @pass_options
-def check_command(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    fmt: str, pass_: str, loss: str | None, backward_autocast: bool,
-) -> None:  # fmt: skip
+@gathers_analysis_options
+def check_command(analysis: AnalysisOptions, fmt: str) -> None:
     """Check every annotation against the PyTorch dispatcher; exit 1 on any disagreement.
 
     The dispatcher check replays the graph with the real autocast kernels on fake tensors (no GPU
@@ -155,10 +149,8 @@ def check_command(
     from ampgraph.report.text import check_markdown, check_record, check_summary, disagreement_lines
     from ampgraph.train.formats import backward_check_lines
 
-    failed = 0
-    request = analysis_request(model, settings, device, amp_dtype, seq_len, pass_=pass_,
-                               loss=loss, backward_autocast=backward_autocast)  # fmt: skip
-    reports = analysed(request, warn_unchecked=False)
+    failed, pass_ = 0, analysis.pass_
+    reports = analysed(analysis.request(), warn_unchecked=False)
     for report in reports:
         if report.check is None:
             raise click.ClickException(
@@ -234,11 +226,10 @@ def check_command(
 )
 @no_check_option
 @pass_options
+@gathers_analysis_options
 def render(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool, theme: str,
-    report_paths: tuple[Path, ...], no_check: bool, pass_: str, loss: str | None,
-    backward_autocast: bool,
+    analysis: AnalysisOptions, out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool,
+    theme: str, report_paths: tuple[Path, ...],
 ) -> None:  # fmt: skip
     """Draw the dtype flow as Graphviz diagrams, one file per setting plus an overview.
 
@@ -278,24 +269,19 @@ def render(
 
     if report_paths:
         refuse_model_with_reports()
-        if settings:
+        if analysis.settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
-        if loss is not None or backward_autocast:
+        if analysis.loss is not None or analysis.backward_autocast:
             raise click.UsageError("--loss and --backward-in-autocast need MODEL, not --report")
         load_renderer()
         reports = load_reports(report_paths)
     else:
-        request = analysis_request(
-            model, settings, device, amp_dtype, seq_len, check=not no_check, pass_=pass_,
-            loss=loss, backward_autocast=backward_autocast,
-        )  # fmt: skip
-        reports = analysed(request, meanwhile=load_renderer)
+        reports = analysed(analysis.request(), meanwhile=load_renderer)
     from ampgraph.render import render_files
 
     progress(f"laying out {len(reports)} diagram{'s' if len(reports) != 1 else ''} with dot")
-    paths = render_files(
-        reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme, pass_=pass_
-    )
+    paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold,
+                         theme=theme, pass_=analysis.pass_)  # fmt: skip
     progress_done()
     for path in paths:
         click.echo(str(path))
@@ -327,11 +313,10 @@ def render(
     "text: a line per setting and per disagreement; json: the record --record writes.",
 )
 @pass_options
+@gathers_analysis_options
 def verify(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    record_path: Path | None, random_seed: int, fmt: str, pass_: str, loss: str | None,
-    backward_autocast: bool,
-) -> None:  # fmt: skip
+    analysis: AnalysisOptions, record_path: Path | None, random_seed: int, fmt: str
+) -> None:
     """Prove the annotations against real execution; exit 1 on any disagreement.
 
     Builds MODEL on --device with random weights and runs it for real under torch.autocast, in
@@ -368,8 +353,7 @@ def verify(
     from ampgraph.report.files import check_writable
     from ampgraph.verify.spec_run import verify_spec
 
-    request = analysis_request(model, settings, device, amp_dtype, seq_len, pass_=pass_,
-                               loss=loss, backward_autocast=backward_autocast)  # fmt: skip
+    request = analysis.request()
     if record_path is not None:
         check_writable(Path(record_path), "record")  # before the work, not after it
     results: list[Any] = []

@@ -4,9 +4,11 @@ report files (--report), never both.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -22,6 +24,8 @@ from ampgraph.report.records import Report
 
 if TYPE_CHECKING:
     from ampgraph.pipeline.request import AnalysisRequest
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def analysis_request(
@@ -39,6 +43,51 @@ def analysis_request(
         model_spec, tuple(resolve_settings(settings, device, amp_dtype)), seq_len=seq_len,
         check=check, sources=sources, force=forced(), timeout=timeout_seconds(), **train,
     )  # fmt: skip
+
+
+#: The parameters of a command's analysis, which the command receives as one
+#: :class:`AnalysisOptions` (:func:`gathers_analysis_options`).
+ANALYSIS_PARAMETERS = (
+    "model", "settings", "device", "amp_dtype", "seq_len", "no_check", "pass_", "loss",
+    "backward_autocast",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """What the command line says of the analysis a command runs, as it was typed; its
+    :meth:`request` is the :class:`~ampgraph.pipeline.request.AnalysisRequest`."""
+
+    model: str
+    settings: tuple[str, ...]
+    device: str
+    amp_dtype: str
+    seq_len: int
+    no_check: bool = False
+    pass_: str = "forward"
+    loss: str | None = None
+    backward_autocast: bool = False
+
+    def request(self, *, sources: bool = False) -> AnalysisRequest:
+        """The request these options make (:func:`analysis_request`)."""
+        return analysis_request(
+            self.model, self.settings, self.device, self.amp_dtype, self.seq_len,
+            check=not self.no_check, pass_=self.pass_, loss=self.loss,
+            backward_autocast=self.backward_autocast, sources=sources,
+        )  # fmt: skip
+
+
+def gathers_analysis_options(f: F) -> F:
+    """The innermost decorator of a command that analyses a model: the command receives its
+    :data:`ANALYSIS_PARAMETERS` as one :class:`AnalysisOptions` (its first argument), the
+    rest as they are."""
+
+    @functools.wraps(f)
+    def command(**params: Any) -> Any:
+        given = {name: params.pop(name) for name in ANALYSIS_PARAMETERS if name in params}
+        return f(AnalysisOptions(**given), **params)
+
+    return command  # type: ignore[return-value]
 
 
 def analysed(

@@ -25,8 +25,9 @@ from ampgraph.cli.options import (
     timeout_seconds,
 )
 from ampgraph.cli.reports import (
+    AnalysisOptions,
     analysed,
-    analysis_request,
+    gathers_analysis_options,
     load_reports,
     refuse_model_with_reports,
 )
@@ -59,9 +60,10 @@ from ampgraph.settings import PRESETS, Setting
     "the same model and setting: values that overflow (error), flush to zero (warning) or lose "
     "bits as subnormals (note). Repeat for several; needs no torch.",
 )  # fmt: skip
+@gathers_analysis_options
 def audit(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int, fmt: str,
-    fail_on: str, report_paths: tuple[Path, ...], no_check: bool, ranges_paths: tuple[Path, ...],
+    analysis: AnalysisOptions, fmt: str, fail_on: str, report_paths: tuple[Path, ...],
+    ranges_paths: tuple[Path, ...],
 ) -> None:  # fmt: skip
     """Findings where dtypes meet: promotions, autocast casts, hazards, 16-bit risks.
 
@@ -85,13 +87,12 @@ def audit(
 
     if report_paths:
         refuse_model_with_reports()
-        if settings:
+        if analysis.settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         reports = load_reports(report_paths)
     else:
         # Source lines for the findings: the capture keeps stack traces, for audit alone.
-        reports = analysed(analysis_request(model, settings, device, amp_dtype, seq_len,
-                                            check=not no_check, sources=True))  # fmt: skip
+        reports = analysed(analysis.request(sources=True))
     findings = [audit_lib.audit(r) for r in reports]
     if ranges_paths:
         from ampgraph.review.ranges import attach, load_ranges
