@@ -278,7 +278,7 @@ def test_a_config_holding_nan_is_still_a_model_to_diff(tmp_path: Path) -> None:
     )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config | {"some_threshold": float("nan")}))
-    from ampgraph.cli.review import _report_file
+    from ampgraph.cli.review_commands import _report_file
 
     assert _report_file(str(path)) is None
 

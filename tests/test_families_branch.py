@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-import ampgraph.capture.trace as trace_module
+import ampgraph.capture.data_path as trace_module  # the data path moved out of trace.py
 from ampgraph import analyze
 from ampgraph.model.build import ModelInputs
 from ampgraph.report.printed import hook_lines

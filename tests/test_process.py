@@ -300,7 +300,7 @@ def test_reports_cross_to_a_process_without_torch(tmp_path: Path) -> None:
 
 def test_an_error_that_does_not_pickle_still_crosses_from_the_process_beside() -> None:
     """What the dispatcher check's process and the analysis process share (workers.beside)."""
-    from ampgraph.pipeline.workers import beside
+    from ampgraph.pipeline.workers import run_in_fork as beside
 
     class Local(Exception):  # a class pickle cannot find by name
         pass

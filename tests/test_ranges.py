@@ -389,7 +389,7 @@ def test_overlay_colours_each_box_by_its_headroom(tmp_path: Any) -> None:
 def test_an_overlay_is_titled_as_asked(tmp_path: Any) -> None:
     """A figure for a reader says what it shows (docs/ranges.md's: "Tower ..."), not the spec's
     path: the title changes, the file's name (by the model) and every box stay as they were."""
-    from ampgraph.ranges.overlay import overlay_sources, write_overlays
+    from ampgraph.render.range_overlay import overlay_sources, write_overlays
 
     result = _result("tower", ("amp-fp32",), "fp16")
     plain = overlay_sources(result)["amp-fp32"]

@@ -227,7 +227,7 @@ def test_a_process_beside_that_ends_with_status_0_and_no_result_is_an_error() ->
     code = """
         import os
         from ampgraph.errors import AnalysisError
-        from ampgraph.pipeline.workers import beside
+        from ampgraph.pipeline.workers import run_in_fork as beside
         try:
             beside(lambda send: os._exit(0), print, 1, name="analysis")
         except AnalysisError as exc:

@@ -198,7 +198,7 @@ class Setting:
     @property
     def graph_key(self) -> tuple[str, ...]:
         """What a captured graph depends on besides autocast: settings with one key may share
-        a graph (:func:`ampgraph.pipeline.stages.shared_capture`).
+        a graph (:func:`ampgraph.pipeline.sharing.shared_capture`).
 
         >>> Setting.parse("half").graph_key == Setting.parse("amp-half").graph_key
         True

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,7 +30,13 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.casts import cast_outputs
-from ampgraph.capture.draft_export import _draft_export
+from ampgraph.capture.data_path import (
+    DATA_PATH_METHODS,
+    DRAFT_EXPORT,
+    EXPORT_DATA_PATH,
+    branches_on_data,
+    trace_data_path,
+)
 from ampgraph.capture.engines import (
     ENGINES,
     EXPORT,
@@ -43,15 +49,14 @@ from ampgraph.capture.engines import (
 from ampgraph.capture.grad_params import mark_requires_grad
 from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
 from ampgraph.capture.outputs import output_paths
-from ampgraph.capture.raises import as_a_real_run, ends_at_a_raise, on_a_real_run
-from ampgraph.capture.reads import TraceReads, drop_past_raise
+from ampgraph.capture.raises import as_a_real_run, on_a_real_run
 from ampgraph.capture.retrace import (
     OnARealRunPath,
     autograd_refused,
-    draft_to_the_guard,
     past_python_raise,
     real_run_why,
 )
+from ampgraph.capture.reads import TraceReads, drop_past_raise
 from ampgraph.errors import CaptureError
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
@@ -60,7 +65,6 @@ from ampgraph.torchutil import (
     fake_device_built,
     simulated_cuda_amp,
     torch_dtype,
-    unbacked_values,
 )
 
 #: The methods that trace the model in its setting, so that trace-time dtype reads are the
@@ -71,22 +75,6 @@ EXPORT_META_REPLAY = "export-meta-replay"
 #: ``half`` setting of a model fed fp32 inputs, an op autocast does not cover fed mixed dtypes),
 #: then replayed with the setting's dtypes and autocast.
 EXPORT_RETYPED = "export-retyped"
-#: A forward that branches on data (a detection model's ``if boxes.numel() == 0`` after NMS)
-#: cannot be traced on fake tensors, which have no values. Traced instead by
-#: ``torch.export.draft_export`` on real, seeded random weights and inputs on the CPU, with fp32
-#: parameters and no autocast; each branch on data is decided as those values decide it (listed
-#: in :attr:`Capture.data_dependent`), then replayed in the setting like ``export-retyped``.
-DRAFT_EXPORT = "draft-export"
-#: A forward that branches on data, traced in its setting like ``export`` (fake tensors of the
-#: setting's device and dtypes, autocast on), with each size that depends on data given the value
-#: the ``draft-export`` run found for it: every branch on data is decided as that run decided it
-#: (:attr:`Capture.data_dependent`), and every dtype the code reads at trace time is the
-#: setting's own, which a retyped fp32 trace cannot give (a detector's anchors follow its
-#: feature maps' dtype). Where that trace raises (the ``half`` setting's first layer), the
-#: ``draft-export`` graph is replayed instead.
-EXPORT_DATA_PATH = "export-data-path"
-#: Every method that decides branches on data (the report lists the branches).
-DATA_PATH_METHODS = (DRAFT_EXPORT, EXPORT_DATA_PATH)
 
 
 @dataclass(frozen=True)
@@ -275,23 +263,10 @@ def _traced_by(model: ModelInputs) -> tuple[str, tuple[str, ...]]:
     return tracers.traced_by(model) if tracers is not None else (EXPORT, ())
 
 
-def _branches_on_data(exc: BaseException) -> bool:
-    """Whether export failed because the forward branched on a data-dependent value."""
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, GuardOnDataDependentSymNode) or "data-dependent" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
-
-
 def _check_fake_device(device_type: str) -> None:
     """One line where this build cannot trace fake ``device_type`` tensors
     (:func:`~ampgraph.torchutil.fake_device_built`); the analysis traces such a setting on CUDA
-    instead (:func:`ampgraph.pipeline.stages.stand_in`), a run (``verify``) cannot."""
+    instead (:func:`ampgraph.pipeline.stages.traced_setting`), a run (``verify``) cannot."""
     if not fake_device_built(device_type):
         raise CaptureError(
             f"torch {torch.__version__} is built without {device_type}: fake {device_type} "
@@ -299,52 +274,6 @@ def _check_fake_device(device_type: str) -> None:
             f"on it here; 'ampgraph table --device {device_type}' predicts it from its lists on "
             f"a CUDA trace, and a torch built with {device_type} verifies it"
         )
-
-
-def _trace_on_path(
-    model: ModelInputs,
-    setting: Setting,
-    recorder: ModuleIORecorder,
-    unbacked: dict[str, int | float],
-) -> Traced | None:
-    """Trace in ``setting`` with each data-dependent value given as ``unbacked`` has it; None
-    where the forward still branches on a value it lacks (a branch the setting's dtypes reach
-    and the run that found ``unbacked`` did not). Any other error is raised."""
-    try:
-        with unbacked_values(unbacked):
-            return _export(model, setting.device_type, torch_dtype(setting.param_dtype), setting)
-    except Exception as exc:
-        if not _branches_on_data(exc):
-            raise
-        recorder.reset()
-        return None
-
-
-def _follow_setting_run(
-    model: ModelInputs,
-    setting: Setting,
-    recorder: ModuleIORecorder,
-    neutral: list[str],
-    unbacked: dict[str, int | float],
-) -> tuple[Traced, list[str], dict[str, int | float]]:
-    """The graph in ``setting`` along the path a run in its own dtypes takes on seeded values,
-    with that run's branches and values. Where no such run decides it (the CPU cannot run the
-    setting's dtypes), ``neutral`` gains a line saying the graph past the branch is the fp32
-    run's path, and the error propagates to the caller's fallback (the draft graph)."""
-    try:
-        _, branches, values = _draft_export(model, setting)
-        recorder.reset()
-        program = _trace_on_path(model, setting, recorder, values)
-        if program is None:
-            raise CaptureError("the run in its dtypes left a branch on data undecided")
-    except Exception as exc:  # the CPU cannot run the setting's dtypes here, or it raised
-        neutral.append(
-            f"the {setting.name} setting branches on data where the fp32 run does not, and no "
-            f"run in its dtypes decided it ({error_line(exc)}): past that branch the graph is "
-            "the fp32 run's path, not analysed in this setting"
-        )
-        raise
-    return program, branches, values
 
 
 @contextlib.contextmanager
@@ -359,8 +288,27 @@ def training_mode(module: nn.Module, training: bool) -> Iterator[None]:
             m.training = flag
 
 
+@dataclass
+class _Found:
+    """What tracing found, before it is a :class:`Capture`: the program and how it was made."""
+
+    program: Any
+    method: str
+    #: What the traced code read of the setting; None for a graph that serves its own only.
+    reads: TraceReads | None
+    data_dependent: list[str] = field(default_factory=list)
+    unbacked: dict[str, int | float] = field(default_factory=dict)
+    raised: dict[str, Any] | None = None
+    real_run: str | None = None
+
+
 def capture(
-    model: ModelInputs, setting: Setting, *, training: bool = False, engine: str | None = None
+    model: ModelInputs,
+    setting: Setting,
+    *,
+    training: bool = False,
+    engine: str | None = None,
+    without_grad: bool = False,
 ) -> Capture:
     """Trace ``model`` in ``setting`` and return the graph with what replaying it needs.
 
@@ -369,7 +317,9 @@ def capture(
     the model's own, ``make-fx`` unless :func:`ampgraph.pipeline.stages.trace` said otherwise) is
     ``make-fx`` or ``export``: the same graph, traced by ``make_fx`` with export's passes or by
     ``torch.export.export`` itself (``--tracer export``). A graph an FX tracer made is always
-    lowered by export.
+    lowered by export. ``without_grad`` traces the forward under ``torch.no_grad()``, as
+    inference runs it; by default grad mode is on, whatever the caller's, and a forward that
+    runs only without gradients is traced so on its own (:func:`_after_failure`).
     """
     engine = engine or model.engine
     if engine not in ENGINES:
@@ -377,118 +327,142 @@ def capture(
     _check_fake_device(setting.device_type)
     if engine == MAKE_FX and not make_fx_available():
         engine = EXPORT
-    param_dtype = torch_dtype(setting.param_dtype)
     tracer, dtype_branches = _traced_by(model)
     if tracer != EXPORT:
         engine = EXPORT
-    method = engine
-    trace_in_setting = ENGINES[engine]
-    data_dependent: list[str] = []
-    unbacked: dict[str, int | float] = {}
-    raised: dict[str, Any] | None = None
-    real_run: str | None = None
     recorder = ModuleIORecorder(model.module)
-    mode = training_mode(model.module, True) if training else contextlib.nullcontext()
-    reads: TraceReads | None = TraceReads()
     try:
-        # Grad mode on, whatever the caller's: export records a model's own torch.no_grad()
-        # region (Llama's rotary embedding) only where grad was on around it, so a notebook
-        # cell under torch.no_grad() would otherwise get another graph than the CLI. A forward
-        # that runs only without gradients is traced so (:func:`_without_grad`).
-        grad = torch.no_grad() if _NO_GRAD[0] else torch.enable_grad()
-        with recorder, mode, grad:
-            if can_trace_fake(setting.device_type):
-                try:
-                    program = trace_in_setting(
-                        model, setting.device_type, param_dtype, setting, reads
-                    )
-                except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
-                    on_data = _branches_on_data(exc)
-                    found = None if on_data else past_python_raise(
-                        model, setting, recorder, exc, reads, engine
-                    )
-                    if found is not None:
-                        (program, real_run), on_data = found, False
-                    elif not on_data:
-                        raised = recorder.raised(exc)
-                        try:
-                            program = _trace_past_raise(
-                                model, setting, recorder, exc, reads, engine
-                            )
-                        except Exception:  # noqa: BLE001 - it cannot: fp32 parameters, as before
-                            program = None
-                        try:
-                            if program is None:
-                                program = _retrace_neutral(
-                                    model, setting, recorder, exc, reads, engine
-                                )
-                                method = EXPORT_RETYPED
-                        except Exception as again:  # the same rule again
-                            # The half setting of a detector: its first layer raises, and the
-                            # neutral trace then stops where the forward branches on data.
-                            if again is exc or not _branches_on_data(again):
-                                raise
-                            on_data = True
-                    if on_data:
-                        recorder.reset()
-                        program, data_dependent, unbacked = draft_to_the_guard(model, recorder)
-                        method = DRAFT_EXPORT
-                        reads = None  # traced on data values: this graph serves its setting only
-                        draft = (program, dict(recorder.calls), list(recorder.order))
-                        recorder.reset()
-                        try:
-                            if ends_at_a_raise(program.graph_module):  # so would any trace
-                                raise CaptureError("no run decides a size there: the draft")
-                            on_path = _trace_on_path(model, setting, recorder, unbacked)
-                            if on_path is None:  # the setting branches on data the neutral run
-                                # never met (inside `if x.dtype == torch.float16`): follow a run
-                                # in the setting's own dtypes, or say the graph cannot follow it.
-                                on_path, data_dependent, unbacked = _follow_setting_run(
-                                    model, setting, recorder, data_dependent, unbacked
-                                )
-                            program, method = on_path, EXPORT_DATA_PATH
-                        except Exception:  # noqa: BLE001 - it raises in its setting: the draft
-                            program, calls, order = draft
-                            recorder.calls.clear()
-                            recorder.calls.update(calls)
-                            recorder.order[:] = order
-            else:
-                method = EXPORT_META_REPLAY
-                reads = None  # traced without autocast: the same graph for the whole group
-                # Traced on meta, but a torch.autocast("cuda") region in the model still means
-                # what it does on a GPU: do not let it disable itself for want of one.
-                with (
-                    simulated_cuda_amp(setting.device_type),
-                    cast_outputs(model.module, setting, every=True),
-                ):
-                    # Autocast off, and the output cast recorded above: the setting's tensors.
-                    tensors = replace(setting, autocast=False, output_dtype=None)
-                    program = _export(model, "meta", param_dtype, tensors)
+        found = _trace(model, setting, recorder, engine, training, without_grad)
     except OnARealRunPath as switch:  # export's path raised where a real run's does not
-        return _on_a_real_run_path(model, setting, training, engine, switch.why)
+        return _on_a_real_run_path(model, setting, training, engine, switch.why, without_grad)
     except CaptureError:
         raise
     except Exception as exc:  # export raises many types; all mean "this model did not trace"
-        by = "make_fx" if engine == MAKE_FX and method != EXPORT_META_REPLAY else "torch.export"
-        failed = CaptureError(
-            f"{by} could not trace {model.name!r}: {error_line(exc)} "
-            "(make the forward traceable, or pass example inputs it accepts)"
-        )
-        if autograd_refused(exc):
-            if training:  # a training step raises it too: it is the finding, in one line
-                raise CaptureError(
-                    f"{model.name!r} cannot run its forward with gradients, as a training step "
-                    f"does: {error_line(exc)} (the forward pass, --pass forward, is analysed "
-                    "as inference runs it, under torch.no_grad())"
-                ) from None
-            if not _NO_GRAD[0]:
-                return _without_grad(model, setting, engine)
-        if on_a_real_run():
-            raise failed from exc
-        try:  # export's path may be what raised (a mask a real run never builds): a real run's
-            return _on_a_real_run_path(model, setting, training, engine, real_run_why(exc))
-        except CaptureError:
-            raise failed from exc
+        return _after_failure(model, setting, training, engine, without_grad, exc)
+    return _assemble(model, setting, found, recorder, tracer, dtype_branches, training)
+
+
+def _trace(
+    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, engine: str,
+    training: bool, without_grad: bool,
+) -> _Found:  # fmt: skip
+    """The graph of ``model`` in ``setting``, in the mode a training step or inference runs
+    it, with the module calls ``recorder`` records."""
+    mode = training_mode(model.module, True) if training else contextlib.nullcontext()
+    # Grad mode on, whatever the caller's: export records a model's own torch.no_grad()
+    # region (Llama's rotary embedding) only where grad was on around it, so a notebook
+    # cell under torch.no_grad() would otherwise get another graph than the CLI. A forward
+    # that runs only without gradients is traced so (``without_grad``).
+    grad = torch.no_grad() if without_grad else torch.enable_grad()
+    with recorder, mode, grad:
+        if can_trace_fake(setting.device_type):
+            return _trace_fake(model, setting, recorder, engine)
+        return _trace_on_meta(model, setting)
+
+
+def _trace_fake(
+    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, engine: str
+) -> _Found:
+    """Traced in the setting on its fake tensors; where that raises, the way on that fits
+    (:func:`_after_raise`)."""
+    reads = TraceReads()
+    try:
+        dtype = torch_dtype(setting.param_dtype)
+        program = ENGINES[engine](model, setting.device_type, dtype, setting, reads)
+    except Exception as exc:  # noqa: BLE001 - maybe the model's own dtype error
+        return _after_raise(model, setting, recorder, exc, reads, engine)
+    return _Found(program, engine, reads)
+
+
+def _after_raise(
+    model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, exc: Exception,
+    reads: TraceReads, engine: str,
+) -> _Found:  # fmt: skip
+    """The graph where the trace in the setting raised ``exc``: on a real run's path past a
+    Python raise, on past the op that raised, retyped to fp32, or along the data's path."""
+    if branches_on_data(exc):
+        return _data_path(model, setting, recorder)
+    found = past_python_raise(model, setting, recorder, exc, reads, engine)
+    if found is not None:
+        program, real_run = found
+        return _Found(program, engine, reads, real_run=real_run)
+    raised = recorder.raised(exc)
+    try:
+        program = _trace_past_raise(model, setting, recorder, exc, reads, engine)
+    except Exception:  # noqa: BLE001 - it cannot: fp32 parameters, as before
+        program = None
+    if program is not None:
+        return _Found(program, engine, reads, raised=raised)
+    try:
+        program = _retrace_neutral(model, setting, recorder, exc, reads, engine)
+    except Exception as again:  # the same rule again
+        # The half setting of a detector: its first layer raises, and the
+        # neutral trace then stops where the forward branches on data.
+        if again is exc or not branches_on_data(again):
+            raise
+        return _data_path(model, setting, recorder)
+    return _Found(program, EXPORT_RETYPED, reads, raised=raised)
+
+
+def _data_path(model: ModelInputs, setting: Setting, recorder: ModuleIORecorder) -> _Found:
+    """:func:`~ampgraph.capture.data_path.trace_data_path`: traced on data values, this graph
+    serves its setting only (no reads)."""
+    program, method, data_dependent, unbacked = trace_data_path(model, setting, recorder)
+    return _Found(program, method, None, data_dependent, unbacked)
+
+
+def _trace_on_meta(model: ModelInputs, setting: Setting) -> _Found:
+    """Traced on the meta device without autocast, for a replay in the setting: the same
+    graph for the whole group (no reads)."""
+    # Traced on meta, but a torch.autocast("cuda") region in the model still means
+    # what it does on a GPU: do not let it disable itself for want of one.
+    with (
+        simulated_cuda_amp(setting.device_type),
+        cast_outputs(model.module, setting, every=True),
+    ):
+        # Autocast off, and the output cast recorded above: the setting's tensors.
+        tensors = replace(setting, autocast=False, output_dtype=None)
+        program = _export(model, "meta", torch_dtype(setting.param_dtype), tensors)
+    return _Found(program, EXPORT_META_REPLAY, None)
+
+
+def _after_failure(
+    model: ModelInputs, setting: Setting, training: bool, engine: str, without_grad: bool,
+    exc: Exception,
+) -> Capture:  # fmt: skip
+    """Where no trace took the model (``exc``): traced without gradients or on a real run's
+    path where either is what it needs, else a :class:`CaptureError` in one line."""
+    traced_by_make_fx = engine == MAKE_FX and can_trace_fake(setting.device_type)
+    failed = CaptureError(
+        f"{'make_fx' if traced_by_make_fx else 'torch.export'} could not trace {model.name!r}: "
+        f"{error_line(exc)} (make the forward traceable, or pass example inputs it accepts)"
+    )
+    if autograd_refused(exc):
+        if training:  # a training step raises it too: it is the finding, in one line
+            raise CaptureError(
+                f"{model.name!r} cannot run its forward with gradients, as a training step "
+                f"does: {error_line(exc)} (the forward pass, --pass forward, is analysed "
+                "as inference runs it, under torch.no_grad())"
+            ) from None
+        if not without_grad:
+            # As users run it for inference (the seed notebook runs it so): where it writes
+            # with ``out=`` into a tensor while the parameters require grad, it runs only so.
+            return capture(model, setting, engine=engine, without_grad=True)
+    if on_a_real_run():
+        raise failed from exc
+    try:  # export's path may be what raised (a mask a real run never builds): a real run's
+        why = real_run_why(exc)
+        return _on_a_real_run_path(model, setting, training, engine, why, without_grad)
+    except CaptureError:
+        raise failed from exc
+
+
+def _assemble(
+    model: ModelInputs, setting: Setting, found: _Found, recorder: ModuleIORecorder,
+    tracer: str, dtype_branches: Sequence[str], training: bool,
+) -> Capture:  # fmt: skip
+    """The :class:`Capture` of what tracing ``found``."""
+    program, method = found.program, found.method
     kinds: dict[str, tuple[str, str]] = {}
     for spec in program.signature.input_specs:
         arg_name = getattr(spec.arg, "name", None)
@@ -505,8 +479,6 @@ def capture(
     mark_requires_grad(gm, kinds, model.module)  # matmul folds by it (capture/grad_params)
     if method in (EXPORT_RETYPED, DRAFT_EXPORT, EXPORT_META_REPLAY):
         _retype_parameters(gm, kinds, setting)
-    if method not in DATA_PATH_METHODS:
-        unbacked = {}
     return Capture(
         model_name=model.name,
         setting=setting,
@@ -521,38 +493,26 @@ def capture(
         module_io=recorder.resolve(gm),
         call_order=recorder.call_order(),
         dtype_branches=list(dtype_branches),
-        data_dependent=data_dependent,
-        unbacked_values=unbacked,
+        data_dependent=found.data_dependent,
+        unbacked_values=found.unbacked if method in DATA_PATH_METHODS else {},
         output_paths=output_paths(program.out_spec),
         training=training,
         tied=tied_parameters(model.module),
-        reads=reads.resolved(gm) if reads is not None else None,
-        raised_in_setting=raised if method == EXPORT_RETYPED else None,
-        real_run=real_run,
+        reads=found.reads.resolved(gm) if found.reads is not None else None,
+        raised_in_setting=found.raised if method == EXPORT_RETYPED else None,
+        real_run=found.real_run,
     )
 
 
-#: While true, captures trace the forward under ``torch.no_grad()`` (:func:`_without_grad`).
-_NO_GRAD = [False]
-
-
-def _without_grad(model: ModelInputs, setting: Setting, engine: str) -> Capture:
-    """:func:`capture` of the forward under ``torch.no_grad()``, as users run it for inference
-    (the seed notebook runs it so): where it writes with ``out=`` into a tensor while the
-    parameters require grad, it runs only so."""
-    previous, _NO_GRAD[0] = _NO_GRAD[0], True
-    try:
-        return capture(model, setting, engine=engine)
-    finally:
-        _NO_GRAD[0] = previous
-
-
 def _on_a_real_run_path(
-    model: ModelInputs, setting: Setting, training: bool, engine: str, why: str
-) -> Capture:
+    model: ModelInputs, setting: Setting, training: bool, engine: str, why: str,
+    without_grad: bool = False,
+) -> Capture:  # fmt: skip
     """:func:`capture` again, every trace on a real run's path (:func:`as_a_real_run`)."""
     with as_a_real_run():
-        on_path = capture(model, setting, training=training, engine=engine)
+        on_path = capture(
+            model, setting, training=training, engine=engine, without_grad=without_grad
+        )
     on_path.real_run = why
     return on_path
 

@@ -4,9 +4,11 @@ Each command parses its options, calls :mod:`ampgraph`'s functions and formats t
 user can fix (:class:`~ampgraph.errors.AmpgraphError`) become one ``Error: ...`` line and exit
 status 1; option mistakes are click's usage errors, exit status 2.
 
-The commands live in modules by group (:mod:`~ampgraph.cli.analyze`, :mod:`~ampgraph.cli.review`,
-:mod:`~ampgraph.cli.baseline`, :mod:`~ampgraph.cli.reference`, :mod:`~ampgraph.cli.cache`), their
-shared options in :mod:`~ampgraph.cli.options`; this module registers them. They import stages
+The commands live in modules by group, each named for its commands
+(:mod:`~ampgraph.cli.analyze_commands`, :mod:`~ampgraph.cli.review_commands`,
+:mod:`~ampgraph.cli.baseline_commands`, :mod:`~ampgraph.cli.reference_commands`,
+:mod:`~ampgraph.cli.cache_commands`, :mod:`~ampgraph.cli.ranges_commands`), their shared options
+in :mod:`~ampgraph.cli.options`; this module registers them. They import stages
 inside the commands, so that starting the command line costs no torch.
 """
 
@@ -17,10 +19,17 @@ import sys
 
 import click
 
-from ampgraph.cli import analyze, baseline, cache, ranges, reference, review
+from ampgraph.version import __version__
+from ampgraph.cli import (
+    analyze_commands,
+    baseline_commands,
+    cache_commands,
+    ranges_commands,
+    reference_commands,
+    review_commands,
+)
 from ampgraph.cli.console import AmpgraphGroup, exit_now, stdout_closed
 from ampgraph.compat import unsupported
-from ampgraph.version import __version__
 
 
 @click.group(cls=AmpgraphGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,9 +86,10 @@ def main(ctx: click.Context, no_cache: bool, jobs: int | None, quiet: bool) -> N
 
 # In the order they were written; ``ampgraph --help`` lists them by name.
 for _command in (
-    analyze.table, analyze.check_command, cache.cache_group, reference.models,
-    reference.policy_command, analyze.render, review.audit, analyze.verify, review.diff_command,
-    baseline.baseline_group, ranges.ranges_command,
+    analyze_commands.table, analyze_commands.check_command, cache_commands.cache_group,
+    reference_commands.models, reference_commands.policy_command, analyze_commands.render,
+    review_commands.audit, analyze_commands.verify, review_commands.diff_command,
+    baseline_commands.baseline_group, ranges_commands.ranges_command,
 ):  # fmt: skip
     main.add_command(_command)
 del _command

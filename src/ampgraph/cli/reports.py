@@ -4,35 +4,108 @@ report files (--report), never both.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ampgraph.cli.console import progress, progress_done
-from ampgraph.cli.options import forced, resolve_settings, root_options, timeout_seconds
+from ampgraph.cli.options import (
+    forced,
+    resolve_settings,
+    root_options,
+    timeout_seconds,
+    train_options,
+)
 from ampgraph.report.records import Report
+
+if TYPE_CHECKING:
+    from ampgraph.pipeline.request import AnalysisRequest
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def analysis_request(
+    model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
+    *, check: bool = True, pass_: str = "forward", loss: str | None = None,
+    backward_autocast: bool = False, sources: bool = False,
+) -> AnalysisRequest:  # fmt: skip
+    """The :class:`~ampgraph.pipeline.request.AnalysisRequest` of the command's options: its
+    settings (:func:`~ampgraph.cli.options.resolve_settings`), pass (a usage error where
+    --loss or --backward-in-autocast come without a backward), --force and --timeout."""
+    from ampgraph.pipeline.request import AnalysisRequest
+
+    train = train_options(pass_, loss, backward_autocast)
+    return AnalysisRequest(
+        model_spec, tuple(resolve_settings(settings, device, amp_dtype)), seq_len=seq_len,
+        check=check, sources=sources, force=forced(), timeout=timeout_seconds(), **train,
+    )  # fmt: skip
+
+
+#: The parameters of a command's analysis, which the command receives as one
+#: :class:`AnalysisOptions` (:func:`gathers_analysis_options`).
+ANALYSIS_PARAMETERS = (
+    "model", "settings", "device", "amp_dtype", "seq_len", "no_check", "pass_", "loss",
+    "backward_autocast",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """What the command line says of the analysis a command runs, as it was typed; its
+    :meth:`request` is the :class:`~ampgraph.pipeline.request.AnalysisRequest`."""
+
+    model: str
+    settings: tuple[str, ...]
+    device: str
+    amp_dtype: str
+    seq_len: int
+    no_check: bool = False
+    pass_: str = "forward"
+    loss: str | None = None
+    backward_autocast: bool = False
+
+    def request(self, *, sources: bool = False) -> AnalysisRequest:
+        """The request these options make (:func:`analysis_request`)."""
+        return analysis_request(
+            self.model, self.settings, self.device, self.amp_dtype, self.seq_len,
+            check=not self.no_check, pass_=self.pass_, loss=self.loss,
+            backward_autocast=self.backward_autocast, sources=sources,
+        )  # fmt: skip
+
+
+def gathers_analysis_options(f: F) -> F:
+    """The innermost decorator of a command that analyses a model: the command receives its
+    :data:`ANALYSIS_PARAMETERS` as one :class:`AnalysisOptions` (its first argument), the
+    rest as they are."""
+
+    @functools.wraps(f)
+    def command(**params: Any) -> Any:
+        given = {name: params.pop(name) for name in ANALYSIS_PARAMETERS if name in params}
+        return f(AnalysisOptions(**given), **params)
+
+    return command  # type: ignore[return-value]
 
 
 def analysed(
-    model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
-    *, check: bool = True, warn_unchecked: bool = True, options: dict[str, Any] | None = None,
+    request: AnalysisRequest, *, warn_unchecked: bool = True,
     meanwhile: Callable[[], None] | None = None,
 ) -> list[Report]:  # fmt: skip
-    """:func:`ampgraph.pipeline.run.analyze_spec` with the command's options, and its warnings.
+    """:func:`ampgraph.pipeline.run.analyze_request` with the command's root options
+    (--no-cache, --jobs) and progress line, and its warnings.
 
-    ``options`` are :func:`~ampgraph.cli.options.train_options` (the pass, its loss and where backward runs);
     ``meanwhile`` is the command's own work that can run beside the analysis.
     """
+    from ampgraph.pipeline.run import analyze_request
     from ampgraph.formats.text import data_dependent_warning, dtype_branches_warning
-    from ampgraph.pipeline.run import analyze_spec
 
     root = root_options()
-    reports = analyze_spec(
-        model_spec, resolve_settings(settings, device, amp_dtype), seq_len=seq_len, check=check,
-        use_cache=not root["no_cache"], workers=root["jobs"], force=forced(),
-        progress=progress, options=options, meanwhile=meanwhile, timeout=timeout_seconds(),
+    reports = analyze_request(
+        request, use_cache=not root["no_cache"], workers=root["jobs"], progress=progress,
+        meanwhile=meanwhile,
         process=True,  # a process group the command can kill: the model's code is confined
     )  # fmt: skip
     progress_done()  # the command's answer comes next
@@ -40,7 +113,7 @@ def analysed(
         if warning:
             click.echo(f"warning: {warning}", err=True)
     unavailable = (reports[0].capture or {}).get("check_unavailable")
-    if check and warn_unchecked and unavailable:
+    if request.check and warn_unchecked and unavailable:
         click.echo(f"warning: not checked: {unavailable}", err=True)
     return reports
 

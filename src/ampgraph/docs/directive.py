@@ -152,20 +152,19 @@ def analysis_reports(
     setting is a name, read for ``device`` and ``amp_dtype``, or a
     :class:`~ampgraph.settings.Setting` (a recipe's), used
     as it is."""
-    from ampgraph.pipeline.run import analyze_spec
+    from ampgraph.pipeline.request import AnalysisRequest
+    from ampgraph.pipeline.run import analyze_request
     from ampgraph.settings import Setting, seed_matrix
 
     resolved = [
         s if isinstance(s, Setting) else Setting.parse(s, device_type=device, amp_dtype=amp_dtype)
         for s in settings
     ] or seed_matrix(device, amp_dtype)
-    # The forward keeps empty options, so its cache keys stay as they were (cli.train_options).
-    options = (
-        {} if pass_ == "forward" else {"pass_": pass_, "loss": None, "backward_autocast": False}
-    )
-    return analyze_spec(
-        spec, resolved, seq_len=seq_len, check=check, workers=workers, options=options,
-        timeout=timeout, process=True,  # a model's code never ends or stalls the build
+    request = AnalysisRequest(spec, tuple(resolved), pass_=pass_, seq_len=seq_len, check=check,
+                              timeout=timeout)  # fmt: skip
+    return analyze_request(
+        request, workers=workers,
+        process=True,  # a model's code never ends or stalls the build
     )  # fmt: skip
 
 

@@ -145,7 +145,7 @@ class ModelExited(AnalysisError):
 
 
 #: Modules whose ``os._exit`` is a process's ordinary end, not the model's: a forked worker's
-#: (multiprocessing ends each with it) and ampgraph's own (workers.beside, cli.exit_now).
+#: (multiprocessing ends each with it) and ampgraph's own (workers.run_in_fork, cli.exit_now).
 _OWN_EXITS = ("multiprocessing.", "concurrent.", "ampgraph.")
 _real_exit = os._exit
 _refusing = 0  # how many exit_refused blocks are open (inherited by forked children)
@@ -177,7 +177,7 @@ def exit_refused() -> Iterator[None]:
     multiprocessing's ``os._exit`` calls, still end them. Code that kept its own reference to
     ``os._exit``, or ends the process otherwise (a signal, C's ``exit``), is not caught here:
     an analysis process or worker that ends so is an error in its parent instead
-    (:func:`ampgraph.pipeline.workers.beside`, the timeout of :func:`deadline`).
+    (:func:`ampgraph.pipeline.workers.run_in_fork`, the timeout of :func:`deadline`).
     """
     global _refusing
     _refusing += 1
@@ -244,8 +244,9 @@ def deadline(seconds: float | None) -> Iterator[None]:
 def model_code() -> Iterator[None]:
     """A block that runs the model's own code: its output on standard error, its ``os._exit``
     and ``sys.exit`` (a ``SystemExit`` out of a forward) errors. Unbounded: the deadline is the
-    caller's, around all of its work (:func:`ampgraph.pipeline.workers.beside`'s ``timeout`` for
-    a process group beside it, which holds; :func:`deadline` in-process, which may not).
+    caller's, around all of its work (:func:`ampgraph.pipeline.workers.run_in_fork`'s
+    ``timeout`` for a process group beside it, which holds; :func:`deadline` in-process, which
+    may not).
 
     >>> try:
     ...     with model_code():

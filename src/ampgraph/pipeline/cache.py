@@ -44,7 +44,7 @@ import platform
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ampgraph.errors import AmpgraphError
 from ampgraph.pipeline.cache_folder import (  # the folder's API, as it was here before
@@ -67,6 +67,9 @@ from ampgraph.pipeline.cache_folder import (  # the folder's API, as it was here
     store_entry,
 )
 from ampgraph.version import __version__
+
+if TYPE_CHECKING:
+    from ampgraph.pipeline.request import AnalysisRequest
 
 #: Bump when the analysis or the entries change in a way the environment does not capture.
 #: 3: entries carry their key and request, and the environment where the packages are.
@@ -341,8 +344,27 @@ def model_identity(spec: str) -> dict[str, Any] | None:
     }
 
 
+def entry_requests(request: AnalysisRequest) -> list[dict[str, Any] | None]:
+    """What the report of ``request``'s model in each of its settings is cached under and
+    checked against (:func:`request_of` of :meth:`AnalysisRequest.key_fields
+    <ampgraph.pipeline.request.AnalysisRequest.key_fields>`); None where it is never cached (a
+    ``package.module:factory`` spec runs arbitrary code, and a model handed over as an object
+    has no identity).
+
+    >>> from ampgraph.pipeline.request import AnalysisRequest
+    >>> [r["request"]["setting"]["name"] for r in entry_requests(AnalysisRequest("opt", ("fp32",)))]
+    ['fp32']
+    """
+    identity = model_identity(request.model) if request.model is not None else None
+    if identity is None:
+        return [None for _ in request.settings]
+    env = environment()
+    return [request_of(identity, request.key_fields(s), env) for s in request.settings]
+
+
 __all__ = [
     "CACHE_FORMAT", "DEFAULT_MAX_BYTES", "ENTRIES", "MAX_BYTES_VARIABLE", "TAG", "TAG_NAME",
-    "bound", "cache_dir", "cache_key", "clear", "describes", "disk_note", "environment", "info",
+    "bound", "cache_dir", "cache_key", "clear", "describes", "disk_note", "entry_requests",
+    "environment", "info",
     "key_of", "load", "model_identity", "parse_size", "request_of", "source_digest", "store",
 ]  # fmt: skip

@@ -20,9 +20,10 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ampgraph.model.specs import DEFAULT_TRACER, spec_tracer
+from ampgraph.model.specs import spec_tracer
+from ampgraph.pipeline.request import AnalysisRequest
 from ampgraph.report.records import Report
-from ampgraph.settings import Setting, seed_matrix
+from ampgraph.settings import Setting
 
 if TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None] | None
 
 
-def _say(progress: Progress, message: str) -> None:
+def _progress_note(progress: Progress, message: str) -> None:
     if progress is not None:
         progress(message)
 
@@ -76,9 +77,11 @@ def frozen_imports() -> Iterator[None]:
 
 
 def prepare(
-    spec: str, *, seq_len: int = 8, force: bool = False, progress: Progress = None
-) -> ModelInputs:
-    """Build the model ``spec`` names on meta and trace it with the spec's tracer, once.
+    spec: str, *, seq_len: int = 8, force: bool = False, progress: Progress = None,
+    tracer: str | None = None,
+) -> ModelInputs:  # fmt: skip
+    """Build the model ``spec`` names on meta and trace it with ``tracer`` (default: the spec's
+    own), once.
 
     What every command that needs the model itself runs (the analysis, and ``verify``); imports
     and the build run under :func:`frozen_imports`.
@@ -86,12 +89,13 @@ def prepare(
     >>> type(prepare("llama-tiny", seq_len=4).module).__name__
     'LlamaForCausalLM'
     """
-    _say(progress, f"building {spec} on the meta device...")
+    _progress_note(progress, f"building {spec} on the meta device...")
     with frozen_imports():
         from ampgraph.model.build import load_model
         from ampgraph.pipeline.stages import trace
 
-        return trace(load_model(spec, seq_len=seq_len, force=force), spec_tracer(spec))
+        model = load_model(spec, seq_len=seq_len, force=force)
+        return trace(model, tracer or spec_tracer(spec))
 
 
 def report_requests(
@@ -103,8 +107,9 @@ def report_requests(
     options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any] | None]:
     """What ``spec``'s report in each setting is cached under and checked against
-    (:func:`ampgraph.pipeline.cache.request_of`); None where it is never cached (a
-    ``package.module:factory`` spec runs arbitrary code).
+    (:func:`ampgraph.pipeline.cache.entry_requests` of the
+    :class:`~ampgraph.pipeline.request.AnalysisRequest` these arguments make); None where it is
+    never cached (a ``package.module:factory`` spec runs arbitrary code).
 
     >>> [r["model"]["name"] for r in report_requests("opt", [Setting.parse("fp32")], seq_len=8,
     ...                                              check=True)]
@@ -114,20 +119,8 @@ def report_requests(
     """
     from ampgraph.pipeline import cache
 
-    identity = cache.model_identity(spec)
-    if identity is None:
-        return [None for _ in settings]
-    tracer = spec_tracer(spec)
-    # Only a non-default tracer or pass is part of the key, so the forward's entries stay valid.
-    extra = {} if tracer == DEFAULT_TRACER else {"tracer": tracer}
-    extra.update(options or {})
-    env = cache.environment()
-    return [
-        cache.request_of(
-            identity, {"seq_len": seq_len, "setting": s.to_dict(), "check": check, **extra}, env
-        )
-        for s in settings
-    ]
+    request = AnalysisRequest.of(spec, settings, options, seq_len=seq_len, check=check)
+    return cache.entry_requests(request)
 
 
 def report_keys(
@@ -190,7 +183,9 @@ def analyze_spec(
     (``use_cache``); the rest are computed after building the model once, in up to ``workers``
     forked processes (default: one per core), and cached. ``force`` analyses a config beyond any
     published model; ``progress`` receives notes on the way. ``options`` go to
-    :func:`ampgraph.analyze` (``pass_``, ``loss``, ``backward_autocast``) and into the cache key.
+    :func:`ampgraph.analyze` (``pass_``, ``loss``, ``backward_autocast``, ``tables``, ``sources``)
+    and into the cache key: with the rest, they make the
+    :class:`~ampgraph.pipeline.request.AnalysisRequest` that :func:`analyze_request` runs.
 
     ``meanwhile`` is work of the caller's own that does not need the reports (the CLI's
     ``render`` imports the renderer in it). Given it, for the forward pass, in a process that
@@ -205,7 +200,7 @@ def analyze_spec(
     The model's own code runs confined (:mod:`ampgraph.model.usercode`): what it prints goes to
     standard error, where the caller's output is not; its ``os._exit`` and ``sys.exit`` are
     errors. ``process`` (default: when a ``timeout`` is given; the command line always) runs
-    the analysis in a forked process group of its own (:func:`ampgraph.pipeline.workers.beside`
+    the analysis in a forked process group of its own (:func:`ampgraph.pipeline.workers.run_in_fork`
     with ``group``), which this process kills whatever the model's code does: then an analysis
     that has not finished after ``timeout`` seconds (None or 0: no bound) is stopped with an
     :class:`~ampgraph.errors.AnalysisError` (a forward that never returns, or that catches every
@@ -217,72 +212,117 @@ def analyze_spec(
     cannot run torch's kernels again (the child hangs, or autograd refuses "fork-based
     multiprocessing"). The command line itself never imports torch, so it always isolates.
     """
-    resolved = [Setting.parse(s) for s in settings] if settings else seed_matrix()
-    requests = (
-        report_requests(spec, resolved, seq_len=seq_len, check=check, options=options)
-        if use_cache
-        else [None for _ in resolved]
+    request = AnalysisRequest.of(
+        spec, settings, options, seq_len=seq_len, check=check, force=force, timeout=timeout
     )
+    return analyze_request(
+        request, use_cache=use_cache, workers=workers, progress=progress, meanwhile=meanwhile,
+        process=process,
+    )  # fmt: skip
+
+
+def analyze_request(
+    request: AnalysisRequest,
+    *,
+    use_cache: bool = True,
+    workers: int | None = None,
+    progress: Progress = None,
+    meanwhile: Callable[[], None] | None = None,
+    process: bool | None = None,
+) -> list[Report]:
+    """The reports ``request`` asks for (its ``model`` a spec), in the order of its settings:
+    :func:`analyze_spec` once its arguments are one request, which the command line builds
+    itself. The other arguments say how it runs, not what it computes: see
+    :func:`analyze_spec`.
+
+    >>> reports = analyze_request(AnalysisRequest("llama-tiny", ("amp-fp32",), check=False))
+    >>> [(r.model, r.setting["name"]) for r in reports]
+    [('llama-tiny', 'amp-fp32')]
+    """
+    from ampgraph.pipeline import cache
+
+    if request.model is None:
+        raise TypeError("analyze_request() needs a request that names a model spec")
+    settings = request.settings
+    requests = cache.entry_requests(request) if use_cache else [None for _ in settings]
     reports: list[Report | None] = [cached_report(r) for r in requests]
     missing = [i for i, r in enumerate(reports) if r is None]
-    if not missing:
-        if meanwhile is not None:
-            meanwhile()
-        return [r for r in reports if r is not None]
-    finished: list[str] = []
+    if missing:
+        work = _Missing(request, requests, reports, missing, workers, progress)
+        _run_missing(work, meanwhile, process)
+    elif meanwhile is not None:
+        meanwhile()
+    return [r for r in reports if r is not None]
 
-    def done(j: int, report: Report) -> None:
+
+class _Missing:
+    """The reports :func:`analyze_request` found in no cache: computed, stored, noted."""
+
+    def __init__(
+        self, request: AnalysisRequest, requests: list[dict[str, Any] | None],
+        reports: list[Report | None], missing: list[int], workers: int | None,
+        progress: Progress,
+    ) -> None:  # fmt: skip
+        self.request, self.requests, self.reports = request, requests, reports
+        self.missing, self.workers, self.progress = missing, workers, progress
+        self.finished: list[str] = []
+
+    def done(self, j: int, report: Report) -> None:
+        """The ``j``-th missing report is here: keep it, cache it, say so."""
         from ampgraph.pipeline import cache
 
-        index = missing[j]
-        reports[index] = report
-        request = requests[index]
-        if request is not None:
-            cache.store(request, report.to_dict())
-        finished.append(resolved[index].name)
-        _say(progress, f"analysing {_settings(len(missing))}: {len(finished)} done "
-                       f"({', '.join(finished)})")  # fmt: skip
+        index = self.missing[j]
+        self.reports[index] = report
+        entry = self.requests[index]
+        if entry is not None:
+            cache.store(entry, report.to_dict())
+        self.finished.append(self.request.settings[index].name)
+        _progress_note(self.progress, f"analysing {_settings(len(self.missing))}: "
+                       f"{len(self.finished)} done ({', '.join(self.finished)})")  # fmt: skip
 
-    def compute(on_done: Callable[[int, Report], None]) -> None:
+    def compute(self, on_done: Callable[[int, Report], None]) -> None:
+        """Build and trace the model, then analyse the missing settings, each to ``on_done``."""
         from ampgraph.model.usercode import model_code
 
+        request = self.request
         # Import, build, trace and check: where the model's code runs, and the workers fork.
         with model_code():
-            model = prepare(spec, seq_len=seq_len, force=force, progress=progress)
-            from ampgraph.pipeline.stages import analyze_many
+            model = prepare(request.model or "", seq_len=request.seq_len, force=request.force,
+                            progress=self.progress, tracer=request.traced_by)  # fmt: skip
+            from ampgraph.pipeline.stages import analyze_in_workers
 
-            _say(progress, f"analysing {_settings(len(missing))} (trace, annotate"
-                           + (", check)" if check else ")"))  # fmt: skip
-            analyze_many(
-                model,
-                [resolved[i] for i in missing],
-                check=check,
-                workers=workers,
-                on_done=on_done,
-                **(options or {}),
-            )
+            _progress_note(self.progress, f"analysing {_settings(len(self.missing))} (trace, "
+                           + ("annotate, check)" if request.check else "annotate)"))  # fmt: skip
+            share = request.with_settings([request.settings[i] for i in self.missing])
+            analyze_in_workers(model, share, workers=self.workers, on_done=on_done)
 
+
+def _run_missing(
+    work: _Missing, meanwhile: Callable[[], None] | None, process: bool | None
+) -> None:
+    """``work`` in a forked process group of its own where it is to be isolated or can run
+    beside ``meanwhile`` (:func:`analysis_beside`); else here, under the alarm."""
     from ampgraph.model.usercode import deadline, overdue_message
 
+    timeout = work.request.timeout
     isolate = bool(timeout) if process is None else process
     if (isolate and _can_fork() and "torch" not in sys.modules) or (
-        meanwhile is not None and analysis_beside(workers, pass_=(options or {}).get("pass_"))
+        meanwhile is not None and analysis_beside(work.workers, pass_=work.request.pass_)
     ):
-        from ampgraph.pipeline.workers import beside
+        from ampgraph.pipeline.workers import run_in_fork
 
         # Bounded here, where the command waits: the process group is killed at the deadline.
-        beside(
-            lambda send: compute(lambda j, report: send((j, report))),
-            lambda item: done(*item), len(missing), meanwhile,
+        run_in_fork(
+            lambda send: work.compute(lambda j, report: send((j, report))),
+            lambda item: work.done(*item), len(work.missing), meanwhile,
             name="analysis", timeout=timeout,
             overdue=overdue_message(timeout) if timeout else "", group=True,
         )  # fmt: skip
-    else:
-        if meanwhile is not None:
-            meanwhile()
-        with deadline(timeout):
-            compute(done)
-    return [r for r in reports if r is not None]
+        return
+    if meanwhile is not None:
+        meanwhile()
+    with deadline(timeout):
+        work.compute(work.done)
 
 
 def _can_fork() -> bool:
@@ -327,6 +367,7 @@ def analysis_beside(workers: int | None = None, *, pass_: str | None = None) -> 
 
 __all__ = [
     "analysis_beside",
+    "analyze_request",
     "analyze_spec",
     "cached_report",
     "frozen_imports",

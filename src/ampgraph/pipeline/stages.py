@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from ampgraph.version import __version__
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
+from ampgraph.annotate.check import check as run_check
 from ampgraph.annotate.check import dispatcher_unavailable, hold_to_the_raise
 from ampgraph.capture.trace import (
     DATA_PATH_METHODS,
@@ -29,15 +31,14 @@ from ampgraph.capture.trace import (
 )
 from ampgraph.errors import SettingError
 from ampgraph.model.build import ModelInputs
-from ampgraph.model.specs import spec_tracer
-from ampgraph.pipeline.call_check import check as run_check
 from ampgraph.pipeline.calls import module_calls
-from ampgraph.pipeline.workers import beside, default_workers, die_with_parent
+from ampgraph.pipeline.request import AnalysisRequest
+from ampgraph.pipeline.sharing import shared_capture
+from ampgraph.pipeline.workers import default_workers, die_with_parent, run_in_fork
 from ampgraph.policy import release_in_use
-from ampgraph.report.records import PASSES, NodeRecord, Report
+from ampgraph.report.records import NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.torchutil import fake_device_built
-from ampgraph.version import __version__
 
 
 def versions() -> dict[str, str]:
@@ -104,44 +105,47 @@ def _cpu_kernels(records: list[NodeRecord]) -> str | None:
     )
 
 
-#: While a setting is analysed through :func:`stand_in`: the setting itself, and why the
-#: dispatcher check cannot judge it.
-_STAND_IN: list[tuple[Setting, str]] = []
+def stand_in_note(setting: Setting) -> str | None:
+    """Why ``setting`` is predicted rather than checked, where this torch cannot trace fake
+    tensors on its device (XPU or MPS in a build without them,
+    :func:`~ampgraph.torchutil.fake_device_built`); None where it can.
 
-
-@contextlib.contextmanager
-def stand_in(setting: Setting) -> Iterator[Setting]:
-    """The setting to trace for ``setting`` while it lasts: ``setting`` itself, or, for a
-    device this torch cannot trace fake tensors on (XPU or MPS in a build without them,
-    :func:`~ampgraph.torchutil.fake_device_built`), the same setting on CUDA annotated with
-    ``setting``'s device's autocast lists.
-
-    Autocast's kernels do on XPU and MPS what they do on CUDA, with each device's own lists
-    (:mod:`ampgraph.policy`), so the annotation is that device's; what it cannot be is checked
-    against its kernels here, and the report says so (``capture.check_unavailable``) and names
-    ``setting`` (:func:`analyze_capture`).
-
-    >>> with stand_in(Setting.parse("amp-fp32", device_type="cpu")) as traced:
-    ...     traced.device_type
-    'cpu'
+    >>> stand_in_note(Setting.parse("amp-fp32", device_type="cpu")) is None
+    True
     """
     device = setting.device_type
     if fake_device_built(device):
-        yield setting
-        return
-    tables = P.current_tables()
-    tables["cuda"] = tables.get(device, {})
-    why = (
+        return None
+    return (
         f"a prediction for {device}: this torch {torch.__version__} is built without "
         f"{device}, so the graph was traced on fake CUDA tensors and annotated with {device}'s "
         f"autocast lists, not checked against {device}'s kernels"
     )
-    _STAND_IN.append((setting, why))
-    try:
-        with P.tables_in_use(tables, release_in_use()):
-            yield replace(setting, device_type="cuda")
-    finally:
-        _STAND_IN.pop()
+
+
+@contextlib.contextmanager
+def traced_setting(setting: Setting) -> Iterator[Setting]:
+    """The setting to trace for ``setting`` while it lasts: ``setting`` itself, or, for a
+    device this torch cannot trace fake tensors on (:func:`stand_in_note`), the same setting on
+    CUDA annotated with ``setting``'s device's autocast lists.
+
+    Autocast's kernels do on XPU and MPS what they do on CUDA, with each device's own lists
+    (:mod:`ampgraph.policy`), so the annotation is that device's; what it cannot be is checked
+    against its kernels here, and the report says so (``capture.stand_in``) and names
+    ``setting``: the caller hands ``setting`` to :func:`report_of`, which says both.
+
+    >>> with traced_setting(Setting.parse("amp-fp32", device_type="cpu")) as traced:
+    ...     traced.device_type
+    'cpu'
+    """
+    device = setting.device_type
+    if stand_in_note(setting) is None:
+        yield setting
+        return
+    tables = P.current_tables()
+    tables["cuda"] = tables.get(device, {})
+    with P.tables_in_use(tables, release_in_use()):
+        yield replace(setting, device_type="cuda")
 
 
 #: Graphs at least this big run the dispatcher check in a forked process beside the annotation.
@@ -153,7 +157,7 @@ def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, An
     from ampgraph.annotate.check import dispatcher_results
 
     oracle: list[dict[str, dict[str, Any]]] = []
-    result = beside(
+    result = run_in_fork(
         lambda send: send(dispatcher_results(cap)), oracle.append, 1, work,
         name="dispatcher check",
     )  # fmt: skip
@@ -175,22 +179,33 @@ def analyze_capture(
     process while the annotation runs here: the two are independent replays of the same graph.
     ``pass_`` ``backward`` or ``train`` adds the training step (:mod:`ampgraph.train.backward`).
     ``records`` is the capture's annotation where it was made already (:func:`shared_capture`).
+    The arguments are those of an :class:`~ampgraph.pipeline.request.AnalysisRequest`
+    (:func:`report_of`).
     """
-    if pass_ not in PASSES:
-        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
+    request = AnalysisRequest(
+        settings=(cap.setting,), check=check, pass_=pass_, loss=loss,
+        backward_autocast=backward_autocast,
+    )  # fmt: skip
+    return report_of(cap, request, records=records)
+
+
+def _unchecked(cap: Capture, request: AnalysisRequest, stand_in: str | None) -> str | None:
+    """Why the check the request asks for cannot run on ``cap`` (None: it can, or none is
+    asked for): a stand-in device, a CPU-only torch and --device cuda, another release's
+    tables."""
+    if not request.check:
+        return None
+    return stand_in or dispatcher_unavailable(cap.setting.device_type) or _other_tables()
+
+
+def _annotated(
+    cap: Capture, check: bool, records: list[NodeRecord] | None
+) -> tuple[list[NodeRecord], Any]:
+    """The capture's annotation (``records`` where it was made already) and, with ``check``,
+    its check: in a forked process beside the annotation for a large graph where one can be
+    forked."""
     import multiprocessing as mp
 
-    standing_in = _STAND_IN[-1] if _STAND_IN else None
-    unavailable = (
-        (
-            (standing_in[1] if standing_in else None)
-            or dispatcher_unavailable(cap.setting.device_type)
-            or _other_tables()
-        )
-        if check
-        else None
-    )
-    check = check and unavailable is None
     parallel = (
         check
         and len(cap.graph_module.graph.nodes) >= PARALLEL_CHECK_NODES
@@ -199,114 +214,87 @@ def analyze_capture(
         and not mp.current_process().daemon  # pool workers may not have children
     )
     if records is not None:
-        summary = run_check(cap, records) if check else None
-    elif parallel:
+        return records, run_check(cap, records) if check else None
+    if parallel:
         records, oracle = _oracle_beside(cap, lambda: annotate(cap))
-        summary = run_check(cap, records, oracle)
-    else:
-        records = annotate(cap)
-        summary = run_check(cap, records) if check else None
+        return records, run_check(cap, records, oracle)
+    records = annotate(cap)
+    return records, run_check(cap, records) if check else None
+
+
+def _capture_section(cap: Capture, unavailable: str | None) -> dict[str, Any]:
+    """The report's ``capture`` section: how the graph was traced, and what that means."""
+    return {
+        "method": cap.method,
+        "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
+        "dtype_branches": cap.dtype_branches,
+        # Branches decided on data values while tracing (draft-export): the path analysed.
+        **(
+            {"data_dependent": cap.data_dependent, "unbacked_values": cap.unbacked_values}
+            if cap.method in DATA_PATH_METHODS
+            else {}
+        ),
+        # Why the check asked for did not run (a CPU-only torch and --device cuda).
+        **({"check_unavailable": unavailable} if unavailable else {}),
+        # The setting whose trace this is, proven to be the one this setting would give.
+        **({"graph_of": cap.graph_of} if cap.graph_of else {}),
+        # Traced on a real run's path, where export's raised (capture.raises.as_a_real_run).
+        **({"real_run": cap.real_run} if cap.real_run else {}),
+    }
+
+
+def report_of(
+    cap: Capture,
+    request: AnalysisRequest,
+    *,
+    records: list[NodeRecord] | None = None,
+    setting: Setting | None = None,
+) -> Report:
+    """The report of ``cap`` as ``request`` asks for it (:func:`analyze_capture`).
+
+    ``setting`` is the setting the report is of, where the graph was traced in another: the
+    CUDA stand-in of a device this torch cannot trace on (:func:`traced_setting`).
+    """
+    asked = setting or cap.setting
+    stand_in = stand_in_note(asked) if asked.device_type != cap.setting.device_type else None
+    unavailable = _unchecked(cap, request, stand_in)
+    check = request.check and unavailable is None
+    records, summary = _annotated(cap, check, records)
     report = Report(
         model=cap.model_name,
-        setting=(standing_in[0] if standing_in else cap.setting).to_dict(),
+        setting=asked.to_dict(),
         versions=versions(),
-        capture={
-            "method": cap.method,
-            "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
-            "dtype_branches": cap.dtype_branches,
-            # Branches decided on data values while tracing (draft-export): the path analysed.
-            **(
-                {"data_dependent": cap.data_dependent, "unbacked_values": cap.unbacked_values}
-                if cap.method in DATA_PATH_METHODS
-                else {}
-            ),
-            # Why the check asked for did not run (a CPU-only torch and --device cuda).
-            **({"check_unavailable": unavailable} if unavailable else {}),
-            # The setting whose trace this is, proven to be the one this setting would give.
-            **({"graph_of": cap.graph_of} if cap.graph_of else {}),
-            # Traced on a real run's path, where export's raised (capture.raises.as_a_real_run).
-            **({"real_run": cap.real_run} if cap.real_run else {}),
-        },
+        capture=_capture_section(cap, unavailable),
         nodes=records,
         modules=module_calls(records, cap.modules, cap.module_io, cap.call_order),
         check=summary,
-        pass_=pass_,
+        pass_=request.pass_,
     )
-    if standing_in:
-        report.capture["stand_in"] = standing_in[1]
+    if stand_in:
+        report.capture["stand_in"] = stand_in
     if cap.setting.device_type == "cpu" and (kernels := _cpu_kernels(records)):
         report.capture["cpu_kernels"] = kernels  # the backend this CPU's convolutions take
     if cap.raised_in_setting is not None:
         report.capture["raised_in_setting"] = cap.raised_in_setting
         hold_to_the_raise(report)
-    if pass_ != "forward":
-        from ampgraph.train.backward import backward_section, trace_joint
-
-        trace = trace_joint(cap, loss=loss, backward_autocast=backward_autocast)
-        report.backward = backward_section(trace)
-        if check and not report.backward.skipped:
-            from ampgraph.train.joint_check import check_backward
-
-            check_backward(trace, report.backward)
+    if request.training:
+        _add_training_step(report, cap, request, check)
     return report
 
 
-def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeRecord]] | str:
-    """``base``'s graph for ``setting``, with its annotation there, if it is the graph a capture
-    in ``setting`` would give; else why not, in one line.
+def _add_training_step(
+    report: Report, cap: Capture, request: AnalysisRequest, check: bool
+) -> None:
+    """``report.backward``: the training step's loss and backward (:mod:`ampgraph.train`), and
+    with ``check`` its check against the dispatcher."""
+    from ampgraph.train.backward import backward_section, trace_joint
 
-    It is when both settings have one :attr:`~ampgraph.settings.Setting.graph_key` (device type,
-    parameter dtype, a recipe's input, buffer and output dtypes) and everything the
-    traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.capture.reads`). A
-    graph traced on the meta device was traced without autocast: the same for any such setting.
-    """
-    from ampgraph.capture.reads import serves
-    from ampgraph.capture.trace import EXPORT_META_REPLAY, IN_SETTING
+    trace = trace_joint(cap, loss=request.loss, backward_autocast=request.backward_autocast)
+    report.backward = backward_section(trace)
+    if check and not report.backward.skipped:
+        from ampgraph.train.joint_check import check_backward
 
-    if base.setting.graph_key != setting.graph_key:
-        # Input, buffer and output dtypes (a recipe's) change the graph as parameters do.
-        return "another device type or parameter, buffer, input or output dtype"
-    method = base.method.rsplit("+", 1)[-1]
-    own_only = base.graph_of is not None or base.real_run is not None
-    if own_only or method not in (*IN_SETTING, EXPORT_META_REPLAY):
-        return f"a graph captured by {base.method} serves only its own setting"
-    shared = replace(base, setting=setting, graph_of=base.setting.name)
-    if base.reads is None:
-        return shared, annotate(shared)
-    layout_nodes = {r.node for r in base.reads if r.kind == "layout" and r.node}
-    records, layouts = annotate_observing(shared, layout_nodes)
-    why = serves(base.reads, setting, records, layouts)
-    if why is None and any(r.error for r in records):
-        # A capture in this setting raises and is traced again (capture.EXPORT_RETYPED); so is
-        # this one, so that its report reads as it always has.
-        why = f"the forward raises in {setting.name}"
-    return why if why is not None else (shared, records)
-
-
-def annotate_observing(
-    capture: Capture, names: set[str]
-) -> tuple[list[NodeRecord], dict[str, str]]:
-    """Annotate ``capture`` (:func:`ampgraph.annotate.annotator.annotate`), noting the layout of the values
-    of the top-level nodes in ``names`` as the annotation computes them."""
-    from torch import fx
-
-    from ampgraph.annotate.annotator import AutocastAnnotator
-    from ampgraph.annotate.replay import fake_session
-    from ampgraph.capture.reads import layout_of
-
-    layouts: dict[str, str] = {}
-
-    class Observing(AutocastAnnotator):
-        def run_node(self, n: fx.Node) -> Any:
-            value = super().run_node(n)
-            if n.name in names and isinstance(value, torch.Tensor):
-                layouts[n.name] = layout_of(value)
-            return value
-
-    annotator = Observing(capture)
-    with fake_session(capture.setting):
-        annotator.run_graph()
-    return annotator.records, layouts
+        check_backward(trace, report.backward)
 
 
 def analyze_group(
@@ -319,7 +307,9 @@ def analyze_group(
     tracer: str | None = None,
     tables: str | None = None,
     sources: bool = False,
-    **options: Any,
+    pass_: str = "forward",
+    loss: str | int | None = None,
+    backward_autocast: bool = False,
 ) -> list[Report]:
     """Analyse one model in several settings, capturing only where a graph cannot be shared.
 
@@ -338,24 +328,26 @@ def analyze_group(
     >>> [(r.setting["name"], r.capture.get("graph_of"), r.node("linear").out_dtype) for r in reports]
     [('fp32', None, 'float32'), ('amp-fp32', 'fp32', 'bfloat16')]
     """
-    if isinstance(model, str):
-        tracer = tracer or spec_tracer(model)
-    model = trace(as_model_inputs(model, args, kwargs), tracer)
-    pass_ = options.get("pass_", "forward")
-    if pass_ not in PASSES:
-        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
-    with tables_of(tables), _stack_traces(sources):
-        return _analyze_sharing(model, settings, check, options)
+    request = AnalysisRequest(
+        model if isinstance(model, str) else None, tuple(settings), check=check, tracer=tracer,
+        tables=tables, sources=sources, pass_=pass_, loss=loss,
+        backward_autocast=backward_autocast,
+    )  # fmt: skip
+    return analyze_model(trace(as_model_inputs(model, args, kwargs), request.traced_by), request)
 
 
-def _analyze_sharing(
-    model: ModelInputs, settings: Sequence[Setting | str], check: bool, options: dict[str, Any]
-) -> list[Report]:
-    training = options.get("pass_", "forward") != "forward"
+def analyze_model(model: ModelInputs, request: AnalysisRequest) -> list[Report]:
+    """The reports of ``model`` (traced already, :func:`trace`) in each of the request's
+    settings, in order: what :func:`analyze_group` does once it has its request."""
+    with tables_of(request.tables), _stack_traces(request.sources):
+        return _analyze_sharing(model, request)
+
+
+def _analyze_sharing(model: ModelInputs, request: AnalysisRequest) -> list[Report]:
     bases: list[Capture] = []
     reports = []
-    for item in settings:
-        with stand_in(Setting.parse(item)) as setting:
+    for asked in request.settings:
+        with traced_setting(asked) as setting:
             refused = None
             for base in bases:
                 shared = shared_capture(base, setting)
@@ -364,11 +356,11 @@ def _analyze_sharing(
                         refused = f"{base.setting.name}'s graph: {shared}"
                     continue
                 cap, records = shared
-                reports.append(analyze_capture(cap, check=check, records=records, **options))
+                reports.append(report_of(cap, request, records=records, setting=asked))
                 break
             else:
-                cap = capture(model, setting, training=training)
-                report = analyze_capture(cap, check=check, **options)
+                cap = capture(model, setting, training=request.training)
+                report = report_of(cap, request, setting=asked)
                 if refused:
                     report.capture["not_shared"] = refused
                 reports.append(report)
@@ -420,20 +412,14 @@ def analyze(
     >>> [(c.node, c.from_dtype, c.to_dtype) for c in r.node("linear").casts]
     [('input', 'float32', 'bfloat16'), ('p_weight', 'float32', 'bfloat16'), ('p_bias', 'float32', 'bfloat16')]
     """
-    setting = Setting.parse(setting)  # a Setting passes through; anything else says what to give
-    if isinstance(model, str):
-        tracer = tracer or spec_tracer(model)
-    model = as_model_inputs(model, args, kwargs)
-    if pass_ not in PASSES:
-        raise SettingError(f"unknown pass {pass_!r}: use one of {', '.join(PASSES)}")
-    scope = tables_of(tables)  # a release the history does not reach fails before the capture
-    with stand_in(setting) as traced:
-        with _stack_traces(sources):
-            cap = capture(trace(model, tracer), traced, training=pass_ != "forward")
-        with scope:
-            return analyze_capture(
-                cap, check=check, pass_=pass_, loss=loss, backward_autocast=backward_autocast
-            )
+    request = AnalysisRequest(
+        model if isinstance(model, str) else None, (setting,), check=check, tracer=tracer,
+        pass_=pass_, loss=loss, backward_autocast=backward_autocast, tables=tables,
+        sources=sources,
+    )  # fmt: skip
+    tables_of(tables)  # a release the history does not reach fails before the model is built
+    return analyze_model(trace(as_model_inputs(model, args, kwargs), request.traced_by),
+                         request)[0]  # fmt: skip
 
 
 def as_model_inputs(
@@ -485,16 +471,14 @@ def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
 _WORKER_MODEL: ModelInputs | None = None
 
 
-def _analyze_in_worker(
-    job: tuple[list[int], list[Setting], bool, dict[str, Any]],
-) -> list[tuple[int, Report]]:
+def _analyze_in_worker(job: tuple[list[int], AnalysisRequest]) -> list[tuple[int, Report]]:
     import torch
 
     torch.set_num_threads(1)  # the workers already use every core between them
-    indices, settings, check, options = job
+    indices, request = job
     assert _WORKER_MODEL is not None
     try:
-        reports = analyze_group(_WORKER_MODEL, settings, check=check, **options)
+        reports = analyze_model(_WORKER_MODEL, request)
     except (SystemExit, KeyboardInterrupt) as exc:  # the model's: it would end the worker and
         from ampgraph.model.usercode import exit_error  # lose the task, which the pool awaits
 
@@ -540,17 +524,32 @@ def analyze_many(
     Workers are forked after torch and the model are loaded (and traced once, for a ``tracer``
     other than ``export``), so each setting costs only its own replays, and its own capture where
     it cannot share one (:func:`analyze_group`, :func:`plan_jobs`).
-    ``on_done(index, report)`` is called as each setting finishes. ``options`` go to
-    :func:`analyze` (``pass_``, ``loss``, ``backward_autocast``).
+    ``on_done(index, report)`` is called as each setting finishes. ``options`` are those of an
+    :class:`~ampgraph.pipeline.request.AnalysisRequest` (``pass_``, ``loss``,
+    ``backward_autocast``, ``tables``, ``sources``).
 
     >>> from ampgraph import load_model, seed_matrix
     >>> reports = analyze_many(load_model("llama-tiny"), seed_matrix()[:2], check=False)
     >>> [(r.setting["name"], r.modules[3].out_dtype) for r in reports]
     [('fp32', 'float32'), ('half', 'bfloat16')]
     """
+    request = AnalysisRequest.of(None, settings, options, check=check, tracer=tracer)
+    return analyze_in_workers(trace(model, tracer), request, workers=workers, on_done=on_done)
+
+
+def analyze_in_workers(
+    model: ModelInputs,
+    request: AnalysisRequest,
+    *,
+    workers: int | None = None,
+    on_done: Callable[[int, Report], None] | None = None,
+) -> list[Report]:
+    """:func:`analyze_model` of ``model`` (traced already) in forked worker processes, one
+    job per group of settings that may share a graph (:func:`plan_jobs`); ``on_done(index,
+    report)`` as each setting finishes."""
     import multiprocessing as mp
 
-    model = trace(model, tracer)
+    settings = request.settings
     workers = min(len(settings), workers or default_workers())
     results: list[Report | None] = [None] * len(settings)
 
@@ -559,11 +558,11 @@ def analyze_many(
         if on_done is not None:
             on_done(index, report)
 
-    jobs = plan_jobs(settings, workers)
+    jobs = [(job, request.with_settings([settings[i] for i in job]))
+            for job in plan_jobs(settings, workers)]  # fmt: skip
     if workers <= 1 or "fork" not in mp.get_all_start_methods():
-        for job in jobs:
-            reports = analyze_group(model, [settings[i] for i in job], check=check, **options)
-            for i, report in zip(job, reports, strict=True):
+        for job, share in jobs:
+            for i, report in zip(job, analyze_model(model, share), strict=True):
                 done(i, report)
         return [r for r in results if r is not None]
     global _WORKER_MODEL
@@ -574,8 +573,7 @@ def analyze_many(
         with mp.get_context("fork").Pool(
             workers, initializer=die_with_parent, initargs=(os.getpid(),)
         ) as pool:
-            work = [(job, [settings[i] for i in job], check, options) for job in jobs]
-            for finished in pool.imap_unordered(_analyze_in_worker, work):
+            for finished in pool.imap_unordered(_analyze_in_worker, jobs):
                 for index, report in finished:
                     done(index, report)
     finally:

@@ -1,5 +1,5 @@
 """The worker processes ampgraph forks: how many to start, that they end with their parent, and
-one process's work beside the caller's (:func:`beside`).
+one process's work beside the caller's (:func:`run_in_fork`).
 
 Torch-free, so the analysis (settings in forked workers, the check beside the annotation, the
 analysis beside a command) and the renderer (one ``dot`` process per core) count cores the same
@@ -55,7 +55,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def beside(
+def run_in_fork(
     produce: Callable[[Callable[[Any], None]], None],
     take: Callable[[Any], None],
     expected: int,
@@ -95,15 +95,13 @@ def beside(
     it forked, and the copy ends before it runs anything.
 
     >>> items = []
-    >>> beside(lambda send: [send(n * n) for n in range(3)], items.append, 3, lambda: "here",
+    >>> run_in_fork(lambda send: [send(n * n) for n in range(3)], items.append, 3, lambda: "here",
     ...        name="squares", group=True)
     'here'
     >>> items
     [0, 1, 4]
     """
     import multiprocessing as mp
-
-    from ampgraph.errors import AnalysisError
 
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
@@ -114,12 +112,11 @@ def beside(
         target=_child, args=(produce, send, parent, name, forks),
         name=f"ampgraph-{name.replace(' ', '-')}",
     )  # fmt: skip
-    received = 0
-    ended = False
     # What the caller has printed but not written yet would be copied into the child's buffer.
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-    end = time.monotonic() + timeout if timeout else None
+    wait = _Wait(process, receive, forks, name=name, hint=hint, timeout=timeout, overdue=overdue,
+                 group=group)  # fmt: skip
     stopping = Group.signals_stop() if group else contextlib.nullcontext()
     try:
         with stopping:
@@ -128,48 +125,79 @@ def beside(
                 Group.lead(process.pid)
             send.close()
             result = meanwhile() if meanwhile is not None else None
-            while received < expected:
-                if end is not None and not receive.poll(max(0.0, end - time.monotonic())):
-                    Group.raise_forked(forks)
-                    raise AnalysisError(
-                        overdue or f"the {name} process did not finish within {timeout:g} s{hint}"
-                    )
-                try:
-                    failed, item = receive.recv()
-                except EOFError:
-                    if group:  # before the leader is reaped, while its group's id is its own
-                        Group.end(process, finished=True)
-                        ended = True
-                    process.join()
-                    Group.raise_forked(forks)
-                    killed = ", killed: out of memory?" if process.exitcode == -9 else ""
-                    raise AnalysisError(
-                        f"the {name} process ended without a result (exit code "
-                        f"{process.exitcode}{killed}){hint}"
-                    ) from None
-                Group.raise_forked(forks)
-                if failed:
-                    raise item
-                take(item)
-                received += 1
+            wait.take_all(take, expected)
     finally:
         receive.close()
-        if group and process.pid is not None:
-            if not ended:
-                Group.end(process, finished=received >= expected)
-        # An error, or the caller's meanwhile failed or was interrupted: the child ignores
-        # Ctrl-C (die_with_parent), so it is stopped, not waited for.
-        elif received < expected and process.pid is not None:
+        wait.stop(expected)
+    return result
+
+
+class _Wait:
+    """The caller's side of :func:`run_in_fork`: each item as the process sends it, the
+    deadline, the process's end without a word, and stopping it."""
+
+    def __init__(self, process: Any, receive: Any, forks: Any, *, name: str, hint: str,
+                 timeout: float | None, overdue: str, group: bool) -> None:  # fmt: skip
+        self.process, self.receive, self.forks = process, receive, forks
+        self.name, self.hint, self.timeout, self.overdue = name, hint, timeout, overdue
+        self.group = group
+        self.end = time.monotonic() + timeout if timeout else None
+        self.received = 0
+        self.ended = False
+
+    def take_all(self, take: Callable[[Any], None], expected: int) -> None:
+        """``take`` each of the ``expected`` items, as the process sends it."""
+        from ampgraph.errors import AnalysisError
+
+        while self.received < expected:
+            left = None if self.end is None else max(0.0, self.end - time.monotonic())
+            if left is not None and not self.receive.poll(left):
+                Group.raise_forked(self.forks)
+                raise AnalysisError(self.overdue or f"the {self.name} process did not finish "
+                                    f"within {self.timeout:g} s{self.hint}")  # fmt: skip
+            try:
+                failed, item = self.receive.recv()
+            except EOFError:
+                self._ended_without_a_result()
+            Group.raise_forked(self.forks)
+            if failed:
+                raise item
+            take(item)
+            self.received += 1
+
+    def _ended_without_a_result(self) -> None:
+        from ampgraph.errors import AnalysisError
+
+        process = self.process
+        if self.group:  # before the leader is reaped, while its group's id is its own
+            Group.end(process, finished=True)
+            self.ended = True
+        process.join()
+        Group.raise_forked(self.forks)
+        killed = ", killed: out of memory?" if process.exitcode == -9 else ""
+        raise AnalysisError(
+            f"the {self.name} process ended without a result (exit code "
+            f"{process.exitcode}{killed}){self.hint}"
+        ) from None
+
+    def stop(self, expected: int) -> None:
+        """End the process: its group killed (``group``), else stopped where it has not sent
+        every item (an error, or the caller's meanwhile failed or was interrupted: the child
+        ignores Ctrl-C, :func:`die_with_parent`, so it is stopped, not waited for)."""
+        process = self.process
+        if self.group and process.pid is not None:
+            if not self.ended:
+                Group.end(process, finished=self.received >= expected)
+        elif self.received < expected and process.pid is not None:
             process.terminate()
             process.join()
-    return result
 
 
 def _child(
     produce: Callable[[Callable[[Any], None]], None], send: Any, parent: int, name: str,
     forks: Any,
 ) -> None:  # fmt: skip
-    """The forked process of :func:`beside`: ``produce``, each item and the error (if any) sent
+    """The forked process of :func:`run_in_fork`: ``produce``, each item and the error (if any) sent
     to the parent, then the end, without the interpreter's teardown."""
     if forks is not None:
         Group.enter(parent, forks)
@@ -199,7 +227,7 @@ def _child(
 def isolated(
     work: Callable[[], Any], *, name: str, timeout: float | None = None, overdue: str = ""
 ) -> Any:
-    """``work()`` run by :func:`beside` in a process group of its own, as model code is run:
+    """``work()`` run by :func:`run_in_fork` in a process group of its own, as model code is run:
     its result (which must pickle), or its error raised here; stopped after ``timeout``
     seconds (None or 0: no bound) with an AnalysisError saying ``overdue``.
 
@@ -207,7 +235,7 @@ def isolated(
     42
     """
     results: list[Any] = []
-    beside(
+    run_in_fork(
         lambda send: send(work()), results.append, 1, name=name, timeout=timeout,
         overdue=overdue, group=True,
     )  # fmt: skip
@@ -234,7 +262,7 @@ _exit = os._exit  # os._exit itself: ampgraph.model.usercode.exit_refused replac
 
 
 class Group:
-    """The process group :func:`beside` runs model code in (``group=True``), both sides of it.
+    """The process group :func:`run_in_fork` runs model code in (``group=True``), both sides of it.
 
     Torch-free helpers, one job each: :meth:`enter` in the forked process, :meth:`lead` and
     :meth:`end` in its parent, :meth:`signals_stop` around the parent's wait, and the note a

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,18 +10,21 @@ import click
 
 from ampgraph.cli.console import progress, progress_done
 from ampgraph.cli.options import (
-    forced,
     format_option,
     model_argument,
     no_check_option,
     pass_options,
     report_option,
-    resolve_settings,
     setting_options,
-    timeout_seconds,
     train_options,
 )
-from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
+from ampgraph.cli.reports import (
+    AnalysisOptions,
+    analysed,
+    gathers_analysis_options,
+    load_reports,
+    refuse_model_with_reports,
+)
 from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
@@ -43,11 +45,8 @@ from ampgraph.settings import Setting
 )
 @no_check_option
 @pass_options
-def table(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    only: str | None, fmt: str, no_check: bool, pass_: str, loss: str | None,
-    backward_autocast: bool,
-) -> None:  # fmt: skip
+@gathers_analysis_options
+def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
     """Print the dtype of every leaf-module call, as forward hooks would.
 
     Each line is the seed notebook's hook line, e.g.
@@ -72,13 +71,13 @@ def table(
     from ampgraph.formats.text import backward_lines
     from ampgraph.report.printed import hook_lines
 
-    options = train_options(pass_, loss, backward_autocast)
+    pass_ = analysis.pass_
+    train_options(pass_, analysis.loss, analysis.backward_autocast)  # a usage error first
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
     if classes and fmt == "json":
         raise click.UsageError("--only selects lines of text or markdown: --format json prints "
                                "the whole report")  # fmt: skip
-    reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
-                       options=options)  # fmt: skip
+    reports = analysed(analysis.request())
     if classes:
         refuse_unknown_classes(classes, reports[0])
     if fmt == "json":
@@ -129,10 +128,8 @@ def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
     "and disagreements; markdown: a table for a pull request.",
 )
 @pass_options
-def check_command(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    fmt: str, pass_: str, loss: str | None, backward_autocast: bool,
-) -> None:  # fmt: skip
+@gathers_analysis_options
+def check_command(analysis: AnalysisOptions, fmt: str) -> None:
     """Check every annotation against the PyTorch dispatcher; exit 1 on any disagreement.
 
     The dispatcher check replays the graph with the real autocast kernels on fake tensors (no GPU
@@ -154,10 +151,8 @@ def check_command(
     from ampgraph.formats.markdown import check_markdown
     from ampgraph.formats.text import backward_check_lines, check_summary, disagreement_lines
 
-    options = train_options(pass_, loss, backward_autocast)
-    failed = 0
-    reports = analysed(model, settings, device, amp_dtype, seq_len, warn_unchecked=False,
-                       options=options)  # fmt: skip
+    failed, pass_ = 0, analysis.pass_
+    reports = analysed(analysis.request(), warn_unchecked=False)
     for report in reports:
         if report.check is None:
             raise click.ClickException(
@@ -233,11 +228,10 @@ def check_command(
 )
 @no_check_option
 @pass_options
+@gathers_analysis_options
 def render(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool, theme: str,
-    report_paths: tuple[Path, ...], no_check: bool, pass_: str, loss: str | None,
-    backward_autocast: bool,
+    analysis: AnalysisOptions, out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool,
+    theme: str, report_paths: tuple[Path, ...],
 ) -> None:  # fmt: skip
     """Draw the dtype flow as Graphviz diagrams, one file per setting plus an overview.
 
@@ -277,24 +271,19 @@ def render(
 
     if report_paths:
         refuse_model_with_reports()
-        if settings:
+        if analysis.settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
-        if loss is not None or backward_autocast:
+        if analysis.loss is not None or analysis.backward_autocast:
             raise click.UsageError("--loss and --backward-in-autocast need MODEL, not --report")
         load_renderer()
         reports = load_reports(report_paths)
     else:
-        options = train_options(pass_, loss, backward_autocast)
-        reports = analysed(
-            model, settings, device, amp_dtype, seq_len, check=not no_check, options=options,
-            meanwhile=load_renderer,
-        )  # fmt: skip
+        reports = analysed(analysis.request(), meanwhile=load_renderer)
     from ampgraph.render import render_files
 
     progress(f"laying out {len(reports)} diagram{'s' if len(reports) != 1 else ''} with dot")
-    paths = render_files(
-        reports, out_dir, formats=formats, view=view, fold=not unfold, theme=theme, pass_=pass_
-    )
+    paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold,
+                         theme=theme, pass_=analysis.pass_)  # fmt: skip
     progress_done()
     for path in paths:
         click.echo(str(path))
@@ -326,11 +315,10 @@ def render(
     "text: a line per setting and per disagreement; json: the record --record writes.",
 )
 @pass_options
+@gathers_analysis_options
 def verify(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int,
-    record_path: Path | None, random_seed: int, fmt: str, pass_: str, loss: str | None,
-    backward_autocast: bool,
-) -> None:  # fmt: skip
+    analysis: AnalysisOptions, record_path: Path | None, random_seed: int, fmt: str
+) -> None:
     """Prove the annotations against real execution; exit 1 on any disagreement.
 
     Builds MODEL on --device with random weights and runs it for real under torch.autocast, in
@@ -365,9 +353,9 @@ def verify(
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
     from ampgraph.report.writing import check_writable
+    from ampgraph.verify.spec_run import verify_spec
 
-    options = train_options(pass_, loss, backward_autocast)
-    resolved = resolve_settings(settings, device, amp_dtype)
+    request = analysis.request()
     if record_path is not None:
         check_writable(Path(record_path), "record")  # before the work, not after it
     results: list[Any] = []
@@ -380,17 +368,11 @@ def verify(
         progress_done()  # the setting's lines come next
         for result in value if fmt == "text" else ():
             click.echo(result.summary_line())
-            for line in result.disagreement_lines() + result.note_lines():
+            for line in result.disagreement_lines():
                 click.echo(line)
         results.extend(value)
 
-    # The model's code runs for real in a process group the command kills at --timeout, as
-    # every analysis does; torch and the device are there, never here (a CUDA context made
-    # before the fork would not work in it).
-    _verify_beside(
-        take, model, resolved, seq_len=seq_len, random_seed=random_seed, pass_=pass_,
-        loss=loss, backward_autocast=backward_autocast, train=bool(options),
-    )  # fmt: skip
+    verify_spec(request, take, random_seed=random_seed)
     if record_path is not None:
         from ampgraph.verify import write_record
 
@@ -409,54 +391,3 @@ def verify(
             f"{failed} disagreement{'s' if failed != 1 else ''} between the annotations and "
             "real execution"
         )
-
-
-def _verify_beside(
-    take: Any, model: str, resolved: Sequence[Setting], *, seq_len: int, random_seed: int,
-    pass_: str, loss: str | None, backward_autocast: bool, train: bool,
-) -> None:  # fmt: skip
-    """``verify``'s work in a process group of its own (:func:`ampgraph.pipeline.workers.beside`),
-    killed at ``--timeout``: ``take`` receives ``("progress", note)`` and ``("step", results)``
-    for each setting. In this process, under the alarm, where torch has run here already."""
-    from ampgraph.model.usercode import model_code, overdue_message
-    from ampgraph.pipeline.workers import beside
-
-    force, timeout = forced(), timeout_seconds()
-
-    def produce(send: Any) -> None:
-        from ampgraph.pipeline.run import prepare
-        from ampgraph.verify import resolve_device
-        from ampgraph.verify import verify as verify_model
-        from ampgraph.verify.training import verify_train
-
-        for setting in resolved:
-            resolve_device(setting)  # no GPU: one line now, before the model is built
-        send(("progress", f"building {model} on the meta device..."))
-        with model_code():  # its prints go to stderr; the lines between are ours
-            built = prepare(model, seq_len=seq_len, force=force)
-        for i, setting in enumerate(resolved, 1):
-            send(("progress", f"verifying {setting.name} on real tensors ({i} of {len(resolved)})"))
-            step: list[Any] = []
-            with model_code():
-                if pass_ != "backward":
-                    step.append(verify_model(built, setting, random_seed=random_seed, force=force))
-                if train:
-                    step.append(verify_train(
-                        built, setting, random_seed=random_seed, force=force, loss=loss,
-                        backward_autocast=backward_autocast,
-                    ))  # fmt: skip
-            send(("step", step))
-
-    if "torch" in sys.modules:
-        # A process that has run torch's CPU kernels (a test runner, a notebook calling the
-        # command) cannot fork one that runs them again: OpenMP's threads do not survive a
-        # fork, and the child waited on them forever. Here, as before, with the alarm.
-        from ampgraph.model.usercode import deadline
-
-        with deadline(timeout):
-            produce(take)
-        return
-    beside(
-        produce, take, 1 + 2 * len(resolved), name="verification", timeout=timeout,
-        overdue=overdue_message(timeout) if timeout else "", group=True,
-    )  # fmt: skip

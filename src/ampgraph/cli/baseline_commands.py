@@ -5,6 +5,7 @@ gate) that it still holds.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,10 +17,14 @@ from ampgraph.cli.options import (
     resolve_settings,
     seq_len_option,
 )
-from ampgraph.cli.reports import analysed
+from ampgraph.cli.reports import analysed, analysis_request
 from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS
+
+if TYPE_CHECKING:
+    from ampgraph.model.specs import ModelSpec
+    from ampgraph.review.baseline import Baseline
 
 
 @click.group(name="baseline")
@@ -56,7 +61,7 @@ def _baseline_report(
     model: str, settings: list[str], device: str, amp_dtype: str, seq_len: int
 ) -> Report:
     """The report a baseline snapshots: of ``settings``' one, or (none) the --recipe's."""
-    return analysed(model, settings, device, amp_dtype, seq_len, check=False)[0]
+    return analysed(analysis_request(model, settings, device, amp_dtype, seq_len, check=False))[0]
 
 
 @baseline_group.command(name="write")
@@ -99,6 +104,34 @@ def _given(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
 
 
+def _spec_to_check(
+    ctx: click.Context, base: Baseline, model: str, setting: str | None, file: Path
+) -> ModelSpec:
+    """The model ``baseline check`` analyses again: the command line's, which must be the
+    baseline's own (as must a --setting or --recipe given), else the one the baseline names,
+    which is never code; with the baseline's tracer unless --tracer says otherwise."""
+    from ampgraph.model.specs import ModelSpec, spec_kind, spec_tracer
+    from ampgraph.review.baseline import refuse_other, spec_to_check
+
+    s = base.report.setting
+    # MODEL's default (opt-125m) is no model named: only what the command line gives counts.
+    named = any(_given(ctx, p) for p in ("model", "config_path", "model_dir", "module_factory"))
+    recipes = ctx.meta.pop("ampgraph.recipes", None)
+    if named or setting is not None or recipes:
+        # What the command line names (a recipe's setting on the baseline's device) must be
+        # the baseline's own; never the baseline's own name blamed on --setting.
+        ctx.meta["ampgraph.recipes"] = recipes
+        names = [setting] if setting is not None else ([] if recipes else [s["name"]])
+        wanted = resolve_settings(names, s["device_type"], s["amp_dtype"])[0]
+        ctx.meta.pop("ampgraph.recipes", None)  # the analysis below is of the baseline's setting
+        refuse_other(base, model if named else base.report.model, wanted.to_dict(), str(file))
+    # The command line's model, else the one the baseline names, which is never code; the
+    # baseline's tracer unless --tracer says otherwise.
+    named_spec = model if named else spec_to_check(base, str(file))
+    tracer = spec_tracer(model) if _given(ctx, "tracer") else base.tracer
+    return ModelSpec(str(named_spec), spec_kind(named_spec), tracer=tracer)
+
+
 @baseline_group.command(name="check")
 @click.argument("file", type=click.Path(path_type=Path))  # a folder: the reader's one line
 @model_argument
@@ -118,15 +151,8 @@ def baseline_check(
     FILE; a model or setting given must be the baseline's own. FILE is data and never decides
     what code runs: a baseline of a --module factory is checked only with that --module given.
     """
+    from ampgraph.review.baseline import baseline_text, check_report, read_baseline
     from ampgraph.formats import DIFF_FORMATS as FORMATS
-    from ampgraph.model.specs import ModelSpec, spec_kind, spec_tracer
-    from ampgraph.review.baseline import (
-        baseline_text,
-        check_report,
-        read_baseline,
-        refuse_other,
-        spec_to_check,
-    )
 
     if not file.exists():
         raise click.ClickException(
@@ -138,22 +164,7 @@ def baseline_check(
     text = read_text(file, "baseline")  # a FIFO or /dev/zero: one line, never a hang
     base = read_baseline(text, str(file))
     s = base.report.setting
-    # MODEL's default (opt-125m) is no model named: only what the command line gives counts.
-    named = any(_given(ctx, p) for p in ("model", "config_path", "model_dir", "module_factory"))
-    recipes = ctx.meta.pop("ampgraph.recipes", None)
-    if named or setting is not None or recipes:
-        # What the command line names (a recipe's setting on the baseline's device) must be
-        # the baseline's own; never the baseline's own name blamed on --setting.
-        ctx.meta["ampgraph.recipes"] = recipes
-        names = [setting] if setting is not None else ([] if recipes else [s["name"]])
-        wanted = resolve_settings(names, s["device_type"], s["amp_dtype"])[0]
-        ctx.meta.pop("ampgraph.recipes", None)  # the analysis below is of the baseline's setting
-        refuse_other(base, model if named else base.report.model, wanted.to_dict(), str(file))
-    # The command line's model, else the one the baseline names, which is never code; the
-    # baseline's tracer unless --tracer says otherwise.
-    named_spec = model if named else spec_to_check(base, str(file))
-    tracer = spec_tracer(model) if _given(ctx, "tracer") else base.tracer
-    spec = ModelSpec(str(named_spec), spec_kind(named_spec), tracer=tracer)
+    spec = _spec_to_check(ctx, base, model, setting, file)
     report = _baseline_report(spec, [s["name"]], s["device_type"], s["amp_dtype"], base.seq_len)
     result = check_report(base, report)
     if result.equal:

@@ -24,9 +24,16 @@ from ampgraph.cli.options import (
     setting_options,
     timeout_seconds,
 )
-from ampgraph.cli.reports import analysed, load_reports, refuse_model_with_reports
+from ampgraph.cli.reports import (
+    AnalysisOptions,
+    analysed,
+    gathers_analysis_options,
+    load_reports,
+    refuse_model_with_reports,
+)
+from ampgraph.pipeline.request import AnalysisRequest
 from ampgraph.report.escape import terminal
-from ampgraph.report.records import Report
+from ampgraph.review.compare_runs import Side, saved_report
 from ampgraph.settings import PRESETS, Setting
 
 
@@ -53,9 +60,10 @@ from ampgraph.settings import PRESETS, Setting
     "the same model and setting: values that overflow (error), flush to zero (warning) or lose "
     "bits as subnormals (note). Repeat for several; needs no torch.",
 )  # fmt: skip
+@gathers_analysis_options
 def audit(
-    model: str, settings: tuple[str, ...], device: str, amp_dtype: str, seq_len: int, fmt: str,
-    fail_on: str, report_paths: tuple[Path, ...], no_check: bool, ranges_paths: tuple[Path, ...],
+    analysis: AnalysisOptions, fmt: str, fail_on: str, report_paths: tuple[Path, ...],
+    ranges_paths: tuple[Path, ...],
 ) -> None:  # fmt: skip
     """Findings where dtypes meet: promotions, autocast casts, hazards, 16-bit risks.
 
@@ -83,13 +91,12 @@ def audit(
 
     if report_paths:
         refuse_model_with_reports()
-        if settings:
+        if analysis.settings:
             raise click.UsageError("--setting and --report exclude each other: a report has one")
         reports = load_reports(report_paths)
     else:
         # Source lines for the findings: the capture keeps stack traces, for audit alone.
-        reports = analysed(model, settings, device, amp_dtype, seq_len, check=not no_check,
-                           options={"sources": True})  # fmt: skip
+        reports = analysed(analysis.request(sources=True))
     findings = [audit_lib.audit(r) for r in reports]
     if ranges_paths:
         from ampgraph.review.audit_ranges import attach, load_ranges
@@ -123,6 +130,9 @@ def audit(
 
 # -- diff: what changes between two analyses -----------------------------------------------------
 
+#: A saved report's reader, by the name it had when it lived here.
+_report_file = saved_report
+
 
 def _pick(values: Sequence[str], label: str) -> tuple[str | None, str | None]:
     """Side A's and side B's value of an option given once (both) or twice (one each)."""
@@ -150,46 +160,6 @@ def _release(value: str | None) -> str | None:
 def _shown(fmt: str, text: str) -> str:
     """A diff as printed: text and Markdown with terminal controls shown (JSON escapes its own)."""
     return text if fmt == "json" else terminal(text)
-
-
-def _report_file(source: str) -> Report | None:
-    """The report a source names when it is a saved ``ampgraph.report`` or baseline, else None
-    (a model spec; a config.json is one). One ``Error:`` line for a report that cannot be read."""
-    import json
-
-    from ampgraph.report.reading import read_text
-    from ampgraph.report.records import load_json
-    from ampgraph.review.baseline import SCHEMA as BASELINE
-    from ampgraph.review.baseline import read_baseline
-
-    path = Path(source)
-    if path.suffix != ".json" or not path.exists() or path.is_dir():
-        return None  # a model spec (a folder is a model's)
-    # A .json that is not a regular file (a FIFO, a folder): one line, exit 1, never a hang.
-    text = read_text(path, "report")
-    try:
-        try:
-            data, refused = load_json(text), None
-        except ValueError as exc:  # NaN: refused in an ampgraph file, but a config is a model
-            data, refused = json.loads(text), exc
-    except (OSError, ValueError, RecursionError) as exc:
-        reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
-        raise click.ClickException(f"{source}: cannot be read as JSON ({reason})") from None
-    if isinstance(data, dict) and data.get("schema") == BASELINE:
-        return read_baseline(text, source).report
-    if isinstance(data, list):
-        if len(data) != 1:
-            raise click.ClickException(f"{source} holds {len(data)} reports: diff one setting "
-                                       "('ampgraph table -s NAME --format json')")  # fmt: skip
-        data = data[0]
-    if not (isinstance(data, dict) and str(data.get("schema", "")).startswith("ampgraph.")):
-        return None  # a Hugging Face config.json: a model to analyse
-    if refused is not None:
-        raise click.ClickException(f"{source}: {refused}")
-    try:
-        return Report.from_dict(data)
-    except ValueError as exc:
-        raise click.ClickException(f"{source}: {exc}") from None
 
 
 @click.command(name="diff")
@@ -269,9 +239,9 @@ def diff_command(
       ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
       ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
     """
-    from ampgraph.formats import DIFF_FORMATS as FORMATS
     from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
-    from ampgraph.review.diff import diff_reports
+    from ampgraph.review.compare_runs import compare_change, compare_sides
+    from ampgraph.formats import DIFF_FORMATS as FORMATS
 
     given = option_model()
     if given is not None:
@@ -286,20 +256,12 @@ def diff_command(
         raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
     tracer = ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER
     sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
-
+    request = AnalysisRequest(seq_len=seq_len, check=False, force=forced(),
+                              timeout=timeout_seconds())  # fmt: skip
     if keep_fp32 or move_ops:
-        from ampgraph.review.whatif import checked_note, findings_note
-
-        if tables:
-            raise click.UsageError("--tables compares two releases' lists: preview a change "
-                                   "with the installed torch's, without --tables")  # fmt: skip
-
-        if recipes:
-            raise click.UsageError("--recipe names the two sides of a diff: preview a change "
-                                   "in one setting, with --setting")  # fmt: skip
-        a, b = _whatif_pair(sources, settings, devices, amp_dtypes, seq_len, keep_fp32, move_ops)
-        result = diff_reports(a, b)
-        result.notes += [n for n in (findings_note(a, b), checked_note(b, bool(move_ops))) if n]
+        spec, setting = _whatif_side(sources, settings, devices, amp_dtypes, tables, recipes,
+                                     keep_fp32)  # fmt: skip
+        result, b = compare_change(spec, setting, request, keep=keep_fp32, moves=move_ops)
         click.echo(_shown(fmt, FORMATS[fmt](result)))
         if b.check is not None and b.disagreements:
             n = len(b.disagreements)
@@ -307,9 +269,21 @@ def diff_command(
                 f"{n} node{'' if n == 1 else 's'} of the preview "
                 f"{'disagrees' if n == 1 else 'disagree'} with the dispatcher"
             )
-        if not result.equal:
-            ctx.exit(1)
-        return
+    else:
+        sides = _sides(sources, settings, devices, amp_dtypes, tables, recipes, tracer)
+        result = compare_sides(sides, request, analysed)
+        click.echo(_shown(fmt, FORMATS[fmt](result)))
+    if not result.equal:
+        ctx.exit(1)
+
+
+def _sides(
+    sources: Sequence[str], settings: Sequence[str], devices: Sequence[str],
+    amp_dtypes: Sequence[str], tables: Sequence[str], recipes: Sequence[str], tracer: str,
+) -> list[Side]:  # fmt: skip
+    """A and B of a diff from the command line: a saved report as it is, else a model in the
+    setting its options (or the other side's report) give, with its release's tables."""
+    from ampgraph.model.specs import ModelSpec
 
     if len(sources) > 2:
         raise click.UsageError("give at most two models or reports: A and B")
@@ -322,7 +296,7 @@ def diff_command(
     }
     releases = [_release(t) for t in pairs["--tables"]]
     named = [sources[0], sources[-1]] if sources else [ModelSpec("opt-125m", tracer=tracer)] * 2
-    files = [_report_file(s) for s in dict.fromkeys(named)]
+    files = [saved_report(s) for s in dict.fromkeys(named)]
     files = [files[0], files[-1]]
     if len(sources) < 2 and max(map(len, (settings, devices, amp_dtypes, tables, recipes))) < 2:
         raise click.UsageError(
@@ -335,39 +309,13 @@ def diff_command(
             "A and B are saved reports" if len(sources) == 2 else f"{sources[0]} is a saved report"
         )
         raise click.UsageError(f"{saved}: {', '.join(given)} cannot change what it holds")
-    reports: list[Report | None] = list(files)
+    sides = []
     for side, report in enumerate(files):
-        if report is not None:
-            continue
         other = files[1 - side]
-        base = other.setting if other is not None else {}
-        device = pairs["--device"][side] or base.get("device_type") or "cuda"
-        amp = pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16"
-        setting = _side_setting(pairs, side, base)
-        options = {"tables": releases[side]} if releases[side] else None
-        # One analysis call for both sides of one model, so the model is built once.
-        if side == 0 and files[1] is None and named[0] == named[1] and len(set(releases)) == 1:
-            setting_b = _side_setting(pairs, 1, {})
-            reports = analysed(named[0], [setting, setting_b], device, amp, seq_len,
-                               check=False, options=options)  # fmt: skip
-            break
-        reports[side] = analysed(named[side], [setting], device, amp, seq_len,
-                                 check=False, options=options)[0]  # fmt: skip
-    a, b = reports
-    assert a is not None and b is not None
-    result = diff_reports(a, b)
-    for label, release in zip("AB", releases, strict=True):
-        if release and files["AB".index(label)] is None:
-            import torch
-
-            result.notes.append(
-                f"{label} is a prediction for torch {release}: annotated with its autocast lists "
-                f"on a graph traced by this torch {torch.__version__}, and not checked against "
-                "a dispatcher"
-            )
-    click.echo(_shown(fmt, FORMATS[fmt](result)))
-    if not result.equal:
-        ctx.exit(1)
+        base = other.setting if other is not None and report is None else {}
+        setting = _side_setting(pairs, side, base) if report is None else None
+        sides.append(Side(named[side], setting, releases[side], report))
+    return sides
 
 
 def _side_setting(
@@ -393,22 +341,26 @@ def _side_setting(
     return resolve_settings([name], device, amp)[0]
 
 
-def _whatif_pair(
+def _whatif_side(
     sources: Sequence[str], settings: Sequence[str], devices: Sequence[str],
-    amp_dtypes: Sequence[str], seq_len: int, patterns: Sequence[str], moves: Sequence[str],
-) -> tuple[Report, Report]:  # fmt: skip
-    """``diff --keep-fp32`` / ``--move-op``: one model in one setting, as it is (A) and with the
-    change (B). Never cached: the preview is the point, and a change is no model identity."""
+    amp_dtypes: Sequence[str], tables: Sequence[str], recipes: Sequence[str],
+    patterns: Sequence[str],
+) -> tuple[str, Setting]:  # fmt: skip
+    """``diff --keep-fp32`` / ``--move-op``: the one model and the one setting it previews a
+    change of, or a usage error."""
     from ampgraph.model.specs import ModelSpec
-    from ampgraph.model.usercode import model_code, overdue_message
-    from ampgraph.pipeline.workers import isolated
-    from ampgraph.review.whatif import preview
 
+    if tables:
+        raise click.UsageError("--tables compares two releases' lists: preview a change "
+                               "with the installed torch's, without --tables")  # fmt: skip
+    if recipes:
+        raise click.UsageError("--recipe names the two sides of a diff: preview a change "
+                               "in one setting, with --setting")  # fmt: skip
     what = "--keep-fp32" if patterns else "--move-op"
     if len(sources) > 1 or max(len(settings), len(devices), len(amp_dtypes)) > 1:
         raise click.UsageError(f"{what} compares one model in one setting with itself: give "
                                "one MODEL and each option once")  # fmt: skip
-    if sources and _report_file(sources[0]) is not None:
+    if sources and saved_report(sources[0]) is not None:
         raise click.UsageError(f"{what} needs a model to analyse, not a saved report")
     setting = resolve_settings(
         [settings[0] if settings else "amp-fp32"],
@@ -419,14 +371,4 @@ def _whatif_pair(
         change = "to disable" if patterns else "whose lists to change"
         raise click.BadParameter(f"{setting.name} has no autocast {change}: use amp-fp32 or "
                                  "amp-half", param_hint="'--setting'")  # fmt: skip
-    spec = sources[0] if sources else ModelSpec("opt-125m")  # diff made each source a spec
-    force, timeout = forced(), timeout_seconds()
-
-    def both() -> tuple[Report, Report]:
-        with model_code():  # the model's code is built and traced here
-            return preview(spec, setting, keep=patterns, moves=moves, seq_len=seq_len, force=force)
-
-    # In a process group the command kills at the deadline, as every analysis of a model.
-    return isolated(  # type: ignore[no-any-return]
-        both, name="analysis", timeout=timeout, overdue=overdue_message(timeout) if timeout else ""
-    )
+    return (sources[0] if sources else ModelSpec("opt-125m")), setting

@@ -1,0 +1,85 @@
+"""``ampgraph verify``'s work: a model spec built once and verified for real in each setting of
+an :class:`~ampgraph.pipeline.request.AnalysisRequest`, in a process group of its own.
+
+The model's code runs for real in a process group that is killed after ``request.timeout``,
+as every analysis does; torch and the device are there, never in the caller (a CUDA context
+made before the fork would not work in it). Torch-free itself.
+
+>>> from ampgraph.pipeline.request import AnalysisRequest
+>>> items = []
+>>> verify_spec(AnalysisRequest("llama-tiny", ("fp32,device=cpu",), seq_len=4), items.append)
+>>> [kind for kind, _ in items], items[-1][1][0].ok
+(['progress', 'progress', 'step'], True)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ampgraph.pipeline.request import AnalysisRequest
+
+#: What :func:`verify_spec` hands its caller: ``("progress", note)`` or ``("step", results)``.
+Item = tuple[str, Any]
+
+
+def _produce(request: AnalysisRequest, random_seed: int, send: Callable[[Item], None]) -> None:
+    """Build the model, then verify it in each setting, sending notes and results."""
+    from ampgraph.model.usercode import model_code
+    from ampgraph.pipeline.run import prepare
+    from ampgraph.verify.training import verify_train
+    from ampgraph.verify import resolve_device
+    from ampgraph.verify import verify as verify_model
+
+    settings, force = request.settings, request.force
+    for setting in settings:
+        resolve_device(setting)  # no GPU: one line now, before the model is built
+    send(("progress", f"building {request.model} on the meta device..."))
+    with model_code():  # its prints go to stderr; the lines between are ours
+        built = prepare(request.model or "", seq_len=request.seq_len, force=force,
+                        tracer=request.traced_by)  # fmt: skip
+    for i, setting in enumerate(settings, 1):
+        send(("progress", f"verifying {setting.name} on real tensors ({i} of {len(settings)})"))
+        step: list[Any] = []
+        with model_code():
+            if request.pass_ != "backward":
+                step.append(verify_model(built, setting, random_seed=random_seed, force=force))
+            if request.training:
+                step.append(verify_train(
+                    built, setting, random_seed=random_seed, force=force, loss=request.loss,
+                    backward_autocast=request.backward_autocast,
+                ))  # fmt: skip
+        send(("step", step))
+
+
+def verify_spec(
+    request: AnalysisRequest, take: Callable[[Item], None], *, random_seed: int = 0
+) -> None:
+    """Verify ``request``'s model (a spec) in each of its settings against real execution
+    (:func:`ampgraph.verify.verify`, and :func:`ampgraph.verify.training.verify_train` for a
+    training pass), with weights from ``random_seed``: ``take`` receives ``("progress",
+    note)`` and ``("step", results)`` for each setting as they come.
+
+    In a process group of its own (:func:`ampgraph.pipeline.workers.run_in_fork`), killed after
+    ``request.timeout``; in this process, under the alarm, where torch has run here already.
+    """
+    from ampgraph.model.usercode import deadline, overdue_message
+    from ampgraph.pipeline.workers import run_in_fork
+
+    timeout = request.timeout
+    if "torch" in sys.modules:
+        # A process that has run torch's CPU kernels (a test runner, a notebook calling the
+        # command) cannot fork one that runs them again: OpenMP's threads do not survive a
+        # fork, and the child waited on them forever. Here, as before, with the alarm.
+        with deadline(timeout):
+            _produce(request, random_seed, take)
+        return
+    run_in_fork(
+        lambda send: _produce(request, random_seed, send), take, 1 + 2 * len(request.settings),
+        name="verification", timeout=timeout,
+        overdue=overdue_message(timeout) if timeout else "", group=True,
+    )  # fmt: skip
+
+
+__all__ = ["Item", "verify_spec"]
