@@ -408,3 +408,40 @@ def test_bce_with_logits_is_the_real_cpu_kernels_dtype(dtypes: Any, pos_weight: 
         return F.binary_cross_entropy_with_logits(x, t, pos_weight=w[0] if w else None)
 
     assert predicted("cpu", fn, specs) == real_cpu(fn, specs)
+
+
+EUCLIDEAN = [
+    ((5, 5), (6, 5)),
+    ((2, 5, 5), (2, 6, 5)),
+    ((2, 30, 5), (2, 30, 5)),
+    ((3, 40, 3), (3, 2, 3)),
+]
+
+
+@pytest.mark.parametrize("shapes", EUCLIDEAN)
+def test_cdist_by_matrix_products_of_two_dtypes_is_the_real_cpu_kernel(shapes: Any) -> None:
+    """``cdist`` p=2 by matrix products (``_euclidean_dist``): ``mm`` for 2-D inputs, ``bmm`` on
+    the path its shapes take for batches, every dtype mix, against the real CPU kernel."""
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist")
+
+    for da, db in ((F32, BF16), (BF16, F32), (F16, F32), (BF16, F16)):
+        specs = ((shapes[0], da), (shapes[1], db))
+        assert predicted("cpu", fn, specs) == real_cpu(fn, specs), (shapes, da, db)
+
+
+def test_cdist_by_matrix_products_on_fake_cuda_takes_cudas_mm_and_bmm_wording() -> None:
+    """On CUDA the same products raise ``mm``'s and ``bmm``'s CUDA messages (not yet seen on a
+    GPU for ``cdist``: ``--ops cdist`` or a model would show it)."""
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist")
+
+    two = predicted("cuda", fn, (((5, 5), F32), ((6, 5), BF16)))
+    assert (
+        two
+        == "raises `expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16`"
+    )
+    three = predicted("cuda", fn, (((2, 5, 5), F32), ((2, 6, 5), BF16)))
+    assert three == "raises `expected scalar type Float but found BFloat16`"
