@@ -2,7 +2,7 @@
 
 CUDA rules cannot run here: each is checked as ampgraph predicts the call on fake CUDA tensors
 (``fake_session``, as ``scripts/gpu_survey.py`` replays it) against what the H100 ran, read from
-its record (``docs/verification/cuda-survey.json``, ``record["ops"]["parting"]``: torch
+its record (``docs/verification/h100-2026-11-26/survey-first-b97ead5.json``, ``record["ops"]["parting"]``: torch
 2.11.0+cu130), by the call's own line there. Rules the CPU shares are proven on the real CPU
 kernels, every dtype mix.
 """
@@ -29,12 +29,12 @@ aten = torch.ops.aten
 F32, BF16, F16, I32, I64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
 BOOL = torch.bool
 SHORT = {F32: "f32", BF16: "bf16", F16: "f16"}
-#: The H100's records: the first survey (``cuda-survey.json``, ampgraph b97ead5) and the second,
-#: of the ops these rules touch (``cuda-survey-rules.json``, ampgraph 55161eb, where only
+#: The H100's records: the first survey (``h100-2026-11-26/survey-first-b97ead5.json``, ampgraph
+#: b97ead5) and the second, of the ops these rules touch (``cuda-survey-rules.json``, ampgraph 55161eb, where only
 #: ``index_put`` with integer indices still parted).
 RECORDS = [
     json.loads((ROOT / "docs" / "verification" / name).read_text())
-    for name in ("cuda-survey.json", "cuda-survey-rules.json")
+    for name in ("h100-2026-11-26/survey-first-b97ead5.json", "cuda-survey-rules.json")
 ]
 H100 = {(e["op"], e["call"]): e for record in RECORDS for e in record["ops"]["parting"]}
 
@@ -378,7 +378,7 @@ def test_index_put_of_one_cpu_value_under_a_mask_is_a_masked_fill_on_every_devic
 def test_cuda_index_put_accumulate_launches_nothing_for_an_empty_index() -> None:
     """The sort kernel is not launched where nothing is indexed (so OpInfo's all-false mask ran
     on the H100, ``index_put(bf16[5, 5], (bool[5],), f32[5], accumulate=True) -> bf16`` in
-    ``cuda-survey.json``); a mask's contents are data, so a mask is taken to select something."""
+    ``h100-2026-11-26/survey-first-b97ead5.json``); a mask's contents are data, so a mask is taken to select something."""
     line = H100[("index_put", "index_put(bf16[5, 5], (bool[5],), f32[5], accumulate=True)")]
     assert line["real"] == "-> bf16"
     empty = (((5, 5), BF16), ((0,), I64), ((0, 5), F32))
