@@ -445,3 +445,33 @@ def test_cdist_by_matrix_products_on_fake_cuda_takes_cudas_mm_and_bmm_wording() 
     )
     three = predicted("cuda", fn, (((2, 5, 5), F32), ((2, 6, 5), BF16)))
     assert three == "raises `expected scalar type Float but found BFloat16`"
+
+
+class _MaskScalar(torch.nn.Module):
+    """``h.index_put((mask,), torch.tensor(1.0))`` on a 16-bit ``h``: the survey's case
+    ``index-put-mask-scalar``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x.to(self.lin.weight.dtype))
+        return h.index_put((h[:, 0] > 0,), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_a_cpu_constant_the_forward_makes_stays_on_the_cpu(device_type: str) -> None:
+    """The one-element value is made on the CPU in the forward and stays there on a GPU, so
+    index_put takes the masked fill and runs (the H100's latest survey, case
+    index-put-mask-scalar in ``half``: the replay had put the lifted constant on the GPU and
+    raised the dtype check). The real CPU kernel runs it too."""
+    from ampgraph import analyze
+    from ampgraph.settings import Setting
+
+    module = _MaskScalar()
+    real = module.to(BF16)(torch.randn(4, 8))
+    report = analyze(_MaskScalar(), Setting.parse("half", device_type=device_type),
+                     args=(torch.randn(4, 8),))  # fmt: skip
+    node = next(r for r in report.nodes if r.op == "aten.index_put.default")
+    assert (node.error, node.outputs) == (None, [str(real.dtype).removeprefix("torch.")])
