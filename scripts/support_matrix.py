@@ -79,20 +79,33 @@ COMMANDS = {
 #: What the page says besides the table: the range, the floor and why, what CI proves.
 PROSE = """## The supported range
 
-- **torch 2.10 to 2.14.1** (`pyproject.toml`: `torch>=2.10,<3`). Outside it, the command line
+- **torch 2.9 to 2.14.1** (`pyproject.toml`: `torch>=2.9,<3`). Outside it, the command line
   and `import ampgraph` say so in one line (`ampgraph.compat`): below the floor the command
-  refuses (`Error: ampgraph supports torch 2.10 to 2.14.1; this is torch 2.9.1: pip install
-  'torch>=2.10,<=2.14.1'`, exit 1) and the import warns; above 2.14.1 both warn that the
+  refuses (`Error: ampgraph supports torch 2.9 to 2.14.1; this is torch 2.8.0: pip install
+  'torch>=2.9,<=2.14.1'`, exit 1) and the import warns; above 2.14.1 both warn that the
   results are unproven and go on. pip is not told an upper bound, so installing ampgraph
   beside a newer torch never downgrades the torch a GPU image shipped.
-- **Why the floor is 2.10:** on torch 2.9 the fake CUDA tensors ampgraph analyses with need a
-  CUDA driver: the first op on a fake CUDA parameter builds its autograd node, which asks the
-  driver for the current stream (`InputMetadata`, a C++ abort), and Python-level indexing opens
-  a CUDA device guard (`CUDA driver version is insufficient`). Without a GPU every default
-  (CUDA) analysis fails so, under `no_grad` too; every `--device cpu` command works there. 2.10
-  answers both without the driver. Neither call has a switch in 2.9 (`ampgraph.compat` says
-  what was tried); with a GPU driver 2.9 is untried. Below 2.9, torch 2.6 also lacks
-  `guard_or_true`.
+- **What 2.9 needs, and where the floor is:** on a CUDA build of torch 2.9 with no GPU driver,
+  the fake CUDA tensors ampgraph analyses with reach the driver from C++. The CUDA device guard
+  is asked for the current stream when the first op on a parameter that requires grad builds
+  its autograd node (`InputMetadata`, `torch/csrc/autograd/input_metadata.cpp`: a C++ abort),
+  and for the current device by Python-level indexing (`THPVariable_getitem`'s device guard:
+  `CUDA driver version is insufficient`) and `.to("cuda")`; SDPA's backend choice
+  (`select_sdp_backend`) and the convolution backend choice fake tensors ask for
+  (`_select_conv_backend`, bf16 and depthwise) read the device's properties. torch 2.10 answers
+  all of these itself: `FakeTensorMode` swaps in a driverless CUDA guard
+  (`c10::impl::ensureCUDADeviceGuardSet`, new in 2.10, not bound in 2.9) and the properties it
+  cannot read count as "not supported" (SDPA takes math, bf16 convolutions leave cuDNN). On 2.9
+  `ampgraph/capture/driverless_29.py` does the same (the guard built from torch's own no-op and
+  CUDA guards, after checking each assumption). Two smaller differences are made up in
+  `ampgraph.compat`: 2.9's `make_fx` decomposes a composite op that also has a kernel of its own
+  (`silu_backward`; 2.10 asks `autograd_would_have_decomposed`), and 2.9's meta kernel of
+  `native_layer_norm_backward` gives an fp32 LayerNorm's weight gradient the bf16 input's dtype.
+  With those, `table`, `check`, `verify --device cpu` (forward and `--pass train`), `render`
+  and the make-fx and export engines print the same bytes on 2.9.1 as on 2.10.0 for llama-tiny
+  and opt-125m. Older releases are not tried; torch 2.6 also lacks `guard_or_true`. With a GPU
+  driver, 2.9 needs none of the driverless part and ampgraph does none of it (untried: no GPU
+  machine had 2.9).
 - **transformers 5.17 to 5.24** (`transformers>=5.17,<6`): older 5.x releases fail on bundled
   models (5.0.0: `PhiConfig` has no `pad_token_id`; 5.1.0: Jamba asks for mamba's CUDA kernels,
   and model outputs have no pytree `flatten_with_keys_fn` for the training pass). Outside the
@@ -104,7 +117,7 @@ PROSE = """## The supported range
 ## What CI proves
 
 `make test` runs the main suite on torch 2.14.1, the hf-fx tests on their overlay, then
-`make test-floor`: the quick slice on the floor, torch 2.10.0 with torchvision 0.25 in
+`make test-floor`: the quick slice on the floor, torch 2.9.1 with torchvision 0.24 in
 `.venv-floor` (about 7 GiB from PyPI; 5 to 11 minutes to install on a busy 2-core machine; the
 slice takes about 3.5 minutes there, 250 tests). The slice (`FLOOR_TESTS` and
 `FLOOR_TRAIN_TESTS` in the Makefile) is the tests of every stage a release can change: the version checks (`test_compat.py`), the policy tables against that
@@ -113,14 +126,15 @@ release's dispatcher (`test_policy.py`), both engines node for node (`test_captu
 (`test_meta_kernels.py`), library autocast kernels (`test_autocast_kernels.py`), the single ops
 and the seed notebook's lines (`test_single_ops.py`, `test_seed_notebook.py`), the training pass
 (`test_backward.py`), `verify --device cpu` (`test_verify.py`) and the command line
-(`test_cli.py`). The rest of the suite exercises the same stages on more models and formats.
+(`test_cli.py`), and fake CUDA tensors without a driver (`test_compat_fake_cuda.py`). The
+rest of the suite exercises the same stages on more models and formats.
 The training pass runs in a pytest process of its own: on torch 2.10 and 2.11 a process that ran
 a backward cannot use autograd in workers it forks later (torch refuses, or the worker hangs), so
 the two tests that run the command line in-process after that module's backwards are left out
 there; a command started on its own (the train column above) is not affected.
 
 `test_policy.py` and `test_compat.py` were also run on 2.11.0, 2.12.1 and 2.13.0 (each release's
-autocast lists against its own dispatcher): they pass on every release from 2.10 to 2.14.1.
+autocast lists against its own dispatcher): they pass on every release from 2.9 to 2.14.1.
 
 A contributor tries another release with `make test TORCH_SPEC=torch==2.11.0` (the Makefile picks
 its torchvision, 0.(N+15), and rebuilds `.venv` when the spec changes).

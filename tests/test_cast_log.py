@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
 import torch
 from torch import nn
 
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.verify import verify
-from ampgraph.verify.cast_log import CastLog
+from ampgraph.verify.cast_log import CastLog, weights_as_one
+from ampgraph.verify.compare import cast_key
 
 
 def test_a_copy_into_another_dtype_is_a_cast_of_its_source() -> None:
@@ -42,3 +46,51 @@ def test_an_ops_own_copy_into_another_dtype_is_not_autocasts() -> None:
         model = ModelInputs("copy-into", CopyInto().eval(), (torch.randn(2, 8),))
         result = verify(model, Setting.parse(name, device_type="cpu"), device="cpu")
         assert result.ok, result.disagreement_lines()
+
+
+def _casts(text: str) -> list[tuple[str, str, str]]:
+    """``x fp32->fp16, ...`` as verify prints a node's casts, back to cast keys."""
+    names = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+    out = []
+    for item in text.split(", "):
+        source, _, pair = item.rpartition(" ")
+        a, b = pair.split("->")
+        out.append((source, names[a], names[b]))
+    return out
+
+
+@pytest.mark.parametrize(("op", "inputs", "predicted", "observed"), [
+    # docs/verification/cuda-survey.json (H100, torch 2.11), cases gru-fp32-input and lstm in
+    # amp-fp32 with bf16: the lines verify printed before the weights were compared as one.
+    ("aten.gru.input", ["x", "zeros", "p_rnn_weight_ih_l0", "p_rnn_weight_hh_l0",
+                        "p_rnn_bias_ih_l0", "p_rnn_bias_hh_l0"],
+     "x fp32->fp16, p_rnn_weight_ih_l0 fp32->fp16, p_rnn_weight_hh_l0 fp32->fp16, "
+     "p_rnn_bias_ih_l0 fp32->fp16, p_rnn_bias_hh_l0 fp32->fp16, zeros fp32->fp16",
+     "x fp32->fp16, zeros fp32->fp16, (internal) fp32->fp16, (internal) fp32->fp16, "
+     "(internal) fp32->fp16, (internal) fp32->fp16"),
+    ("aten.lstm.input", ["to", "zeros", "zeros_1", "p_rnn_weight_ih_l0", "p_rnn_weight_hh_l0",
+                         "p_rnn_bias_ih_l0", "p_rnn_bias_hh_l0"],
+     "to fp32->fp16, p_rnn_weight_ih_l0 fp32->fp16, p_rnn_weight_hh_l0 fp32->fp16, "
+     "p_rnn_bias_ih_l0 fp32->fp16, p_rnn_bias_hh_l0 fp32->fp16, zeros fp32->fp16, "
+     "zeros_1 fp32->fp16",
+     "to fp32->fp16, zeros fp32->fp16, zeros_1 fp32->fp16, (internal) fp32->fp16, "
+     "(internal) fp32->fp16, (internal) fp32->fp16, (internal) fp32->fp16"),
+])  # fmt: skip
+def test_a_cudnn_rnns_weights_cast_into_its_buffer_agree_as_one(
+    op: str, inputs: list[str], predicted: str, observed: str
+) -> None:
+    """cuDNN's autocast kernel copies the weights into its fp16 buffer from views of them (a
+    real run logs them ``(internal)``); the annotation names each weight: the same casts."""
+    names = set(inputs)
+    want = Counter(cast_key(c, names) for c in weights_as_one(op, inputs, _casts(predicted), False))
+    got = Counter(cast_key(c, names) for c in weights_as_one(op, inputs, _casts(observed), True))
+    assert want == got
+    # The input's and hx's casts still count one by one: one missing is a disagreement.
+    short = _casts(observed)[1:]
+    got = Counter(cast_key(c, names) for c in weights_as_one(op, inputs, short, True))
+    assert want != got
+
+
+def test_other_ops_internal_casts_are_not_merged() -> None:
+    casts = [("(internal)", "float32", "float16")] * 2
+    assert weights_as_one("aten.linear.default", ["x", "w"], casts, True) == casts

@@ -170,3 +170,17 @@ def test_a_kernel_torch_registered_from_python_is_replaced() -> None:
     )
     out = torch.ops.ampgraph_compat_test.f(torch.empty(3, device="meta"))
     assert out.dtype == torch.float16
+
+
+def test_make_fx_below_autograd_keeps_an_op_that_has_its_own_kernel() -> None:
+    """``silu_backward`` has a CPU and a Meta kernel beside its composite: autograd runs the
+    kernel, and so the trace records it (2.10 on by itself; 2.9 decomposed it)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.silu_backward(g, x)
+
+    with compat.make_fx_keeps_fused_kernels():
+        gm = make_fx(step)(torch.ones(3, device="meta"), torch.ones(3, device="meta"))
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops == ["aten.silu_backward.default"]

@@ -84,3 +84,19 @@ def test_the_help_is_for_torch_2_9_only() -> None:
     assert driverless_29.install() is None
     # The SDPA stand-in exists exactly where the help was given.
     assert bool(driverless_29.STAND_INS) == compat.fake_cuda_needs_help()
+
+
+def test_a_bf16_convolution_needs_no_driver() -> None:
+    """Fake tensors ask ``_select_conv_backend`` for a convolution's memory format; its cuDNN
+    checks for bf16 read the device's properties. Without a device the choice leaves cuDNN
+    (2.10 on by itself), and the real autocast kernel's dtype comes out."""
+    out = _run("""
+with fake_mode():
+    x = torch.empty(1, 3, 4, 4, device="cuda", dtype=torch.bfloat16)
+    w = torch.empty(4, 3, 1, 1, device="cuda", dtype=torch.bfloat16)
+    print(torch._C._select_conv_backend(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, None))
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", torch.bfloat16)
+    print(torch.nn.functional.conv2d(x.float(), w.float(), torch.empty(4, device="cuda")).dtype)
+""")
+    assert out.split() == ["_ConvBackend.Slow2d", "torch.bfloat16"]

@@ -2,7 +2,7 @@
 
 CUDA rules cannot run here: each is checked as ampgraph predicts the call on fake CUDA tensors
 (``fake_session``, as ``scripts/gpu_survey.py`` replays it) against what the H100 ran, read from
-its record (``docs/verification/cuda-survey.json``, ``record["ops"]["parting"]``: torch
+its record (``docs/verification/h100-2026-11-26/survey-first-b97ead5.json``, ``record["ops"]["parting"]``: torch
 2.11.0+cu130), by the call's own line there. Rules the CPU shares are proven on the real CPU
 kernels, every dtype mix.
 """
@@ -29,12 +29,12 @@ aten = torch.ops.aten
 F32, BF16, F16, I32, I64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
 BOOL = torch.bool
 SHORT = {F32: "f32", BF16: "bf16", F16: "f16"}
-#: The H100's records: the first survey (``cuda-survey.json``, ampgraph b97ead5) and the second,
-#: of the ops these rules touch (``cuda-survey-rules.json``, ampgraph 55161eb, where only
+#: The H100's records: the first survey (``h100-2026-11-26/survey-first-b97ead5.json``, ampgraph
+#: b97ead5) and the second, of the ops these rules touch (``cuda-survey-rules.json``, ampgraph 55161eb, where only
 #: ``index_put`` with integer indices still parted).
 RECORDS = [
     json.loads((ROOT / "docs" / "verification" / name).read_text())
-    for name in ("cuda-survey.json", "cuda-survey-rules.json")
+    for name in ("h100-2026-11-26/survey-first-b97ead5.json", "cuda-survey-rules.json")
 ]
 H100 = {(e["op"], e["call"]): e for record in RECORDS for e in record["ops"]["parting"]}
 
@@ -378,7 +378,7 @@ def test_index_put_of_one_cpu_value_under_a_mask_is_a_masked_fill_on_every_devic
 def test_cuda_index_put_accumulate_launches_nothing_for_an_empty_index() -> None:
     """The sort kernel is not launched where nothing is indexed (so OpInfo's all-false mask ran
     on the H100, ``index_put(bf16[5, 5], (bool[5],), f32[5], accumulate=True) -> bf16`` in
-    ``cuda-survey.json``); a mask's contents are data, so a mask is taken to select something."""
+    ``h100-2026-11-26/survey-first-b97ead5.json``); a mask's contents are data, so a mask is taken to select something."""
     line = H100[("index_put", "index_put(bf16[5, 5], (bool[5],), f32[5], accumulate=True)")]
     assert line["real"] == "-> bf16"
     empty = (((5, 5), BF16), ((0,), I64), ((0, 5), F32))
@@ -408,3 +408,70 @@ def test_bce_with_logits_is_the_real_cpu_kernels_dtype(dtypes: Any, pos_weight: 
         return F.binary_cross_entropy_with_logits(x, t, pos_weight=w[0] if w else None)
 
     assert predicted("cpu", fn, specs) == real_cpu(fn, specs)
+
+
+EUCLIDEAN = [
+    ((5, 5), (6, 5)),
+    ((2, 5, 5), (2, 6, 5)),
+    ((2, 30, 5), (2, 30, 5)),
+    ((3, 40, 3), (3, 2, 3)),
+]
+
+
+@pytest.mark.parametrize("shapes", EUCLIDEAN)
+def test_cdist_by_matrix_products_of_two_dtypes_is_the_real_cpu_kernel(shapes: Any) -> None:
+    """``cdist`` p=2 by matrix products (``_euclidean_dist``): ``mm`` for 2-D inputs, ``bmm`` on
+    the path its shapes take for batches, every dtype mix, against the real CPU kernel."""
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist")
+
+    for da, db in ((F32, BF16), (BF16, F32), (F16, F32), (BF16, F16)):
+        specs = ((shapes[0], da), (shapes[1], db))
+        assert predicted("cpu", fn, specs) == real_cpu(fn, specs), (shapes, da, db)
+
+
+def test_cdist_by_matrix_products_on_fake_cuda_takes_cudas_mm_and_bmm_wording() -> None:
+    """On CUDA the same products raise ``mm``'s and ``bmm``'s CUDA messages (not yet seen on a
+    GPU for ``cdist``: ``--ops cdist`` or a model would show it)."""
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist")
+
+    two = predicted("cuda", fn, (((5, 5), F32), ((6, 5), BF16)))
+    assert (
+        two
+        == "raises `expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16`"
+    )
+    three = predicted("cuda", fn, (((2, 5, 5), F32), ((2, 6, 5), BF16)))
+    assert three == "raises `expected scalar type Float but found BFloat16`"
+
+
+class _MaskScalar(torch.nn.Module):
+    """``h.index_put((mask,), torch.tensor(1.0))`` on a 16-bit ``h``: the survey's case
+    ``index-put-mask-scalar``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x.to(self.lin.weight.dtype))
+        return h.index_put((h[:, 0] > 0,), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_a_cpu_constant_the_forward_makes_stays_on_the_cpu(device_type: str) -> None:
+    """The one-element value is made on the CPU in the forward and stays there on a GPU, so
+    index_put takes the masked fill and runs (the H100's latest survey, case
+    index-put-mask-scalar in ``half``: the replay had put the lifted constant on the GPU and
+    raised the dtype check). The real CPU kernel runs it too."""
+    from ampgraph import analyze
+    from ampgraph.settings import Setting
+
+    module = _MaskScalar()
+    real = module.to(BF16)(torch.randn(4, 8))
+    report = analyze(_MaskScalar(), Setting.parse("half", device_type=device_type),
+                     args=(torch.randn(4, 8),))  # fmt: skip
+    node = next(r for r in report.nodes if r.op == "aten.index_put.default")
+    assert (node.error, node.outputs) == (None, [str(real.dtype).removeprefix("torch.")])

@@ -71,7 +71,9 @@ class ByCapability(nn.Module):
         offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32, device=x.device)
         w = self.experts
         if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (8, 0):
-            h = F.grouped_mm(x.to(w.dtype), w, offs=offs)
+            # F.grouped_mm from torch 2.10 on; 2.9 has the op only (transformers takes either).
+            grouped_mm = getattr(F, "grouped_mm", torch._grouped_mm)
+            h = grouped_mm(x.to(w.dtype), w, offs=offs)
         else:
             h = torch.cat([x[2 * i : 2 * i + 2].to(w.dtype) @ w[i] for i in range(4)])
         return self.out(self.act(h)) + logits.sum()
@@ -185,3 +187,31 @@ def test_fake_retyped_backwards_type_as_the_real_kernel(case: str, device: str) 
         with fake_mode():
             fake = outcome(a, b, device)
         assert fake == real, (a, b)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_fake_layer_norm_backward_gives_each_gradient_its_tensors_dtype(device: str) -> None:
+    """``native_layer_norm_backward``: the input's gradient in the input's dtype, the weight's and
+    bias's in theirs, as the real kernel gives them (torch 2.9's meta kernel gave all three the
+    input's: ``compat.layer_norm_backward_meta_is_right``)."""
+
+    def grads(a: torch.dtype, b: torch.dtype, dev: str) -> list[tuple[torch.dtype, torch.Size]]:
+        x, g = torch.randn(4, 8, dtype=a).to(dev), torch.randn(4, 8, dtype=a).to(dev)
+        w, bias = torch.randn(8, dtype=b).to(dev), torch.randn(8, dtype=b).to(dev)
+        mean, rstd = torch.zeros(4, 1).to(dev), torch.ones(4, 1).to(dev)
+        out = torch.ops.aten.native_layer_norm_backward(
+            g, x, [8], mean, rstd, w, bias, [True, True, True]
+        )
+        return [(t.dtype, t.shape) for t in out]
+
+    ran = 0
+    for a, b in itertools.product(DTYPES[:3], repeat=2):
+        try:
+            real = grads(a, b, "cpu")
+        except RuntimeError:  # a pair (with these fp32 statistics) the real kernel refuses
+            continue
+        with fake_mode():
+            fake = grads(a, b, device)
+        assert fake == real, (a, b)
+        ran += 1
+    assert ran == 3  # fp32 parameters with an fp32, bf16 or fp16 input (the mixed LayerNorm)

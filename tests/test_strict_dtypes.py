@@ -178,6 +178,7 @@ def test_every_cuda_check_is_proven_on_the_cpu_or_cuda_only() -> None:
 DEVICE_SPECIFIC = {op for (device, op) in CUDA_CHECKS} | {
     aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default,
     aten._unsafe_masked_index_put_accumulate.default,
+    aten._euclidean_dist.default,  # mm's and bmm's wording, per device
 }
 
 

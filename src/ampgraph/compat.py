@@ -9,11 +9,14 @@ release is outside it (:func:`support_message`).
 
 Where the floor is, and why: torch 2.9. Every minor release from 2.9.1 to 2.14.1 runs the
 engines, the annotation, ``check``, ``verify --device cpu`` and the training pass
-(``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). On 2.9 that needs one
-difference made up (:func:`fake_cuda_needs_help`, done by ``capture/driverless_29.py``): without
-a GPU driver, fake CUDA tensors reach the driver from C++ where 2.10 gives them a driverless CUDA
-device guard (``FakeTensorMode.__enter__`` -> ``c10::impl::ensureCUDADeviceGuardSet``) and lets
-SDPA's backend choice fall back to math. torch 2.8 and older are not tried; torch 2.6 also lacks
+(``docs/support-matrix.md``, made by ``scripts/support_matrix.py``). On 2.9 that needs three
+differences made up: without a GPU driver, fake CUDA tensors reach the driver from C++ where 2.10
+gives them a driverless CUDA device guard (``FakeTensorMode.__enter__`` ->
+``c10::impl::ensureCUDADeviceGuardSet``) and reads a device property it cannot get as "not
+supported" (:func:`fake_cuda_needs_help`, done by ``capture/driverless_29.py``); 2.9's ``make_fx``
+decomposes composites that have a kernel of their own (:func:`make_fx_keeps_fused_kernels`);
+its meta ``native_layer_norm_backward`` mistypes mixed-dtype gradients
+(:func:`layer_norm_backward_meta_is_right`). torch 2.8 and older are not tried; torch 2.6 also lacks
 ``guard_or_true`` (kept up below). A floor that CI proves (``make test-floor``) is worth more
 than one hoped for.
 
@@ -327,9 +330,63 @@ def fake_cuda_needs_help() -> bool:
       lacks;
     * ``scaled_dot_product_attention``'s CUDA backend choice (``sdp_utils.cpp``:
       ``select_sdp_backend`` reads the device's properties): 2.10 catches the driver's error
-      there and takes the math backend, 2.9 raises.
+      there and takes the math backend, 2.9 raises. So does the convolution backend choice
+      fake tensors ask for (``torch._C._select_conv_backend``: cuDNN's bf16 and depthwise
+      checks), which 2.10 answers without cuDNN.
 
     >>> isinstance(fake_cuda_needs_help(), bool)
     True
     """
     return torch_release() < (2, 10)
+
+
+@contextlib.contextmanager
+def make_fx_keeps_fused_kernels() -> Iterator[None]:
+    """While ``make_fx`` traces below autograd (``pre_dispatch=False``: the training pass's joint
+    trace), decompose a composite op only where autograd would have: where the op has no kernel
+    of its own for its first tensor's device. torch 2.10 on asks that itself
+    (``proxy_call``: ``autograd_would_have_decomposed``); 2.9 decomposes every op with a
+    ``CompositeImplicitAutograd`` kernel, so an op that has both (``silu_backward``,
+    ``native_layer_norm_backward`` of a mixed layer norm) became ``sigmoid, mul, ...`` in the
+    trace where the real kernel runs one ``silu_backward``. On 2.9 this gives
+    ``OpOverload.decompose`` 2.10's test for the duration; elsewhere it does nothing.
+
+    >>> with make_fx_keeps_fused_kernels():
+    ...     pass
+    """
+    if torch_release() >= (2, 10):
+        yield
+        return
+    import torch
+    from torch._ops import OpOverload
+
+    original = OpOverload.decompose
+
+    def decompose(self: OpOverload, *args: Any, **kwargs: Any) -> Any:
+        first = next(
+            (a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None
+        )
+        if first is not None:
+            key = torch._C._dispatch_key_for_device(first.device.type)
+            if torch._C._dispatch_has_kernel_for_dispatch_key(self.name(), key):
+                return NotImplemented  # autograd would have run the op's own kernel
+        return original(self, *args, **kwargs)
+
+    OpOverload.decompose = decompose  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OpOverload.decompose = original  # type: ignore[method-assign]
+
+
+def layer_norm_backward_meta_is_right() -> bool:
+    """Whether ``native_layer_norm_backward``'s meta kernel gives the weight's and bias's
+    gradients their own dtypes, as the CPU and CUDA kernels do (``empty_like(*gamma)``): from
+    torch 2.10 on. 2.9's gives all three gradients the input's dtype (bf16 for an fp32
+    LayerNorm after a bf16 Linear under autocast, where the real kernels give fp32);
+    ``capture/meta_kernels.py`` replaces it there.
+
+    >>> isinstance(layer_norm_backward_meta_is_right(), bool)
+    True
+    """
+    return torch_release() >= (2, 10)

@@ -152,7 +152,11 @@ def placeholder_value(node: fx.Node, device: str, grad: bool = False) -> Any:
     folding reads it (:mod:`ampgraph.capture.grad_params`)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        t = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
+        # A tensor the forward made on the CPU and the trace lifted (``torch.tensor(1.0)``) stays
+        # there in a real run on a GPU: where an op takes its CPU-only paths (index_put's masked
+        # fill of a one-element CPU value), the replay must see it there too.
+        where = "cpu" if val.device.type == "cpu" else device
+        t = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=where)
         return t.requires_grad_() if grad and requires_grad(node) and t.is_floating_point() else t
     return val
 

@@ -384,6 +384,28 @@ def _cdist_cpu(args: tuple[Any, ...]) -> str | None:
     return _data_ptr(x1, x2)
 
 
+def _euclidean_dist(device_type: str) -> Check:
+    """``_euclidean_dist`` (``Distance.cpp``, every device: ``cdist`` with p=2 by matrix products)
+    pads ``x1`` and ``x2`` with their norms and ones, each in its own dtype, then computes
+    ``x1_.matmul(x2_.mT)``: ``mm`` for 2-D inputs, ``bmm`` for batches, which on the CPU takes
+    :func:`cpu_bmm.bmm_path`'s path for those shapes."""
+
+    def check(args: tuple[Any, ...]) -> str | None:
+        x1, x2 = args[:2]
+        if x1.dtype == x2.dtype:
+            return None
+        if x1.dim() == 2:
+            return _mm(device_type)((x1, x2))
+        if device_type == "cuda":
+            return _data_ptr(x1, x2)
+        (batch, rows, m), cols = x1.shape, x2.shape[-2]
+        b1 = torch.empty((batch, rows, m + 2), dtype=x1.dtype, device="meta")
+        b2 = torch.empty((batch, cols, m + 2), dtype=x2.dtype, device="meta").mT
+        return _bmm_cpu((b1, b2))
+
+    return check
+
+
 def _embedding_bag_cpu(args: tuple[Any, ...]) -> str | None:
     """CPU ``_embedding_bag``: ``checkSameType`` of the weight and ``per_sample_weights``."""
     weight = args[0]
@@ -481,6 +503,8 @@ STRICT_CHECKS: dict[tuple[str, Any], Check] = {
     ("cpu", aten._weight_norm_interface.default): _second_as_first_cpu,
     ("cpu", aten.linalg_cross.default): _second_as_first_cpu,
     ("cpu", aten._cdist_forward.default): _cdist_cpu,
+    ("cpu", aten._euclidean_dist.default): _euclidean_dist("cpu"),
+    ("cuda", aten._euclidean_dist.default): _euclidean_dist("cuda"),
     ("cpu", aten._embedding_bag.default): _embedding_bag_cpu,
     ("cpu", aten._embedding_bag_forward_only.default): _embedding_bag_cpu,
     ("cuda", aten._embedding_bag.default): _embedding_bag_cuda,

@@ -1,8 +1,8 @@
 """torch 2.9 without a GPU driver: what torch 2.10 does for fake CUDA tensors by itself, done here.
 
 ampgraph runs the real CUDA autocast kernels on fake CUDA tensors (DESIGN.md fact 3). On a CUDA
-build of torch 2.9 with no driver, two C++ paths that never look at a tensor's data still ask the
-driver, and every model stops on them (``compat.fake_cuda_needs_help`` names the releases):
+build of torch 2.9 with no driver, three C++ paths that never look at a tensor's data still ask the
+driver, and models stop on them (``compat.fake_cuda_needs_help`` names the releases):
 
 * **The CUDA device guard.** C++ code asks the registered ``DeviceGuardImplInterface`` for CUDA
   (``c10/cuda/impl/CUDAGuardImpl.h``) for the current device and stream: autograd's
@@ -28,6 +28,10 @@ driver, and every model stops on them (``compat.fake_cuda_needs_help`` names the
   (:data:`STAND_INS`) runs the composite with only the math backend enabled, for CUDA inputs
   only: the graphs it gives on 2.9 are the ones 2.10 gives (fp16, bf16 and fp32; causal,
   dropout, grouped-query and masked calls compared node for node).
+* **The convolution backend choice** fake tensors ask for (``torch._C._select_conv_backend``,
+  for the output's memory format): cuDNN's bf16 and depthwise checks read the device's
+  properties; 2.10 takes them as unsupported, and so does the replacement (the same backend
+  and memory format as 2.10 for 2d, 3d, 1d, transposed and depthwise calls in fp32, bf16, fp16).
 
 Only where needed: torch older than 2.10, a CUDA build, and no CUDA device (the guard's own
 count). With a GPU, or on any other release, :func:`install` does nothing. Backward on fake CUDA
@@ -120,16 +124,36 @@ def _sdpa(*args: Any, **kwargs: Any) -> Any:
         return composite(key, *args, **kwargs)
 
 
+_SELECT_CONV_BACKEND: Final = torch._C._select_conv_backend
+
+
+def _select_conv_backend(*args: Any, **kwargs: Any) -> Any:
+    """``torch._C._select_conv_backend``, which fake tensors call for a convolution's memory
+    format (``fake_impls.conv``), as 2.10 answers it without a device: cuDNN's bf16 and
+    depthwise checks ask the device's properties (``CUDAHooks::supportsBFloat16ConvolutionWith
+    CuDNNv8``: the driver's error on 2.9), which 2.10 reads as "not supported", so the choice
+    goes on without cuDNN. Only the output's memory format depends on it, never a dtype."""
+    try:
+        return _SELECT_CONV_BACKEND(*args, **kwargs)
+    except RuntimeError as exc:
+        if "CUDA driver" not in str(exc):
+            raise
+    with torch.backends.cudnn.flags(enabled=False):
+        return _SELECT_CONV_BACKEND(*args, **kwargs)
+
+
 #: op -> its stand-in while :func:`install` is in effect (``driverless.decomposition`` reads it).
 STAND_INS: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
 
 
 def _register_stand_ins() -> None:
-    """The SDPA stand-in at ``AutogradCUDA``, where the composite runs (no GPU here to affect)."""
+    """The SDPA stand-in at ``AutogradCUDA``, where the composite runs, and the convolution
+    backend choice fake tensors ask for (no GPU here for either to affect)."""
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive in _KEPT
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradCUDA")
     _KEPT.append(lib)
     STAND_INS[aten.scaled_dot_product_attention.default] = _sdpa
+    torch._C._select_conv_backend = _select_conv_backend  # looked up by fake_impls at each call
 
 
 def install() -> str | None:

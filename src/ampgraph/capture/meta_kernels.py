@@ -33,7 +33,12 @@ from typing import Any
 
 import torch
 
-from ampgraph.compat import mse_loss_backward_takes_mixed_dtypes, replace_kernel, torch_release
+from ampgraph.compat import (
+    layer_norm_backward_meta_is_right,
+    mse_loss_backward_takes_mixed_dtypes,
+    replace_kernel,
+    torch_release,
+)
 
 #: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
 GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -193,6 +198,22 @@ def _mse_loss_backward(
     return input.new_empty(input.shape)
 
 
+def _layer_norm_backward_before_2_10(
+    grad_out: torch.Tensor, input: torch.Tensor, normalized_shape: Any, mean: torch.Tensor,
+    rstd: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, mask: Any,
+) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
+    """``native_layer_norm_backward`` (``layer_norm.cpp``, CPU and CUDA alike): ``dgamma`` and
+    ``dbeta`` are allocated like ``gamma`` and ``beta`` (``empty_like``), in their dtypes, the
+    input's gradient like the input. torch 2.9's meta kernel casts all three to the input's dtype
+    (an fp32 LayerNorm after a bf16 Linear: bf16 gradients, where the kernels give fp32;
+    :func:`ampgraph.compat.layer_norm_backward_meta_is_right`)."""
+    return (
+        input.new_empty(input.shape) if mask[0] else None,
+        weight.new_empty(weight.shape) if mask[1] and weight is not None else None,
+        bias.new_empty(bias.shape) if mask[2] and bias is not None else None,
+    )
+
+
 def _c10_name(dtype: torch.dtype) -> str:
     """A dtype as c10 names a ScalarType (``Float``, ``BFloat16``, ``Half``)."""
     names = {torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half"}
@@ -209,6 +230,11 @@ REPLACED: dict[str, Any] = {
     **({"addmv": _addmv_before_2_12} if torch_release() < (2, 12) else {}),
     "threshold_backward": _threshold_backward,
     "mse_loss_backward": _mse_loss_backward,
+    **(
+        {"native_layer_norm_backward": _layer_norm_backward_before_2_10}
+        if not layer_norm_backward_meta_is_right()
+        else {}
+    ),
 }
 
 

@@ -56,6 +56,7 @@ from ampgraph.annotate.replay import (
     placeholder_value,
 )
 from ampgraph.capture.trace import Capture
+from ampgraph.compat import make_fx_keeps_fused_kernels
 from ampgraph.errors import AmpgraphError, AnalysisError, first_line
 from ampgraph.report.records import Backward, Gradient, NodeRecord, SavedTensor
 from ampgraph.settings import short_dtype
@@ -203,7 +204,7 @@ def trace_joint(
             ACTIVE.reset(token)
             outcome["state"] = state
 
-    with _quiet(), _use_lazy_graph_module(True):
+    with _quiet(), _use_lazy_graph_module(True), make_fx_keeps_fused_kernels():
         # Nothing calls the joint graph's Python code (the oracle interprets its nodes), so it is
         # compiled only if something does; the torch-function metadata make_fx records by
         # default (node.meta["torch_fn"]) is read by nothing here and costs every call a mode.

@@ -88,6 +88,47 @@ class CastLog(TorchDispatchMode):
         return out
 
 
+#: cuDNN RNNs by their node's op, with how many ``hx`` tensors precede the weights in the node's
+#: inputs (``input, *hx, *params``).
+CUDNN_RNNS = {"aten.lstm.input": 2, "aten.gru.input": 1, "aten.rnn_tanh.input": 1,
+              "aten.rnn_relu.input": 1}  # fmt: skip
+#: The weights' casts of a cuDNN RNN, compared as one: see :func:`weights_as_one`.
+WEIGHTS = "(weights, into cuDNN's fp16 buffer)"
+
+
+def weights_as_one(op: str, inputs: Sequence[str], casts: Sequence[CastKey],
+                   observed: bool) -> list[CastKey]:  # fmt: skip
+    """A cuDNN RNN's weight casts as one cast per dtype pair, on either side.
+
+    Its CUDA autocast kernel (``_cudnn_rnn_cast_reflatten``) copies the weights into one fp16
+    buffer laid out for cuDNN: a real run logs those copies from views of the weights, one per
+    weight or one for a module's already-flat buffer (both seen on an H100: a GRU's four, an
+    LSTM's one), all ``(internal)``. The annotation names each weight it casts. What both say
+    is the same: the weights go to fp16 inside the kernel, from their dtype. So each side's
+    weight casts count once per ``(from, to)``; the casts of the input and ``hx`` are compared
+    one by one as everywhere.
+
+    >>> weights_as_one("aten.gru.input", ["x", "h", "w1", "w2"],
+    ...                [("x", "float32", "float16"), ("w1", "float32", "float16"),
+    ...                 ("w2", "float32", "float16")], observed=False)
+    [('x', 'float32', 'float16'), ("(weights, into cuDNN's fp16 buffer)", 'float32', 'float16')]
+    """
+    hx = CUDNN_RNNS.get(op)
+    if hx is None:
+        return list(casts)
+    weights = set(inputs[1 + hx:])
+    out: list[CastKey] = []
+    for source, from_dtype, to_dtype in casts:
+        if (source == INTERNAL) if observed else (source in weights):
+            key = (WEIGHTS, from_dtype, to_dtype)
+            if key in out:
+                continue
+            out.append(key)
+        else:
+            out.append((source, from_dtype, to_dtype))
+    return out
+
+
 def labelled(casts: list[LoggedCast], labels: dict[int, str]) -> list[tuple[str, str, str]]:
     return [
         (labels.get(id(c.source), INTERNAL), dtype_name(c.from_dtype), dtype_name(c.to_dtype))
@@ -217,4 +258,14 @@ def autocast_casts(
     return sorted(out, key=lambda item: order.get(item[0], len(order)))
 
 
-__all__ = ["INTERNAL", "CastLog", "LoggedCast", "autocast_casts", "autocast_off", "cast_text"]
+__all__ = [
+    "CUDNN_RNNS",
+    "INTERNAL",
+    "WEIGHTS",
+    "CastLog",
+    "LoggedCast",
+    "autocast_casts",
+    "autocast_off",
+    "cast_text",
+    "weights_as_one",
+]

@@ -36,7 +36,7 @@ from ampgraph.annotate.check import _tables_lack
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.report.printed import hook_lines, printed_calls
 from ampgraph.settings import short_dtype
-from ampgraph.verify.cast_log import INTERNAL, CastKey, cast_text
+from ampgraph.verify.cast_log import INTERNAL, CastKey, cast_text, weights_as_one
 from ampgraph.verify.eager import HookCall
 from ampgraph.verify.execution import Observed
 from ampgraph.verify.results import Agreement, Disagreement
@@ -126,10 +126,11 @@ def compare_nodes(
             ))  # fmt: skip
         if obs is None or not obs.checked_casts or rec.kind != "op":
             continue
-        inputs = {str(i.get("node")) for i in rec.inputs}
+        names = [str(i.get("node")) for i in rec.inputs]
+        inputs = set(names)
         predicted = [(c.node, c.from_dtype, c.to_dtype) for c in rec.casts]
-        want = Counter(cast_key(c, inputs) for c in predicted)
-        got = Counter(cast_key(c, inputs) for c in obs.casts)
+        want = Counter(cast_key(c, inputs) for c in weights_as_one(rec.op, names, predicted, False))
+        got = Counter(cast_key(c, inputs) for c in weights_as_one(rec.op, names, obs.casts, True))
         casts_agree += sum((want & got).values())
         casts_total += sum((want | got).values())
         if want != got:
