@@ -146,19 +146,29 @@ def replay_device(device_type: str) -> str:
     return device_type if can_trace_fake(device_type) else "meta"
 
 
-def placeholder_value(node: fx.Node, device: str, grad: bool = False) -> Any:
+def placeholder_value(
+    node: fx.Node, device: str, grad: bool = False, keep_cpu: bool = False
+) -> Any:
     """A fresh fake tensor shaped (and strided) like the placeholder's recorded value, on
-    ``device``; with ``grad``, requiring grad where the model's parameter does, as ``matmul``'s
-    folding reads it (:mod:`ampgraph.capture.grad_params`)."""
+    ``device`` (with ``keep_cpu``, a value recorded on the CPU stays there); with ``grad``,
+    requiring grad where the model's parameter does, as ``matmul``'s folding reads it
+    (:mod:`ampgraph.capture.grad_params`)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        # A tensor the forward made on the CPU and the trace lifted (``torch.tensor(1.0)``) stays
-        # there in a real run on a GPU: where an op takes its CPU-only paths (index_put's masked
-        # fill of a one-element CPU value), the replay must see it there too.
-        where = "cpu" if val.device.type == "cpu" else device
+        where = "cpu" if keep_cpu and val.device.type == "cpu" else device
         t = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=where)
         return t.requires_grad_() if grad and requires_grad(node) and t.is_floating_point() else t
     return val
+
+
+def _is_constant(node: fx.Node) -> bool:
+    """A tensor constant export lifted into a placeholder (``c_lifted_tensor_0``)."""
+    return node.name.startswith("c_")
+
+
+def _recorded_on(node: fx.Node) -> str | None:
+    val = node.meta.get("val")
+    return val.device.type if isinstance(val, torch.Tensor) else None
 
 
 @contextmanager
@@ -259,7 +269,18 @@ class FakeReplay(fx.Interpreter):
         """Run the whole graph on fresh fake placeholders (call inside :func:`fake_session`)."""
         placeholders = [p for p in self.graph.nodes if p.op == "placeholder"]
         device = replay_device(self.setting.device_type)
-        values = [placeholder_value(p, device, grad=True) for p in placeholders]
+        # A constant the forward made on the CPU (a lifted ``torch.tensor(1.0)``, ``c_*``) stays
+        # there in a real run on a GPU, and an op's CPU-only paths (index_put's masked fill of a
+        # one-element CPU value) are taken: so in the replay, where the graph was traced on the
+        # setting's device. A graph traced on the CPU (draft export) recorded its inputs there
+        # too: everything is retargeted.
+        on_device = not any(
+            _recorded_on(p) == "cpu" for p in placeholders if not _is_constant(p)
+        )
+        values = [
+            placeholder_value(p, device, grad=True, keep_cpu=on_device and _is_constant(p))
+            for p in placeholders
+        ]
         with torch.no_grad():  # as inference runs; parameters still require grad, as there
             return self.run(*values)
 

@@ -12,8 +12,9 @@ Some nodes are no comparison, and are counted apart from the agreement, never as
 *not analysed* where ampgraph honestly could not follow the forward (a size no run decides, a
 kernel that needs a GPU driver; each node's record says why), *not comparable* where the real
 run left the path the graph was captured along (:class:`~ampgraph.verify.execution.OffPath`).
-A node ampgraph left unanalysed because its own tables lack an ATen op's autocast kernel is a
-finding about the tables, as in the dispatcher check: it stays a disagreement.
+A node ampgraph left unanalysed at an autocast kernel it cannot see into (an opaque one, or an
+ATen op its tables lack) is a finding: a real run runs that kernel under autocast, and it stays
+a disagreement.
 
 Modules are compared as a real run prints them (:func:`~ampgraph.report.printed.printed_calls`,
 what ``ampgraph table`` shows): a forward stops at its first error, so a call the prediction lists
@@ -33,6 +34,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ampgraph.annotate.check import _tables_lack
+from ampgraph.policy import OPAQUE
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.report.printed import hook_lines, printed_calls
 from ampgraph.settings import short_dtype
@@ -78,9 +80,10 @@ def cast_key(cast: CastKey, inputs: Collection[str]) -> CastKey:
 
 def no_prediction(rec: NodeRecord) -> bool:
     """ampgraph honestly did not analyse ``rec`` (the forward cannot be followed there): no
-    prediction to prove or disprove. Not so where its tables lack an ATen op's autocast kernel:
-    that is the tables' fault, a finding (as :mod:`ampgraph.annotate.check` counts it)."""
-    return rec.not_analysed is not None and not _tables_lack(rec)
+    prediction to prove or disprove. Not so at an autocast kernel ampgraph cannot see into (an
+    opaque one, a library's or an ATen op its tables lack): a real run runs it under autocast,
+    its casts unpredicted, and that gap is what verify is for: a finding, never set apart."""
+    return rec.not_analysed is not None and rec.policy != OPAQUE and not _tables_lack(rec)
 
 
 def _node_agrees(rec: NodeRecord, obs: Observed | None) -> bool:
