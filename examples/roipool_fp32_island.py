@@ -136,7 +136,8 @@ def _short(dtype: str | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ampgraph import Setting, analyze
-    from ampgraph.report.text import check_summary, hook_lines
+    from ampgraph.formats.text import check_summary
+    from ampgraph.report.printed import hook_lines
 
     parser = argparse.ArgumentParser(description="Seed 002's RoIPool fp32 island, analysed.")
     parser.add_argument("--out", type=Path, default=OUT, help="where the diagram goes")

@@ -368,7 +368,7 @@ def verify(
         progress_done()  # the setting's lines come next
         for result in value if fmt == "text" else ():
             click.echo(result.summary_line())
-            for line in result.disagreement_lines():
+            for line in result.disagreement_lines() + result.note_lines():
                 click.echo(line)
         results.extend(value)
 

@@ -88,7 +88,10 @@ def _installed(dist: str) -> tuple[str, str]:
 #: Code that draws, publishes or reads reports but never changes one: left out of the digest, so
 #: that editing a diagram's style, the Sphinx directive or a finding's wording keeps every cached
 #: analysis.
-PRESENTATION = frozenset({"render", "formats", "docs/directive.py", "review/audit.py", "review/diff.py", "review/baseline.py"})
+PRESENTATION = frozenset({
+    "render", "formats", "docs/directive.py", "review/audit.py", "review/diff.py",
+    "review/baseline.py",
+})  # fmt: skip
 
 
 def source_digest() -> str:

@@ -17,11 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.version import __version__
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
-from ampgraph.annotate.check import check as run_check
 from ampgraph.annotate.check import dispatcher_unavailable, hold_to_the_raise
 from ampgraph.capture.trace import (
     DATA_PATH_METHODS,
@@ -31,6 +29,7 @@ from ampgraph.capture.trace import (
 )
 from ampgraph.errors import SettingError
 from ampgraph.model.build import ModelInputs
+from ampgraph.pipeline.call_check import check as run_check
 from ampgraph.pipeline.calls import module_calls
 from ampgraph.pipeline.request import AnalysisRequest
 from ampgraph.pipeline.sharing import shared_capture
@@ -39,6 +38,7 @@ from ampgraph.policy import release_in_use
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.settings import Setting
 from ampgraph.torchutil import fake_device_built
+from ampgraph.version import __version__
 
 
 def versions() -> dict[str, str]:
