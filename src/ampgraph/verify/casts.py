@@ -128,7 +128,7 @@ def weights_as_one(
 def _one(casts: Sequence[CastKey], is_weight: Callable[[str], bool]) -> list[CastKey]:
     out: list[CastKey] = []
     for source, from_dtype, to_dtype in casts:
-        key = (WEIGHTS, from_dtype, to_dtype) if is_weight(source) else (source, from_dtype, to_dtype)
+        key = (WEIGHTS if is_weight(source) else source, from_dtype, to_dtype)
         if key[0] != WEIGHTS or key not in out:
             out.append(key)
     return out
