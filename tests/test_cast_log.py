@@ -82,15 +82,28 @@ def test_a_cudnn_rnns_weights_cast_into_its_buffer_agree_as_one(
     """cuDNN's autocast kernel copies the weights into its fp16 buffer from views of them (a
     real run logs them ``(internal)``); the annotation names each weight: the same casts."""
     names = set(inputs)
-    want = Counter(cast_key(c, names) for c in weights_as_one(op, inputs, _casts(predicted), False))
-    got = Counter(cast_key(c, names) for c in weights_as_one(op, inputs, _casts(observed), True))
+
+    def counted(observed_casts: list[tuple[str, str, str]]) -> tuple[Counter, Counter]:
+        said, seen = weights_as_one(op, inputs, _casts(predicted), observed_casts)
+        return Counter(cast_key(c, names) for c in said), Counter(cast_key(c, names) for c in seen)
+
+    want, got = counted(_casts(observed))
     assert want == got
     # The input's and hx's casts still count one by one: one missing is a disagreement.
-    short = _casts(observed)[1:]
-    got = Counter(cast_key(c, names) for c in weights_as_one(op, inputs, short, True))
+    want, got = counted(_casts(observed)[1:])
     assert want != got
 
 
 def test_other_ops_internal_casts_are_not_merged() -> None:
     casts = [("(internal)", "float32", "float16")] * 2
-    assert weights_as_one("aten.linear.default", ["x", "w"], casts, True) == casts
+    assert weights_as_one("aten.linear.default", ["x", "w"], casts, casts) == (casts, casts)
+
+
+def test_a_cpu_rnn_that_casts_its_weights_by_name_is_compared_one_by_one() -> None:
+    """The CPU's GRU is a composite that casts each weight at each step, by name, beside casts
+    of its own intermediates (internal): nothing is merged there."""
+    inputs = ["x", "h", "w"]
+    predicted = [("x", "float32", "bfloat16"), ("w", "float32", "bfloat16"),
+                 ("gru.add_", "float32", "bfloat16")]  # fmt: skip
+    observed = [("w", "float32", "bfloat16"), ("(internal)", "float32", "bfloat16")]
+    assert weights_as_one("aten.gru.input", inputs, predicted, observed) == (predicted, observed)

@@ -96,36 +96,40 @@ CUDNN_RNNS = {"aten.lstm.input": 2, "aten.gru.input": 1, "aten.rnn_tanh.input": 
 WEIGHTS = "(weights, into cuDNN's fp16 buffer)"
 
 
-def weights_as_one(op: str, inputs: Sequence[str], casts: Sequence[CastKey],
-                   observed: bool) -> list[CastKey]:  # fmt: skip
-    """A cuDNN RNN's weight casts as one cast per dtype pair, on either side.
+def weights_as_one(
+    op: str, inputs: Sequence[str], predicted: Sequence[CastKey], observed: Sequence[CastKey]
+) -> tuple[list[CastKey], list[CastKey]]:
+    """A cuDNN RNN's weight casts as one cast per dtype pair, on both sides.
 
     Its CUDA autocast kernel (``_cudnn_rnn_cast_reflatten``) copies the weights into one fp16
     buffer laid out for cuDNN: a real run logs those copies from views of the weights, one per
-    weight or one for a module's already-flat buffer (both seen on an H100: a GRU's four, an
-    LSTM's one), all ``(internal)``. The annotation names each weight it casts. What both say
-    is the same: the weights go to fp16 inside the kernel, from their dtype. So each side's
-    weight casts count once per ``(from, to)``; the casts of the input and ``hx`` are compared
-    one by one as everywhere.
+    weight, all ``(internal)`` (seen on an H100 for a GRU and an LSTM), and no cast of a weight
+    by name. The annotation names each weight it casts. What both say is the same: the weights
+    go to fp16 inside the kernel, from their dtype. So where the real run cast no weight by
+    name, each side's weight casts (the internal ones, on its side) count once per ``(from,
+    to)``; elsewhere (the CPU's composite RNNs cast each weight at each step, by name) nothing
+    changes. The input's and ``hx``'s casts are compared one by one as everywhere.
 
     >>> weights_as_one("aten.gru.input", ["x", "h", "w1", "w2"],
     ...                [("x", "float32", "float16"), ("w1", "float32", "float16"),
-    ...                 ("w2", "float32", "float16")], observed=False)
+    ...                 ("w2", "float32", "float16")],
+    ...                [("x", "float32", "float16"), ("(internal)", "float32", "float16"),
+    ...                 ("(internal)", "float32", "float16")])[1]
     [('x', 'float32', 'float16'), ("(weights, into cuDNN's fp16 buffer)", 'float32', 'float16')]
     """
     hx = CUDNN_RNNS.get(op)
-    if hx is None:
-        return list(casts)
-    weights = set(inputs[1 + hx:])
+    weights = set(inputs[1 + hx:]) if hx is not None else set()
+    if not weights or any(source in weights for source, _, _ in observed):
+        return list(predicted), list(observed)
+    return _one(predicted, lambda s: s in weights), _one(observed, lambda s: s == INTERNAL)
+
+
+def _one(casts: Sequence[CastKey], is_weight: Callable[[str], bool]) -> list[CastKey]:
     out: list[CastKey] = []
     for source, from_dtype, to_dtype in casts:
-        if (source == INTERNAL) if observed else (source in weights):
-            key = (WEIGHTS, from_dtype, to_dtype)
-            if key in out:
-                continue
+        key = (WEIGHTS if is_weight(source) else source, from_dtype, to_dtype)
+        if key[0] != WEIGHTS or key not in out:
             out.append(key)
-        else:
-            out.append((source, from_dtype, to_dtype))
     return out
 
 

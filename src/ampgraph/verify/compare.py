@@ -132,8 +132,9 @@ def compare_nodes(
         names = [str(i.get("node")) for i in rec.inputs]
         inputs = set(names)
         predicted = [(c.node, c.from_dtype, c.to_dtype) for c in rec.casts]
-        want = Counter(cast_key(c, inputs) for c in weights_as_one(rec.op, names, predicted, False))
-        got = Counter(cast_key(c, inputs) for c in weights_as_one(rec.op, names, obs.casts, True))
+        said, seen = weights_as_one(rec.op, names, predicted, obs.casts)
+        want = Counter(cast_key(c, inputs) for c in said)
+        got = Counter(cast_key(c, inputs) for c in seen)
         casts_agree += sum((want & got).values())
         casts_total += sum((want | got).values())
         if want != got:
