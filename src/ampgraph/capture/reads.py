@@ -9,7 +9,7 @@ Everything else it reads (shapes, devices, the parameters' dtypes within one par
 same in settings that share a parameter dtype and a device type.
 
 :class:`TraceReads` is a ``TorchFunctionMode`` that logs every such read during a capture, with the
-graph node whose dtype was read. :func:`serves` then proves or refutes, for another setting, that
+graph node whose dtype was read. :func:`why_not_shared` then proves or refutes, for another setting, that
 every read would have given the same answer there: the dtype of each node read comes from the
 annotation in that setting (which the dispatcher check independently proves), the autocast
 state from evaluating the same query in that setting's state. If every read agrees, the Python
@@ -417,7 +417,7 @@ def capture_state(setting: Setting) -> Iterator[None]:
         yield
 
 
-def serves(
+def why_not_shared(
     reads: Sequence[Read],
     setting: Setting,
     records: Sequence[NodeRecord],
@@ -429,7 +429,7 @@ def serves(
 
     >>> from ampgraph.report.records import NodeRecord
     >>> rec = NodeRecord(name="linear", op="aten.linear.default", kind="op", outputs=["bfloat16"])
-    >>> serves([Read("dtype", "dtype", "float32", "linear")], Setting.parse("amp-fp32"), [rec])
+    >>> why_not_shared([Read("dtype", "dtype", "float32", "linear")], Setting.parse("amp-fp32"), [rec])
     'dtype at linear read float32 when traced; it is bfloat16 in amp-fp32'
     """
     dtypes = {r.name: r.outputs for r in records}
@@ -500,5 +500,5 @@ __all__ = [
     "annotation_difference",
     "drop_past_raise",
     "past_raise_op",
-    "serves",
+    "why_not_shared",
 ]

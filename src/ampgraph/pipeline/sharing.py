@@ -35,7 +35,7 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
     traced code read of its setting reads the same in ``setting`` (:mod:`ampgraph.capture.reads`). A
     graph traced on the meta device was traced without autocast: the same for any such setting.
     """
-    from ampgraph.capture.reads import serves
+    from ampgraph.capture.reads import why_not_shared
     from ampgraph.capture.trace import EXPORT_META_REPLAY, IN_SETTING
 
     if base.setting.graph_key != setting.graph_key:
@@ -50,7 +50,7 @@ def shared_capture(base: Capture, setting: Setting) -> tuple[Capture, list[NodeR
         return shared, annotate(shared)
     layout_nodes = {r.node for r in base.reads if r.kind == "layout" and r.node}
     records, layouts = annotate_observing(shared, layout_nodes)
-    why = serves(base.reads, setting, records, layouts)
+    why = why_not_shared(base.reads, setting, records, layouts)
     if why is None and any(r.error for r in records):
         # A capture in this setting raises and is traced again (capture.EXPORT_RETYPED); so is
         # this one, so that its report reads as it always has.

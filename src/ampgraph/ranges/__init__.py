@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None] | None
 
 
-def _say(progress: Progress, text: str) -> None:
+def _note(progress: Progress, text: str) -> None:
     if progress is not None:
         progress(text)
 
@@ -162,24 +162,24 @@ def value_ranges(
     training, analysis = pass_ == "train", {"pass_": pass_, "loss": loss}
     t0 = time.perf_counter()
     reference = Setting.parse("fp32,inputs=fp32", device_type=parsed[0].device_type)
-    _say(progress, "capturing the fp32 reference graph")
+    _note(progress, "capturing the fp32 reference graph")
     ref_cap = capture(model, reference, training=training)
     ref_report = analyze_capture(ref_cap, check=False, **analysis)
     reports = []
     for i, setting in enumerate(parsed, 1):
-        _say(progress, f"analysing {setting.name} ({i} of {len(parsed)})")
+        _note(progress, f"analysing {setting.name} ({i} of {len(parsed)})")
         cap = ref_cap if setting == reference else capture(model, setting, training=training)
         report = ref_report if cap is ref_cap else analyze_capture(cap, check=False, **analysis)
         reports.append((report, graph_constants(cap.graph_module)))
     seconds["capture_annotate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    _say(progress, "materialising fp32 weights on the CPU")
+    _note(progress, "materialising fp32 weights on the CPU")
     values, source = _reference_values(ref_cap, model, seed, weights_dir)
     seconds["materialise"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    _say(progress, "running the model in fp32 on the CPU" + " (forward and backward)" * training)
+    _note(progress, "running the model in fp32 on the CPU" + " (forward and backward)" * training)
     modules = {r.name: r.module for r in ref_report.nodes}
     kinds = {r.name: r.kind for r in ref_report.nodes}
     measured, grads = _measure(ref_cap, values, modules, kinds, pass_, loss, seed)

@@ -293,7 +293,7 @@ def io_attrs(rec: NodeRecord, order: int) -> dict[str, Any]:
     return attrs
 
 
-def matters(ctx: Context, rec: NodeRecord) -> bool:
+def draws_free_op(ctx: Context, rec: NodeRecord) -> bool:
     """Whether the module view draws a free op (one outside every leaf-module call).
 
     The test reads only op names, dtypes and the policy tables -- not whether autocast is on --

@@ -38,8 +38,8 @@ from ampgraph.render.backward_diagram import (
 )
 from ampgraph.render.boxes import (
     Context,
+    draws_free_op,
     io_attrs,
-    matters,
     module_attrs,
     node_id,
     op_attrs,
@@ -160,7 +160,7 @@ def _place_nodes(ctx: Context, graph: nx.MultiDiGraph, view: str) -> dict[str, s
             # The region node stands for the value leaving the region: order it after its body.
             last = max((order[r.name] for r in inside), default=k)
             graph.add_node(node, **region_attrs(ctx, rec, inside, last + 0.5 if inside else k))
-        elif view == "ops" or matters(ctx, rec):
+        elif view == "ops" or draws_free_op(ctx, rec):
             node = node_id("op", rec.name)
             graph.add_node(node, **op_attrs(ctx, rec, k))
         else:
