@@ -29,6 +29,22 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+#: c10::ScalarType's names, as ``TORCH_CHECK`` prints a tensor's ``scalar_type()``.
+_SCALAR_TYPE = {
+    torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half",
+    torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool",
+}  # fmt: skip
+
+
+def scalar_type_name(t: torch.Tensor) -> str:
+    """``t``'s dtype as a kernel's error message names it (c10::ScalarType).
+
+    >>> scalar_type_name(torch.empty(1, dtype=torch.bfloat16))
+    'BFloat16'
+    """
+    return _SCALAR_TYPE.get(t.dtype, str(t.dtype))
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``: the spelling reports and renderers use."""
     return str(dtype).removeprefix("torch.")
@@ -308,6 +324,7 @@ def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
 
 
 __all__ = [
+    "scalar_type_name",
     "VIRTUAL_GPU_CAPABILITY",
     "VIRTUAL_GPU_NAME",
     "VirtualGpuProperties",

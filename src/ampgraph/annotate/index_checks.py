@@ -37,18 +37,11 @@ from typing import Any
 
 import torch
 
+from ampgraph.torchutil import scalar_type_name as _st
+
 aten = torch.ops.aten
 
 Check = Callable[[tuple[Any, ...]], str | None]
-
-_SCALAR_TYPE = {
-    torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half",
-    torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool",
-}  # fmt: skip
-
-
-def _st(t: torch.Tensor) -> str:
-    return _SCALAR_TYPE.get(t.dtype, str(t.dtype))
 
 
 def _masked_fill_path(self: torch.Tensor, indices: Any, value: torch.Tensor) -> bool:

@@ -39,17 +39,14 @@ from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_P
 from ampgraph.annotate.library_checks import library_check
 from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
 from ampgraph.compat import guard_or_true, torch_release
+from ampgraph.torchutil import scalar_type_name as _st
 
 aten = torch.ops.aten
 
 Check = Callable[[tuple[Any, ...]], str | None]
 
-# c10::ScalarType names (how TORCH_CHECK prints a scalar_type()) and caffe2::TypeMeta names (how
-# it prints a dtype()).
-_SCALAR_TYPE = {
-    torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half",
-    torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool",
-}  # fmt: skip
+# caffe2::TypeMeta names (how TORCH_CHECK prints a dtype(); a scalar_type() is
+# torchutil.scalar_type_name's).
 _TYPE_META = {
     torch.float32: "float", torch.bfloat16: "c10::BFloat16", torch.float16: "c10::Half",
     torch.float64: "double", torch.int64: "long int", torch.int32: "int", torch.bool: "bool",
@@ -57,9 +54,6 @@ _TYPE_META = {
 # Tensor::toString(): the legacy type name where one exists, else backend + scalar type + "Type".
 _LEGACY = {torch.float32: "FloatTensor", torch.float16: "HalfTensor", torch.float64: "DoubleTensor"}
 
-
-def _st(t: torch.Tensor) -> str:
-    return _SCALAR_TYPE.get(t.dtype, str(t.dtype))
 
 
 def _tm(t: torch.Tensor) -> str:
