@@ -5,6 +5,8 @@ The CLI turns these into ``Error: ...`` and exit status 1; anything else is a bu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class AmpgraphError(Exception):
     """Base class of the errors a user can cause and fix."""
@@ -53,6 +55,26 @@ def first_line(exc: BaseException, default: str | None = None) -> str:
     if text:
         return text.splitlines()[0]
     return type(exc).__name__ if default is None else default
+
+
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc``, then what caused it (``__cause__``, else ``__context__``), and so on, each once
+    (a chain can loop).
+
+    >>> try:
+    ...     try:
+    ...         raise KeyError("inner")
+    ...     except KeyError as e:
+    ...         raise ValueError("outer") from e
+    ... except ValueError as e:
+    ...     [type(x).__name__ for x in exception_chain(e)]
+    ['ValueError', 'KeyError']
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def clip(value: object, limit: int = 200) -> str:

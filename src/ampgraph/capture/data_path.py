@@ -14,7 +14,7 @@ from ampgraph.capture.engines import Traced, _export
 from ampgraph.capture.module_io import ModuleIORecorder, error_line
 from ampgraph.capture.raises import ends_at_a_raise
 from ampgraph.capture.retrace import draft_to_the_guard
-from ampgraph.errors import CaptureError
+from ampgraph.errors import CaptureError, exception_chain
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import torch_dtype, unbacked_values
@@ -41,13 +41,10 @@ def branches_on_data(exc: BaseException) -> bool:
     """Whether export failed because the forward branched on a data-dependent value."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, GuardOnDataDependentSymNode) or "data-dependent" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
+    return any(
+        isinstance(e, GuardOnDataDependentSymNode) or "data-dependent" in str(e)
+        for e in exception_chain(exc)
+    )
 
 
 def _trace_on_path(

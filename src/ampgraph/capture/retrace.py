@@ -29,7 +29,7 @@ from ampgraph.capture.raises import (
     stopping_at_raise,
 )
 from ampgraph.capture.reads import TraceReads
-from ampgraph.errors import first_line
+from ampgraph.errors import exception_chain, first_line
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import torch_dtype
@@ -52,14 +52,10 @@ def autograd_refused(exc: BaseException) -> bool:
     ...                               "automatic differentiation"))
     True
     """
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc)
-        if "automatic differentiation" in text or "that requires grad" in text:
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
+    return any(
+        "automatic differentiation" in str(e) or "that requires grad" in str(e)
+        for e in exception_chain(exc)
+    )
 
 
 def draft_to_the_guard(

@@ -57,7 +57,7 @@ from ampgraph.capture.retrace import (
     real_run_why,
 )
 from ampgraph.capture.reads import TraceReads, drop_past_raise
-from ampgraph.errors import CaptureError
+from ampgraph.errors import CaptureError, exception_chain
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.torchutil import (
@@ -178,13 +178,7 @@ def _raised_by_a_kernel(exc: BaseException) -> bool:
     a dtype they have no kernel for (the CPU FFT's "Unsupported dtype BFloat16"); the tracers'
     own failures are subclasses of these (data-dependent guards, dynamic output shapes).
     """
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if type(exc) in (RuntimeError, NotImplementedError):
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
+    return any(type(e) in (RuntimeError, NotImplementedError) for e in exception_chain(exc))
 
 
 def _retrace_neutral(
