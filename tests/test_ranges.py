@@ -301,11 +301,18 @@ def test_safetensors_folder_weights_are_read_and_judged(tmp_path: Any) -> None:
     (tmp_path / "pytorch_model.bin").write_bytes(b"never unpickled")
     result = value_ranges(model, ["amp-fp32"], device_type="cpu", amp_dtype="fp16",
                           weights_dir=tmp_path)  # fmt: skip
-    assert result.weights.startswith("2 tensors from 1 safetensors file")
+    # The weights line: what the files held, what was seeded, what the model's code computed.
+    files, seeded_part, computed = result.weights.split("; ")
+    assert files == "2 tensors from 1 safetensors file"
+    params = [n for n, _ in model.module.named_parameters() if n not in big]
+    assert seeded_part == f"seeded (seed 0): {', '.join(params[:3])} and {len(params) - 3} more"
+    buffers = [n for n, _ in model.module.named_buffers()]
+    assert any("rotary" in b for b in buffers)
+    assert computed == f"computed by the model's code: {', '.join(buffers)}"
     first = result.settings[0].first
     assert first is not None and "lm_head" in first.message
     seeded = value_ranges(model, ["amp-fp32"], device_type="cpu", amp_dtype="fp16")
-    assert seeded.ok and seeded.weights == "seeded random weights (seed 0)"
+    assert seeded.ok and seeded.weights == f"seeded random weights (seed 0); {computed}"
 
 
 def test_too_large_for_memory_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,8 +8,12 @@ Where the weights come from, in order:
   without their slow initialisation, so buffers such as rotary frequencies are right) and its
   parameters are seeded the way Hugging Face initialises them: normal(0, ``initializer_range``)
   for weights, zeros for biases, ones for normalisation weights;
-* then, given a model folder, its ``*.safetensors`` shards, read lazily one tensor at a time with
-  ``safetensors.safe_open`` (never a pickle: ``*.bin`` files are not opened).
+* then, given a model folder, its ``*.safetensors`` shards, every tensor checked against the
+  model before one is read, then read one at a time (:mod:`ampgraph.ranges.checkpoint`; never a
+  pickle: ``*.bin`` files are not opened).
+
+The weights line says where each tensor came from: the files, the model's own code (buffers such
+as rotary frequencies, computed when the model is built), or the seed.
 
 Before any of it, :func:`check_memory` refuses in one line a model whose fp32 weights do not fit
 this machine's free memory, with the estimate.
@@ -127,65 +131,86 @@ def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-def load_safetensors(module: nn.Module, folder: Path) -> tuple[int, int, int]:
-    """Copy the tensors of ``folder``'s ``*.safetensors`` shards into ``module``, one at a time.
+def _names(names: list[str], shown: int = 3) -> str:
+    """``a, b, c and 4 more``: a line's worth of tensor names.
 
-    Returns (files, tensors loaded, module tensors not in the files). Names are matched as they
-    are, or with the model's ``base_model_prefix`` added or removed (checkpoints of the bare
-    model). A shape that differs from the model's is a one-line :class:`RangesError`.
+    >>> _names(["a", "b", "c", "d", "e"])
+    'a, b, c and 2 more'
     """
-    from safetensors import safe_open
+    head = ", ".join(names[:shown])
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
-    files = sorted(folder.glob("*.safetensors"))
-    named = _named_tensors(module)
-    prefix = str(getattr(module, "base_model_prefix", "") or "")
-    loaded: set[str] = set()
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as shard:
-            for key in shard.keys():  # noqa: SIM118 - safe_open is not a mapping
-                candidates = [key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")]
-                target = next((k for k in candidates[: 3 if prefix else 1] if k in named), None)
-                if target is None:
-                    continue
-                tensor = shard.get_tensor(key)
-                dest = named[target]
-                if tuple(tensor.shape) != tuple(dest.shape):
-                    raise RangesError(
-                        f"{path.name}: {key} has shape {list(tensor.shape)} but the model's "
-                        f"{target} is {list(dest.shape)}: the weights are not this config's"
-                    )
-                with torch.no_grad():
-                    dest.copy_(tensor)
-                loaded.add(target)
-    # Tied tensors are one tensor under two names: counted once either way.
-    missing = {id(t) for t in named.values()} - {id(named[n]) for n in loaded}
-    return len(files), len(loaded), len(missing)
+
+def _made(module: nn.Module, real: nn.Module) -> list[tuple[list[str], str]]:
+    """The buffers the real model made itself (no file, no seed), grouped by how, in words."""
+    hf = getattr(module, "config", None) is not None and hasattr(module, "post_init")
+    groups: dict[str, list[str]] = {}
+    seen: set[int] = set()
+    for sub_name, sub in real.named_modules():
+        for name, b in sub.named_buffers(recurse=False):
+            if id(b) in seen:
+                continue
+            seen.add(id(b))
+            if hf:
+                how = "computed by the model's code"  # rotary frequencies, position ids, masks
+            elif hasattr(sub, "reset_running_stats"):
+                how = "reset (batch-norm statistics: mean 0, variance 1)"
+            else:
+                how = "left as torch.empty made them (not seeded)"
+            groups.setdefault(how, []).append(f"{sub_name}.{name}" if sub_name else name)
+    return [(names, how) for how, names in groups.items()]
+
+
+def _describe(
+    real: nn.Module, built: list[tuple[list[str], str]], seed: int, folder: Path | None
+) -> str:
+    """Where each tensor came from, in words: the files, the model's own code, or the seed."""
+    from ampgraph.ranges.checkpoint import load_safetensors
+
+    loaded = load_safetensors(real, folder) if folder is not None else None
+    named = _named_tensors(real)
+    files = loaded.files if loaded is not None else []
+    from_files = {id(named[n]) for n in loaded.loaded} if loaded is not None else set()
+    seen = from_files | {id(named[n]) for names, _ in built for n in names}
+    seeded = [n for n, p in real.named_parameters() if id(p) not in seen]
+    if not files or loaded is None:
+        parts = [f"seeded random weights (seed {seed})"]
+    else:
+        text = f"{len(loaded.loaded)} tensors from {len(files)} safetensors file" + "s" * (
+            len(files) != 1
+        )
+        widened = ", ".join(f"{n} {d}" for d, n in sorted(loaded.widened.items()))
+        text += f" ({widened} widened to fp32 exactly)" if widened else ""
+        text += f" ({loaded.ignored} tensors of the files not the model's: ignored)" * bool(
+            loaded.ignored
+        )
+        parts = [text] + [f"seeded (seed {seed}): {_names(seeded)}"] * bool(seeded)
+    for names, how in built:
+        made = [n for n in names if id(named[n]) not in from_files]
+        parts += [f"{how}: {_names(made)}"] * bool(made)
+    if folder is not None and not files:
+        parts.append(f"no *.safetensors in {folder} (pickle files are never read)")
+    return "; ".join(parts)
 
 
 def real_state(
     module: nn.Module, seed: int, folder: Path | None = None
 ) -> tuple[dict[str, torch.Tensor], str]:
     """Qualified parameter/buffer name -> a real CPU tensor (floating ones fp32), and where the
-    weights came from, in words."""
+    weights came from, in words: which tensors the files held, which the model's code computed
+    (rotary frequencies) and which were seeded."""
     if _is_real(module):
         state = _named_tensors(module)
         source = "the module's own weights"
     else:
         real = _build_real(module)
+        built = _made(module, real)
         seed_weights(real, seed)
-        source = f"seeded random weights (seed {seed})"
-        if folder is not None:
-            files, loaded, missing = load_safetensors(real, folder)
-            if files:
-                source = f"{loaded} tensors from {files} safetensors file{'s' * (files != 1)}"
-                if missing:
-                    source += f" ({missing} not in the files: seeded, seed {seed})"
-            else:
-                source += f"; no *.safetensors in {folder} (pickle files are never read)"
+        source = _describe(real, built, seed, folder)
         state = _named_tensors(real)
     return {
         k: v.detach().float() if v.is_floating_point() else v.detach() for k, v in state.items()
     }, source
 
 
-__all__ = ["MEMORY_SHARE", "check_memory", "load_safetensors", "real_state", "seed_weights"]
+__all__ = ["MEMORY_SHARE", "check_memory", "real_state", "seed_weights"]
