@@ -128,8 +128,7 @@ def ranges_command(
         for path in write_overlays(result, overlay_dir):
             click.echo(f"overlay: {path}", err=fmt != "text")  # stdout stays the JSON alone
     if fail_on == "error" and not result.ok:
-        bad = [s.name for s in result.settings if not s.ok]
-        raise click.ClickException(f"values do not fit their dtype in {', '.join(bad)}")
+        raise click.ClickException(str(result.failure()))
 
 
 __all__ = ["ranges_command"]

@@ -446,7 +446,8 @@ def _layerless(message: str) -> str:
 def ranges_verdict(s: SettingRanges) -> str:
     if s.ok:
         return "fits"
-    return "OVERFLOWS" if any(f.severity == "error" for f in s.findings) else "fits"
+    # Not ok without an error of its own: the fp32 run itself holds inf or NaN.
+    return "OVERFLOWS" if any(f.severity == "error" for f in s.findings) else "NONFINITE"
 
 
 def _precision_line(result: RangesResult) -> str | None:

@@ -201,6 +201,8 @@ def value_ranges(
         seconds={k: round(v, 3) for k, v in seconds.items()},
         reports=[rep for rep, _ in reports],
     )
+    for verdict in verdicts:
+        verdict.inherited = result.reference_errors
     _train_verdicts(result, grads, ref_report.nodes, measured, loss)
     return result
 

@@ -37,7 +37,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "constant-overflow": ("error", "A constant does not fit the dtype: it becomes inf"),
     "flush-to-zero": ("note", "Non-zero values below half the smallest subnormal become zero"),
     "subnormal": ("note", "Values below the smallest normal number lose significant bits"),
-    "reference-nonfinite": ("warning", "inf or NaN already in the fp32 run"),
+    # An error, as in ``ampgraph audit``: a run whose fp32 values are not finite judges nothing.
+    "reference-nonfinite": ("error", "inf or NaN already in the fp32 run"),
     "reference-underflow": ("warning", "Values that underflow to zero already in fp32"),
     "gradient-overflow": ("error", "Gradients above their dtype's largest finite number"),
     "gradient-flush-to-zero": ("note", "Non-zero gradients that become zero in their dtype"),
@@ -251,6 +252,9 @@ class SettingRanges:
     unpaired: list[str] = field(default_factory=list)
     #: ``--pass train``: the loss scale that keeps this setting's fp16 gradients finite.
     loss_scale: LossScale | None = None
+    #: The fp32 run's own errors (inf or NaN there), which every setting has too; they are
+    #: written once, as the result's ``reference_findings``.
+    inherited: list[RangeFinding] = field(default_factory=list, repr=False)
 
     @property
     def name(self) -> str:
@@ -258,8 +262,10 @@ class SettingRanges:
 
     @property
     def first(self) -> RangeFinding | None:
-        """The first finding of severity error, in the setting's execution order."""
-        return next((f for f in self.findings if f.severity == "error"), None)
+        """The first finding of severity error, in the setting's execution order; else the fp32
+        run's own first error (a setting cannot fit where the reference is not finite)."""
+        own = next((f for f in self.findings if f.severity == "error"), None)
+        return own or next((f for f in self.inherited if f.severity == "error"), None)
 
     @property
     def ok(self) -> bool:
@@ -314,7 +320,21 @@ class RangesResult:
 
     @property
     def ok(self) -> bool:
-        return all(s.ok for s in self.settings)
+        """No error anywhere: in no setting, and not in the fp32 run itself (as ``ampgraph
+        audit --ranges`` judges the same file)."""
+        return all(s.ok for s in self.settings) and not self.reference_errors
+
+    @property
+    def reference_errors(self) -> list[RangeFinding]:
+        return [f for f in self.reference_findings if f.severity == "error"]
+
+    def failure(self) -> str | None:
+        """Why the result is not ok, in one line (``--fail-on error``'s message), or None."""
+        if self.reference_errors:
+            first = self.reference_errors[0]
+            return f"the fp32 run itself is not finite: {first.message}"
+        bad = [s.name for s in self.settings if not s.ok]
+        return f"values do not fit their dtype in {', '.join(bad)}" if bad else None
 
     def to_dict(self) -> dict[str, Any]:
         return {

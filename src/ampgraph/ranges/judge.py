@@ -273,6 +273,10 @@ def reference_findings(
                 text = (
                     f"{_what(rec)}: {o.infs} inf and {o.nans} NaN of {o.numel} values already in "
                     "the fp32 run, from finite inputs: in every setting"
+                    if rec.op != "placeholder"
+                    else f"the {rec.kind} {rec.target or rec.name} ({rec.name}) holds {o.infs} "
+                    f"inf and {o.nans} NaN of its {o.numel} values: the fp32 run is not finite "
+                    "from its start, in every setting"
                 )
                 found.append(RangeFinding("reference-nonfinite", rec.name, rec.op, rec.module,
                                           o.dtype, float(o.infs + o.nans), 0.0, text))  # fmt: skip
