@@ -10,7 +10,10 @@ before torch is imported. :func:`ampgraph.model.build.load_model` builds what a 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -158,6 +161,26 @@ def _read(path: Path) -> bytes:
     return read_bytes(path, "config", limit=CONFIG_LIMIT)
 
 
+def _look(path: Path) -> os.stat_result | None:
+    """``path``'s status, None where there is nothing; a path that cannot be looked at
+    (permissions) is one line saying so, where ``Path.exists`` raised ``PermissionError``."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # a name no file system holds: not a path
+            return None
+        raise ModelSpecError(
+            f"cannot look at {clip(str(path))}: {exc.strerror or type(exc).__name__}; check the "
+            "path and its permissions"
+        ) from None
+
+
+def _is_dir(status: os.stat_result | None) -> bool:
+    return status is not None and stat.S_ISDIR(status.st_mode)
+
+
 #: Linux's longest path: a spec past it is refused before any file system call.
 PATH_MAX = 4096
 
@@ -200,7 +223,7 @@ def resolve_config(spec: str) -> ConfigSource | None:
         if kind == "bundled":
             return None
         path = Path(spec)
-        if path.is_dir():
+        if _is_dir(_look(path)):
             kind = "dir"
         elif path.suffix == ".json" or path.name == "config.json":
             kind = "config"
@@ -208,18 +231,18 @@ def resolve_config(spec: str) -> ConfigSource | None:
             return None  # package.module:factory, a bundled factory, or an unknown name
     path = Path(spec)
     if kind == "config":
-        if path.is_dir():
+        if _is_dir(_look(path)):
             raise ModelSpecError(
                 f"{clip(spec)} is a folder: use --model-dir {spec} (or its config.json)"
             )
-        if not path.exists():
+        if not os.path.lexists(path):
             raise ModelSpecError(f"config file {clip(spec)} does not exist")
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
         return ConfigSource(name, "config", str(path), _read(path))
-    if not path.is_dir():
+    if not _is_dir(_look(path)):
         raise ModelSpecError(f"model folder {clip(spec)} does not exist")
     config = path / "config.json"
-    if not config.exists():
+    if _look(config) is None and not os.path.lexists(config):
         raise ModelSpecError(
             f"{clip(spec)} has no config.json: point --model-dir at a Hugging Face model folder"
         )
