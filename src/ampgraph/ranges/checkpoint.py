@@ -39,13 +39,12 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from ampgraph.ranges.data import RangesError
-from ampgraph.ranges.shards import Shard, safetensors_dtype
+from ampgraph.ranges.shards import DTYPES, Entry, Shard, safetensors_dtype
 
 #: Hugging Face's name for the index of a sharded safetensors checkpoint.
 INDEX = "model.safetensors.index.json"
@@ -117,11 +116,10 @@ def _refuse_dtype(where: str, key: str, src: torch.dtype, target: str, dest: tor
 def _plan(
     shards: list[Shard], named: dict[str, torch.Tensor], prefix: str,
     index: dict[str, str] | None,
-) -> tuple[list[tuple[Shard, str, str]], int]:  # fmt: skip
-    """Every (shard, key, model name) to copy, each checked from the headers alone; and how many
+) -> tuple[dict[str, Source], int]:  # fmt: skip
+    """Model name -> where its tensor is, each checked from the headers alone; and how many
     keys are not the model's."""
-    plan: list[tuple[Shard, str, str]] = []
-    where: dict[str, tuple[str, str]] = {}  # model name -> (file, key) it comes from
+    plan: dict[str, Source] = {}
     ignored = 0
     for shard in shards:
         for key, entry in shard.entries.items():
@@ -134,13 +132,13 @@ def _plan(
             if target is None:
                 ignored += 1
                 continue
-            if target in where:
-                first = where[target]
+            if target in plan:
+                first = plan[target]
                 raise RangesError(
-                    f"{shard.path.name}: {key} is the model's {target}, which {first[0]} holds "
-                    f"already (as {first[1]}): one tensor twice in the checkpoint; which one is it?"
+                    f"{shard.path.name}: {key} is the model's {target}, which {first.path.name} "
+                    f"holds already (as {first.entry.name}): one tensor twice in the checkpoint; "
+                    "which one is it?"
                 )
-            where[target] = (shard.path.name, key)
             dest = named[target]
             if entry.shape != tuple(dest.shape):
                 raise RangesError(
@@ -150,15 +148,16 @@ def _plan(
             src = safetensors_dtype(entry.dtype)
             assert src is not None  # Shard refuses unknown dtypes
             _refuse_dtype(shard.path.name, key, src, target, dest.dtype)
-            plan.append((shard, key, target))
+            plan[target] = Source(shard.path, shard.what, entry, dest.dtype)
     for key, name in (index or {}).items():
         if not any(key in s.entries for s in shards if s.path.name == name):
             raise RangesError(f"{INDEX} puts {key} in {name}, which does not hold it")
     return plan, ignored
 
 
-def load_safetensors(module: nn.Module, folder: Path) -> Loaded:
-    """Copy ``folder``'s safetensors tensors into ``module``, one at a time, all checked first.
+def check_checkpoint(module: nn.Module, folder: Path) -> tuple[Loaded, dict[str, Source]]:
+    """Every shard's header read and every tensor checked against ``module``, no data read:
+    what a load will copy (:class:`Loaded`), and model name -> where each tensor is.
 
     Names are matched as they are, or with the model's ``base_model_prefix`` added or removed
     (checkpoints of the bare model). Every refusal is one line (:class:`RangesError`, or
@@ -169,40 +168,87 @@ def load_safetensors(module: nn.Module, folder: Path) -> Loaded:
     prefix = str(getattr(module, "base_model_prefix", "") or "")
     paths, index = shard_paths(folder)
     what = f"shard named by {INDEX}" if index is not None else "safetensors file"
-    out = Loaded(files=paths)
-    widened: Counter[str] = Counter()
     with contextlib.ExitStack() as stack:
         shards = [stack.enter_context(Shard(p, what)) for p in paths]
-        plan, out.ignored = _plan(shards, named, prefix, index)
-        # Tied tensors (one tensor, two names) stored twice: the first copy is kept to compare.
-        count = Counter(id(t) for t in named.values())
-        copied: dict[int, tuple[str, torch.Tensor]] = {}
-        for shard, key, target in plan:
-            tensor, dest = shard.read(key), named[target]
-            _same_as_tied(copied.get(id(dest)), shard.path.name, key, target, tensor)
-            if tensor.dtype != dest.dtype:
-                widened[str(tensor.dtype).removeprefix("torch.")] += 1
+        sources, ignored = _plan(shards, named, prefix, index)
+    widened = Counter(
+        DTYPES[s.entry.dtype] for s in sources.values()
+        if safetensors_dtype(s.entry.dtype) != s.dtype
+    )  # fmt: skip
+    return Loaded(paths, list(sources), dict(widened), ignored), sources
+
+
+def load_safetensors(module: nn.Module, folder: Path) -> Loaded:
+    """Copy ``folder``'s safetensors tensors into ``module``, one at a time, all checked first
+    (:func:`check_checkpoint`)."""
+    loaded, sources = check_checkpoint(module, folder)
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    # Tied tensors (one tensor, two names) stored twice: the first copy is kept to compare.
+    count = Counter(id(t) for t in named.values())
+    copied: dict[int, tuple[str, torch.Tensor]] = {}
+    with ShardPool() as pool:
+        for target, source in sources.items():
+            tensor, dest = pool.read(source), named[target]
+            _same_as_tied(copied.get(id(dest)), source, target, tensor)
             with torch.no_grad():
                 dest.copy_(tensor)
             if count[id(dest)] > 1:
                 copied.setdefault(id(dest), (target, tensor))
-            out.loaded.append(target)
-    out.widened = dict(widened)
-    return out
+    return loaded
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one of the model's tensors is: its file, the header entry checked, and the model's
+    dtype it is read into."""
+
+    path: Path
+    what: str
+    entry: Entry
+    dtype: torch.dtype
+
+
+class ShardPool:
+    """Shards opened on demand and kept open until the pool closes; :meth:`read` gives a
+    tensor in the model's dtype, refusing one whose entry changed since it was checked."""
+
+    def __init__(self) -> None:
+        self.open: dict[Path, Shard] = {}
+
+    def __enter__(self) -> ShardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for shard in self.open.values():
+            shard.close()
+        self.open.clear()
+
+    def read(self, source: Source) -> torch.Tensor:
+        if source.path not in self.open:
+            self.open[source.path] = Shard(source.path, source.what)
+        shard = self.open[source.path]
+        if shard.entries.get(source.entry.name) != source.entry:
+            raise shard.refuse(f"{source.entry.name} changed since it was checked",
+                               "was the file rewritten while ampgraph read it?")  # fmt: skip
+        return shard.read(source.entry.name).to(source.dtype)
 
 
 def _same_as_tied(
-    first: tuple[str, torch.Tensor] | None, file: str, key: str, target: str, tensor: Any
+    first: tuple[str, torch.Tensor] | None, source: Source, target: str, tensor: torch.Tensor
 ) -> None:
     """Tied weights (one tensor under two names) stored twice must hold the same values."""
     if first is None:
         return
-    a, b = first[1], tensor.to(first[1].dtype)
+    a, b = first[1], tensor
     if not bool(((a == b) | (a != a) & (b != b)).all()):  # NaN where both hold NaN is the same
         raise RangesError(
-            f"{file}: {key} and the model's {first[0]} are one tied tensor of the model "
-            f"({target}), but the checkpoint holds different values for them"
+            f"{source.path.name}: {source.entry.name} and the model's {first[0]} are one tied "
+            f"tensor of the model ({target}), but the checkpoint holds different values for them"
         )
 
 
-__all__ = ["INDEX", "Loaded", "load_safetensors", "shard_paths"]
+__all__ = [
+    "INDEX", "Loaded", "ShardPool", "Source", "check_checkpoint", "load_safetensors",
+    "shard_paths",
+]  # fmt: skip
