@@ -71,7 +71,7 @@ def main() -> None:
     from ampgraph.pipeline.run import prepare
     from ampgraph.pipeline.stages import analyze_capture
     from ampgraph.ranges import value_ranges
-    from ampgraph.ranges.weights import _build_real, seed_weights
+    from ampgraph.ranges.weights import build_real, seed_weights
     from ampgraph.settings import Setting
     from ampgraph.verify.tensors import graph_inputs, real_inputs
 
@@ -79,7 +79,7 @@ def main() -> None:
     reference = Setting.parse("fp32,inputs=fp32")
     cap = capture(built, reference)
     report = analyze_capture(cap, check=False)
-    real = _build_real(built.module).eval()
+    real = build_real(built.module).eval()
     seed_weights(real, 0)
     state = dict(real.named_parameters(remove_duplicate=False))
     state.update(real.named_buffers(remove_duplicate=False))

@@ -53,6 +53,8 @@ from ampgraph.ranges.data import (
     ValueRange,
 )
 from ampgraph.ranges.judge import judge_setting, reference_findings
+from ampgraph.ranges.checkpoint import ShardPool
+from ampgraph.ranges.stream import should_stream
 from ampgraph.ranges.weights import check_memory, real_state
 from ampgraph.report.records import NodeRecord
 from ampgraph.settings import Setting
@@ -69,13 +71,20 @@ def _note(progress: Progress, text: str) -> None:
 
 
 def _reference_values(
-    ref_cap: Capture, model: ModelInputs, seed: int, weights_dir: Path | None
-) -> tuple[list[Any], str]:
+    ref_cap: Capture, model: ModelInputs, seed: int, weights_dir: Path | None,
+    pool: ShardPool | None,
+) -> tuple[list[Any], str]:  # fmt: skip
     """The reference graph's placeholder values on the CPU in fp32, and where the weights came
-    from (in words)."""
+    from (in words). With ``pool``, the weights are :class:`~ampgraph.ranges.stream.Lazy`
+    handles read through it (a model too large for memory)."""
     from ampgraph.verify.tensors import graph_inputs, real_inputs
 
-    state, source = real_state(model.module, seed, weights_dir)
+    if pool is not None and weights_dir is not None:
+        from ampgraph.ranges.stream import stream_state
+
+        state, source = stream_state(model.module, seed, weights_dir, pool)
+    else:
+        state, source = real_state(model.module, seed, weights_dir)
     cpu = torch.device("cpu")
     gen = torch.Generator().manual_seed(seed)
     args, kwargs = cast_floating(real_inputs(model, cpu, gen), "float32")
@@ -99,6 +108,31 @@ def _measure(
         if name in grads.forward:
             grads.forward[name].gradients = slots
     return grads.forward, grads
+
+
+def _reference_run(
+    ref_cap: Capture, model: ModelInputs, weights: tuple[int, Path | None, bool],
+    modules: dict[str, str | None], kinds: dict[str, str], analysis: tuple[str, Any],
+    progress: Progress, seconds: dict[str, float],
+) -> tuple[dict[str, NodeRange], GradientRun | None, str]:  # fmt: skip
+    """Make the weights (``weights``: seed, folder, whether one at a time) and run the reference;
+    its ranges, gradients, and where the weights came from. Shards stay open for the run."""
+    seed, weights_dir, streaming = weights
+    pass_, loss = analysis
+    with ShardPool() as pool:
+        t0 = time.perf_counter()
+        _note(progress, "checking the weights (read one at a time in the run)" if streaming
+              else "materialising fp32 weights on the CPU")  # fmt: skip
+        values, source = _reference_values(ref_cap, model, seed, weights_dir,
+                                           pool if streaming else None)  # fmt: skip
+        seconds["materialise"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        both = " (forward and backward)" * (pass_ == "train")
+        _note(progress, f"running the model in fp32 on the CPU{both}")
+        measured, grads = _measure(ref_cap, values, modules, kinds, pass_, loss, seed)
+        del values
+        seconds["run"] = time.perf_counter() - t0
+    return measured, grads, source
 
 
 def _train_verdicts(
@@ -138,15 +172,19 @@ def value_ranges(
     progress: Progress = None,
     pass_: str = "forward",
     loss: str | int | None = None,
+    stream: bool | None = None,
 ) -> RangesResult:
     """Run ``model`` once for real in fp32 on the CPU and judge its values in each setting.
 
     ``settings`` are :class:`~ampgraph.settings.Setting` objects or names (parsed with
     ``device_type`` and ``amp_dtype``). Weights: see :mod:`ampgraph.ranges.weights`;
     ``weights_dir`` is a folder of ``*.safetensors`` shards. A model whose fp32 weights do not fit
-    this machine's memory is a one-line :class:`RangesError` unless ``force``. ``pass_`` "train"
+    this machine's memory is read one weight at a time from such a folder, else a one-line
+    :class:`RangesError` unless ``force``. ``pass_`` "train"
     traces the model in training mode, runs the train pass's loss (``loss`` names its output)
     backward for real too, and judges each gradient in its dtype (:mod:`ampgraph.ranges.gradients`).
+    ``stream`` runs one weight at a time from ``weights_dir``'s shards (:mod:`ampgraph.ranges.
+    stream`; by default, None, where the fp32 weights do not fit in memory): the same results.
     """
     from ampgraph.version import __version__
 
@@ -157,7 +195,10 @@ def value_ranges(
                                                        amp_dtype=amp_dtype)
         for s in settings
     ]  # fmt: skip
-    check_memory(model.module, model.name, force=force, gradients=pass_ == "train")
+    streaming = should_stream(model.module, weights_dir, train=pass_ == "train", force=force,
+                              asked=stream)  # fmt: skip
+    if not streaming:
+        check_memory(model.module, model.name, force=force, gradients=pass_ == "train")
     seconds: dict[str, float] = {}
     training, analysis = pass_ == "train", {"pass_": pass_, "loss": loss}
     t0 = time.perf_counter()
@@ -173,18 +214,12 @@ def value_ranges(
         reports.append((report, graph_constants(cap.graph_module)))
     seconds["capture_annotate"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    _note(progress, "materialising fp32 weights on the CPU")
-    values, source = _reference_values(ref_cap, model, seed, weights_dir)
-    seconds["materialise"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    _note(progress, "running the model in fp32 on the CPU" + " (forward and backward)" * training)
     modules = {r.name: r.module for r in ref_report.nodes}
     kinds = {r.name: r.kind for r in ref_report.nodes}
-    measured, grads = _measure(ref_cap, values, modules, kinds, pass_, loss, seed)
-    del values
-    seconds["run"] = time.perf_counter() - t0
+    measured, grads, source = _reference_run(
+        ref_cap, model, (seed, weights_dir, streaming), modules, kinds, (pass_, loss),
+        progress, seconds,
+    )  # fmt: skip
 
     verdicts = [judge_setting(rep, ref_report.nodes, measured, consts) for rep, consts in reports]
     ordered = [measured[r.name] for r in ref_report.nodes if r.name in measured]

@@ -28,6 +28,7 @@ from ampgraph.annotate.replay import Failed, FakeReplay, op_name
 from ampgraph.capture.regions import REGION_OPS, region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.ranges.data import NodeRange, ValueRange
+from ampgraph.ranges.stream import Lazy
 from ampgraph.settings import Setting
 from ampgraph.torchutil import autocast_state, dtype_name
 
@@ -178,6 +179,8 @@ class RangeRun(FakeReplay):
         #: view read the same values: a tied weight or an alias of one is not read again.
         self.seen: dict[tuple[Any, ...], ValueRange] = {}
         self.input_storages: set[int] = set()
+        #: Placeholder name -> its weight not yet made (a run too large for memory).
+        self.lazy: dict[str, Lazy] = {}
 
     def _reduce(self, v: torch.Tensor, placeholder: bool) -> ValueRange:
         storage = v.untyped_storage().data_ptr()
@@ -190,23 +193,55 @@ class RangeRun(FakeReplay):
             self.seen[key] = reduce_tensor(v)
         return copy.copy(self.seen[key])
 
-    def _record(self, n: fx.Node, value: Any, error: str | None = None) -> None:
+    def _record(
+        self, n: fx.Node, value: Any, error: str | None = None, lazy: bool = False
+    ) -> None:
         name = self.qualified(n)
         rec = NodeRange(
             name, op_name(n.target) if n.op == "call_function" else n.op,
             self.kinds.get(name, "op"), self.modules.get(name), error=error,
         )  # fmt: skip
         if error is None:
+            # A weight made for one node (lazy) is freed after it: its memory is no key to
+            # remember a range by (the next tensor may get the same address).
             rec.outputs = [
-                self._reduce(v, n.op == "placeholder")
+                self._reduce(v, n.op == "placeholder" and not lazy)
                 if isinstance(v, torch.Tensor) and v.is_floating_point()
                 else None
                 for v in pytree.tree_leaves(value)
             ]
         self.ranges[name] = rec
 
+    def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The node's arguments, each :class:`~ampgraph.ranges.stream.Lazy` weight made for it
+        (and its range recorded the first time): it is freed with the arguments."""
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        lazy = [a for a in n.all_input_nodes if isinstance(self.env.get(a), Lazy)]
+        if not lazy:
+            return args, kwargs
+        made: dict[int, torch.Tensor] = {}
+        for a in lazy:
+            handle = self.env[a]
+            if id(handle) not in made:
+                made[id(handle)] = handle.load()
+            if self.qualified(a) not in self.ranges:
+                self._record(a, made[id(handle)], lazy=True)
+        swapped = pytree.tree_map_only(Lazy, lambda v: made[id(v)], (args, kwargs))
+        return swapped  # type: ignore[return-value]
+
+    def record_unread(self) -> None:
+        """The ranges of lazy weights no node read (in memory, every graph input has one)."""
+        for n in self.graph.nodes:
+            if n.op == "placeholder" and self.qualified(n) not in self.ranges:
+                handle = self.lazy.get(n.name)
+                if handle is not None:
+                    self._record(n, handle.load(), lazy=True)
+
     def run_node(self, n: fx.Node) -> Any:
         value = super().run_node(n)
+        if n.op == "placeholder" and isinstance(value, Lazy):
+            self.lazy[n.name] = value  # recorded where a node first reads it
+            return value
         if isinstance(value, Failed) or n.op in ("output", "get_attr"):
             return value
         if n.op == "placeholder" and n.name in self.outer_names:
@@ -248,6 +283,7 @@ def run_ranges(
         for device in ("cpu", "cuda"):
             stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
         interp.run(*values)
+        interp.record_unread()
     return interp.ranges
 
 

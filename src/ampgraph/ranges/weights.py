@@ -28,18 +28,52 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import resource
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ampgraph.ranges.data import RangesError
+
+if TYPE_CHECKING:
+    from ampgraph.ranges.checkpoint import Loaded
 from ampgraph.verify.device import available_memory, weight_bytes
 from ampgraph.verify.tensors import random_like
 
 #: Share of the free memory the fp32 weights may take (the activations need the rest).
 MEMORY_SHARE = 0.7
+
+
+def free_memory() -> int | None:
+    """Bytes this process may still take: the machine's available memory, less where a limit
+    set on the process (``ulimit -d`` / ``-v``, a container's rlimit) leaves less room.
+
+    >>> free_memory() is None or free_memory() > 0
+    True
+    """
+    free = available_memory(torch.device("cpu"))
+    status = _status()
+    for limit, field in ((resource.RLIMIT_DATA, "VmData"), (resource.RLIMIT_AS, "VmSize")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY and field in status:
+            room = max(soft - status[field], 0)
+            free = room if free is None else min(free, room)
+    return free
+
+
+def _status() -> dict[str, int]:
+    """This process's memory figures from /proc/self/status, in bytes (empty where unknown)."""
+    found: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if value.strip().endswith("kB"):
+                    found[key] = int(value.split()[0]) * 1024
+    return found
 
 
 def check_memory(
@@ -54,7 +88,7 @@ def check_memory(
     80
     """
     need = weight_bytes(module, torch.float32) * (2 if gradients else 1)
-    free = available_memory(torch.device("cpu"))
+    free = free_memory()
     what = "weights and their gradients" if gradients else "weights"
     if free is not None and need > MEMORY_SHARE * free and not force:
         raise RangesError(
@@ -86,7 +120,7 @@ def _no_init() -> Iterator[None]:
         yield
 
 
-def _build_real(module: nn.Module) -> nn.Module:
+def build_real(module: nn.Module) -> nn.Module:
     """The same model with real (uninitialised) tensors on the CPU, buffers computed."""
     config = getattr(module, "config", None)
     if config is not None and hasattr(module, "post_init"):
@@ -106,26 +140,39 @@ def _is_norm(module: nn.Module) -> bool:
     return "norm" in type(module).__name__.lower()
 
 
-def seed_weights(module: nn.Module, seed: int) -> None:
-    """Hugging Face's initialisation, seeded: normal(0, 0.02) weights (tiled from a pool of
-    random numbers, as ``verify`` does), zero biases, ones for normalisation weights."""
-    gen = torch.Generator().manual_seed(seed)
+def seed_order(module: nn.Module) -> Iterator[tuple[nn.Parameter, str]]:
+    """Each floating parameter once, in the order they are seeded, with how: ``zero`` (biases),
+    ``one`` (normalisation weights) or ``random`` (drawn from the seed's generator, in this
+    order: a block-by-block run replays it to make each weight alone, as the same numbers)."""
     seen: set[int] = set()
     for sub in module.modules():
         for pname, p in sub.named_parameters(recurse=False):
             if id(p) in seen or not p.is_floating_point():
                 continue
             seen.add(id(p))
-            with torch.no_grad():
-                if pname.endswith("bias"):
-                    p.zero_()
-                elif _is_norm(sub) and p.dim() == 1:
-                    p.fill_(1.0)
-                else:
-                    p.copy_(random_like(p.shape, p.dtype, p.device, gen))
+            if pname.endswith("bias"):
+                yield p, "zero"
+            elif _is_norm(sub) and p.dim() == 1:
+                yield p, "one"
+            else:
+                yield p, "random"
 
 
-def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+def seed_weights(module: nn.Module, seed: int) -> None:
+    """Hugging Face's initialisation, seeded: normal(0, 0.02) weights (tiled from a pool of
+    random numbers, as ``verify`` does), zero biases, ones for normalisation weights."""
+    gen = torch.Generator().manual_seed(seed)
+    for p, how in seed_order(module):
+        with torch.no_grad():
+            if how == "zero":
+                p.zero_()
+            elif how == "one":
+                p.fill_(1.0)
+            else:
+                p.copy_(random_like(p.shape, p.dtype, p.device, gen))
+
+
+def named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     named = dict(module.named_parameters(remove_duplicate=False))
     named.update(module.named_buffers(remove_duplicate=False))
     return named
@@ -141,7 +188,7 @@ def _names(names: list[str], shown: int = 3) -> str:
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
 
-def _made(module: nn.Module, real: nn.Module) -> list[tuple[list[str], str]]:
+def made_buffers(module: nn.Module, real: nn.Module) -> list[tuple[list[str], str]]:
     """The buffers the real model made itself (no file, no seed), grouped by how, in words."""
     hf = getattr(module, "config", None) is not None and hasattr(module, "post_init")
     groups: dict[str, list[str]] = {}
@@ -161,14 +208,13 @@ def _made(module: nn.Module, real: nn.Module) -> list[tuple[list[str], str]]:
     return [(names, how) for how, names in groups.items()]
 
 
-def _describe(
-    real: nn.Module, built: list[tuple[list[str], str]], seed: int, folder: Path | None
-) -> str:
-    """Where each tensor came from, in words: the files, the model's own code, or the seed."""
-    from ampgraph.ranges.checkpoint import load_safetensors
-
-    loaded = load_safetensors(real, folder) if folder is not None else None
-    named = _named_tensors(real)
+def describe_weights(
+    real: nn.Module, built: list[tuple[list[str], str]], seed: int, folder: Path | None,
+    loaded: Loaded | None,
+) -> str:  # fmt: skip
+    """Where each tensor came from, in words: the files (``loaded``: what a checkpoint gave),
+    the model's own code (``built``: :func:`made_buffers`), or the seed."""
+    named = named_tensors(real)
     files = loaded.files if loaded is not None else []
     from_files = {id(named[n]) for n in loaded.loaded} if loaded is not None else set()
     seen = from_files | {id(named[n]) for names, _ in built for n in names}
@@ -200,17 +246,23 @@ def real_state(
     weights came from, in words: which tensors the files held, which the model's code computed
     (rotary frequencies) and which were seeded."""
     if _is_real(module):
-        state = _named_tensors(module)
+        state = named_tensors(module)
         source = "the module's own weights"
     else:
-        real = _build_real(module)
-        built = _made(module, real)
+        from ampgraph.ranges.checkpoint import load_safetensors
+
+        real = build_real(module)
+        built = made_buffers(module, real)
         seed_weights(real, seed)
-        source = _describe(real, built, seed, folder)
-        state = _named_tensors(real)
+        loaded = load_safetensors(real, folder) if folder is not None else None
+        source = describe_weights(real, built, seed, folder, loaded)
+        state = named_tensors(real)
     return {
         k: v.detach().float() if v.is_floating_point() else v.detach() for k, v in state.items()
     }, source
 
 
-__all__ = ["MEMORY_SHARE", "check_memory", "real_state", "seed_weights"]
+__all__ = [
+    "MEMORY_SHARE", "build_real", "check_memory", "describe_weights", "made_buffers",
+    "named_tensors", "real_state", "seed_order", "seed_weights",
+]  # fmt: skip
