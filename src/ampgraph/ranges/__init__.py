@@ -4,7 +4,10 @@ ampgraph says which dtype every value has in a setting; this says whether the va
 The pieces, one job each:
 
 =========== ==================================================================================
-weights     real fp32 weights: the module's own, a folder's safetensors (lazily), or seeded
+weights     real fp32 weights: the module's own, a folder's safetensors, or seeded
+shards      safetensors files read with the one reader's rules, every header entry checked
+checkpoint  a folder's shards (its index) checked against the model, then copied into it
+stream      weights larger than memory: each made for the node that reads it, then dropped
 collect     the captured graph run once for real on the CPU in fp32, each node's outputs reduced
             to their range (largest and smallest non-zero magnitude, zeros, inf, NaN), then dropped
 judge       each setting's node records against those ranges: overflow, flush to zero,
