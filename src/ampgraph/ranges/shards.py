@@ -179,8 +179,9 @@ class Shard:
         count = math.prod(shape)
         need = count * torch_type.itemsize
         if need != end - begin:
-            raise self.refuse(f"{what}'s shape {list(shape)} holds {count:,} {dtype} values "
-                              f"({need:,} bytes), but its data is {end - begin:,} bytes")
+            raise self.refuse(f"{what} has the shape {str(shape)[:80]}, which holds {count:,} "
+                              f"{dtype} values ({need:,} bytes), but its data is {end - begin:,} "
+                              "bytes")  # fmt: skip
         return Entry(name, dtype, tuple(shape), begin, end)
 
     def read(self, name: str) -> torch.Tensor:
