@@ -21,6 +21,7 @@ each one's place, so both runs judge the same numbers and agree exactly
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 from collections.abc import Callable, Iterator
@@ -43,6 +44,10 @@ from ampgraph.ranges.weights import (
 )
 from ampgraph.verify.device import weight_bytes
 from ampgraph.verify.tensors import RANDOM_POOL, random_like
+
+
+#: glibc's ``mallopt`` parameter for the size above which a block is mapped on its own.
+M_MMAP_THRESHOLD = -3
 
 
 class Lazy:
@@ -78,6 +83,16 @@ def meta_parameters() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _return_freed_memory() -> None:
+    """Have glibc's malloc map each large block on its own and unmap it when freed (a fixed
+    ``M_MMAP_THRESHOLD``), from now on in this process. By default the threshold rises to the
+    largest block freed so far (up to 32 MB), and weights freed one after another then stay in
+    malloc's heap: a weight at a time would hold what the largest weights took together, as a
+    limit on the process's data (``ulimit -d``) counts it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)  # glibc's own starting value
 
 
 def _seeded(shape: torch.Size, dtype: torch.dtype, how: str, state: torch.Tensor | None
@@ -118,6 +133,7 @@ def stream_state(
     """Qualified name -> a :class:`Lazy` handle for each parameter (a real tensor for each
     buffer), and where the weights come from, in words. Shards are read through ``pool``,
     which the caller closes after the run."""
+    _return_freed_memory()
     with meta_parameters():
         real = build_real(module)
     built = made_buffers(module, real)
