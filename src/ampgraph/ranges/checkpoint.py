@@ -162,6 +162,14 @@ def check_checkpoint(module: nn.Module, folder: Path) -> tuple[Loaded, dict[str,
     Names are matched as they are, or with the model's ``base_model_prefix`` added or removed
     (checkpoints of the bare model). Every refusal is one line (:class:`RangesError`, or
     :class:`~ampgraph.errors.FileReadError` for a file that is not a safetensors file).
+
+    >>> import tempfile
+    >>> from safetensors.torch import save_file
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> save_file({"bias": torch.zeros(2), "extra": torch.ones(1)}, str(folder / "m.safetensors"))
+    >>> loaded, sources = check_checkpoint(torch.nn.Linear(2, 2), folder)
+    >>> loaded.loaded, loaded.ignored, sources["bias"].entry.shape
+    (['bias'], 1, (2,))
     """
     named = dict(module.named_parameters(remove_duplicate=False))
     named.update(module.named_buffers(remove_duplicate=False))

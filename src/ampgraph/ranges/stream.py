@@ -37,8 +37,8 @@ from ampgraph.ranges.weights import (
     MEMORY_SHARE,
     build_real,
     describe_weights,
-    made_buffers,
     free_memory,
+    made_buffers,
     named_tensors,
     seed_order,
 )
@@ -70,7 +70,13 @@ class Lazy:
 @contextlib.contextmanager
 def meta_parameters() -> Iterator[None]:
     """While a model is built: every parameter it registers moved to the meta device at once
-    (its buffers stay real), as ``accelerate.init_empty_weights(include_buffers=False)`` does."""
+    (its buffers stay real), as ``accelerate.init_empty_weights(include_buffers=False)`` does.
+
+    >>> with meta_parameters():
+    ...     bn = torch.nn.BatchNorm1d(2)
+    >>> bn.weight.is_meta, bn.running_mean.is_meta
+    (True, False)
+    """
     register = nn.Module.register_parameter
 
     def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
@@ -132,7 +138,23 @@ def stream_state(
 ) -> tuple[dict[str, Any], str]:
     """Qualified name -> a :class:`Lazy` handle for each parameter (a real tensor for each
     buffer), and where the weights come from, in words. Shards are read through ``pool``,
-    which the caller closes after the run."""
+    which the caller closes after the run.
+
+    >>> import json, tempfile
+    >>> from safetensors.torch import save_file
+    >>> from ampgraph.model.build import load_model
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1,
+    ...     "n_embd": 8, "n_head": 2, "vocab_size": 16, "n_positions": 8}))
+    >>> model = load_model(str(folder), seq_len=4).module
+    >>> save_file({"wte.weight": torch.ones(16, 8)}, str(folder / "model.safetensors"))
+    >>> with ShardPool() as pool:
+    ...     state, said = stream_state(model, 0, folder, pool)
+    ...     state["transformer.wte.weight"], state["transformer.wte.weight"].load().sum().item()
+    (Lazy('transformer.wte.weight'), 128.0)
+    >>> said                                                         # doctest: +ELLIPSIS
+    '1 tensor from 1 safetensors file; seeded (seed 0): ...; read one weight at a time'
+    """
     _return_freed_memory()
     with meta_parameters():
         real = build_real(module)
@@ -178,7 +200,11 @@ def should_stream(
 
 
 def can_stream(folder: Path | None) -> bool:
-    """Whether ``folder`` has safetensors weights to read one at a time."""
+    """Whether ``folder`` has safetensors weights to read one at a time.
+
+    >>> can_stream(None), can_stream(Path("/nonexistent"))
+    (False, False)
+    """
     if folder is None:
         return False
     return os.path.lexists(folder / "model.safetensors.index.json") or any(

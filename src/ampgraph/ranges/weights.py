@@ -16,7 +16,8 @@ The weights line says where each tensor came from: the files, the model's own co
 as rotary frequencies, computed when the model is built), or the seed.
 
 Before any of it, :func:`check_memory` refuses in one line a model whose fp32 weights do not fit
-this machine's free memory, with the estimate.
+this process's free memory, with the estimate (a model folder's are then read one weight at a
+time instead: :mod:`ampgraph.ranges.stream`).
 
 >>> import torch
 >>> state, source = real_state(torch.nn.Linear(2, 2), seed=0)
@@ -37,11 +38,11 @@ import torch
 from torch import nn
 
 from ampgraph.ranges.data import RangesError
+from ampgraph.verify.device import available_memory, weight_bytes
+from ampgraph.verify.tensors import random_like
 
 if TYPE_CHECKING:
     from ampgraph.ranges.checkpoint import Loaded
-from ampgraph.verify.device import available_memory, weight_bytes
-from ampgraph.verify.tensors import random_like
 
 #: Share of the free memory the fp32 weights may take (the activations need the rest).
 MEMORY_SHARE = 0.7
@@ -122,7 +123,12 @@ def _no_init() -> Iterator[None]:
 
 
 def build_real(module: nn.Module) -> nn.Module:
-    """The same model with real (uninitialised) tensors on the CPU, buffers computed."""
+    """The same model with real (uninitialised) tensors on the CPU, buffers computed.
+
+    >>> real = build_real(torch.nn.Linear(2, 2, device="meta"))
+    >>> real.weight.device, real.weight.is_meta
+    (device(type='cpu'), False)
+    """
     config = getattr(module, "config", None)
     if config is not None and hasattr(module, "post_init"):
         with _no_init(), torch.device("cpu"):
@@ -174,6 +180,11 @@ def seed_weights(module: nn.Module, seed: int) -> None:
 
 
 def named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by qualified name, a tied one under each of its names.
+
+    >>> sorted(named_tensors(torch.nn.BatchNorm1d(2)))
+    ['bias', 'num_batches_tracked', 'running_mean', 'running_var', 'weight']
+    """
     named = dict(module.named_parameters(remove_duplicate=False))
     named.update(module.named_buffers(remove_duplicate=False))
     return named
@@ -190,7 +201,11 @@ def _names(names: list[str], shown: int = 3) -> str:
 
 
 def made_buffers(module: nn.Module, real: nn.Module) -> list[tuple[list[str], str]]:
-    """The buffers the real model made itself (no file, no seed), grouped by how, in words."""
+    """The buffers the real model made itself (no file, no seed), grouped by how, in words.
+
+    >>> made_buffers(torch.nn.Linear(1, 1), torch.nn.BatchNorm1d(2))    # doctest: +ELLIPSIS
+    [(['running_mean', 'running_var', 'num_batches_tracked'], 'reset (batch-norm statistics: ...)')]
+    """
     hf = getattr(module, "config", None) is not None and hasattr(module, "post_init")
     groups: dict[str, list[str]] = {}
     seen: set[int] = set()
@@ -214,7 +229,11 @@ def describe_weights(
     loaded: Loaded | None,
 ) -> str:  # fmt: skip
     """Where each tensor came from, in words: the files (``loaded``: what a checkpoint gave),
-    the model's own code (``built``: :func:`made_buffers`), or the seed."""
+    the model's own code (``built``: :func:`made_buffers`), or the seed.
+
+    >>> describe_weights(torch.nn.Linear(1, 1), [], 7, None, None)
+    'seeded random weights (seed 7)'
+    """
     named = named_tensors(real)
     files = loaded.files if loaded is not None else []
     from_files = {id(named[n]) for n in loaded.loaded} if loaded is not None else set()
@@ -223,7 +242,8 @@ def describe_weights(
     if not files or loaded is None:
         parts = [f"seeded random weights (seed {seed})"]
     else:
-        text = f"{len(loaded.loaded)} tensors from {len(files)} safetensors file" + "s" * (
+        n = len(loaded.loaded)
+        text = f"{n} tensor{'s' * (n != 1)} from {len(files)} safetensors file" + "s" * (
             len(files) != 1
         )
         widened = ", ".join(f"{n} {d}" for d, n in sorted(loaded.widened.items()))
