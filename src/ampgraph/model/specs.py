@@ -166,7 +166,7 @@ def _look(path: Path) -> os.stat_result | None:
     (permissions) is one line saying so, where ``Path.exists`` raised ``PermissionError``."""
     try:
         return os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in it
         return None
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:  # a name no file system holds: not a path
