@@ -94,9 +94,10 @@ def check_memory(
     if free is not None and need > MEMORY_SHARE * free and not force:
         raise RangesError(
             f"ranges runs {name} in fp32 on the CPU: about {need / 1e9:.1f} GB of {what}, and "
-            f"this machine has {free / 1e9:.1f} GB free; give its model folder (its .safetensors "
-            "shards are read one weight at a time), use a smaller model of the same family, or "
-            "--force"
+            f"this machine has {free / 1e9:.1f} GB free; "
+            + ("" if gradients else "give its model folder (its .safetensors shards are read "
+               "one weight at a time), ")
+            + "use a smaller model of the same family, or --force"
         )
     return need
 
