@@ -37,7 +37,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "constant-overflow": ("error", "A constant does not fit the dtype: it becomes inf"),
     "flush-to-zero": ("note", "Non-zero values below half the smallest subnormal become zero"),
     "subnormal": ("note", "Values below the smallest normal number lose significant bits"),
-    # An error, as in ``ampgraph audit``: a run whose fp32 values are not finite judges nothing.
+    # An error, as in ``ampgraph audit``: inf or NaN in the fp32 run is in every setting too.
     "reference-nonfinite": ("error", "inf or NaN already in the fp32 run"),
     "reference-underflow": ("warning", "Values that underflow to zero already in fp32"),
     "gradient-overflow": ("error", "Gradients above their dtype's largest finite number"),
