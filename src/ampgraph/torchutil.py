@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -180,6 +181,80 @@ class VirtualGpuProperties:
         return f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor})"
 
 
+#: The grad mode a forward pass runs in, as the report names it: inference (the seed notebook,
+#: users' inference and ``verify``'s real run: ``torch.inference_mode()``) or a training step's.
+INFERENCE = "inference"
+GRAD_ON = "grad"
+
+
+def grad_mode_name(training: bool) -> str:
+    """The name of the grad mode :func:`forward_grad_mode` sets (``"inference"`` or ``"grad"``).
+
+    >>> grad_mode_name(False), grad_mode_name(True)
+    ('inference', 'grad')
+    """
+    return GRAD_ON if training else INFERENCE
+
+
+@contextlib.contextmanager
+def forward_grad_mode(training: bool) -> Iterator[None]:
+    """The grad mode a real forward runs in, whatever the caller's: ``torch.inference_mode()``
+    for inference (the seed notebook's, users' and ``verify``'s real run), grad on for a
+    training step. A trace or a run on fake tensors takes :func:`traced_grad_mode` instead.
+
+    >>> with forward_grad_mode(False):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (False, True)
+    >>> with torch.inference_mode(), forward_grad_mode(True):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (True, False)
+    """
+    if not training:
+        with torch.inference_mode():
+            yield
+        return
+    # enable_grad alone leaves a caller's inference_mode on (no autograd graph is recorded).
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+@contextlib.contextmanager
+def traced_grad_mode(training: bool) -> Iterator[None]:
+    """:func:`forward_grad_mode` as model code reads it, for a trace or a run on fake tensors.
+
+    Model code branches on the grad mode (an MoE router's ``if not torch.is_grad_enabled():``
+    fast path), so a forward is traced in the mode a real run of its pass has. Under a real
+    ``inference_mode`` the tracers record composite ops whole and run them with autocast's
+    keys excluded (an ``einsum`` under CPU autocast records fp32 where a real run gives bf16),
+    so inference is traced under ``no_grad``, which reads the same for ``is_grad_enabled()``,
+    and the model's own ``torch.is_inference_mode_enabled()`` reads answer True, as in a real
+    inference run; torch's own machinery reads the trace's real mode.
+
+    >>> with torch.inference_mode(), traced_grad_mode(False):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (False, True)
+    >>> with traced_grad_mode(True):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (True, False)
+    """
+    if training:
+        with forward_grad_mode(True):
+            yield
+        return
+    real = torch.is_inference_mode_enabled
+
+    def is_inference_mode_enabled() -> bool:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return real() if caller.partition(".")[0] == "torch" else True
+
+    torch.is_inference_mode_enabled = is_inference_mode_enabled
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            yield
+    finally:
+        torch.is_inference_mode_enabled = real
+
+
 @contextlib.contextmanager
 def simulated_cuda_amp(device_type: str) -> Iterator[None]:
     """Let model code that asks the GPU what it is get the answers of a bf16-capable GPU.
@@ -324,7 +399,12 @@ def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
 
 
 __all__ = [
+    "GRAD_ON",
+    "INFERENCE",
     "scalar_type_name",
+    "forward_grad_mode",
+    "grad_mode_name",
+    "traced_grad_mode",
     "VIRTUAL_GPU_CAPABILITY",
     "VIRTUAL_GPU_NAME",
     "VirtualGpuProperties",
