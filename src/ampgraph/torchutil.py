@@ -103,6 +103,7 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
     """
     made: dict[int, torch.Tensor] = {}
     saved: list[tuple[nn.Module, str, str, torch.Tensor]] = []
+    conversions = _conversions_of_fakes()
     attributes = [
         (mod, name, value)
         for mod in module.modules()
@@ -123,12 +124,63 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
                         made[id(tensor)] = new
                     saved.append((mod, store, name, tensor))
                     table[name] = made[id(tensor)]
-        yield
+        with conversions:
+            yield
     finally:
         for mod, store, name, tensor in saved:
             getattr(mod, store)[name] = tensor
         for mod, name, value in attributes:
             vars(mod)[name] = value
+
+
+@contextlib.contextmanager
+def _conversions_of_fakes() -> Iterator[None]:
+    """Let model code convert a module whose parameters are fake (``self.classifier =
+    self.classifier.to(self.dtype)`` in SwitchTransformers' router forward) as a real run does.
+
+    ``Module._apply`` swaps a fake parameter for its converted copy in place
+    (``torch.utils.swap_tensors``), which a fake tensor refuses (``_apply(): Couldn't swap
+    Linear.weight``: its mode keeps weak references to it), and the whole capture was lost. A
+    real run changes the parameter's data and keeps going; here the module gets a new parameter
+    holding the converted value (what ``Module._apply`` does with
+    ``torch.__future__.set_overwrite_module_params_on_conversion(True)``), which a tracer records
+    as the conversion it is, and :func:`swapped_tensors` restores the original on exit.
+
+    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    >>> lin = nn.Linear(2, 2)
+    >>> with FakeTensorMode() as mode:
+    ...     with swapped_tensors(lin, lambda t: mode.from_tensor(t).to(torch.bfloat16)):
+    ...         lin.to(torch.float32).weight.dtype
+    torch.float32
+    >>> lin.weight.dtype, type(lin.weight).__name__
+    (torch.float32, 'Parameter')
+    """
+    original = nn.Module._apply
+
+    def _apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        fakes = any(isinstance(p, FakeTensor) for p in self._parameters.values())
+        if not fakes:
+            return original(self, fn, recurse)
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        for key, param in self._parameters.items():
+            if param is not None:
+                with torch.no_grad():
+                    applied = fn(param)
+                self._parameters[key] = nn.Parameter(applied, requires_grad=param.requires_grad)
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    nn.Module._apply = _apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module._apply = original  # type: ignore[method-assign]
 
 
 def _holds_tensors(value: Any) -> bool:
