@@ -20,7 +20,9 @@ from ampgraph.settings import Setting
 from ampgraph.verify import verify
 from ampgraph.verify.hooks import eager_hook_lines
 
-SETTINGS = [(n, d) for n in ("fp32", "half", "amp-half", "amp-fp32") for d in ("bfloat16", "float16")]
+SETTINGS = [
+    (n, d) for n in ("fp32", "half", "amp-half", "amp-fp32") for d in ("bfloat16", "float16")
+]
 
 
 class Router(nn.Module):

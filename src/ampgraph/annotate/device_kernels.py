@@ -387,7 +387,8 @@ def no_device_kernel(device_type: str, func: Any) -> bool:
     runs regardless: ``torch.mm(..., out_dtype=torch.float32)`` (``aten::mm.dtype``, an MoE
     router's inference fast path) exists on CUDA only, and raises on the CPU.
 
-    >>> no_device_kernel("cpu", torch.ops.aten.mm.dtype), no_device_kernel("cuda", torch.ops.aten.mm.dtype)
+    >>> mm_dtype = torch.ops.aten.mm.dtype
+    >>> no_device_kernel("cpu", mm_dtype), no_device_kernel("cuda", mm_dtype)
     (True, False)
     """
     key = _BACKEND_KEYS.get(device_type)

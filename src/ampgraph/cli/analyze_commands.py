@@ -92,10 +92,11 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
             click.echo(("\n" if i else "") + "\n\n".join(parts))
             continue
         if len(reports) > 1:
+            mode = grad_mode_words(report)  # the grad mode traced in, where the report says it
             click.echo(terminal(f"{'' if i == 0 else chr(10)}# {report.model} "
                                 f"{report.setting['name']}: "
                                 f"{Setting.from_dict(report.setting).title}"
-                                f"{'; ' + words if (words := grad_mode_words(report)) else ''}"))  # fmt: skip
+                                f"{'; ' + mode if mode else ''}"))  # fmt: skip
         lines = [] if pass_ == "backward" else hook_lines(report, classes)
         if pass_ != "forward":
             lines += backward_lines(report, classes)
