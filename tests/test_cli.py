@@ -32,8 +32,9 @@ def test_table_with_several_settings_heads_each_block() -> None:
     assert code == 0
     heads = [line for line in out.splitlines() if line.startswith("# ")]
     assert heads == [
-        "# llama-tiny fp32: no autocast, parameters fp32",
-        "# llama-tiny amp-half: autocast cuda bf16, parameters bf16",
+        "# llama-tiny fp32: no autocast, parameters fp32; inference (torch.inference_mode)",
+        "# llama-tiny amp-half: autocast cuda bf16, parameters bf16; "
+        "inference (torch.inference_mode)",
     ]
 
 

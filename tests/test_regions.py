@@ -89,9 +89,10 @@ NO_GRAD_TABLE = ModelInputs("no-grad-table", NoGradTable(), (torch.randn(2, 8),)
 
 
 def test_grad_mode_regions_are_walked_node_by_node() -> None:
-    """export wraps a forward's torch.no_grad() region in wrap_with_set_grad_enabled, whose body
-    must be annotated op by op, not as one opaque call."""
-    rep = analyze(NO_GRAD_TABLE, Setting.parse("amp-fp32"))
+    """export wraps a forward's torch.no_grad() region in wrap_with_set_grad_enabled where grad
+    is on around it (a training step's forward), whose body must be annotated op by op, not as
+    one opaque call."""
+    rep = analyze(NO_GRAD_TABLE, Setting.parse("amp-fp32"), pass_="train")
     (grad_region,) = [n for n in rep.nodes if n.op == "higher_order.wrap_with_set_grad_enabled"]
     body = [n for n in rep.nodes if n.name.startswith(f"{grad_region.name}.")]
     assert {"aten.cos.default", "aten.sin.default"} <= {n.op for n in body}
@@ -103,14 +104,20 @@ def test_grad_mode_regions_are_walked_node_by_node() -> None:
 
 
 def test_the_callers_grad_mode_does_not_change_the_graph() -> None:
-    """A notebook cell under torch.no_grad() analyses the graph the CLI does: export keeps the
-    model's own no_grad region only where grad was on around it."""
+    """A notebook cell under torch.no_grad() or with grad on analyses the graph the CLI does:
+    the forward is traced as inference runs it (issue 42), where the model's own no_grad region
+    changes nothing and is no region; a training step keeps it."""
     setting = Setting.parse("amp-fp32")
+    with torch.enable_grad():
+        loud = analyze(NO_GRAD_TABLE, setting)
+        assert torch.is_grad_enabled()  # the caller's mode, given back
     with torch.no_grad():
         quiet = analyze(NO_GRAD_TABLE, setting)
-        assert not torch.is_grad_enabled()  # the caller's mode, given back
-    assert quiet.to_dict() == analyze(NO_GRAD_TABLE, setting).to_dict()
-    assert any(n.op == "higher_order.wrap_with_set_grad_enabled" for n in quiet.nodes)
+        assert not torch.is_grad_enabled()
+    assert quiet.to_dict() == loud.to_dict()
+    assert not any(n.op == "higher_order.wrap_with_set_grad_enabled" for n in quiet.nodes)
+    train = analyze(NO_GRAD_TABLE, setting, pass_="train")
+    assert any(n.op == "higher_order.wrap_with_set_grad_enabled" for n in train.nodes)
 
 
 class FailingIsland(nn.Module):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,6 +103,7 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
     """
     made: dict[int, torch.Tensor] = {}
     saved: list[tuple[nn.Module, str, str, torch.Tensor]] = []
+    conversions = _conversions_of_fakes()
     attributes = [
         (mod, name, value)
         for mod in module.modules()
@@ -122,12 +124,63 @@ def swapped_tensors(module: nn.Module, make: Any) -> Iterator[None]:
                         made[id(tensor)] = new
                     saved.append((mod, store, name, tensor))
                     table[name] = made[id(tensor)]
-        yield
+        with conversions:
+            yield
     finally:
         for mod, store, name, tensor in saved:
             getattr(mod, store)[name] = tensor
         for mod, name, value in attributes:
             vars(mod)[name] = value
+
+
+@contextlib.contextmanager
+def _conversions_of_fakes() -> Iterator[None]:
+    """Let model code convert a module whose parameters are fake (``self.classifier =
+    self.classifier.to(self.dtype)`` in SwitchTransformers' router forward) as a real run does.
+
+    ``Module._apply`` swaps a fake parameter for its converted copy in place
+    (``torch.utils.swap_tensors``), which a fake tensor refuses (``_apply(): Couldn't swap
+    Linear.weight``: its mode keeps weak references to it), and the whole capture was lost. A
+    real run changes the parameter's data and keeps going; here the module gets a new parameter
+    holding the converted value (what ``Module._apply`` does with
+    ``torch.__future__.set_overwrite_module_params_on_conversion(True)``), which a tracer records
+    as the conversion it is, and :func:`swapped_tensors` restores the original on exit.
+
+    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    >>> lin = nn.Linear(2, 2)
+    >>> with FakeTensorMode() as mode:
+    ...     with swapped_tensors(lin, lambda t: mode.from_tensor(t).to(torch.bfloat16)):
+    ...         lin.to(torch.float32).weight.dtype
+    torch.float32
+    >>> lin.weight.dtype, type(lin.weight).__name__
+    (torch.float32, 'Parameter')
+    """
+    original = nn.Module._apply
+
+    def _apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        fakes = any(isinstance(p, FakeTensor) for p in self._parameters.values())
+        if not fakes:
+            return original(self, fn, recurse)
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        for key, param in self._parameters.items():
+            if param is not None:
+                with torch.no_grad():
+                    applied = fn(param)
+                self._parameters[key] = nn.Parameter(applied, requires_grad=param.requires_grad)
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    nn.Module._apply = _apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module._apply = original  # type: ignore[method-assign]
 
 
 def _holds_tensors(value: Any) -> bool:
@@ -178,6 +231,80 @@ class VirtualGpuProperties:
 
     def __repr__(self) -> str:
         return f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor})"
+
+
+#: The grad mode a forward pass runs in, as the report names it: inference (the seed notebook,
+#: users' inference and ``verify``'s real run: ``torch.inference_mode()``) or a training step's.
+INFERENCE = "inference"
+GRAD_ON = "grad"
+
+
+def grad_mode_name(training: bool) -> str:
+    """The name of the grad mode :func:`forward_grad_mode` sets (``"inference"`` or ``"grad"``).
+
+    >>> grad_mode_name(False), grad_mode_name(True)
+    ('inference', 'grad')
+    """
+    return GRAD_ON if training else INFERENCE
+
+
+@contextlib.contextmanager
+def forward_grad_mode(training: bool) -> Iterator[None]:
+    """The grad mode a real forward runs in, whatever the caller's: ``torch.inference_mode()``
+    for inference (the seed notebook's, users' and ``verify``'s real run), grad on for a
+    training step. A trace or a run on fake tensors takes :func:`traced_grad_mode` instead.
+
+    >>> with forward_grad_mode(False):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (False, True)
+    >>> with torch.inference_mode(), forward_grad_mode(True):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (True, False)
+    """
+    if not training:
+        with torch.inference_mode():
+            yield
+        return
+    # enable_grad alone leaves a caller's inference_mode on (no autograd graph is recorded).
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+@contextlib.contextmanager
+def traced_grad_mode(training: bool) -> Iterator[None]:
+    """:func:`forward_grad_mode` as model code reads it, for a trace or a run on fake tensors.
+
+    Model code branches on the grad mode (an MoE router's ``if not torch.is_grad_enabled():``
+    fast path), so a forward is traced in the mode a real run of its pass has. Under a real
+    ``inference_mode`` the tracers record composite ops whole and run them with autocast's
+    keys excluded (an ``einsum`` under CPU autocast records fp32 where a real run gives bf16),
+    so inference is traced under ``no_grad``, which reads the same for ``is_grad_enabled()``,
+    and the model's own ``torch.is_inference_mode_enabled()`` reads answer True, as in a real
+    inference run; torch's own machinery reads the trace's real mode.
+
+    >>> with torch.inference_mode(), traced_grad_mode(False):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (False, True)
+    >>> with traced_grad_mode(True):
+    ...     torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    (True, False)
+    """
+    if training:
+        with forward_grad_mode(True):
+            yield
+        return
+    real = torch.is_inference_mode_enabled
+
+    def is_inference_mode_enabled() -> bool:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return real() if caller.partition(".")[0] == "torch" else True
+
+    torch.is_inference_mode_enabled = is_inference_mode_enabled
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            yield
+    finally:
+        torch.is_inference_mode_enabled = real
 
 
 @contextlib.contextmanager
@@ -324,7 +451,12 @@ def unbacked_values(values: dict[str, int | float]) -> Iterator[None]:
 
 
 __all__ = [
+    "GRAD_ON",
+    "INFERENCE",
     "scalar_type_name",
+    "forward_grad_mode",
+    "grad_mode_name",
+    "traced_grad_mode",
     "VIRTUAL_GPU_CAPABILITY",
     "VIRTUAL_GPU_NAME",
     "VirtualGpuProperties",

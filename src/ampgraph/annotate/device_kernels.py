@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ampgraph.annotate.kernel_dtypes import _NAMES, _read_as
 
@@ -376,7 +377,48 @@ DEVICE_CHECKS: dict[tuple[str, Any], Check] = {
 }
 
 
+#: The dispatch key of each device's own kernels.
+_BACKEND_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+@functools.lru_cache(maxsize=None)
+def no_device_kernel(device_type: str, func: Any) -> bool:
+    """Whether ``func`` has no kernel for the device at all, which a fake tensor's meta kernel
+    runs regardless: ``torch.mm(..., out_dtype=torch.float32)`` (``aten::mm.dtype``, an MoE
+    router's inference fast path) exists on CUDA only, and raises on the CPU.
+
+    >>> mm_dtype = torch.ops.aten.mm.dtype
+    >>> no_device_kernel("cpu", mm_dtype), no_device_kernel("cuda", mm_dtype)
+    (True, False)
+    """
+    key = _BACKEND_KEYS.get(device_type)
+    if key is None or func.namespace != "aten":
+        return False
+    # The computed table: a composite or fallthrough kernel counts as the device's own.
+    return not torch._C._dispatch_has_computed_kernel_for_dispatch_key(func.name(), key)
+
+
+def dispatcher_refusal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> str:
+    """The real dispatcher's own message for a call with no kernel (``Could not run
+    'aten::mm.dtype' with arguments from the 'CPU' backend. ...``): the call made again on
+    empty real tensors of the same dtypes, which the dispatcher refuses before any kernel runs.
+    Only the CPU comes here (the CUDA build has every CUDA kernel)."""
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty((0,) * t.dim(), dtype=t.dtype)
+
+    with _disable_current_modes():  # real tensors, not fake ones
+        real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, empty, (args, kwargs or {}))
+        try:
+            func(*real_args, **real_kwargs)
+        except Exception as exc:  # noqa: BLE001 - the refusal is the point
+            return str(exc)
+    return f"Could not run '{func.name()}' with arguments from the device's backend."
+
+
 __all__ = [
+    "dispatcher_refusal",
+    "no_device_kernel",
     "DEVICE_CHECKS",
     "coverage_checks",
     "coverage_table",

@@ -281,7 +281,11 @@ class FakeReplay(fx.Interpreter):
             placeholder_value(p, device, grad=True, keep_cpu=on_device and _is_constant(p))
             for p in placeholders
         ]
-        with torch.no_grad():  # as inference runs; parameters still require grad, as there
+        # Grad off, as inference runs; parameters still require grad, as there. no_grad rather
+        # than the capture's inference_mode: the graph is ATen ops, no model code that could
+        # read is_inference_mode_enabled() (its branches were taken when it was traced, in
+        # the pass's own mode), and is_grad_enabled() reads the same under both.
+        with torch.no_grad():
             return self.run(*values)
 
     def _retarget_devices(

@@ -33,7 +33,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.annotate import cpu_backend, cpu_bmm
 from ampgraph.annotate.cuda_kernels import CUDA_CHECKS
-from ampgraph.annotate.device_kernels import DEVICE_CHECKS
+from ampgraph.annotate.device_kernels import (
+    DEVICE_CHECKS,
+    dispatcher_refusal,
+    no_device_kernel,
+)
 from ampgraph.annotate.index_checks import INDEX_CHECKS
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
 from ampgraph.annotate.library_checks import library_check
@@ -524,6 +528,8 @@ class StrictDtypeMode(TorchDispatchMode):
         self.device_type = device_type
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if no_device_kernel(self.device_type, func):
+            raise RuntimeError(dispatcher_refusal(func, args, kwargs))
         check = STRICT_CHECKS.get((self.device_type, func))
         if check is not None:
             # The few checks of keyword-only arguments find them last, as a dict.

@@ -226,11 +226,16 @@ class ModuleIORecorder:
         self.open.clear()
 
     def raised(self, exc: BaseException) -> dict[str, Any]:
-        """Where a trace that raised ``exc`` stopped (see :attr:`Capture.raised_in_setting`)."""
+        """Where a trace that raised ``exc`` stopped (see :attr:`Capture.raised_in_setting`), and
+        what the hooks of the calls before it saw there (:meth:`observed`; ``out`` None for the
+        call open when it raised): the setting's own lines, for the check of a graph traced again
+        in another dtype."""
+        seen = {path: [list(call) for call in calls] for path, calls in self.observed().items()}
         return {
             "error": error_line(exc),
             "calls_begun": len(self.order),
             "call": list(self.open[-1]) if self.open else None,
+            "seen": seen,
         }
 
     def call_order(self) -> list[tuple[str, int, bool]]:

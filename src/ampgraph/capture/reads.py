@@ -150,11 +150,7 @@ class TraceReads(TorchFunctionMode):
             if type(exc) not in (RuntimeError, NotImplementedError):
                 raise
             # The node the tracer made for the call that raised, before its kernel ran.
-            while graph is not None and graph._root.prev is not last:
-                node = graph._root.prev
-                if node.users:
-                    break
-                graph.erase_node(node)
+            _erase_unused_since(graph, last)
             if self.raised is None:
                 self.raised = f"{_name_of(func)}(): {str(exc).strip().splitlines()[0]}"
                 # What the code reads after the raise follows the casts, not the setting.
@@ -167,10 +163,18 @@ class TraceReads(TorchFunctionMode):
                 return t
 
             args, kwargs = pytree.tree_map(cast, (args, kwargs))
-            try:
-                return func(*args, **kwargs)
-            except Exception:  # noqa: BLE001 - not a dtype error: the first one is the finding
-                raise exc from None
+            cast_done = graph._root.prev if graph is not None else None
+            # fp32 inputs get past a dtype error; an op autocast refuses whatever the dtypes
+            # (``binary_cross_entropy``'s "unsafe to autocast") gets past with autocast off
+            # for that one call. Neither is recorded: the graph holds the op as the model
+            # called it, and a replay in the setting raises there, as a real run does.
+            for state in (contextlib.nullcontext, _autocast_off):
+                try:
+                    with state():
+                        return func(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - not past it: the first error is the finding
+                    _erase_unused_since(graph, cast_done)
+            raise exc from None
 
     # -- dtype reads ----------------------------------------------------------------------------
     @staticmethod
@@ -331,6 +335,26 @@ class TraceReads(TorchFunctionMode):
 
 
 _PAST_RAISE: list[Any] = []
+
+
+def _erase_unused_since(graph: fx.Graph | None, last: fx.Node | None) -> None:
+    """Erase the nodes a failed call left after ``last`` (none of them has a user yet)."""
+    while graph is not None and graph._root.prev is not last:
+        node = graph._root.prev
+        if node.users:
+            break
+        graph.erase_node(node)
+
+
+@contextlib.contextmanager
+def _autocast_off() -> Iterator[None]:
+    """Autocast off on every device for one call (state only: nothing a tracer records)."""
+    from ampgraph.torchutil import autocast_state
+
+    with contextlib.ExitStack() as stack:
+        for device in ("cpu", "cuda"):
+            stack.enter_context(autocast_state(device, False, torch.get_autocast_dtype(device)))
+        yield
 
 
 def past_raise_op() -> Any:

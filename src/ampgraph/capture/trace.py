@@ -65,6 +65,7 @@ from ampgraph.torchutil import (
     fake_device_built,
     simulated_cuda_amp,
     torch_dtype,
+    traced_grad_mode,
 )
 
 #: The methods that trace the model in its setting, so that trace-time dtype reads are the
@@ -302,7 +303,6 @@ def capture(
     *,
     training: bool = False,
     engine: str | None = None,
-    without_grad: bool = False,
 ) -> Capture:
     """Trace ``model`` in ``setting`` and return the graph with what replaying it needs.
 
@@ -311,9 +311,9 @@ def capture(
     the model's own, ``make-fx`` unless :func:`ampgraph.pipeline.stages.trace` said otherwise) is
     ``make-fx`` or ``export``: the same graph, traced by ``make_fx`` with export's passes or by
     ``torch.export.export`` itself (``--tracer export``). A graph an FX tracer made is always
-    lowered by export. ``without_grad`` traces the forward under ``torch.no_grad()``, as
-    inference runs it; by default grad mode is on, whatever the caller's, and a forward that
-    runs only without gradients is traced so on its own (:func:`_after_failure`).
+    lowered by export. The forward is traced in the grad mode a real run of the pass has,
+    whatever the caller's (:func:`~ampgraph.torchutil.forward_grad_mode`): inference under
+    ``torch.inference_mode()``, a training step with grad on.
     """
     engine = engine or model.engine
     if engine not in ENGINES:
@@ -326,29 +326,28 @@ def capture(
         engine = EXPORT
     recorder = ModuleIORecorder(model.module)
     try:
-        found = _trace(model, setting, recorder, engine, training, without_grad)
+        found = _trace(model, setting, recorder, engine, training)
     except OnARealRunPath as switch:  # export's path raised where a real run's does not
-        return _on_a_real_run_path(model, setting, training, engine, switch.why, without_grad)
+        return _on_a_real_run_path(model, setting, training, engine, switch.why)
     except CaptureError:
         raise
     except Exception as exc:  # export raises many types; all mean "this model did not trace"
-        return _after_failure(model, setting, training, engine, without_grad, exc)
+        return _after_failure(model, setting, training, engine, exc)
     return _assemble(model, setting, found, recorder, tracer, dtype_branches, training)
 
 
 def _trace(
     model: ModelInputs, setting: Setting, recorder: ModuleIORecorder, engine: str,
-    training: bool, without_grad: bool,
+    training: bool,
 ) -> _Found:  # fmt: skip
     """The graph of ``model`` in ``setting``, in the mode a training step or inference runs
     it, with the module calls ``recorder`` records."""
     mode = training_mode(model.module, True) if training else contextlib.nullcontext()
-    # Grad mode on, whatever the caller's: export records a model's own torch.no_grad()
-    # region (Llama's rotary embedding) only where grad was on around it, so a notebook
-    # cell under torch.no_grad() would otherwise get another graph than the CLI. A forward
-    # that runs only without gradients is traced so (``without_grad``).
-    grad = torch.no_grad() if without_grad else torch.enable_grad()
-    with recorder, mode, grad:
+    # The grad mode a real run of the pass has, whatever the caller's: inference_mode for the
+    # forward (the seed notebook's, users' and verify's), grad on for a training step. Model
+    # code branches on it (an MoE router's ``if not torch.is_grad_enabled():`` fast path), so
+    # a graph traced in another mode is another model's.
+    with recorder, mode, traced_grad_mode(training):
         if can_trace_fake(setting.device_type):
             return _trace_fake(model, setting, recorder, engine)
         return _trace_on_meta(model, setting)
@@ -421,32 +420,26 @@ def _trace_on_meta(model: ModelInputs, setting: Setting) -> _Found:
 
 
 def _after_failure(
-    model: ModelInputs, setting: Setting, training: bool, engine: str, without_grad: bool,
-    exc: Exception,
+    model: ModelInputs, setting: Setting, training: bool, engine: str, exc: Exception,
 ) -> Capture:  # fmt: skip
-    """Where no trace took the model (``exc``): traced without gradients or on a real run's
-    path where either is what it needs, else a :class:`CaptureError` in one line."""
+    """Where no trace took the model (``exc``): traced on a real run's path where that is what
+    it needs, else a :class:`CaptureError` in one line."""
     traced_by_make_fx = engine == MAKE_FX and can_trace_fake(setting.device_type)
     failed = CaptureError(
         f"{'make_fx' if traced_by_make_fx else 'torch.export'} could not trace {model.name!r}: "
         f"{error_line(exc)} (make the forward traceable, or pass example inputs it accepts)"
     )
-    if autograd_refused(exc):
-        if training:  # a training step raises it too: it is the finding, in one line
-            raise CaptureError(
-                f"{model.name!r} cannot run its forward with gradients, as a training step "
-                f"does: {error_line(exc)} (the forward pass, --pass forward, is analysed "
-                "as inference runs it, under torch.no_grad())"
-            ) from None
-        if not without_grad:
-            # As users run it for inference (the seed notebook runs it so): where it writes
-            # with ``out=`` into a tensor while the parameters require grad, it runs only so.
-            return capture(model, setting, engine=engine, without_grad=True)
+    if autograd_refused(exc) and training:  # a training step raises it too: the finding
+        raise CaptureError(
+            f"{model.name!r} cannot run its forward with gradients, as a training step "
+            f"does: {error_line(exc)} (the forward pass, --pass forward, is analysed "
+            "as inference runs it, under torch.inference_mode())"
+        ) from None
     if on_a_real_run():
         raise failed from exc
     try:  # export's path may be what raised (a mask a real run never builds): a real run's
         why = real_run_why(exc)
-        return _on_a_real_run_path(model, setting, training, engine, why, without_grad)
+        return _on_a_real_run_path(model, setting, training, engine, why)
     except CaptureError:
         raise failed from exc
 
@@ -500,13 +493,10 @@ def _assemble(
 
 def _on_a_real_run_path(
     model: ModelInputs, setting: Setting, training: bool, engine: str, why: str,
-    without_grad: bool = False,
 ) -> Capture:  # fmt: skip
     """:func:`capture` again, every trace on a real run's path (:func:`as_a_real_run`)."""
     with as_a_real_run():
-        on_path = capture(
-            model, setting, training=training, engine=engine, without_grad=without_grad
-        )
+        on_path = capture(model, setting, training=training, engine=engine)
     on_path.real_run = why
     return on_path
 

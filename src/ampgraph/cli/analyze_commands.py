@@ -68,7 +68,7 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
     import json
 
     from ampgraph.formats.markdown import markdown_table, markdown_train
-    from ampgraph.formats.text import backward_lines
+    from ampgraph.formats.text import backward_lines, grad_mode_words
     from ampgraph.report.printed import hook_lines
 
     pass_ = analysis.pass_
@@ -92,9 +92,11 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
             click.echo(("\n" if i else "") + "\n\n".join(parts))
             continue
         if len(reports) > 1:
+            mode = grad_mode_words(report)  # the grad mode traced in, where the report says it
             click.echo(terminal(f"{'' if i == 0 else chr(10)}# {report.model} "
                                 f"{report.setting['name']}: "
-                                f"{Setting.from_dict(report.setting).title}"))  # fmt: skip
+                                f"{Setting.from_dict(report.setting).title}"
+                                f"{'; ' + mode if mode else ''}"))  # fmt: skip
         lines = [] if pass_ == "backward" else hook_lines(report, classes)
         if pass_ != "forward":
             lines += backward_lines(report, classes)

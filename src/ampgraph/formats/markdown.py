@@ -36,6 +36,7 @@ from ampgraph.formats.text import (
     check_summary,
     disagreement_lines,
     finding_message,
+    grad_mode_words,
     largest_findings,
     loss_scales,
     ranges_train_lines,
@@ -77,6 +78,11 @@ def _casts_text(recs: Iterable[NodeRecord]) -> str:
     )
 
 
+def _grad_mode_suffix(report: Report) -> str:
+    words = grad_mode_words(report)
+    return "" if words is None else f"; {words}"
+
+
 def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
     """A Markdown table of the leaf-module calls, for pasting into a pull request.
 
@@ -93,7 +99,7 @@ def markdown_table(report: Report, only: Sequence[str] | None = None) -> str:
     setting = report.setting
     head = (
         f"**{escape_text(report.model)}**, setting {code_span(setting['name'], table=False)} "
-        f"({caption(setting)})"
+        f"({caption(setting)}{_grad_mode_suffix(report)})"
     )
     rows = [
         head,

@@ -47,6 +47,21 @@ if TYPE_CHECKING:  # annotations only: the ranges package imports torch
     from ampgraph.ranges.data import LossScale, RangeFinding, RangesResult, SettingRanges
 
 
+#: What a report's ``capture["grad_mode"]`` means, as the headers say it.
+_GRAD_MODES = {"inference": "inference (torch.inference_mode)", "grad": "grad on (a training step)"}
+
+
+def grad_mode_words(report: Report) -> str | None:
+    """The grad mode the forward was traced in, as a header says it; None for a report older
+    than the field (it was traced with grad on).
+
+    >>> grad_mode_words(Report("m", {}, {}, {"grad_mode": "inference"}, [], []))
+    'inference (torch.inference_mode)'
+    """
+    mode = report.capture.get("grad_mode")
+    return None if mode is None else _GRAD_MODES.get(mode, mode)
+
+
 def check_summary(report: Report) -> str:
     """One line: how many nodes were compared with the dispatcher and how many disagree."""
     if report.check is None:
@@ -567,6 +582,7 @@ __all__ = [
     "disagreement_lines",
     "dtype_branches_warning",
     "finding_message",
+    "grad_mode_words",
     "largest_findings",
     "loss_scales",
     "ranges_text",

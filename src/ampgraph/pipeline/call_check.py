@@ -13,7 +13,7 @@ from typing import Any
 
 from ampgraph.annotate.check import check_nodes
 from ampgraph.capture.module_io import HOOK_DTYPES
-from ampgraph.capture.trace import IN_SETTING, Capture
+from ampgraph.capture.trace import EXPORT_RETYPED, IN_SETTING, Capture
 from ampgraph.pipeline.calls import indexed_module_calls
 from ampgraph.report.records import NodeRecord
 
@@ -53,11 +53,28 @@ def check_module_calls(
     >>> check_module_calls(cap, [], summary); summary
     {'disagreements': 0}
     """
-    if capture.method not in IN_SETTING or capture.graph_of is not None:
+    if capture.graph_of is not None:
         return  # traced in another setting: its hooks saw that setting's dtypes
+    raised = capture.raised_in_setting or {}
+    if capture.method == EXPORT_RETYPED and raised.get("seen") is not None:
+        # Traced again with fp32 parameters where the setting's own trace raised: the calls
+        # before the raise are compared with what their hooks saw in that trace.
+        _compare_calls(capture, records, summary, raised["seen"])
+        return
+    if capture.method not in IN_SETTING:
+        return
     seen = capture.graph_module.meta.get(HOOK_DTYPES)
     if seen is None or any(r.error or r.skipped or r.not_analysed for r in records):
         return
+    _compare_calls(capture, records, summary, seen)
+
+
+def _compare_calls(
+    capture: Capture, records: list[NodeRecord], summary: dict[str, Any],
+    seen: dict[str, list[Any]],
+) -> None:  # fmt: skip
+    """Each call's predicted hook line against ``seen`` (path -> per call, the hook's in and out
+    dtypes; an ``out`` of None where the call raised, then only ``in`` is compared)."""
     by_name = {r.name: r for r in records}
     calls = indexed_module_calls(records, capture.modules, capture.module_io, capture.call_order)
     for (path, index), call in calls:
@@ -65,6 +82,8 @@ def check_module_calls(
         if index >= len(of_path):
             continue
         hook_in, hook_out = of_path[index]
+        if hook_out is None and capture.method == EXPORT_RETYPED:
+            hook_out = call.out_dtype  # the call the trace raised in: its input alone was seen
         wrong = [
             f"{side}={_torch_name(predicted)} where its hook saw {_torch_name(saw)}"
             for side, predicted, saw in (

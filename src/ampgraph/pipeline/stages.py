@@ -37,7 +37,7 @@ from ampgraph.pipeline.workers import default_workers, die_with_parent, run_in_f
 from ampgraph.policy import release_in_use
 from ampgraph.report.records import NodeRecord, Report
 from ampgraph.settings import Setting
-from ampgraph.torchutil import fake_device_built
+from ampgraph.torchutil import fake_device_built, grad_mode_name
 from ampgraph.version import __version__
 
 
@@ -226,6 +226,8 @@ def _capture_section(cap: Capture, unavailable: str | None) -> dict[str, Any]:
     """The report's ``capture`` section: how the graph was traced, and what that means."""
     return {
         "method": cap.method,
+        # The grad mode the forward was traced in, which model code may branch on.
+        "grad_mode": grad_mode_name(cap.training),
         "trace_time_dtype_nodes": cap.trace_time_dtype_nodes,
         "dtype_branches": cap.dtype_branches,
         # Branches decided on data values while tracing (draft-export): the path analysed.

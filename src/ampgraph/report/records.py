@@ -442,7 +442,7 @@ _CAPTURE_CHECKS: dict[str, Check] = {
     "method": OPT_STR, "trace_time_dtype_nodes": is_strs, "dtype_branches": is_strs,
     "data_dependent": is_strs, "check_unavailable": OPT_STR, "graph_of": OPT_STR,
     "stand_in": OPT_STR, "cpu_kernels": OPT_STR, "real_run": OPT_STR,
-    "unbacked_values": (dict,),
+    "unbacked_values": (dict,), "grad_mode": OPT_STR,
 }  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import torch
 
 from ampgraph.capture.trace import Capture
 from ampgraph.model.build import ModelInputs
-from ampgraph.torchutil import swapped_tensors, torch_dtype
+from ampgraph.torchutil import forward_grad_mode, swapped_tensors, torch_dtype
 from ampgraph.verify.execution import real_autocast
 from ampgraph.verify.hooks import HookCall, LeafHooks
 from ampgraph.verify.tensors import module_tensors, random_like
@@ -54,7 +54,7 @@ def run_eager(
     with (
         LeafHooks(model.module) as hooks,
         swapped_tensors(model.module, make),
-        torch.inference_mode(),
+        forward_grad_mode(cap.training),  # the pass's own, as the capture traced it
         real_autocast(cap.setting),
     ):
         try:

@@ -49,6 +49,7 @@ from ampgraph.torchutil import (
     simulated_cuda_amp,
     swapped_tensors,
     torch_dtype,
+    traced_grad_mode,
     unbacked_values,
 )
 
@@ -202,7 +203,7 @@ def eager_hook_lines(
         StrictDtypeMode(device),
         # cuDNN RNNs ask the GPU driver first; stand-ins follow the GPU's path without one.
         cudnn_rnn_stand_ins(device),
-        torch.no_grad(),
+        traced_grad_mode(False),  # inference, as the capture traces the forward
         autocast,
         simulated_cuda_amp(device),
         unbacked_values(unbacked or {}),
