@@ -43,14 +43,20 @@ class CompiledNode:
     kernel: str | None = None
     #: The buffer it is stored in (``buf3``), None where it is not stored.
     buffer: str | None = None
-    #: False for a view (``transpose``, ``view``, ``reshape``): eager computes nothing there, so
-    #: it has no rounding of its own to keep or drop.
+    #: False for a view (``transpose``, ``reshape``) or an op whose output is exactly one of its
+    #: input's values (``embedding``, ``cat``, ``relu``): eager rounds nothing there, so there is
+    #: no rounding of its own to keep or drop.
     computes: bool = True
+    #: Whether an op reads this value unrounded: it is kept in fp32 and some consumer computes
+    #: on it (directly or through views and copies that are never stored). A value that reaches
+    #: only a store in its dtype is rounded there once, as eager rounds it.
+    read_unrounded: bool = True
 
     @property
     def drops_rounding(self) -> bool:
         """Whether eager rounds this value to 16 bits and the compiled program does not."""
-        return self.computes and self.dtype in LOW_PRECISION and self.fate == "in-register"
+        return (self.computes and self.read_unrounded and self.dtype in LOW_PRECISION
+                and self.fate == "in-register")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,16 @@ def read_code(code: str) -> GeneratedCode:
     return out
 
 
-def real_inputs(capture: Capture, module: torch.nn.Module, args: tuple[Any, ...]) -> list[Any]:
-    """The graph's placeholders filled with the module's real tensors and the real ``args``."""
+def real_inputs(
+    capture: Capture, module: torch.nn.Module, args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+) -> list[Any]:  # fmt: skip
+    """The graph's placeholders filled with the module's real tensors and the real ``args``
+    (then ``kwargs`` by name, for the inputs export names after them)."""
     named = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     dtype = getattr(torch, capture.setting.param_dtype)
     given = iter(args)
+    kwargs = kwargs or {}
     out = []
     for n in capture.graph_module.graph.nodes:
         if n.op != "placeholder":
@@ -84,6 +89,8 @@ def real_inputs(capture: Capture, module: torch.nn.Module, args: tuple[Any, ...]
         if kind in ("parameter", "buffer"):
             t = named[target].detach()
             out.append(t.to(dtype) if t.is_floating_point() else t)
+        elif target in kwargs:
+            out.append(kwargs[target])
         else:
             out.append(next(given))
     return out

@@ -30,6 +30,7 @@ answer is given under the captured node's name and module path.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -38,7 +39,13 @@ import torch
 from torch import fx
 
 from ampgraph.capture.trace import Capture
-from ampgraph.compiled.flow import CompiledCast, CompiledFlow, CompiledNode, Kernel
+from ampgraph.compiled.flow import (
+    LOW_PRECISION,
+    CompiledCast,
+    CompiledFlow,
+    CompiledNode,
+    Kernel,
+)
 from ampgraph.errors import AmpgraphError
 from ampgraph.torchutil import dtype_name
 
@@ -167,13 +174,20 @@ def _fate(value: Any, removed: set[str], barrier: bool) -> tuple[str, str | None
     return ("emulated" if barrier else "in-register"), None
 
 
-#: Ops that may return a view of their input (not ``is_view`` in their schema, composite).
-_ALIASING = frozenset({"reshape", "flatten", "unflatten", "contiguous", "view_as", "expand_as",
-                       "alias", "detach", "lift_fresh_copy"})  # fmt: skip
+#: Ops whose output is a view of their input, or exactly one of their input's values (a gather,
+#: a copy, a selection): eager rounds nothing there, so fusing them drops nothing.
+_EXACT = frozenset({
+    "reshape", "flatten", "unflatten", "contiguous", "view_as", "expand_as", "alias", "detach",
+    "lift_fresh_copy", "clone", "copy", "embedding", "index", "index_select", "gather", "cat",
+    "stack", "constant_pad_nd", "pad", "where", "relu", "abs", "neg", "maximum", "minimum",
+    "max", "min", "amax", "amin", "repeat", "roll", "flip", "tril", "triu", "zeros", "ones",
+    "zeros_like", "ones_like", "new_zeros", "new_ones",
+})  # fmt: skip
 
 
 def computes(node: fx.Node) -> bool:
-    """Whether a captured node computes a new value (not a view of its input's).
+    """Whether a captured node computes a value eager must round (not a view of its input, not
+    a gather, copy or selection of its input's values).
 
     >>> computes(fx.Graph().call_function(torch.ops.aten.transpose.int, ()))
     False
@@ -181,7 +195,7 @@ def computes(node: fx.Node) -> bool:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return True
-    return not (target.is_view or target._schema.name.split("::")[-1] in _ALIASING)
+    return not (target.is_view or target._schema.name.split("::")[-1] in _EXACT)
 
 
 def _kernel_kind(node: Any) -> str:
@@ -246,12 +260,37 @@ def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> Compiled
         nodes.append(CompiledNode(node.name, modules.get(node.name, ""),
                                   dtype_name(n.meta["val"].dtype), fate, kernel, buf,
                                   computes(node)))  # fmt: skip
+    nodes = _mark_unrounded_reads(capture.graph_module, nodes)
     casts = [_cast(n, owner[n], values[n], removed, where) for n in values
              if n in owner and n.target is torch.ops.prims.convert_element_type.default]  # fmt: skip
     unmapped = sorted(names - set(last))
     return CompiledFlow(capture.model_name, capture.setting.name, torch.__version__,
                         BACKENDS[capture.setting.device_type], options(emulate_precision_casts),
                         nodes, casts, kernels, unmapped)  # fmt: skip
+
+
+def _mark_unrounded_reads(gm: fx.GraphModule, nodes: list[CompiledNode]) -> list[CompiledNode]:
+    """Set ``read_unrounded``: whether a computing consumer reads the kept-in-fp32 value, through
+    views and exact copies that are themselves never stored (a stored one rounds it first)."""
+    by_name = {n.name: n for n in nodes}
+    memo: dict[str, bool] = {}
+
+    def reaches(node: fx.Node) -> bool:
+        if node.name not in memo:
+            memo[node.name] = False  # a cycle cannot occur in a DAG; this only guards recursion
+            for user in node.users:
+                r = by_name.get(user.name)
+                if r is None or r.fate == "extern" or (r.fate == "stored" and not r.computes):
+                    # the graph's output; an extern kernel, which reads a buffer stored in the
+                    # value's dtype; a view or copy stored as it is: rounded there, as in eager
+                    continue
+                if r.computes or r.dtype not in LOW_PRECISION or reaches(user):
+                    memo[node.name] = True
+                    break
+        return memo[node.name]
+
+    return [replace(n, read_unrounded=reaches(node)) if n.name in by_name else n
+            for node in gm.graph.nodes if (n := by_name.get(node.name)) is not None]  # fmt: skip
 
 
 def _cast(n: fx.Node, owner: str, value: Any, removed: set[str], where: dict) -> CompiledCast:

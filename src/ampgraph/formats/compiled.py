@@ -33,7 +33,7 @@ def table_lines(flow: CompiledFlow) -> list[str]:
     lines = [header(flow), f"{'node':<{width}}  {'dtype':<9} {'kernel':<8} compiled  [module]"]
     for n in flow.nodes:
         mark = "  << fp32 in the kernel: eager's rounding dropped" if n.drops_rounding else ""
-        mark = mark or ("  (a view)" if not n.computes else "")
+        mark = mark or ("  (a view or exact copy: no rounding)" if not n.computes else "")
         lines.append(f"{n.name:<{width}}  {n.dtype:<9} {n.kernel or '-':<8} "
                      f"{_FATE_WORDS[n.fate]}  [{n.module or '(top)'}]{mark}")  # fmt: skip
     lines.append(f"{len(flow.kernels)} kernels: " + ", ".join(
