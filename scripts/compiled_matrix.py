@@ -11,6 +11,7 @@ Compiling OPT-125M for real takes minutes of CPU: run it under ``nice`` on a qui
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -40,7 +41,7 @@ def _materialise(module: torch.nn.Module) -> torch.nn.Module:
             p.normal_(0.0, 0.02)
         for name, b in module.named_buffers():
             if b.is_floating_point() and "inv_freq" not in name:
-                b.zero_()
+                b.fill_(1.0 if name.endswith("running_var") else 0.0)
     if hasattr(module, "_init_weights") and hasattr(module, "config"):
         rope = getattr(module, "model", module)
         for m in rope.modules():
@@ -87,14 +88,17 @@ def proof_row(spec: str, setting: Setting) -> dict:
             c, generated.real_inputs(c, module, args, kwargs), emulate_precision_casts=emulate)
         row[f"compile_s{'_emulate' if emulate else ''}"] = round(time.perf_counter() - t, 1)
         read = generated.read_code(code)
+        if os.environ.get("COMPILED_CODE_DIR"):  # keep the generated module for a reader
+            where = Path(os.environ["COMPILED_CODE_DIR"]) / f"{Path(spec).stem}-{emulate}.py"
+            where.write_text(code)
+        row[f"untyped{'_emulate' if emulate else ''}"] = len(read.untyped)
         row[f"disagreements{'_emulate' if emulate else ''}"] = generated.disagreements(flow, read)
         row[f"cpp_kernels{'_emulate' if emulate else ''}"] = len(read.kernels)
         outs.append(out[0].float())
     with torch.autocast("cpu", getattr(torch, setting.amp_dtype), enabled=setting.autocast):
         eager = module(*args, **kwargs)
-    eager = eager[0] if isinstance(eager, tuple) else getattr(eager, "logits", None)
-    if eager is None:
-        eager = module(*args, **kwargs).last_hidden_state
+    if not isinstance(eager, torch.Tensor):  # a tuple, or a ModelOutput whose first is logits
+        eager = eager[0]
     row["dropped"] = len(plan(c).dropped())
     row["gap"] = (outs[0] - eager.float()).abs().max().item()
     row["gap_emulate"] = (outs[1] - eager.float()).abs().max().item()
@@ -102,6 +106,9 @@ def proof_row(spec: str, setting: Setting) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:]:  # one proof row: MODEL, for a rerun
+        print(json.dumps(proof_row(sys.argv[1], Setting.parse("amp-fp32", device_type="cpu"))))
+        return
     moe = Path(tempfile.mkdtemp()) / "config.json"
     moe.write_text(json.dumps(MOE))
     rows = []

@@ -228,10 +228,13 @@ def _kernels(
         stores = tuple(
             (b.get_name(), dtype_name(b.node.get_layout().dtype))
             for b in snode.get_outputs()
-            # a MultiOutput holder has no dtype of its own: its parts are buffers of their own
+            # a MultiOutput holder has no dtype of its own (its parts are buffers of their own);
+            # a mutation writes into another buffer and allocates none
             if b.get_name() not in graph.removed_buffers
-            and not isinstance(b.node.layout, ir.MultiOutputLayout)
-        )
+            and not isinstance(b.node, ir.MutationOutput)
+            and not isinstance(b.node.layout, (ir.MultiOutputLayout, ir.NoneLayout,
+                                               ir.MutationLayoutSHOULDREMOVE, ir.NonOwningLayout))
+        )  # fmt: skip
         call = getattr(snode.node, "python_kernel_name", None) if snode.is_extern() else None
         kernels.append(Kernel(snode.get_name(), _kernel_kind(snode),
                               tuple(names), stores, call))  # fmt: skip
