@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("capture",),  # model -> graph
     ("annotate",),  # graph -> annotated nodes, the dispatcher check
     ("train",),  # the backward pass, its check, saved-activation memory
+    ("compiled",),  # what torch.compile (Inductor) runs: its plan, the generated code
     ("pipeline",),  # one call over the stages above, the cache, workers
     ("verify",),  # against real execution (the training step's too): analyses through pipeline
     ("ranges", "review"),  # value ranges; what a reviewer reads (audit, diff, baseline, ...)
@@ -144,8 +145,8 @@ def test_an_upward_import_is_caught() -> None:
     graph.add_edge("ampgraph.report.records", "ampgraph.render.graph")
     graph.add_edge("ampgraph.review.diff", "ampgraph.ranges.data")
     assert upward_imports(graph) == [
-        "ampgraph.report.records -> ampgraph.render.graph (layer 2 -> 12)",
-        "ampgraph.review.diff -> ampgraph.ranges.data (layer 10 -> 10)",
+        "ampgraph.report.records -> ampgraph.render.graph (layer 2 -> 13)",
+        "ampgraph.review.diff -> ampgraph.ranges.data (layer 11 -> 11)",
     ]
 
 

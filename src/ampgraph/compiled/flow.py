@@ -1,0 +1,125 @@
+"""The compiled dtype flow as plain data: what Inductor does with each node's 16-bit value.
+
+No torch here: :mod:`ampgraph.compiled.inductor` fills these records from Inductor's own
+lowering and scheduler, and the commands, the formats and the renderer read them.
+
+A node's *fate* under ``torch.compile`` is one of:
+
+* ``stored``: its value is a buffer Inductor writes to memory in the node's dtype: a 16-bit
+  value is rounded there exactly as eager rounds it;
+* ``extern``: an extern kernel (a matmul, a convolution, a fallback op) writes it, as eager does;
+* ``in-register``: Inductor inlined or fused it into a kernel that keeps it in fp32 and never
+  stores it: where the node's eager dtype is 16-bit, **the eager rounding is dropped**;
+* ``emulated``: in-register too, but rounded to its 16-bit dtype and widened again in the
+  kernel (``emulate_precision_casts``), so it holds eager's value;
+* ``removed``: a graph pass of Inductor's removed the node's value altogether (a cast pair).
+
+>>> n = CompiledNode("gelu", "", "bfloat16", "in-register", "op4")
+>>> n.drops_rounding
+True
+>>> CompiledNode("linear", "f", "bfloat16", "extern", "op3").drops_rounding
+False
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: The 16-bit floating dtypes whose rounding eager performs after every op.
+LOW_PRECISION = ("bfloat16", "float16")
+FATES = ("stored", "extern", "in-register", "emulated", "removed")
+
+
+@dataclass(frozen=True)
+class CompiledNode:
+    """One node of ampgraph's graph under Inductor: its eager output dtype and its fate."""
+
+    name: str
+    module: str
+    dtype: str
+    fate: str
+    #: The kernel (Inductor scheduler node) that computes it, None where none does.
+    kernel: str | None = None
+    #: The buffer it is stored in (``buf3``), None where it is not stored.
+    buffer: str | None = None
+    #: False for a view (``transpose``, ``reshape``) or an op whose output is exactly one of its
+    #: input's values (``embedding``, ``cat``, ``relu``): eager rounds nothing there, so there is
+    #: no rounding of its own to keep or drop.
+    computes: bool = True
+    #: Whether an op reads this value unrounded: it is kept in fp32 and some consumer computes
+    #: on it (directly or through views and copies that are never stored). A value that reaches
+    #: only a store in its dtype is rounded there once, as eager rounds it.
+    read_unrounded: bool = True
+
+    @property
+    def drops_rounding(self) -> bool:
+        """Whether eager rounds this value to 16 bits and the compiled program does not."""
+        return (self.computes and self.read_unrounded and self.dtype in LOW_PRECISION
+                and self.fate == "in-register")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CompiledCast:
+    """A dtype conversion autocast or a decomposition put in the lowered graph, and its fate."""
+
+    node: str
+    owner: str
+    source: str
+    target: str
+    fate: str
+    kernel: str | None = None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel Inductor's scheduler planned: a fused loop nest or an extern call."""
+
+    name: str
+    #: ``pointwise``, ``reduction``, ``extern``, ``template`` or ``nop``.
+    kind: str
+    #: The ampgraph nodes it computes (stored or in registers), in graph order.
+    nodes: tuple[str, ...]
+    #: The buffers it writes, as (name, dtype).
+    stores: tuple[tuple[str, str], ...]
+    #: For an extern kernel, the function it calls (``extern_kernels.addmm``).
+    call: str | None = None
+
+
+@dataclass
+class CompiledFlow:
+    """What Inductor plans for one graph in one setting, and for which torch and options."""
+
+    model: str
+    setting: str
+    torch_version: str
+    backend: str
+    options: dict[str, Any]
+    nodes: list[CompiledNode] = field(default_factory=list)
+    casts: list[CompiledCast] = field(default_factory=list)
+    kernels: list[Kernel] = field(default_factory=list)
+    #: ampgraph nodes Inductor lowered to nothing it records (views folded into an index).
+    unmapped: list[str] = field(default_factory=list)
+
+    def dropped(self) -> list[CompiledNode]:
+        """The nodes whose eager 16-bit rounding the compiled program drops."""
+        return [n for n in self.nodes if n.drops_rounding]
+
+    def node(self, name: str) -> CompiledNode | None:
+        """The record of ampgraph node ``name``, None where Inductor has none."""
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompiledFlow:
+        """The inverse of :meth:`to_dict` (a cached analysis read back)."""
+        k = [Kernel(**{**x, "nodes": tuple(x["nodes"]),
+                       "stores": tuple(tuple(s) for s in x["stores"])}) for x in data["kernels"]]  # fmt: skip
+        return cls(
+            data["model"], data["setting"], data["torch_version"], data["backend"],
+            dict(data["options"]), [CompiledNode(**n) for n in data["nodes"]],
+            [CompiledCast(**c) for c in data["casts"]], k, list(data.get("unmapped", [])),
+        )  # fmt: skip

@@ -1,0 +1,312 @@
+"""Inductor's own plan for a captured graph: lowering, fusion and code generation on fake tensors.
+
+The graph a capture traced (export's ATen graph, ops as called, before autocast) goes through
+``torch._inductor.compile_fx.compile_fx`` under the setting's autocast, exactly as
+``torch.compile`` hands a graph to Inductor: AOT autograd applies autocast's casts and
+Inductor's decompositions, the post-grad passes run, ``GraphLowering`` lowers every node to
+Inductor IR and the ``Scheduler`` fuses them; the C++ source is generated. It stops there, before
+any kernel is compiled (``GraphLowering.compile_to_module`` is where a C++ compiler would start),
+so no compiler and no real data are needed. What Inductor decided is then read off its objects:
+which FX value became a stored buffer, which was inlined into a consumer's loop, which kernel
+each lies in. Inductor's nodes carry ``from_node`` provenance back to the captured graph, so every
+answer is given under the captured node's name and module path.
+
+>>> import torch
+>>> from ampgraph.model.build import ModelInputs
+>>> from ampgraph.capture.trace import capture
+>>> from ampgraph.settings import Setting
+>>> class M(torch.nn.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.f = torch.nn.Linear(8, 8)
+...     def forward(self, x):
+...         y = self.f(x)
+...         return torch.nn.functional.gelu(y) * 1.7 + y
+>>> c = capture(ModelInputs("m", M().eval(), (torch.randn(4, 8),)), Setting.parse("amp-fp32", device_type="cpu"))
+>>> [n.name for n in plan(c).dropped()]
+['gelu', 'mul']
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+from torch import fx
+
+from ampgraph.capture.trace import Capture
+from ampgraph.compiled.flow import (
+    LOW_PRECISION,
+    CompiledCast,
+    CompiledFlow,
+    CompiledNode,
+    Kernel,
+)
+from ampgraph.errors import AmpgraphError
+from ampgraph.torchutil import dtype_name
+
+BACKENDS = {"cpu": "cpp"}
+
+
+class CompiledPlanError(AmpgraphError):
+    """Inductor could not plan this graph (the message says where)."""
+
+
+class _Planned(Exception):
+    """Raised from ``compile_to_module`` once the plan is made: nothing is compiled after it."""
+
+
+def options(emulate_precision_casts: bool) -> dict[str, Any]:
+    """The Inductor options a plan is made (and a real compile must run) under.
+
+    >>> options(True)["emulate_precision_casts"]
+    True
+    """
+    from torch._inductor import config
+
+    return {
+        "emulate_precision_casts": emulate_precision_casts,
+        "emulate_precision_casts_on_saved_tensors":
+            config.emulate_precision_casts_on_saved_tensors,
+        "max_fusion_size": config.max_fusion_size,
+        "realize_opcount_threshold": config.realize_opcount_threshold,
+        "freezing": config.freezing,
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def inductor_setting(capture: Capture, emulate_precision_casts: bool) -> Iterator[None]:
+    """Inductor's options and the setting's autocast, as ``torch.compile`` would run in them."""
+    from torch._inductor import config
+
+    s = capture.setting
+    if s.device_type not in BACKENDS:
+        raise CompiledPlanError(
+            f"the compiled analysis plans Inductor's C++ backend (device cpu); {s.name} runs on "
+            f"{s.device_type}, whose Triton backend needs a GPU to plan: use a cpu setting"
+        )
+    amp = torch.autocast(s.device_type, getattr(torch, s.amp_dtype), enabled=s.autocast)
+    # The analysis cache is ampgraph's; Inductor's own FX cache would skip the lowering.
+    with config.patch(emulate_precision_casts=emulate_precision_casts, fx_graph_cache=False), amp:
+        yield
+
+
+def _lower(capture: Capture, emulate: bool) -> tuple[Any, dict[fx.Node, Any]]:
+    """Run Inductor up to generated source; the GraphLowering and every node's lowered value."""
+    from torch._inductor import compile_fx
+    from torch._inductor.graph import GraphLowering
+
+    made: dict[str, Any] = {}
+    values: dict[fx.Node, Any] = {}
+    run_node = GraphLowering.run_node
+
+    def record(self: Any, n: fx.Node) -> Any:
+        out = run_node(self, n)
+        values[n] = out  # the Interpreter frees env entries; IR boxes are realised in place
+        return out
+
+    def stop(self: Any) -> None:
+        self.codegen()  # source only: kernels compile when the module is loaded, not here
+        made["graph"] = self
+        raise _Planned
+
+    gm = capture.graph_module
+    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    patches = (mock.patch.object(GraphLowering, "run_node", record),
+               mock.patch.object(GraphLowering, "compile_to_module", stop))  # fmt: skip
+    with inductor_setting(capture, emulate), patches[0], patches[1]:
+        try:
+            compile_fx.compile_fx(gm, inputs)
+        except Exception as exc:  # noqa: BLE001 - Inductor wraps ours in InductorError
+            if "graph" not in made:
+                raise CompiledPlanError(f"Inductor could not lower the graph: {exc}") from exc
+    return made["graph"], values
+
+
+def _root_name(node: fx.Node, names: set[str]) -> str | None:
+    """The captured node a lowered node comes from (its ``from_node`` chain's first in ``names``)."""
+    stack = list(node.meta.get("from_node") or ())
+    while stack:
+        source = stack.pop(0)
+        if source.name in names and source.graph_id is not None:
+            last = source
+            while last.from_node:
+                last = last.from_node[0]
+            return last.name if last.name in names else source.name
+        stack.extend(source.from_node or ())
+    return None
+
+
+def _storage(value: Any) -> Any:
+    """The buffer or unrealised loop body behind a lowered value (through views and boxes)."""
+    from torch._inductor import ir
+
+    seen = 0
+    while seen < 64:
+        seen += 1
+        if isinstance(value, (ir.TensorBox, ir.StorageBox, ir.BaseView)) or (
+            isinstance(value, ir.MutableBox)
+        ):
+            value = value.data
+            continue
+        return value
+    return value
+
+
+def _fate(value: Any, removed: set[str], barrier: bool) -> tuple[str, str | None]:
+    """Where Inductor keeps a lowered value: (fate, buffer name)."""
+    from torch._inductor import ir
+
+    data = _storage(value)
+    if isinstance(data, ir.Buffer) and not isinstance(data, ir.InputBuffer):
+        name = data.get_name()
+        if name in removed:
+            return ("emulated" if barrier else "in-register"), None
+        if isinstance(data, (ir.ExternKernel, ir.MultiOutput)):
+            return "extern", name
+        return "stored", name
+    if isinstance(data, ir.InputBuffer):
+        return "stored", data.get_name()
+    return ("emulated" if barrier else "in-register"), None
+
+
+#: Ops whose output is a view of their input, or exactly one of their input's values (a gather,
+#: a copy, a selection): eager rounds nothing there, so fusing them drops nothing.
+_EXACT = frozenset({
+    "reshape", "flatten", "unflatten", "contiguous", "view_as", "expand_as", "alias", "detach",
+    "lift_fresh_copy", "clone", "copy", "embedding", "index", "index_select", "gather", "cat",
+    "stack", "constant_pad_nd", "pad", "where", "relu", "abs", "neg", "maximum", "minimum",
+    "max", "min", "amax", "amin", "repeat", "roll", "flip", "tril", "triu", "zeros", "ones",
+    "zeros_like", "ones_like", "new_zeros", "new_ones",
+})  # fmt: skip
+
+
+def computes(node: fx.Node) -> bool:
+    """Whether a captured node computes a value eager must round (not a view of its input, not
+    a gather, copy or selection of its input's values).
+
+    >>> computes(fx.Graph().call_function(torch.ops.aten.transpose.int, ()))
+    False
+    """
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return True
+    return not (target.is_view or target._schema.name.split("::")[-1] in _EXACT)
+
+
+def _kernel_kind(node: Any) -> str:
+    if node.is_extern():
+        return "extern"
+    if node.is_template():
+        return "template"
+    if type(node).__name__ == "NopKernelSchedulerNode":
+        return "nop"
+    return "reduction" if node.is_reduction() else "pointwise"
+
+
+def _kernels(
+    graph: Any, owner: dict[fx.Node, str], rank: dict[str, int]
+) -> tuple[list[Kernel], dict[Any, str]]:
+    """Inductor's scheduled kernels, and which kernel each lowered FX node is computed in."""
+    from torch._inductor import ir
+
+    kernels, where = [], {}
+    for snode in graph.scheduler.nodes:
+        origins: list[fx.Node] = []
+        for inner in snode.get_nodes():
+            if inner.node is not None:
+                origins.extend(inner.node.get_origins())
+        for o in origins:
+            where.setdefault(o, snode.get_name())
+        for b in snode.get_outputs():
+            where[b.get_name()] = snode.get_name()
+        names = sorted({owner[o] for o in origins if o in owner}, key=rank.__getitem__)
+        stores = tuple(
+            (b.get_name(), dtype_name(b.node.get_layout().dtype))
+            for b in snode.get_outputs()
+            # a MultiOutput holder has no dtype of its own (its parts are buffers of their own);
+            # a mutation writes into another buffer and allocates none
+            if b.get_name() not in graph.removed_buffers
+            and not isinstance(b.node, ir.MutationOutput)
+            and not isinstance(b.node.layout, (ir.MultiOutputLayout, ir.NoneLayout,
+                                               ir.MutationLayoutSHOULDREMOVE, ir.NonOwningLayout))
+        )  # fmt: skip
+        call = getattr(snode.node, "python_kernel_name", None) if snode.is_extern() else None
+        kernels.append(Kernel(snode.get_name(), _kernel_kind(snode),
+                              tuple(names), stores, call))  # fmt: skip
+    return kernels, where
+
+
+def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> CompiledFlow:
+    """Inductor's plan for ``capture``'s graph in its setting (see the module's docstring)."""
+    graph, values = _lower(capture, emulate_precision_casts)
+    names = {n.name for n in capture.graph_module.graph.nodes if n.op == "call_function"}
+    modules = _module_paths(capture.graph_module)
+    owner = {n: r for n in values if (r := _root_name(n, names)) is not None}
+    rank = {n.name: i for i, n in enumerate(capture.graph_module.graph.nodes)}
+    kernels, where = _kernels(graph, owner, rank)
+    removed = set(graph.removed_buffers)
+    last: dict[str, fx.Node] = {}
+    for n in values:  # graph order: a captured node's value is its last lowered node's
+        if n in owner and isinstance(n.meta.get("val"), torch.Tensor):
+            last[owner[n]] = n
+    nodes = []
+    for node in (n for n in capture.graph_module.graph.nodes if n.name in last):
+        n = last[node.name]
+        fate, buf = _fate(values[n], removed, bool(n.meta.get("low_precision_pointwise_barrier")))
+        # a stored value's kernel is the one that writes it; an inlined one's, its first reader
+        kernel = where.get(buf) if buf else where.get(n)
+        nodes.append(CompiledNode(node.name, modules.get(node.name, ""),
+                                  dtype_name(n.meta["val"].dtype), fate, kernel, buf,
+                                  computes(node)))  # fmt: skip
+    nodes = _mark_unrounded_reads(capture.graph_module, nodes)
+    casts = [_cast(n, owner[n], values[n], removed, where) for n in values
+             if n in owner and n.target is torch.ops.prims.convert_element_type.default]  # fmt: skip
+    unmapped = sorted(names - set(last))
+    return CompiledFlow(capture.model_name, capture.setting.name, torch.__version__,
+                        BACKENDS[capture.setting.device_type], options(emulate_precision_casts),
+                        nodes, casts, kernels, unmapped)  # fmt: skip
+
+
+def _mark_unrounded_reads(gm: fx.GraphModule, nodes: list[CompiledNode]) -> list[CompiledNode]:
+    """Set ``read_unrounded``: whether a computing consumer reads the kept-in-fp32 value, through
+    views and exact copies that are themselves never stored (a stored one rounds it first)."""
+    by_name = {n.name: n for n in nodes}
+    memo: dict[str, bool] = {}
+
+    def reaches(node: fx.Node) -> bool:
+        if node.name not in memo:
+            memo[node.name] = False  # a cycle cannot occur in a DAG; this only guards recursion
+            for user in node.users:
+                r = by_name.get(user.name)
+                if r is None or r.fate == "extern" or (r.fate == "stored" and not r.computes):
+                    # the graph's output; an extern kernel, which reads a buffer stored in the
+                    # value's dtype; a view or copy stored as it is: rounded there, as in eager
+                    continue
+                if r.computes or r.dtype not in LOW_PRECISION or reaches(user):
+                    memo[node.name] = True
+                    break
+        return memo[node.name]
+
+    return [replace(n, read_unrounded=reaches(node)) if n.name in by_name else n
+            for node in gm.graph.nodes if (n := by_name.get(node.name)) is not None]  # fmt: skip
+
+
+def _cast(n: fx.Node, owner: str, value: Any, removed: set[str], where: dict) -> CompiledCast:
+    source = n.args[0].meta["val"].dtype if isinstance(n.args[0], fx.Node) else None
+    fate, _ = _fate(value, removed, bool(n.meta.get("low_precision_pointwise_barrier")))
+    return CompiledCast(n.name, owner, dtype_name(source) if source else "?",
+                        dtype_name(n.meta["val"].dtype), fate, where.get(n))  # fmt: skip
+
+
+def _module_paths(gm: fx.GraphModule) -> dict[str, str]:
+    """Each captured node's innermost module path (``nn_module_stack``), as the diagrams name it."""
+    paths = {}
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack") or {}
+        paths[n.name] = list(stack.values())[-1][0] if stack else ""
+    return paths
