@@ -45,8 +45,8 @@ def mechanism(rec: dict[str, Any]) -> str:
             if cell.get("failure"):
                 return f"{classify(cell['failure'])} ({name}, {combo}): {cell['failure']}"
             if cell.get("raises") and not cell.get("agrees"):
-                return (f"the real run raises where the capture does not ({name}, {combo}): "
-                        f"{cell['raises']}")  # fmt: skip
+                return (f"{classify(cell['raises'])}: the real run raises where the capture "
+                        f"does not ({name}, {combo}): {cell['raises']}")  # fmt: skip
             if not cell.get("agrees", cell.get("ok")):
                 why = cell.get("first_difference") or cell.get("first") or "no line compared"
                 return f"{classify(why)} ({name}, {combo}): {why}"
@@ -59,33 +59,55 @@ def _cell(text: str, limit: int = 300) -> str:
     return text.replace("|", "\\|")
 
 
-def page(records: dict[str, dict[str, Any]]) -> str:
-    """docs/zoo.md's Markdown."""
-    counts = Counter(status(r) for r in records.values() if not r.get("no_tester"))
+def _counts(records: dict[str, dict[str, Any]]) -> list[str]:
     tried = [r for r in records.values() if not r.get("no_tester")]
-    combos = sorted({c for r in tried for c in r.get("cells", {})})
-    total = len(set(model_types()) | set(records))
-    untested = sum(bool(r.get("no_tester")) for r in records.values())
-    lines = [
+    counts = Counter(status(r) for r in tried)
+    died = counts["does not build"] + counts["timed out"] + counts["crashed"]
+    return [
+        "| | types |",
+        "| --- | --- |",
+        f"| run | {len(tried)} |",
+        f"| build | {len(tried) - died} |",
+        f"| analysable | {counts['exact'] + counts['not exact']} |",
+        f"| exact | {counts['exact']} |",
+        f"| timed out | {counts['timed out']} |",
+        f"| the job's process died | {counts['crashed']} |",
+    ]
+
+
+def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| type | tester | status | mechanism |", "| --- | --- | --- | --- |"]
+    for name, rec in sorted(records.items()):
+        if rec.get("no_tester") or status(rec) == "exact":
+            continue
+        mech = mechanism(rec)
+        fix = " (issue 42's capture fix)" if mech.split(" (")[0].split(":")[0] in FIX_CLASSES else ""
+        lines.append(f"| {name} | {_cell(rec.get('tester', '-'), 60)} | {status(rec)} | "
+                     f"{_cell(mech)}{fix} |")  # fmt: skip
+    exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
+    return [*lines, "", f"Exact ({len(exact)}): {', '.join(exact) or 'none'}.", ""]
+
+
+def page(records: dict[str, dict[str, Any]]) -> str:
+    """docs/zoo.md's Markdown: the transformers zoo, then diffusers, peft and timm."""
+    hf = {n: r for n, r in records.items() if "/" not in n}
+    beyond = {n: r for n, r in records.items() if "/" in n}
+    combos = sorted({c for r in records.values() for c in r.get("cells", {})})
+    total = len(set(model_types()) | set(hf))
+    untested = sum(bool(r.get("no_tester")) for r in hf.values())
+    return "\n".join([
         "# The transformers zoo, as a number",
         "",
         "Every model type of the installed transformers that has a base model class, built from "
         "its own tests' tiny config and inputs (`scripts/zoo.py`, issue 42), analysed by ampgraph: "
         "`check` (the CUDA policy on the dispatcher, and the eager model's forward hooks on fake "
-        "CUDA tensors) and `verify --device cpu` (the CPU policy, real CPU kernels), in "
-        f"{', '.join(f'`{c}`' for c in combos) or 'no combination yet'}.",
+        "CUDA tensors running the real autocast kernels) and `verify --device cpu` (the CPU policy, "
+        f"real CPU kernels), in {', '.join(f'`{c}`' for c in combos) or 'no combination yet'}.",
         "",
-        "| | types |",
-        "| --- | --- |",
-        f"| model types with a base model class | {total} |",
-        f"| with a tester here, run | {len(tried)} |",
-        f"| without a tester here (no test file, not a causal LM) | {untested} |",
-        f"| not run yet (the run was stopped first) | {total - len(records)} |",
-        f"| build | {len(tried) - counts['does not build'] - counts['timed out'] - counts['crashed']} |",
-        f"| analysable | {counts['exact'] + counts['not exact']} |",
-        f"| exact | {counts['exact']} |",
-        f"| timed out | {counts['timed out']} |",
-        f"| the job's process died | {counts['crashed']} |",
+        f"**{total} model types** have a base model class; {untested} had no tester here (see "
+        f"*How it was made*) and {total - len(hf)} were not reached before the run was stopped.",
+        "",
+        *_counts(hf),
         "",
         "A type is *analysable* when every cell was captured and verified (no failure), *exact* "
         "when every node agrees with the dispatcher, every hook line with the eager run's and "
@@ -96,19 +118,16 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         f"Mechanisms the capture fix of issue 42 addresses: {', '.join(FIX_CLASSES)}; a type "
         "whose mechanism is one of them says so.",
         "",
-        "| type | tester | status | mechanism |",
-        "| --- | --- | --- | --- |",
-    ]
-    for name, rec in sorted(records.items()):
-        if rec.get("no_tester") or status(rec) == "exact":
-            continue
-        mech = mechanism(rec)
-        fix = " (issue 42's capture fix)" if mech.split(" (")[0].split(":")[0] in FIX_CLASSES else ""
-        lines.append(f"| {name} | {_cell(rec.get('tester', '-'), 60)} | {status(rec)} | "
-                     f"{_cell(mech)}{fix} |")  # fmt: skip
-    exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
-    lines += ["", f"## Exact ({len(exact)})", "", ", ".join(exact) or "none", ""]
-    return "\n".join(lines)
+        *_misses(hf),
+        "## Beyond transformers: diffusers, peft, timm",
+        "",
+        "The same rules (`scripts/zoo_beyond.py`, run by `scripts/zoo.py --beyond`): each model "
+        "built small, random weights, both oracles in the same combinations.",
+        "",
+        *_counts(beyond),
+        "",
+        *_misses(beyond),
+    ])
 
 
 def write_page(results: Path, out: Path) -> None:
@@ -117,12 +136,37 @@ def write_page(results: Path, out: Path) -> None:
 
 
 def _footer(results: Path) -> str:
-    return (
-        "\n## How it was made\n\n"
-        f"`python scripts/zoo.py --page --results {results.name}` from the results file beside "
-        "this page; the run itself is `python scripts/zoo.py --tests-dir TRANSFORMERS/tests` "
-        "(each type a Ray job, see the script's docstring for a cluster).\n"
-    )
+    return "\n".join([
+        "",
+        "## How it was made, and how to run it on more machines",
+        "",
+        "Each model type's tester is the `*ModelTester` class of "
+        "`tests/models/<type>/test_modeling_<type>.py` in a transformers checkout at the installed "
+        "release, given a dummy `unittest.TestCase` as its parent; a causal LM type whose test "
+        "file is not there gets transformers' generic `CausalLMModelTester` "
+        "(`tests/causal_lm_tester.py`) with its config and base model classes. The base model "
+        "(`AutoModel.from_config`, eager attention) is called with the tester's "
+        "`prepare_config_and_inputs_for_common()` inputs, labels dropped.",
+        "",
+        "```bash",
+        "pip install 'ampgraph[zoo]'                 # ray, parameterized, transformers",
+        "git clone https://github.com/huggingface/transformers",
+        "git -C transformers checkout v$(python -c 'import transformers; print(transformers.__version__)')",
+        "python scripts/zoo.py --tests-dir transformers/tests --results zoo.jsonl            # one machine",
+        "python scripts/zoo.py --tests-dir transformers/tests --all-combos --results z.jsonl  # 8 combos",
+        "python scripts/zoo.py --beyond --tests-dir transformers/tests --results zoo.jsonl   # diffusers...",
+        "python scripts/zoo.py --page --results zoo.jsonl --out docs/zoo.md",
+        "```",
+        "",
+        "Every model type is one Ray task (`ray.remote`, one CPU each) that runs the type in its "
+        "own process, bounded by `--timeout` seconds; a type that runs past it is recorded as "
+        "timed out. On more machines: `ray start --head` on one, `ray start --address=HEAD:6379` "
+        "on each of the others (each with ampgraph, its extras and the transformers checkout at "
+        "the same path), then pass `--address HEAD:6379`. Results are appended as JSON lines as "
+        "each task lands; `--skip-done` resumes a stopped run, and the page is written from "
+        f"whatever finished: this page from `{results.name}` beside it.",
+        "",
+    ])
 
 
 def _tensor(value: Any) -> dict[str, Any]:

@@ -11,9 +11,6 @@ ampgraph's own. One setting per type runs in the quick suite; the rest are marke
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from ampgraph import analyze
@@ -22,36 +19,19 @@ from ampgraph.report.printed import hook_lines
 from ampgraph.settings import Setting
 from ampgraph.verify.hooks import eager_hook_lines
 
-from .conftest import ROOT
+from .conftest import ROOT, load_file
 
 pytest.importorskip("transformers", reason="needs transformers")
 
-SLICE = json.loads((ROOT / "tests" / "data" / "zoo_slice.json").read_text())
+ZOO_SLICE = load_file(ROOT / "scripts" / "zoo_slice.py")
+SLICE = ZOO_SLICE.load_slice()
 #: The combination the zoo's full run covers (docs/zoo.md): autocast over fp32 parameters, bf16.
 QUICK = ("amp-fp32", "bf16")
 
 
-def _tensor(spec: dict[str, Any]) -> Any:
-    import torch
-
-    dtype = getattr(torch, spec["dtype"])
-    if "values" in spec:
-        return torch.tensor(spec["values"], dtype=dtype).reshape(spec["shape"])
-    return torch.rand(spec["shape"], generator=torch.Generator().manual_seed(0)).to(dtype)
-
-
 def build(name: str) -> ModelInputs:
     """``name``'s base model from its exported tiny config, with its exported inputs."""
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    entry = SLICE[name]
-    config = dict(entry["config"])
-    config = AutoConfig.for_model(config.pop("model_type"), **config)
-    torch.manual_seed(0)
-    model = AutoModel.from_config(config, attn_implementation="eager").eval()
-    inputs = {k: _tensor(v) for k, v in entry["inputs"].items()}
-    return ModelInputs(name, model, (), inputs)
+    return ZOO_SLICE.build(name, SLICE[name])
 
 
 def _cases() -> list[object]:
