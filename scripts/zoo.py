@@ -102,7 +102,7 @@ def model_types() -> list[str]:
     return sorted(MODEL_MAPPING_NAMES)
 
 
-def tester_for(model_type: str, tests_dir: Path) -> tuple[Any, str]:
+def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
     """``model_type``'s tester instance and where it came from (its test file, or transformers'
     generic causal LM tester)."""
     module_name = f"tests.models.{model_type}.test_modeling_{model_type}"
@@ -136,7 +136,7 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
     import torch
 
     torch.manual_seed(0)
-    tester, source = tester_for(model_type, tests_dir)
+    tester, source = model_tester(model_type, tests_dir)
     config, inputs = tester.prepare_config_and_inputs_for_common()
     inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
     return config, inputs, source
