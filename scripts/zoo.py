@@ -188,6 +188,19 @@ def classify(text: str) -> str:
     return next((m for key, m in rules if key in low), "other")
 
 
+def plain_run(model: Any) -> str | None:
+    """The error of one plain forward of ``model`` (fp32, CPU, no autocast), or None: tells a
+    capture that fails from a model (or a tester's config) that fails in any run."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            model.module(*model.args, **model.kwargs)
+    except Exception as exc:  # noqa: BLE001 - what the model itself raises is the finding
+        return f"{type(exc).__name__}: {one_line(exc)}"
+    return None
+
+
 def _check(model: Any, setting: str, amp: str) -> dict[str, Any]:
     cell = compare(model, setting, amp)
     return {
@@ -246,6 +259,8 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
                 cells[cell] = fn(make(), setting, amp)
             except Exception as exc:  # noqa: BLE001 - the harness's own failure, recorded
                 cells[cell] = {"failure": f"{type(exc).__name__}: {one_line(exc)}"}
+        if cells["check"].get("failure"):  # on a fresh model: the capture may have moved it
+            cells["check"]["plain_run"] = plain_run(make())
         rec["cells"][combo] = cells
     rec["seconds"] = round(time.perf_counter() - start, 1)
     return rec
@@ -308,6 +323,8 @@ def status(rec: dict[str, Any]) -> str:
     if not rec.get("builds"):
         return "does not build"
     cells = [c for combo in rec["cells"].values() for c in combo.values()]
+    if any(c.get("plain_run") for c in cells):
+        return "raises in a plain run"
     if any(c.get("failure") for c in cells):
         return "not analysable"
     if all(c.get("agrees", c.get("ok")) for c in cells):

@@ -42,6 +42,9 @@ def mechanism(rec: dict[str, Any]) -> str:
         return f"{classify(text)}: {text}"
     for combo, cells in rec["cells"].items():
         for name, cell in cells.items():
+            if cell.get("failure") and cell.get("plain_run"):
+                return (f"the model raises in a plain fp32 run too (the tester's config): "
+                        f"{cell['plain_run']}")
             if cell.get("failure"):
                 return f"{classify(cell['failure'])} ({name}, {combo}): {cell['failure']}"
             if cell.get("raises") and not cell.get("agrees"):
@@ -68,6 +71,8 @@ def _counts(records: dict[str, dict[str, Any]]) -> list[str]:
         "| --- | --- |",
         f"| run | {len(tried)} |",
         f"| build | {len(tried) - died} |",
+        f"| raise in a plain fp32 run too (the tester's config, not a capture) | "
+        f"{counts['raises in a plain run']} |",
         f"| analysable | {counts['exact'] + counts['not exact']} |",
         f"| exact | {counts['exact']} |",
         f"| timed out | {counts['timed out']} |",
