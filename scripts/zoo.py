@@ -167,6 +167,7 @@ def classify(text: str) -> str:
     low = text.lower()
     rules = (
         ("timed out", "timed out"),
+        ("running low on memory", "killed by Ray's memory monitor (a shared machine)"),
         # transformers' grouped_mm takes its fallback op when torch.compiler.is_compiling(), which
         # the make_fx capture reports as True; the real CUDA run calls F.grouped_mm, whose
         # 16-byte stride check the tests' tiny expert widths fail.
