@@ -349,12 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--page", action="store_true", help="write the page from --results")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "zoo.md")
+    parser.add_argument("--note", default="", help="what the page says of this run's machine")
     parser.add_argument("--export-slice", type=Path, help="write the suite's slice data here")
     args = parser.parse_args(argv)
     if args.page:
         from zoo_page import write_page
 
-        write_page(args.results, args.out)
+        write_page(args.results, args.out, args.note)
         return 0
     if args.tests_dir is None:
         parser.error("--tests-dir is required (a transformers checkout's tests/)")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zoo import classify, config_and_inputs, model_types, status  # noqa: E402
+from zoo import ROOT, classify, config_and_inputs, model_types, status  # noqa: E402
 
 #: The mechanisms the capture fix of issue 42 (the ``zoofix`` branch) addresses.
 FIX_CLASSES = ("grad mode", "lines before a raise", "swapped modules", "value-dependent shapes",
@@ -93,6 +93,10 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
     return [*lines, "", f"Exact ({len(exact)}): {', '.join(exact) or 'none'}.", ""]
 
 
+def _slice_names() -> list[str]:
+    return sorted(json.loads((ROOT / "tests" / "data" / "zoo_slice.json").read_text()))
+
+
 def page(records: dict[str, dict[str, Any]]) -> str:
     """docs/zoo.md's Markdown: the transformers zoo, then diffusers, peft and timm."""
     hf = {n: r for n, r in records.items() if "/" not in n}
@@ -118,6 +122,12 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         "when every node agrees with the dispatcher, every hook line with the eager run's and "
         "every CPU node, module and cast with the real CPU run's.",
         "",
+        "The other combinations, on a sample: the suite's slice (`tests/test_zoo_slice.py`, the "
+        f"types of `tests/data/zoo_slice.json`: {', '.join(_slice_names())}) runs every one of "
+        "the four settings x bf16/fp16 against the dispatcher and the eager hooks, and "
+        "`verify --device cpu` in `amp-fp32 bf16`, and requires each to be exact; "
+        "`scripts/zoo.py --all-combos` runs them all on the whole zoo.",
+        "",
         "## Every type that is not exact, and why",
         "",
         f"Mechanisms the capture fix of issue 42 addresses: {', '.join(FIX_CLASSES)}; a type "
@@ -135,9 +145,13 @@ def page(records: dict[str, dict[str, Any]]) -> str:
     ])
 
 
-def write_page(results: Path, out: Path) -> None:
-    """Write ``out`` from ``results``."""
-    out.write_text(page(load(results)) + _footer(results))
+def write_page(results: Path, out: Path, note: str = "") -> None:
+    """Write ``out`` from ``results`` (``note``: what to say of this run's machine)."""
+    records = load(results)
+    sources = Counter(r["tester"] for r in records.values() if "/" not in r["type"] and "tester" in r)
+    used = "; ".join(f"{n} from `{s}`" for s, n in sorted(sources.items(), key=lambda x: -x[1]))
+    this_run = f"**This run.** Testers: {used or 'none'}. {note}".strip()
+    out.write_text(page(records) + _footer(results) + "\n" + this_run + "\n")
 
 
 def _footer(results: Path) -> str:
