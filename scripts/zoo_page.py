@@ -168,7 +168,7 @@ def _footer(results: Path) -> str:
         "`prepare_config_and_inputs_for_common()` inputs, labels dropped.",
         "",
         "```bash",
-        "pip install 'ampgraph[zoo]'                 # ray, parameterized, transformers, diffusers, peft, timm",
+        "pip install 'ampgraph[zoo]'                 # ray and the libraries it builds",
         "git clone https://github.com/huggingface/transformers",
         "git -C transformers checkout v$(python -c 'import transformers; print(transformers.__version__)')",
         "python scripts/zoo.py --tests-dir transformers/tests --results zoo.jsonl            # one machine",
