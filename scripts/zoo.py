@@ -125,7 +125,9 @@ def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
     attrs = {
         "config_class": CONFIG_MAPPING[model_type],
         "base_model_class": getattr(transformers, auto.MODEL_MAPPING_NAMES[model_type]),
-        "causal_lm_class": getattr(transformers, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]),
+        "causal_lm_class": getattr(
+            transformers, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+        ),
     }
     tester = type(f"{model_type}Tester", (base,), attrs)(_Parent())
     return tester, "tests/causal_lm_tester.py (CausalLMModelTester)"
@@ -271,7 +273,8 @@ def job(model_type: str, tests_dir: str, combos: list[str], timeout: float) -> d
     """One type in its own process, bounded by ``timeout`` seconds (what a Ray task runs)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type,
            "--tests-dir", tests_dir, *[a for c in combos for a in ("--combo", c)]]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     start = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -281,7 +284,8 @@ def job(model_type: str, tests_dir: str, combos: list[str], timeout: float) -> d
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return {"type": model_type, "crashed": True, "seconds": round(time.perf_counter() - start, 1),
+        seconds = round(time.perf_counter() - start, 1)
+        return {"type": model_type, "crashed": True, "seconds": seconds,
                 "build_error": f"process ended with {done.returncode}: {tail}"}  # fmt: skip
     return json.loads(lines[-1])
 

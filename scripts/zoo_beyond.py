@@ -125,7 +125,8 @@ def _peft(name: str, **lora: Any) -> Any:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(_tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], **lora))
+    lora_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], **lora)
+    model = get_peft_model(_tiny_llama(), lora_config)
     ids = torch.randint(1, 99, (2, 7), generator=torch.Generator().manual_seed(0))
     return _mi(name, model, input_ids=ids)
 

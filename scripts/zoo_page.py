@@ -86,7 +86,8 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         if rec.get("no_tester") or status(rec) == "exact":
             continue
         mech = mechanism(rec)
-        fix = " (issue 42's capture fix)" if mech.split(" (")[0].split(":")[0] in FIX_CLASSES else ""
+        fixed = mech.split(" (")[0].split(":")[0] in FIX_CLASSES
+        fix = " (issue 42's capture fix)" if fixed else ""
         lines.append(f"| {name} | {_cell(rec.get('tester', '-'), 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
     exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
@@ -110,7 +111,8 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         "Every model type of the installed transformers that has a base model class, built from "
         "its own tests' tiny config and inputs (`scripts/zoo.py`, issue 42), analysed by ampgraph: "
         "`check` (the CUDA policy on the dispatcher, and the eager model's forward hooks on fake "
-        "CUDA tensors running the real autocast kernels) and `verify --device cpu` (the CPU policy, "
+        "CUDA tensors running the real autocast kernels) and `verify --device cpu` (the CPU "
+        "policy, "
         f"real CPU kernels), in {', '.join(f'`{c}`' for c in combos) or 'no combination yet'}.",
         "",
         f"**{total} model types** have a base model class; {untested} had no tester here (see "
@@ -148,7 +150,8 @@ def page(records: dict[str, dict[str, Any]]) -> str:
 def write_page(results: Path, out: Path, note: str = "") -> None:
     """Write ``out`` from ``results`` (``note``: what to say of this run's machine)."""
     records = load(results)
-    sources = Counter(r["tester"] for r in records.values() if "/" not in r["type"] and "tester" in r)
+    hf = [r for r in records.values() if "/" not in r["type"] and "tester" in r]
+    sources = Counter(r["tester"] for r in hf)
     used = "; ".join(f"{n} from `{s}`" for s, n in sorted(sources.items(), key=lambda x: -x[1]))
     this_run = f"**This run.** Testers: {used or 'none'}. {note}".strip()
     out.write_text(page(records) + _footer(results) + "\n" + this_run + "\n")
@@ -170,10 +173,12 @@ def _footer(results: Path) -> str:
         "```bash",
         "pip install 'ampgraph[zoo]'                 # ray and the libraries it builds",
         "git clone https://github.com/huggingface/transformers",
-        "git -C transformers checkout v$(python -c 'import transformers; print(transformers.__version__)')",
-        "python scripts/zoo.py --tests-dir transformers/tests --results zoo.jsonl            # one machine",
-        "python scripts/zoo.py --tests-dir transformers/tests --all-combos --results z.jsonl  # 8 combos",
-        "python scripts/zoo.py --beyond --tests-dir transformers/tests --results zoo.jsonl   # diffusers...",
+        "V=$(python -c 'import transformers; print(transformers.__version__)')",
+        "git -C transformers checkout v$V",
+        "T=transformers/tests",
+        "python scripts/zoo.py --tests-dir $T --results zoo.jsonl                # one combination",
+        "python scripts/zoo.py --tests-dir $T --all-combos --results zoo.jsonl   # all eight",
+        "python scripts/zoo.py --tests-dir $T --beyond --results zoo.jsonl       # diffusers...",
         "python scripts/zoo.py --page --results zoo.jsonl --out docs/zoo.md",
         "```",
         "",

@@ -36,8 +36,8 @@ def build(name: str) -> ModelInputs:
 
 def _cases() -> list[object]:
     return [
-        pytest.param(name, setting, amp, marks=[] if (setting, amp) == QUICK else [pytest.mark.slow],
-                     id=f"{name}-{setting}-{amp}")
+        pytest.param(name, setting, amp, id=f"{name}-{setting}-{amp}",
+                     marks=[] if (setting, amp) == QUICK else [pytest.mark.slow])
         for name in SLICE
         for amp in ("bf16", "fp16")
         for setting in ("fp32", "half", "amp-half", "amp-fp32")
