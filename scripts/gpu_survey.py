@@ -9,6 +9,9 @@ the CPU's kernels, the smoke test CI runs):
   Python-level raise, library autocast kernels, the casts inside a loss, SDPA in each dtype, ...),
   each verified with ``ampgraph.verify.verify`` in the seed's four settings with bf16 and fp16:
   every node, module line and cast of ampgraph's prediction against the real run;
+* **zoo**: the transformers zoo's committed slice (``tests/data/zoo_slice.json``, issue 42): each
+  model type rebuilt from its own tests' tiny config, verified as the cases are, as many types
+  as ``--zoo-limit`` allows (with the full survey, or the types ``--zoo`` names);
 * **ops**: the fake-kernel survey's cases (``scripts/fake_kernel_survey.py``: torch's OpInfo
   samples in mixed dtypes), each run on the real device's kernel and on fake tensors of that
   device as ampgraph replays them (``ampgraph.annotate.replay.fake_session``).
@@ -19,6 +22,7 @@ two minutes on an H100-class machine, bounded by ``--limit`` for the ops::
 
     PYTHONPATH=src python3 scripts/gpu_survey.py                      # on the GPU machine
     PYTHONPATH=src python3 scripts/gpu_survey.py --device cpu         # the CPU's kernels
+    PYTHONPATH=src python3 scripts/gpu_survey.py --cases pdist --zoo llama,bert --ops none
     PYTHONPATH=src python3 scripts/gpu_survey.py --device cpu --cases pad-finfo-min \\
         --settings half --amp-dtypes bf16 --ops addmm --out /tmp/survey   # seconds
 """
@@ -48,6 +52,7 @@ from torch.utils import _pytree as pytree
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fake_kernel_survey as fks  # noqa: E402 - the survey beside this script, reused
+import zoo_slice  # noqa: E402 - the transformers zoo's committed slice (issue 42)
 
 SCHEMA, VERSION = "ampgraph.gpu_survey", 1
 MIN32 = torch.finfo(torch.float32).min
@@ -486,6 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--amp-dtypes", default="bf16,fp16")
     parser.add_argument("--ops", help="comma-separated OpInfo names (default: all); 'none': skip")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds for the ops pass")
+    parser.add_argument("--zoo", help="zoo slice types (default: all, with all the cases; 'none')")
+    parser.add_argument("--zoo-limit", type=float, default=180.0, help="seconds for the zoo")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "verification")
     parser.add_argument("--ops-worker", type=int, help=argparse.SUPPRESS)  # survey_ops's child
     parser.add_argument("--ops-log", type=Path, help=argparse.SUPPRESS)
@@ -515,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for line in [] if r.ok else r.disagreements[:6]:
                         print(f"    {line.strip()[:300]}", file=sys.stderr)
                 runs += rows
+        runs += _zoo(args, amps, settings)
         record = _record(args, argv, start, cases, runs, NO_OPS)
         write(args.out, record)  # the cases kept, whatever becomes of the ops pass
         ops = (
@@ -524,6 +532,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     data, page = write(args.out, record)
     print(f"record: {data}\npage: {page}", file=sys.stderr)
     return 0 if record["ok"] else 1
+
+
+def _zoo(args: argparse.Namespace, amps: Sequence[str], settings: Sequence[str]) -> list[CaseRun]:
+    """The zoo slice's types verified as cases (all of them with the full survey, those ``--zoo``
+    names with a slice of the cases), as many as ``--zoo-limit`` seconds allow."""
+    if args.zoo == "none" or (args.zoo is None and args.cases):
+        return []
+    names = _names(args.zoo, list(zoo_slice.load_slice()))
+    rows, unreached = zoo_slice.survey(names, amps, settings, args.device, args.zoo_limit)
+    for r in rows:
+        print(f"{r['case']} {r['setting']} {SHORT[r['amp_dtype']]}: "
+              f"{r['error'] or ('agrees' if r['ok'] else 'PARTS')}", file=sys.stderr)  # fmt: skip
+    if unreached:
+        print(f"zoo: not reached in {args.zoo_limit:.0f} s: {', '.join(unreached)}", file=sys.stderr)
+    return [CaseRun(**r) for r in rows]
 
 
 NO_OPS: dict[str, Any] = {"visited": 0, "of": 0, "seconds": 0.0, "variants": 0, "ops": 0,

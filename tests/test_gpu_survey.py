@@ -66,3 +66,22 @@ def test_gpu_survey_without_a_gpu_says_so() -> None:
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "no CUDA device here" in proc.stderr
+
+
+def test_gpu_survey_verifies_the_zoo_slice_it_is_given(tmp_path: Path) -> None:
+    """The zoo slice (tests/data/zoo_slice.json, issue 42) runs as cases against the real kernels;
+    a slice of the cases runs no zoo unless ``--zoo`` names types."""
+    pytest.importorskip("transformers", reason="needs transformers")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_survey.py"), "--device", "cpu",
+         "--cases", "pdist", "--settings", "amp-fp32", "--amp-dtypes", "bf16",
+         "--zoo", "llama", "--ops", "none", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "cpu-survey.json").read_text())
+    runs = {(r["case"], r["setting"]): r for r in record["cases"]}
+    assert sorted(runs) == [("pdist", "amp-fp32"), ("zoo/llama", "amp-fp32")]
+    zoo = runs[("zoo/llama", "amp-fp32")]
+    assert zoo["ok"] and zoo["klass"] == "transformers zoo" and "agree" in zoo["summary"]

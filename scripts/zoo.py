@@ -1,0 +1,409 @@
+#!/usr/bin/env python
+"""The transformers zoo as a number: every model type of the installed transformers, built from
+its own tests' tiny config and inputs, analysed by ampgraph (issue 42): docs/zoo.md.
+
+Each model type's ``*ModelTester`` (``tests/models/<type>/test_modeling_<type>.py`` of a
+transformers checkout at the installed release, given by ``--tests-dir``) gives its tiny config
+and one forward call's inputs (``prepare_config_and_inputs_for_common()``, the tester given a
+dummy ``parent`` test case). A causal LM type whose test file is not in ``--tests-dir`` gets
+transformers' generic ``CausalLMModelTester`` (``tests/causal_lm_tester.py``, the tester most
+decoder models' test files subclass) with its config and base model classes. Each type is then,
+in each combination asked (``--combo "amp-fp32 bf16"``, repeatable; ``--all-combos`` for the
+four settings x bf16/fp16): ``check`` (ampgraph's analysis against the CUDA policy on the
+dispatcher, and the eager model's forward hooks, ``matrix_harness.compare``) and
+``verify --device cpu`` (the CPU policy, real CPU kernels, ``matrix_harness.verify_cpu``).
+
+Each type is one independent job on Ray (``pip install 'ampgraph[zoo]'``): a local cluster by
+default, any cluster by ``--address`` (``ray start --head`` on one machine, ``ray start
+--address=HEAD:6379`` on the others, then ``--address HEAD:6379``). A job runs the type in its
+own process, bounded by ``--timeout`` seconds (a type that runs past it is recorded as timed
+out). Results are appended as JSON lines to ``--results`` as each type finishes, so a page can
+be written from whatever finished:
+
+    .venv/bin/python scripts/zoo.py --tests-dir /path/to/transformers/tests --results zoo.jsonl
+    .venv/bin/python scripts/zoo.py --tests-dir T -t llama -t bert --results /tmp/z.jsonl
+    .venv/bin/python scripts/zoo.py --page --results docs/zoo-results.jsonl --out docs/zoo.md
+    .venv/bin/python scripts/zoo.py --tests-dir T --export-slice tests/data/zoo_slice.json
+
+``--one TYPE`` (what each job runs) prints one type's JSON record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+import unittest
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
+from matrix_harness import AMP_DTYPES, SETTINGS, compare, one_line, verify_cpu  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_COMBOS = ("amp-fp32 bf16",)
+#: Input keys a tester returns that are targets, not a forward call's inputs of the base model.
+LABEL_KEYS = ("labels", "start_positions", "end_positions", "next_sentence_label", "mc_labels")
+
+
+class _Lenient(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A ``tests.*`` module that is not on disk (the generation and export mixins a test file
+    imports beside its tester) as an empty module whose every name is an empty class: a tester
+    needs none of them, and the suite's own helpers (``ids_tensor``...) stay the real ones."""
+
+    def __init__(self, tests_dir: Path) -> None:
+        self.tests_dir = tests_dir
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if not name.startswith("tests.") or _on_disk(self.tests_dir, name):
+            return None
+        return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        module = types.ModuleType(spec.name)
+        module.__path__ = []  # type: ignore[attr-defined]
+        module.__getattr__ = lambda attr: type(attr, (), {})  # type: ignore[attr-defined]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def _on_disk(tests_dir: Path, name: str) -> bool:
+    rel = Path(*name.split(".")[1:])
+    return (tests_dir / rel).is_dir() or (tests_dir / rel).with_suffix(".py").is_file()
+
+
+def use_tests(tests_dir: Path) -> None:
+    """Make ``tests_dir`` (a transformers checkout's ``tests/``) importable as ``tests``."""
+    tests_dir = tests_dir.resolve()
+    sys.path.insert(0, str(tests_dir.parent))
+    sys.meta_path.append(_Lenient(tests_dir))
+
+
+class _Parent(unittest.TestCase):
+    """The dummy test case a tester is given as its ``parent``."""
+
+    def runTest(self) -> None:  # noqa: N802 - unittest's name
+        pass
+
+
+def model_types() -> list[str]:
+    """Every model type of the installed transformers that has a base model class."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return sorted(MODEL_MAPPING_NAMES)
+
+
+def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
+    """``model_type``'s tester instance and where it came from (its test file, or transformers'
+    generic causal LM tester)."""
+    module_name = f"tests.models.{model_type}.test_modeling_{model_type}"
+    if _on_disk(tests_dir, module_name):
+        module = importlib.import_module(module_name)
+        testers = [
+            v for k, v in vars(module).items()
+            if k.endswith("ModelTester") and isinstance(v, type) and v.__module__ == module_name
+        ]  # fmt: skip
+        if not testers:
+            raise LookupError(f"{module_name} has no *ModelTester class")
+        return testers[0](_Parent()), f"tests/models/{model_type}/test_modeling_{model_type}.py"
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise LookupError("no test file here, and not a causal LM (no generic tester)")
+    base = importlib.import_module("tests.causal_lm_tester").CausalLMModelTester
+    attrs = {
+        "config_class": CONFIG_MAPPING[model_type],
+        "base_model_class": getattr(transformers, auto.MODEL_MAPPING_NAMES[model_type]),
+        "causal_lm_class": getattr(
+            transformers, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+        ),
+    }
+    tester = type(f"{model_type}Tester", (base,), attrs)(_Parent())
+    return tester, "tests/causal_lm_tester.py (CausalLMModelTester)"
+
+
+def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, Any], str]:
+    """The tiny config, the base model's forward inputs and the tester's source."""
+    import torch
+
+    torch.manual_seed(0)
+    tester, source = model_tester(model_type, tests_dir)
+    config, inputs = tester.prepare_config_and_inputs_for_common()
+    inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
+    return config, inputs, source
+
+
+def build(model_type: str, config: Any, inputs: dict[str, Any]) -> Any:
+    """The base model of ``model_type`` from ``config``, in eval mode, as a ``ModelInputs``."""
+    import torch
+    from transformers import AutoModel
+
+    from ampgraph.model.build import ModelInputs
+
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    return ModelInputs(model_type, model, (), dict(inputs))
+
+
+def classify(text: str) -> str:
+    """The mechanism behind a failure's one line (the classes issue 42 names, else ``other``).
+
+    >>> classify("_apply(): Couldn't swap Linear.weight")
+    'swapped modules'
+    >>> classify("timed out after 600 s")
+    'timed out'
+    >>> classify("Expected mat_a stride along 0 dim to be multiple of 16 bytes, got 12.")
+    'compile-only branch (grouped_mm)'
+    """
+    low = text.lower()
+    rules = (
+        ("timed out", "timed out"),
+        ("running low on memory", "killed by Ray's memory monitor (a shared machine)"),
+        # transformers' grouped_mm takes its fallback op when torch.compiler.is_compiling(), which
+        # the make_fx capture reports as True; the real CUDA run calls F.grouped_mm, whose
+        # 16-byte stride check the tests' tiny expert widths fail.
+        ("stride along", "compile-only branch (grouped_mm)"),
+        # peft's DoraLinearLayer calls the lora_A/lora_B modules it is given: its hook fires after
+        # theirs, the capture lists its line first.
+        ("lora_magnitude_vector", "call order of a module that calls modules it is given"),
+        ("couldn't swap", "swapped modules"),
+        (".item()", ".item()"),
+        ("data-dependent", "value-dependent shapes"),
+        ("unbacked", "value-dependent shapes"),
+        ("size 0", "value-dependent shapes"),
+        ("zero-length", "value-dependent shapes"),
+        ("is_grad_enabled", "grad mode"),
+        ("inference_mode", "grad mode"),
+        ("out of memory", "out of memory"),
+        ("not implemented for", "kernel missing on the CPU"),
+    )
+    return next((m for key, m in rules if key in low), "other")
+
+
+def plain_run(model: Any) -> str | None:
+    """The error of one plain forward of ``model`` (fp32, CPU, no autocast), or None: tells a
+    capture that fails from a model (or a tester's config) that fails in any run."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            model.module(*model.args, **model.kwargs)
+    except Exception as exc:  # noqa: BLE001 - what the model itself raises is the finding
+        return f"{type(exc).__name__}: {one_line(exc)}"
+    return None
+
+
+def _check(model: Any, setting: str, amp: str) -> dict[str, Any]:
+    cell = compare(model, setting, amp)
+    return {
+        "agrees": cell.agrees, "nodes": cell.nodes, "compared": cell.compared,
+        "disagreements": cell.disagreements, "hooks": [cell.hooks_agree, cell.hooks],
+        "failure": cell.failure, "first_difference": cell.first_difference, "raises": cell.raises,
+    }  # fmt: skip
+
+
+def _verify(model: Any, setting: str, amp: str) -> dict[str, Any]:
+    v = verify_cpu(model, setting, amp)
+    return {
+        "ok": v.ok, "nodes": list(v.nodes), "casts": list(v.casts),
+        "disagreements": v.disagreements, "failure": v.failure, "first": v.first,
+    }  # fmt: skip
+
+
+def maker(name: str, tests_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """A builder of ``name`` afresh (a transformers model type, or an entry of
+    ``zoo_beyond.MODELS``) and what the record says of where it came from."""
+    if "/" in name:
+        beyond = importlib.import_module("zoo_beyond")
+        library, family = beyond.MODELS[name][:2]
+        return (lambda: beyond.build(name)), {"tester": f"{library}: {family}", "library": library}
+    config, inputs, source = config_and_inputs(name, tests_dir)
+
+    def make() -> Any:  # afresh from the tester: a forward may change its model or inputs
+        return build(name, *config_and_inputs(name, tests_dir)[:2])
+
+    return make, {"tester": source, "library": "transformers"}
+
+
+def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
+    """One model type in ``combos`` (``"amp-fp32 bf16"``...): its JSON record."""
+    import torch
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    rec: dict[str, Any] = {"type": name, "builds": False, "cells": {}}
+    try:
+        make, where = maker(name, tests_dir)
+        rec.update(where)
+        model = make()
+    except Exception as exc:  # noqa: BLE001 - a type that does not build is a line on the page
+        rec["build_error"] = f"{type(exc).__name__}: {one_line(exc)}"
+        rec["seconds"] = round(time.perf_counter() - start, 1)
+        return rec
+    rec["builds"] = True
+    rec["model_class"] = type(model.module).__name__
+    rec["params"] = sum(p.numel() for p in model.module.parameters())
+    for combo in combos:
+        setting, amp = combo.split()
+        cells = {}
+        for cell, fn in (("check", _check), ("verify", _verify)):
+            try:
+                cells[cell] = fn(make(), setting, amp)
+            except Exception as exc:  # noqa: BLE001 - the harness's own failure, recorded
+                cells[cell] = {"failure": f"{type(exc).__name__}: {one_line(exc)}"}
+        if cells["check"].get("failure"):  # on a fresh model: the capture may have moved it
+            cells["check"]["plain_run"] = plain_run(make())
+        rec["cells"][combo] = cells
+    rec["seconds"] = round(time.perf_counter() - start, 1)
+    return rec
+
+
+def job(model_type: str, tests_dir: str, combos: list[str], timeout: float) -> dict[str, Any]:
+    """One type in its own process, bounded by ``timeout`` seconds (what a Ray task runs)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type,
+           "--tests-dir", tests_dir, *[a for c in combos for a in ("--combo", c)]]  # fmt: skip
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"type": model_type, "timed_out": True, "seconds": round(timeout, 1),
+                "build_error": f"timed out after {timeout:.0f} s"}  # fmt: skip
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        seconds = round(time.perf_counter() - start, 1)
+        return {"type": model_type, "crashed": True, "seconds": seconds,
+                "build_error": f"process ended with {done.returncode}: {tail}"}  # fmt: skip
+    return json.loads(lines[-1])
+
+
+def run_ray(names: list[str], args: argparse.Namespace) -> None:
+    """Every type in ``names`` a Ray task; each record appended to ``args.results`` as it lands."""
+    try:
+        import ray
+    except ImportError:
+        sys.exit("Error: the zoo runs on Ray: pip install 'ampgraph[zoo]' (or pip install ray)")
+    ray.init(address=args.address, num_cpus=None if args.address else args.workers,
+             include_dashboard=False, log_to_driver=False)  # fmt: skip
+    remote = ray.remote(num_cpus=1, max_retries=0)(job)
+    pending = {remote.remote(n, str(args.tests_dir), args.combo, args.timeout): n for n in names}
+    with open(args.results, "a") as out:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            name = pending.pop(ready[0])
+            try:
+                rec = ray.get(ready[0])
+            except Exception as exc:  # noqa: BLE001 - a lost task is a line on the page
+                rec = {"type": name, "crashed": True, "build_error": one_line(exc)}
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+            print(f"zoo: {name}: {status(rec)} ({len(pending)} left)", file=sys.stderr, flush=True)
+
+
+def status(rec: dict[str, Any]) -> str:
+    """A record's verdict: ``exact``, ``not exact``, ``not analysable``, ``does not build``,
+    ``timed out``.
+
+    >>> status({"builds": True, "cells": {"amp-fp32 bf16": {"check": {"agrees": True},
+    ...                                                     "verify": {"ok": True}}}})
+    'exact'
+    """
+    if rec.get("timed_out"):
+        return "timed out"
+    if rec.get("crashed"):
+        return "crashed"
+    if not rec.get("builds"):
+        return "does not build"
+    cells = [c for combo in rec["cells"].values() for c in combo.values()]
+    if any(c.get("plain_run") for c in cells):
+        return "raises in a plain run"
+    if any(c.get("failure") for c in cells):
+        return "not analysable"
+    if all(c.get("agrees", c.get("ok")) for c in cells):
+        return "exact"
+    return "not exact"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests-dir", type=Path, help="a transformers checkout's tests/")
+    parser.add_argument("-t", "--type", action="append", help="model type (repeatable)")
+    parser.add_argument("--combo", action="append", help='"SETTING DTYPE" (default amp-fp32 bf16)')
+    parser.add_argument("--all-combos", action="store_true", help="the four settings x bf16/fp16")
+    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "zoo-results.jsonl")
+    parser.add_argument("--address", help="a Ray cluster's address (default: a local one)")
+    parser.add_argument("--workers", type=int, default=2, help="local Ray workers")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per type")
+    parser.add_argument("--skip-done", action="store_true", help="skip types already in --results")
+    parser.add_argument("--beyond", action="store_true",
+                        help="diffusers, peft and timm families (scripts/zoo_beyond.py) instead")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--page", action="store_true", help="write the page from --results")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "zoo.md")
+    parser.add_argument("--note", default="", help="what the page says of this run's machine")
+    parser.add_argument("--export-slice", type=Path, help="write the suite's slice data here")
+    args = parser.parse_args(argv)
+    if args.page:
+        from zoo_page import write_page
+
+        write_page(args.results, args.out, args.note)
+        return 0
+    if args.tests_dir is None:
+        parser.error("--tests-dir is required (a transformers checkout's tests/)")
+    use_tests(args.tests_dir)
+    args.combo = (
+        [f"{s} {a}" for a in AMP_DTYPES for s in SETTINGS] if args.all_combos
+        else args.combo or list(DEFAULT_COMBOS)
+    )  # fmt: skip
+    if args.one:
+        print(json.dumps(run_one(args.one, args.tests_dir, args.combo)))
+        return 0
+    if args.export_slice:
+        from zoo_page import export_slice
+
+        export_slice(args.type or [], args.tests_dir, args.export_slice)
+        return 0
+    names = args.type or (list(importlib.import_module("zoo_beyond").MODELS) if args.beyond
+                          else model_types())
+    if args.skip_done and args.results.exists():
+        done = {json.loads(ln)["type"] for ln in args.results.read_text().splitlines() if ln}
+        names = [n for n in names if n not in done]
+    names = _without_tester(names, args.tests_dir, args.results)
+    run_ray(names, args)
+    return 0
+
+
+def has_tester(model_type: str, tests_dir: Path) -> bool:
+    """Whether ``model_type`` has a test file in ``tests_dir`` or the generic causal LM tester."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    module = f"tests.models.{model_type}.test_modeling_{model_type}"
+    return ("/" in model_type or _on_disk(tests_dir, module)
+            or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _without_tester(names: list[str], tests_dir: Path, results: Path) -> list[str]:
+    """``names`` that have a tester; the others recorded at once (no job to run)."""
+    with open(results, "a") as out:
+        for name in names:
+            if not has_tester(name, tests_dir):
+                rec = {"type": name, "no_tester": True, "build_error": "no tester here"}
+                out.write(json.dumps(rec) + "\n")
+    return [n for n in names if has_tester(n, tests_dir)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The zoo's page (docs/zoo.md) from its JSON lines, and the suite's slice data (issue 42).
+
+``scripts/zoo.py --page`` and ``--export-slice`` call these; the results file is the record of
+the run (one JSON object per model type, the last one for a type wins, so a rerun of some types
+appended to the file replaces their lines).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from zoo import ROOT, classify, config_and_inputs, model_types, status  # noqa: E402
+
+#: The mechanisms the capture fix of issue 42 (the ``zoofix`` branch) addresses.
+FIX_CLASSES = ("grad mode", "lines before a raise", "swapped modules", "value-dependent shapes",
+               ".item()")  # fmt: skip
+
+
+def load(results: Path) -> dict[str, dict[str, Any]]:
+    """Every type's last record in ``results``, by type."""
+    records: dict[str, dict[str, Any]] = {}
+    for line in results.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            records[rec["type"]] = rec
+    return records
+
+
+def mechanism(rec: dict[str, Any]) -> str:
+    """Why a type is not exact, as one phrase and the evidence's first line.
+
+    >>> mechanism({"build_error": "LookupError: no tester here", "builds": False})
+    'other: LookupError: no tester here'
+    """
+    if not rec.get("builds"):
+        text = rec.get("build_error", "")
+        return f"{classify(text)}: {text}"
+    for combo, cells in rec["cells"].items():
+        for name, cell in cells.items():
+            if cell.get("failure") and cell.get("plain_run"):
+                return (f"the model raises in a plain fp32 run too (the tester's config): "
+                        f"{cell['plain_run']}")
+            if cell.get("failure"):
+                return f"{classify(cell['failure'])} ({name}, {combo}): {cell['failure']}"
+            if cell.get("raises") and not cell.get("agrees"):
+                return (f"{classify(cell['raises'])}: the real run raises where the capture "
+                        f"does not ({name}, {combo}): {cell['raises']}")  # fmt: skip
+            if not cell.get("agrees", cell.get("ok")):
+                why = cell.get("first_difference") or cell.get("first") or "no line compared"
+                return f"{classify(why)} ({name}, {combo}): {why}"
+    return "exact"
+
+
+def _cell(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text.replace("|", "\\|")
+
+
+def _counts(records: dict[str, dict[str, Any]]) -> list[str]:
+    tried = [r for r in records.values() if not r.get("no_tester")]
+    counts = Counter(status(r) for r in tried)
+    died = counts["does not build"] + counts["timed out"] + counts["crashed"]
+    return [
+        "| | types |",
+        "| --- | --- |",
+        f"| run | {len(tried)} |",
+        f"| build | {len(tried) - died} |",
+        f"| raise in a plain fp32 run too (the tester's config, not a capture) | "
+        f"{counts['raises in a plain run']} |",
+        f"| analysable | {counts['exact'] + counts['not exact']} |",
+        f"| exact | {counts['exact']} |",
+        f"| timed out | {counts['timed out']} |",
+        f"| the job's process died | {counts['crashed']} |",
+    ]
+
+
+def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| type | tester | status | mechanism |", "| --- | --- | --- | --- |"]
+    for name, rec in sorted(records.items()):
+        if rec.get("no_tester") or status(rec) == "exact":
+            continue
+        mech = mechanism(rec)
+        fixed = mech.split(" (")[0].split(":")[0] in FIX_CLASSES
+        fix = " (issue 42's capture fix)" if fixed else ""
+        lines.append(f"| {name} | {_cell(rec.get('tester', '-'), 60)} | {status(rec)} | "
+                     f"{_cell(mech)}{fix} |")  # fmt: skip
+    exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
+    return [*lines, "", f"Exact ({len(exact)}): {', '.join(exact) or 'none'}.", ""]
+
+
+def _slice_names() -> list[str]:
+    return sorted(json.loads((ROOT / "tests" / "data" / "zoo_slice.json").read_text()))
+
+
+def page(records: dict[str, dict[str, Any]]) -> str:
+    """docs/zoo.md's Markdown: the transformers zoo, then diffusers, peft and timm."""
+    hf = {n: r for n, r in records.items() if "/" not in n}
+    beyond = {n: r for n, r in records.items() if "/" in n}
+    combos = sorted({c for r in records.values() for c in r.get("cells", {})})
+    total = len(set(model_types()) | set(hf))
+    untested = sum(bool(r.get("no_tester")) for r in hf.values())
+    return "\n".join([
+        "# The transformers zoo, as a number",
+        "",
+        "Every model type of the installed transformers that has a base model class, built from "
+        "its own tests' tiny config and inputs (`scripts/zoo.py`, issue 42), analysed by ampgraph: "
+        "`check` (the CUDA policy on the dispatcher, and the eager model's forward hooks on fake "
+        "CUDA tensors running the real autocast kernels) and `verify --device cpu` (the CPU "
+        "policy, "
+        f"real CPU kernels), in {', '.join(f'`{c}`' for c in combos) or 'no combination yet'}.",
+        "",
+        f"**{total} model types** have a base model class; {untested} had no tester here (see "
+        f"*How it was made*) and {total - len(hf)} were not reached before the run was stopped.",
+        "",
+        *_counts(hf),
+        "",
+        "A type is *analysable* when every cell was captured and verified (no failure), *exact* "
+        "when every node agrees with the dispatcher, every hook line with the eager run's and "
+        "every CPU node, module and cast with the real CPU run's.",
+        "",
+        "The other combinations, on a sample: the suite's slice (`tests/test_zoo_slice.py`, the "
+        f"types of `tests/data/zoo_slice.json`: {', '.join(_slice_names())}) runs every one of "
+        "the four settings x bf16/fp16 against the dispatcher and the eager hooks, and "
+        "`verify --device cpu` in `amp-fp32 bf16`, and requires each to be exact; "
+        "`scripts/zoo.py --all-combos` runs them all on the whole zoo.",
+        "",
+        "## Every type that is not exact, and why",
+        "",
+        f"Mechanisms the capture fix of issue 42 addresses: {', '.join(FIX_CLASSES)}; a type "
+        "whose mechanism is one of them says so.",
+        "",
+        *_misses(hf),
+        "## Beyond transformers: diffusers, peft, timm",
+        "",
+        "The same rules (`scripts/zoo_beyond.py`, run by `scripts/zoo.py --beyond`): each model "
+        "built small, random weights, both oracles in the same combinations.",
+        "",
+        *_counts(beyond),
+        "",
+        *_misses(beyond),
+    ])
+
+
+def write_page(results: Path, out: Path, note: str = "") -> None:
+    """Write ``out`` from ``results`` (``note``: what to say of this run's machine)."""
+    records = load(results)
+    hf = [r for r in records.values() if "/" not in r["type"] and "tester" in r]
+    sources = Counter(r["tester"] for r in hf)
+    used = "; ".join(f"{n} from `{s}`" for s, n in sorted(sources.items(), key=lambda x: -x[1]))
+    this_run = f"**This run.** Testers: {used or 'none'}. {note}".strip()
+    out.write_text(page(records) + _footer(results) + "\n" + this_run + "\n")
+
+
+def _footer(results: Path) -> str:
+    return "\n".join([
+        "",
+        "## How it was made, and how to run it on more machines",
+        "",
+        "Each model type's tester is the `*ModelTester` class of "
+        "`tests/models/<type>/test_modeling_<type>.py` in a transformers checkout at the installed "
+        "release, given a dummy `unittest.TestCase` as its parent; a causal LM type whose test "
+        "file is not there gets transformers' generic `CausalLMModelTester` "
+        "(`tests/causal_lm_tester.py`) with its config and base model classes. The base model "
+        "(`AutoModel.from_config`, eager attention) is called with the tester's "
+        "`prepare_config_and_inputs_for_common()` inputs, labels dropped.",
+        "",
+        "```bash",
+        "pip install 'ampgraph[zoo]'                 # ray and the libraries it builds",
+        "git clone https://github.com/huggingface/transformers",
+        "V=$(python -c 'import transformers; print(transformers.__version__)')",
+        "git -C transformers checkout v$V",
+        "T=transformers/tests",
+        "python scripts/zoo.py --tests-dir $T --results zoo.jsonl                # one combination",
+        "python scripts/zoo.py --tests-dir $T --all-combos --results zoo.jsonl   # all eight",
+        "python scripts/zoo.py --tests-dir $T --beyond --results zoo.jsonl       # diffusers...",
+        "python scripts/zoo.py --page --results zoo.jsonl --out docs/zoo.md",
+        "```",
+        "",
+        "Every model type is one Ray task (`ray.remote`, one CPU each) that runs the type in its "
+        "own process, bounded by `--timeout` seconds; a type that runs past it is recorded as "
+        "timed out. On more machines: `ray start --head` on one, `ray start --address=HEAD:6379` "
+        "on each of the others (each with ampgraph, its extras and the transformers checkout at "
+        "the same path), then pass `--address HEAD:6379`. Results are appended as JSON lines as "
+        "each task lands; `--skip-done` resumes a stopped run, and the page is written from "
+        f"whatever finished: this page from `{results.name}` beside it.",
+        "",
+    ])
+
+
+def _tensor(value: Any) -> dict[str, Any]:
+    """A tensor as JSON: integer values kept (ids and masks steer a forward), floating ones as
+    their shape and dtype only (the suite draws them from seed 0: only the dtype flows)."""
+    out = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if not value.is_floating_point():
+        out["values"] = value.flatten().tolist()
+    return out
+
+
+def export_slice(names: list[str], tests_dir: Path, out: Path) -> None:
+    """Each of ``names``' tiny config and inputs as JSON (the suite's slice, no transformers
+    checkout needed to rebuild them)."""
+    data = {}
+    for name in names:
+        config, inputs, source = config_and_inputs(name, tests_dir)
+        data[name] = {
+            "tester": source,
+            "config": config.to_diff_dict(),
+            "inputs": {k: _tensor(v) for k, v in inputs.items()},
+        }
+    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
