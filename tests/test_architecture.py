@@ -25,7 +25,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("annotate",),  # graph -> annotated nodes, the dispatcher check
     ("train",),  # the backward pass, its check, saved-activation memory
     ("pipeline",),  # one call over the stages above, the cache, workers
-    ("verify",),  # against real execution (the training step's too): analyses through pipeline
+    # against real execution (the training step's too): analyses through pipeline; torchao's
+    # FP8 recipes (which Linears convert, the traced FP8 graph, its proof on the real kernels)
+    ("verify", "fp8"),
     ("ranges", "review"),  # value ranges; what a reviewer reads (audit, diff, baseline, ...)
     ("formats",),  # text, Markdown, JSON, SARIF: one module per format
     ("render",),  # records -> Graphviz, torch-free

@@ -24,6 +24,7 @@ from ampgraph.cli import (
     analyze_commands,
     baseline_commands,
     cache_commands,
+    fp8_commands,
     ranges_commands,
     reference_commands,
     review_commands,
@@ -90,6 +91,7 @@ for _command in (
     reference_commands.models, reference_commands.policy_command, analyze_commands.render,
     review_commands.audit, analyze_commands.verify, review_commands.diff_command,
     baseline_commands.baseline_group, ranges_commands.ranges_command,
+    fp8_commands.fp8_command, fp8_commands.fp8_ranges_command,
 ):  # fmt: skip
     main.add_command(_command)
 del _command
