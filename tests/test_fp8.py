@@ -147,3 +147,10 @@ def test_cli_fp8_check() -> None:
     assert out.returncode == 0, out.stderr
     assert "bf16  head  [32x64]  filtered by name (matches 'head')" in out.stdout
     assert "check: all 15 GEMMs agree with a real CPU run" in out.stdout
+
+
+def test_recipe_option_points_to_the_fp8_commands() -> None:
+    from ampgraph.recipes import parse_recipe
+
+    with pytest.raises(SettingError, match="ampgraph fp8 --recipe 'torchao:rowwise'"):
+        parse_recipe("torchao:rowwise")

@@ -80,8 +80,11 @@ def _graph_text(graph: Any) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
+@click.option("--dot", "dot_module", metavar="MODULE", default=None,
+              help="Print Graphviz source of MODULE's forward nodes instead (torchao's amax, "
+              "scales, FP8 casts and _scaled_mm).")
 def fp8_command(model: str, recipe_text: str, pass_: str, check: bool, seq_len: int,
-                seed: int, fmt: str) -> None:
+                seed: int, fmt: str, dot_module: str | None) -> None:
     """Which GEMMs torchao's FP8 recipe runs in which format, traced from torchao's own code.
 
     \b
@@ -95,6 +98,15 @@ def fp8_command(model: str, recipe_text: str, pass_: str, check: bool, seq_len: 
     recipe = _recipe(recipe_text)
     built = _build(model, seq_len)
     graph = trace_fp8(built, recipe, train=pass_ == "train")
+    if dot_module is not None:
+        from ampgraph.fp8.graph import flow_dot
+
+        if not any(n.module == dot_module for n in graph.nodes):
+            raise click.BadParameter(f"no forward node of module {dot_module!r}",
+                                     param_hint="'--dot'")
+        progress_done()
+        click.echo(flow_dot(graph, dot_module), nl=False)
+        return
     proof = None
     if check:
         from ampgraph.fp8.proof import prove_gemms

@@ -237,3 +237,34 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
     with _marking(converted):
         gm = make_fx(forward, tracing_mode="fake")(state, args, kwargs)
     return Fp8Graph(recipe, plans, annotate(gm), gm)
+
+
+def _label(n: fx.Node) -> str:
+    val = n.meta.get("val")
+    dtype = short(val.dtype) if isinstance(val, torch.Tensor) else ""
+    op = getattr(n.target, "_opname", str(n.target)) if n.op == "call_function" else n.name
+    return f"{op}\\n{dtype}" if dtype else op
+
+
+def flow_dot(graph: Fp8Graph, module: str) -> str:
+    """Graphviz source of one module's forward nodes (its inputs as plain boxes): torchao's
+    amax, scale arithmetic, casts to FP8 and ``_scaled_mm``, coloured by role."""
+    colour = {"gemm-fp8": "#f4a261", "cast-fp8": "#e9c46a", "scale": "#a8dadc",
+              "gemm-bf16": "#90be6d", "gemm-mixed": "#e63946"}
+    roles = {n.name: n.role for n in graph.nodes}
+    inside = [n for n in graph.graph.graph.nodes if n.meta.get("fp8_module") == module
+              and n.op == "call_function"]
+    names = {n.name for n in inside}
+    lines = [f'digraph "{module}" {{', "  rankdir=TB; node [shape=box, style=filled, "
+             'fontname="Helvetica", fontsize=10, fillcolor="#ffffff"];']
+    outer = set()
+    for n in inside:
+        fill = colour.get(roles.get(n.name, ""), "#eeeeee")
+        lines.append(f'  "{n.name}" [label="{_label(n)}", fillcolor="{fill}"];')
+        for a in n.all_input_nodes:
+            if a.name not in names and a.name not in outer:
+                outer.add(a.name)
+                lines.append(f'  "{a.name}" [label="{_label(a)}", style=dashed];')
+            lines.append(f'  "{a.name}" -> "{n.name}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
