@@ -44,11 +44,23 @@ INSTALL = "pip install 'ampgraph[fp8]' (torchao 0.18)"
 
 
 def torchao_float8() -> Any:
-    """``torchao.float8``, or a one-line :class:`SettingError` saying what to install."""
+    """``torchao.float8``, or a one-line :class:`SettingError` saying what to install.
+
+    torchao 0.18 registers enums that torch 2.14 logs a deprecation warning for, a line each on
+    stderr at import: quietened here, since they say nothing about the user's model.
+    """
+    import logging
+
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
     try:
         import torchao.float8 as float8
+        import torchao.prototype.mx_formats.mx_tensor  # noqa: F401  (the MX casts, same warnings)
     except ImportError as exc:
         raise SettingError(f"FP8 recipes need torchao, which is not installed: {INSTALL}") from exc
+    finally:
+        pytree_log.setLevel(level)
     return float8
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.fp8.recipes import Fp8Recipe, operand_formats, plan_model
+from ampgraph.fp8.recipes import Fp8Recipe, operand_formats, plan_model, torchao_float8
 from ampgraph.model.build import ModelInputs
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -131,6 +131,7 @@ def torchao_counts(x: torch.Tensor, fmt: str, scaling: str, *, pow2: bool = Fals
     ...     assert predict(x, "e4m3", scaling) == torchao_counts(x, "e4m3", scaling), scaling
     """
     x = x.float().contiguous()
+    torchao_float8()  # torchao installed (else one line saying what to install), imported quietly
     if scaling.startswith("mx-"):
         from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode, to_mx
 
