@@ -154,3 +154,16 @@ def test_recipe_option_points_to_the_fp8_commands() -> None:
 
     with pytest.raises(SettingError, match="ampgraph fp8 --recipe 'torchao:rowwise'"):
         parse_recipe("torchao:rowwise")
+
+
+def test_flow_dot_is_one_linears_torchao_nodes() -> None:
+    import shutil
+
+    from ampgraph.fp8.graph import flow_dot
+
+    graph = trace_fp8(_mlp()[0], parse_fp8_recipe("torchao:tensorwise"))
+    source = flow_dot(graph, "2")
+    assert source.count("_scaled_mm") == 1 and source.count("e4m3") >= 2
+    assert "amax" in source and "reciprocal" in source
+    if shutil.which("dot"):
+        subprocess.run(["dot", "-Tsvg"], input=source, text=True, check=True, capture_output=True)

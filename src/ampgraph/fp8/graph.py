@@ -255,7 +255,8 @@ def flow_dot(graph: Fp8Graph, module: str) -> str:
     inside = [n for n in graph.graph.graph.nodes if n.meta.get("fp8_module") == module
               and n.op == "call_function"]
     names = {n.name for n in inside}
-    lines = [f'digraph "{module}" {{', "  rankdir=TB; node [shape=box, style=filled, "
+    # The module's name stays out of the source: add_module accepts any string, quotes too.
+    lines = ["digraph fp8 {", "  rankdir=TB; node [shape=box, style=filled, "
              'fontname="Helvetica", fontsize=10, fillcolor="#ffffff"];']
     outer = set()
     for n in inside:

@@ -21,6 +21,7 @@ counts the same on torchao's real conversion of the same tensors.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -272,8 +273,8 @@ def filter_code(fqns: Sequence[str]) -> str:
         f"KEEP_BF16 = {list(fqns)!r}",
         "def keep_fp8(mod, fqn):",
         "    return not any(f in fqn for f in KEEP_BF16)",
-        "# torchtitan (job config, float8 section): filter_fqns = "
-        + "[" + ", ".join(f'"{f}"' for f in fqns) + "]",
+        # JSON strings are TOML basic strings: a name with a quote stays one string.
+        "# torchtitan (job config, float8 section): filter_fqns = " + json.dumps(list(fqns)),
     ])
 
 
