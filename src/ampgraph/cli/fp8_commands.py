@@ -64,8 +64,8 @@ def _graph_text(graph: Any) -> str:
                       if role == "gemm-mixed" else "")
             lines.append(f"  {n:4d} x {op}({', '.join(ins)}){how} -> {out}{raises}")
     roles = Counter(n.role for n in graph.nodes)
-    lines.append(f"scale nodes {roles['scale']}, casts to FP8 {roles['cast-fp8']}, "
-                 f"other nodes {roles['other']}")
+    lines.append(f"scale computation {roles['scale']} nodes, operand scaling and clamps "
+                 f"{roles['scaling']}, casts to FP8 {roles['cast-fp8']}, other {roles['other']}")
     return "\n".join(lines)
 
 

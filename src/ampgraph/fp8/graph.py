@@ -24,8 +24,6 @@ from ampgraph.model.build import ModelInputs
 
 #: Matrix products (after make_fx's decomposition of linear/matmul).
 GEMM_OPS = frozenset({"_scaled_mm", "mm", "addmm", "bmm", "baddbmm"})
-#: torchao's scale computation: amax, the 448/amax arithmetic, the power-of-two rounding.
-SCALE_OPS = frozenset({"amax", "reciprocal", "clamp", "log2", "floor", "exp2", "abs"})
 FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
@@ -108,9 +106,41 @@ def _role(n: fx.Node, out: str) -> tuple[str, tuple[str, ...]]:
         return f"gemm-{out}", ()
     if name == "_to_copy" and out in FP8_DTYPES.values():
         return "cast-fp8", ()
-    if name in SCALE_OPS:
-        return "scale", ()
     return "other", ()
+
+
+def _module_ancestors(start: list[Any], module: Any) -> set[str]:
+    """Names of the nodes ``start`` depends on inside the same module's call (start included)."""
+    seen: set[str] = set()
+    todo = [a for a in start if isinstance(a, fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n.name in seen or n.op != "call_function" or n.meta.get("fp8_module") != module:
+            continue
+        seen.add(n.name)
+        todo.extend(n.all_input_nodes)
+    return seen
+
+
+def _scale_roles(gm: fx.GraphModule) -> dict[str, str]:
+    """By data flow, not op name: ``scale`` for the nodes that compute a ``_scaled_mm``'s
+    scales (amax, 448/amax, rounding), ``scaling`` for those that scale and clamp an operand
+    before its cast to FP8."""
+    roles: dict[str, str] = {}
+    for n in gm.graph.nodes:
+        if getattr(n.target, "_opname", "") != "_scaled_mm":
+            continue
+        module = n.meta.get("fp8_module")
+        scales = _module_ancestors(list(n.args[2:4]), module)
+        for name in scales:
+            roles[name] = "scale"
+        casts = [a for a in gm.graph.nodes if a.name in _module_ancestors(list(n.args[:2]), module)
+                 and a.target == torch.ops.aten._to_copy.default
+                 and short(a.meta["val"].dtype) in FP8_DTYPES.values()]
+        for cast in casts:
+            for name in _module_ancestors(list(cast.args), module) - scales:
+                roles.setdefault(name, "scaling")
+    return roles
 
 
 def annotate(gm: fx.GraphModule) -> list[Fp8Node]:
@@ -119,12 +149,15 @@ def annotate(gm: fx.GraphModule) -> list[Fp8Node]:
     A node with no module mark comes after the forward: the backward (or the loss).
     """
     out = []
+    flow = _scale_roles(gm)
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
         val = n.meta.get("val")
         dtype_out = short(val.dtype) if isinstance(val, torch.Tensor) else "-"
         role, scaling = _role(n, dtype_out)
+        if role == "other":
+            role = flow.get(n.name, role)
         module = n.meta.get("fp8_module")
         phase = "forward" if n.meta.get("fp8_forward") else "backward"
         ins = tuple(d for d in (_val_dtype(a) for a in n.args) if d is not None)
@@ -250,6 +283,7 @@ def flow_dot(graph: Fp8Graph, module: str) -> str:
     """Graphviz source of one module's forward nodes (its inputs as plain boxes): torchao's
     amax, scale arithmetic, casts to FP8 and ``_scaled_mm``, coloured by role."""
     colour = {"gemm-fp8": "#f4a261", "cast-fp8": "#e9c46a", "scale": "#a8dadc",
+              "scaling": "#d8e2dc",
               "gemm-bf16": "#90be6d", "gemm-mixed": "#e63946"}
     roles = {n.name: n.role for n in graph.nodes}
     inside = [n for n in graph.graph.graph.nodes if n.meta.get("fp8_module") == module
