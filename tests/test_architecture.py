@@ -26,7 +26,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train",),  # the backward pass, its check, saved-activation memory
     ("compiled",),  # what torch.compile (Inductor) runs: its plan, the generated code
     ("pipeline",),  # one call over the stages above, the cache, workers
-    ("verify",),  # against real execution (the training step's too): analyses through pipeline
+    # against real execution (the training step's too): analyses through pipeline; torchao's
+    # FP8 recipes (which Linears convert, the traced FP8 graph, its proof on the real kernels)
+    ("verify", "fp8"),
     ("ranges", "review"),  # value ranges; what a reviewer reads (audit, diff, baseline, ...)
     ("formats",),  # text, Markdown, JSON, SARIF: one module per format
     ("render",),  # records -> Graphviz, torch-free

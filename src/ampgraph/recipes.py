@@ -529,6 +529,12 @@ def parse_recipe(text: str, *, device_type: str = "cuda") -> Recipe:
         )
     family, sep, value = text.strip().partition(":")
     key = family.strip().lower()
+    if key == "torchao":
+        # FP8 converts the model's Linears, which no setting expresses: its own commands.
+        raise SettingError(
+            f"{clip(text)} converts Linears to FP8, which a setting does not express: run "
+            f"ampgraph fp8 --recipe {clip(text)} (the graph) or ampgraph fp8-ranges (survival)"
+        )
     if not sep or key not in FAMILIES or not value.strip():
         raise SettingError(
             f"malformed recipe {clip(text)}: write FAMILY:VALUE, e.g. {', '.join(EXAMPLES[:5])}"

@@ -25,6 +25,7 @@ from ampgraph.cli import (
     baseline_commands,
     cache_commands,
     compiled_commands,
+    fp8_commands,
     ranges_commands,
     reference_commands,
     review_commands,
@@ -92,6 +93,7 @@ for _command in (
     review_commands.audit, analyze_commands.verify, review_commands.diff_command,
     baseline_commands.baseline_group, ranges_commands.ranges_command,
     compiled_commands.compiled,
+    fp8_commands.fp8_command, fp8_commands.fp8_ranges_command,
 ):  # fmt: skip
     main.add_command(_command)
 del _command

@@ -1,0 +1,305 @@
+"""The FP8 forward (and backward), traced from torchao's own module code on fake tensors.
+
+The model is converted by torchao (:func:`ampgraph.fp8.recipes.convert`), then traced with
+``make_fx`` over ``functional_call`` on fake CPU tensors under CPU bf16 autocast, forward alone
+or forward + loss + ``torch.autograd.grad``. What the graph holds is torchao's real code: its
+``abs``/``amax``, its scale arithmetic (``reciprocal``, ``clamp``, power-of-two rounding), the
+``_to_copy`` to ``float8_e4m3fn`` / ``float8_e5m2`` and ``_scaled_mm``. Every node is annotated
+with the module that made it (forward hooks mark the nodes each module's call added) and a role:
+an FP8 GEMM and its operand formats, a bf16 GEMM, a scale computation, a cast to FP8, or other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from ampgraph.fp8.recipes import Fp8Recipe, LinearPlan, convert, plan_model
+from ampgraph.model.build import ModelInputs
+
+#: Matrix products (after make_fx's decomposition of linear/matmul).
+GEMM_OPS = frozenset({"_scaled_mm", "mm", "addmm", "bmm", "baddbmm"})
+FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def short(dtype: Any) -> str:
+    """``e4m3``, ``e5m2``, ``bf16``, ``fp32`` for a torch dtype (or its name).
+
+    >>> short(torch.float8_e4m3fn), short(torch.bfloat16)
+    ('e4m3', 'bf16')
+    """
+    name = str(dtype).removeprefix("torch.")
+    return FP8_DTYPES.get(name, {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(
+        name, name))
+
+
+@dataclass(frozen=True)
+class Fp8Node:
+    """One node of the traced graph, annotated."""
+
+    name: str
+    op: str
+    module: str
+    phase: str
+    role: str
+    dtype_in: tuple[str, ...]
+    dtype_out: str
+    #: For a GEMM: each matrix operand's scaling (``tensorwise``, ``rowwise``, ``none``).
+    scaling: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Fp8Graph:
+    """The annotated FP8 graph of one model under one recipe."""
+
+    recipe: Fp8Recipe
+    plans: list[LinearPlan]
+    nodes: list[Fp8Node]
+    graph: fx.GraphModule
+
+    def gemms(self, phase: str | None = None) -> list[Fp8Node]:
+        """The matrix products, in graph order (of one phase when given)."""
+        return [n for n in self.nodes if n.role.startswith("gemm") and phase in (None, n.phase)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record."""
+        return {
+            "recipe": self.recipe.spelling,
+            "linears": [p.to_dict() for p in self.plans],
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+
+def _val_dtype(arg: Any) -> str | None:
+    val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return short(val.dtype) if isinstance(val, torch.Tensor) else None
+
+
+def _scaling(scale: Any, operand: Any) -> str:
+    """A ``_scaled_mm`` scale's granularity, from its shape beside its operand's."""
+    val = scale.meta.get("val") if isinstance(scale, fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return "none"
+    return "tensorwise" if val.numel() == 1 else "rowwise"
+
+
+def _role(n: fx.Node, out: str) -> tuple[str, tuple[str, ...]]:
+    name = getattr(n.target, "_opname", str(n.target))
+    if name == "_scaled_mm":
+        a, b, sa, sb = n.args[:4]
+        return "gemm-fp8", (_scaling(sa, a), _scaling(sb, b))
+    if name in GEMM_OPS:
+        # mm/bmm take their matrices last (addmm's first argument is the bias).
+        mats = {_val_dtype(a) for a in n.args[-2:]}
+        if len(mats) > 1:
+            # Fake kernels accept mm(bf16, fp32); the real CPU and CUDA kernels raise.
+            return "gemm-mixed", ()
+        return f"gemm-{out}", ()
+    if name == "_to_copy" and out in FP8_DTYPES.values():
+        return "cast-fp8", ()
+    return "other", ()
+
+
+def _module_ancestors(start: list[Any], module: Any) -> set[str]:
+    """Names of the nodes ``start`` depends on inside the same module's call (start included)."""
+    seen: set[str] = set()
+    todo = [a for a in start if isinstance(a, fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n.name in seen or n.op != "call_function" or n.meta.get("fp8_module") != module:
+            continue
+        seen.add(n.name)
+        todo.extend(n.all_input_nodes)
+    return seen
+
+
+def _scale_roles(gm: fx.GraphModule) -> dict[str, str]:
+    """By data flow, not op name: ``scale`` for the nodes that compute a ``_scaled_mm``'s
+    scales (amax, 448/amax, rounding), ``scaling`` for those that scale and clamp an operand
+    before its cast to FP8."""
+    roles: dict[str, str] = {}
+    for n in gm.graph.nodes:
+        if getattr(n.target, "_opname", "") != "_scaled_mm":
+            continue
+        module = n.meta.get("fp8_module")
+        scales = _module_ancestors(list(n.args[2:4]), module)
+        for name in scales:
+            roles[name] = "scale"
+        casts = [a for a in gm.graph.nodes if a.name in _module_ancestors(list(n.args[:2]), module)
+                 and a.target == torch.ops.aten._to_copy.default
+                 and short(a.meta["val"].dtype) in FP8_DTYPES.values()]
+        for cast in casts:
+            for name in _module_ancestors(list(cast.args), module) - scales:
+                roles.setdefault(name, "scaling")
+    return roles
+
+
+def annotate(gm: fx.GraphModule) -> list[Fp8Node]:
+    """Each call node of a traced graph as an :class:`Fp8Node` (module from the hooks' marks).
+
+    A node with no module mark comes after the forward: the backward (or the loss).
+    """
+    out = []
+    flow = _scale_roles(gm)
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        val = n.meta.get("val")
+        dtype_out = short(val.dtype) if isinstance(val, torch.Tensor) else "-"
+        role, scaling = _role(n, dtype_out)
+        if role == "other":
+            role = flow.get(n.name, role)
+        module = n.meta.get("fp8_module")
+        phase = "forward" if n.meta.get("fp8_forward") else "backward"
+        ins = tuple(d for d in (_val_dtype(a) for a in n.args) if d is not None)
+        op = getattr(n.target, "_opname", str(n.target))
+        out.append(Fp8Node(n.name, op, module or "", phase, role, ins, dtype_out, scaling))
+    return out
+
+
+@contextmanager
+def _marking(module: nn.Module) -> Iterator[list[Any]]:
+    """Forward hooks that mark the nodes each module's call adds to the graph being traced.
+
+    The innermost module marks first (its hook ends first), so a node keeps its innermost
+    module; the yielded list collects the graphs seen.
+    """
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    starts: dict[int, list[Any]] = {}
+    graphs: list[Any] = []
+
+    def pre(mod: nn.Module, _args: Any) -> None:
+        mode = get_proxy_mode()
+        if mode is not None:
+            graph = mode.tracer.graph
+            starts.setdefault(id(mod), []).append(next(reversed(graph.nodes)))
+
+    def post(fqn: str) -> Any:
+        def hook(mod: nn.Module, _args: Any, _out: Any) -> None:
+            mode = get_proxy_mode()
+            if mode is None or not starts.get(id(mod)):
+                return
+            node = starts[id(mod)].pop().next
+            graphs.append(mode.tracer.graph)
+            while node.op != "root":
+                node.meta.setdefault("fp8_module", fqn)
+                node.meta["fp8_forward"] = True
+                node = node.next
+        return hook
+
+    handles = []
+    for fqn, mod in module.named_modules():
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post(fqn or "(root)")))
+    try:
+        yield graphs
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _fake_inputs(module: nn.Module, model: ModelInputs) -> tuple[Any, ...]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    named = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    with mode:
+        state = {
+            k: torch.empty(v.shape, dtype=v.dtype, device="cpu", requires_grad=v.requires_grad)
+            for k, v in named.items()
+        }
+
+    def fake(x: Any) -> Any:
+        return mode.from_tensor(x.to("cpu")) if isinstance(x, torch.Tensor) else x
+
+    return state, tuple(fake(a) for a in model.args), {k: fake(v) for k, v in model.kwargs.items()}
+
+
+def first_tensor(out: Any) -> torch.Tensor:
+    """The first floating tensor of a model's output (HF's logits), for the loss."""
+    from torch.utils._pytree import tree_leaves
+
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    for leaf in tree_leaves(out):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return leaf
+    raise TypeError("the model returned no floating tensor to take a loss of")
+
+
+def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> Fp8Graph:
+    """Convert ``model`` with torchao, trace it on fake tensors under CPU bf16 autocast.
+
+    ``train`` traces forward + ``sum`` loss + ``torch.autograd.grad`` of the parameters (the
+    backward outside autocast, as PyTorch's AMP recipe runs it).
+
+    >>> m = ModelInputs("mlp", nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)),
+    ...                 (torch.randn(8, 32),))
+    >>> from ampgraph.fp8.recipes import parse_fp8_recipe
+    >>> g = trace_fp8(m, parse_fp8_recipe("torchao:tensorwise"), train=True)
+    >>> [(n.module, n.dtype_in[:2]) for n in g.gemms("forward")]
+    [('0', ('e4m3', 'e4m3')), ('2', ('e4m3', 'e4m3'))]
+    >>> sorted({n.dtype_in[:2] for n in g.gemms("backward")})  # grad_output is e5m2
+    [('e5m2', 'e4m3')]
+    """
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    plans = plan_model(model.module, recipe)
+    converted = convert(model.module, recipe)
+    state, args, kwargs = _fake_inputs(converted, model)
+
+    def forward(state: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with torch.autocast("cpu", torch.bfloat16):
+            out = torch.func.functional_call(converted, state, args, kwargs)
+        if not train:
+            return out
+        params = [v for v in state.values() if v.requires_grad]
+        loss = first_tensor(out).float().sum()
+        return out, torch.autograd.grad(loss, params, allow_unused=True)
+
+    with _marking(converted):
+        gm = make_fx(forward, tracing_mode="fake")(state, args, kwargs)
+    return Fp8Graph(recipe, plans, annotate(gm), gm)
+
+
+def _label(n: fx.Node) -> str:
+    val = n.meta.get("val")
+    dtype = short(val.dtype) if isinstance(val, torch.Tensor) else ""
+    op = getattr(n.target, "_opname", str(n.target)) if n.op == "call_function" else n.name
+    return f"{op}\\n{dtype}" if dtype else op
+
+
+def flow_dot(graph: Fp8Graph, module: str) -> str:
+    """Graphviz source of one module's forward nodes (its inputs as plain boxes): torchao's
+    amax, scale arithmetic, casts to FP8 and ``_scaled_mm``, coloured by role."""
+    colour = {"gemm-fp8": "#f4a261", "cast-fp8": "#e9c46a", "scale": "#a8dadc",
+              "scaling": "#d8e2dc",
+              "gemm-bf16": "#90be6d", "gemm-mixed": "#e63946"}
+    roles = {n.name: n.role for n in graph.nodes}
+    inside = [n for n in graph.graph.graph.nodes if n.meta.get("fp8_module") == module
+              and n.op == "call_function"]
+    names = {n.name for n in inside}
+    # The module's name stays out of the source: add_module accepts any string, quotes too.
+    lines = ["digraph fp8 {", "  rankdir=TB; node [shape=box, style=filled, "
+             'fontname="Helvetica", fontsize=10, fillcolor="#ffffff"];']
+    outer = set()
+    for n in inside:
+        fill = colour.get(roles.get(n.name, ""), "#eeeeee")
+        lines.append(f'  "{n.name}" [label="{_label(n)}", fillcolor="{fill}"];')
+        for a in n.all_input_nodes:
+            if a.name not in names and a.name not in outer:
+                outer.add(a.name)
+                lines.append(f'  "{a.name}" [label="{_label(a)}", style=dashed];')
+            lines.append(f'  "{a.name}" -> "{n.name}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"

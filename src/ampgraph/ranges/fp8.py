@@ -1,0 +1,291 @@
+"""Will it survive FP8? Each FP8/MX GEMM operand's real fp32 values under the recipe's scaling.
+
+One real fp32 run records every Linear's input (and its weight); for each operand the recipe
+casts to FP8, the recipe's scaling is applied as torchao applies it: one scale per tensor
+(``448 / amax``), one per row (rounded down to a power of two in torchao's rowwise recipes), or
+one power-of-two (E8M0) scale per block of 32 values along the reduction dimension (MXFP8; the
+``floor`` rule of the OCP spec and ``MXTensor.to_mx``, or ``rceil``, torchao's MXFP8 training
+recipe). Then it counts, of the non-zero values, those that **flush to zero** (below half of the
+format's smallest subnormal, 2^-10 for e4m3, after scaling), those that **saturate** (at or past
+the format's largest value plus half an ulp, 464 for e4m3: clamped beyond rounding), and the
+**precision lost** (the round trip's RMS error relative to the tensor's RMS). :func:`prove`
+counts the same on torchao's real conversion of the same tensors.
+
+>>> x = torch.full((4, 32), 1e-5); x[0, 0] = 30.0
+>>> s = predict(x, "e4m3", "tensorwise")
+>>> s.zeros, s.nonzero                 # one scale per tensor: the outlier sets it
+(127, 128)
+>>> predict(x, "e4m3", "rowwise", pow2=True).zeros      # one per row: only row 0 loses
+31
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ampgraph.fp8.recipes import Fp8Recipe, operand_formats, plan_model, torchao_float8
+from ampgraph.model.build import ModelInputs
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+#: Half of the smallest subnormal (values at or below it round to zero, ties to even) and the
+#: largest finite value plus half an ulp (values at or past it are clamped beyond rounding).
+FLUSH = {"e4m3": 2.0**-10, "e5m2": 2.0**-17}
+CLAMP = {"e4m3": 464.0, "e5m2": 61440.0}
+MX_BLOCK = 32
+#: ``MXFP8``'s two scale rules (torchao's ``ScaleCalculationMode``), by recipe name.
+MX_RECIPES = {"mxfp8": "rceil", "mxfp8_floor": "floor"}
+
+
+@dataclass(frozen=True)
+class Survival:
+    """How one operand's values fare in one FP8 format and scaling."""
+
+    values: int
+    nonzero: int
+    zeros: int
+    saturated: int
+    rel_error: float
+
+    @property
+    def zero_share(self) -> float:
+        """Of the non-zero values, the share that flush to zero."""
+        return self.zeros / self.nonzero if self.nonzero else 0.0
+
+    @property
+    def saturated_share(self) -> float:
+        """Of the non-zero values, the share clamped at the format's largest value."""
+        return self.saturated / self.nonzero if self.nonzero else 0.0
+
+
+def _rowwise_scale(x: torch.Tensor, fmt: str, per_row: bool, pow2: bool) -> torch.Tensor:
+    """``max / amax`` in float64 then fp32 (torchao's order), optionally rounded down to 2^k."""
+    a = x.abs()
+    amax = a.amax(dim=-1, keepdim=True) if per_row else a.amax()
+    scale = (torch.finfo(FP8[fmt]).max / amax.double().clamp(min=1e-12)).float()
+    return torch.exp2(torch.floor(torch.log2(scale))) if pow2 else scale
+
+
+def _mx_multiplier(blocks: torch.Tensor, fmt: str, rule: str) -> torch.Tensor:
+    """Per block of 32, the power of two the values are multiplied by (1 / the E8M0 scale)."""
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    if rule == "rceil":
+        descale = amax / torch.finfo(FP8[fmt]).max
+        exponent = torch.ceil(torch.log2(descale)).clamp(-127, 127)
+        # E8M0 byte 0 (a zero block) multiplies by one.
+        return torch.where(exponent == -127, torch.ones_like(amax), torch.exp2(-exponent))
+    # floor: the block amax's own exponent field, less the format's largest power of two.
+    emax = {"e4m3": 8, "e5m2": 15}[fmt]
+    exponent = ((amax.view(torch.int32) >> 23) & 0xFF) - 127 - emax
+    scale = torch.exp2(exponent.clamp(-127, 128).float()).clamp(min=2.0**-126)
+    return 1.0 / scale
+
+
+def scaled(x: torch.Tensor, fmt: str, scaling: str, *, pow2: bool = False) -> torch.Tensor:
+    """``x`` (fp32) multiplied by the recipe's scale, before the clamp and the cast."""
+    x = x.float()
+    if scaling.startswith("mx-"):
+        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
+        return (blocks * _mx_multiplier(blocks, fmt, scaling[3:])).reshape(x.shape)
+    return x * _rowwise_scale(x, fmt, scaling == "rowwise", pow2)
+
+
+def _count(x: torch.Tensor, s: torch.Tensor, q: torch.Tensor | None, fmt: str) -> Survival:
+    """Counts from the scaled values ``s`` (and the cast values ``q``, else cast here)."""
+    nonzero = x != 0
+    if q is None:
+        q = s.clamp(-torch.finfo(FP8[fmt]).max, torch.finfo(FP8[fmt]).max).to(FP8[fmt])
+    qf = q.float()
+    zeros = int((nonzero & (qf == 0)).sum())
+    saturated = int((s.abs() >= CLAMP[fmt]).sum())
+    # Dequantise through the same scale: s / x is the scale wherever x is non-zero.
+    deq = torch.where(nonzero, qf * (x.float() / s.where(s != 0, 1.0)), 0.0)
+    norm = float(x.double().norm())
+    err = float((deq.double() - x.double()).norm()) / norm if norm else 0.0
+    return Survival(x.numel(), int(nonzero.sum()), zeros, saturated, err)
+
+
+def predict(x: torch.Tensor, fmt: str, scaling: str, *, pow2: bool = False) -> Survival:
+    """Flush-to-zero, saturation and precision loss of ``x`` in ``fmt`` under ``scaling``.
+
+    ``scaling`` is ``tensorwise``, ``rowwise`` (one scale per row, the last dim reduced) or
+    ``mx-floor`` / ``mx-rceil`` (one per 32 values along the last dim). The zero count is the
+    threshold rule (``|x * scale| <= 2^-10`` for e4m3), not a cast.
+    """
+    s = scaled(x, fmt, scaling, pow2=pow2)
+    survival = _count(x, s, None, fmt)
+    zeros = int(((x != 0) & (s.abs() <= FLUSH[fmt])).sum())
+    return Survival(survival.values, survival.nonzero, zeros, survival.saturated,
+                    survival.rel_error)
+
+
+def torchao_counts(x: torch.Tensor, fmt: str, scaling: str, *, pow2: bool = False) -> Survival:
+    """The same counts on torchao's real conversion of ``x`` (its scale, its FP8 values).
+
+    >>> x = torch.randn(8, 64) * torch.logspace(-6, 1, 64)
+    >>> for scaling in ("tensorwise", "rowwise", "mx-floor", "mx-rceil"):
+    ...     assert predict(x, "e4m3", scaling) == torchao_counts(x, "e4m3", scaling), scaling
+    """
+    x = x.float().contiguous()
+    torchao_float8()  # torchao installed (else one line saying what to install), imported quietly
+    if scaling.startswith("mx-"):
+        from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode, to_mx
+
+        mode = ScaleCalculationMode.RCEIL if scaling == "mx-rceil" else ScaleCalculationMode.FLOOR
+        e8m0, data = to_mx(x, FP8[fmt], MX_BLOCK, mode)
+        biased = e8m0.view(torch.uint8).int()  # the E8M0 byte: 2^(byte - 127)
+        multiplier = torch.exp2(127 - biased.float())
+        if scaling == "mx-rceil":
+            multiplier = torch.where(biased == 0, 1.0, multiplier)
+        else:
+            multiplier = 1.0 / (2.0 ** (biased.float() - 127)).clamp(min=2.0**-126)
+        blocks = x.reshape(*x.shape[:-1], -1, MX_BLOCK)
+        s = (blocks * multiplier.reshape(*blocks.shape[:-1], 1)).reshape(x.shape)
+        return _count(x, s, data.reshape(x.shape), fmt)
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    rowwise = scaling == "rowwise"
+    t = hp_tensor_to_float8_dynamic(
+        x, FP8[fmt], LinearMMConfig(),
+        scaling_granularity=ScalingGranularity.AXISWISE if rowwise else ScalingGranularity.TENSORWISE,
+        axiswise_dim=-1 if rowwise else None, round_scales_to_power_of_2=pow2,
+    )
+    return _count(x, x * t._scale, t._data, fmt)
+
+
+@dataclass(frozen=True)
+class OperandRow:
+    """One GEMM operand of one Linear under the recipe: its format, scaling and survival."""
+
+    module: str
+    operand: str
+    fmt: str
+    scaling: str
+    pow2: bool
+    survival: Survival
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record."""
+        s = self.survival
+        return {"module": self.module, "operand": self.operand, "format": self.fmt,
+                "scaling": self.scaling, "values": s.values, "nonzero": s.nonzero,
+                "zeros": s.zeros, "zero_share": s.zero_share, "saturated": s.saturated,
+                "saturated_share": s.saturated_share, "rel_error": s.rel_error}
+
+
+def recipe_operands(recipe: Fp8Recipe) -> dict[str, tuple[str, str, bool]]:
+    """The forward's two operands -> (format, scaling, power-of-two scales) under ``recipe``."""
+    if recipe.name in MX_RECIPES:
+        mx = f"mx-{MX_RECIPES[recipe.name]}"
+        return {"input": ("e4m3", mx, True), "weight": ("e4m3", mx, True)}
+    formats = operand_formats(recipe)
+    pow2 = bool(recipe.config().round_scales_to_power_of_2)
+    return {role: (*formats[role], pow2) for role in ("input", "weight")}
+
+
+def linear_operands(
+    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Each converted Linear's input (rows of K) and weight from one real fp32 run."""
+    converted = {p.fqn for p in plan_model(model.module, recipe) if p.converted}
+    if recipe.name in MX_RECIPES:  # MX blocks run along K: K must be a multiple of 32
+        converted = {f for f in converted
+                     if model.module.get_submodule(f).weight.shape[1] % MX_BLOCK == 0}
+    seen: dict[str, dict[str, torch.Tensor]] = {}
+    hooks = []
+    for fqn in converted:
+        mod = model.module.get_submodule(fqn)
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], fqn: str = fqn) -> None:
+            x = args[0].detach().float()
+            seen.setdefault(fqn, {"input": x.reshape(-1, x.shape[-1]).contiguous(),
+                                  "weight": state[f"{fqn}.weight"].float().contiguous()})
+
+        hooks.append(mod.register_forward_pre_hook(hook))
+    names = [k for k, _ in model.module.named_parameters()]
+    names += [k for k, _ in model.module.named_buffers()]
+    try:
+        with torch.no_grad():
+            torch.func.functional_call(
+                model.module, {k: state[k] for k in names if k in state}, model.args, model.kwargs
+            )
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def survival_table(
+    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor]
+) -> list[OperandRow]:
+    """Every FP8 GEMM operand of the forward, the worst (most values flushed) first."""
+    ops = recipe_operands(recipe)
+    rows = []
+    for fqn, tensors in linear_operands(model, recipe, state).items():
+        for role, x in tensors.items():
+            fmt, scaling, pow2 = ops[role]
+            rows.append(OperandRow(fqn, role, fmt, scaling, pow2, predict(x, fmt, scaling,
+                                                                           pow2=pow2)))
+    return sorted(rows, key=lambda r: (-r.survival.zero_share, -r.survival.saturated_share,
+                                       -r.survival.rel_error, r.module, r.operand))
+
+
+def prove(
+    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor]
+) -> list[tuple[OperandRow, Survival]]:
+    """Each row beside torchao's real counts on the same tensors (they must be equal)."""
+    tensors = linear_operands(model, recipe, state)
+    return [
+        (row, torchao_counts(tensors[row.module][row.operand], row.fmt, row.scaling,
+                             pow2=row.pow2))
+        for row in survival_table(model, recipe, state)
+    ]
+
+
+def advise(rows: Sequence[OperandRow], *, max_zero_share: float = 0.01) -> tuple[str, ...]:
+    """The Linears to keep in bf16: any operand flushing more than ``max_zero_share`` of its
+    non-zero values, or saturating any, worst first.
+
+    >>> s = Survival(10, 10, 5, 0, 0.1)
+    >>> advise([OperandRow("fc2", "input", "e4m3", "tensorwise", False, s)])
+    ('fc2',)
+    """
+    keep = [r.module for r in rows
+            if r.survival.zero_share > max_zero_share or r.survival.saturated]
+    return tuple(dict.fromkeys(keep))
+
+
+def filter_code(fqns: Sequence[str]) -> str:
+    """The advisor's filter as torchao's ``module_filter_fn`` and torchtitan's ``filter_fqns``.
+
+    >>> print(filter_code(["lm_head"]).splitlines()[1])
+    KEEP_BF16 = ['lm_head']
+    """
+    return "\n".join([
+        "# torchao: convert_to_float8_training(model, config=..., module_filter_fn=keep_fp8)",
+        f"KEEP_BF16 = {list(fqns)!r}",
+        "def keep_fp8(mod, fqn):",
+        "    return not any(f in fqn for f in KEEP_BF16)",
+        # JSON strings are TOML basic strings: a name with a quote stays one string.
+        "# torchtitan (job config, float8 section): filter_fqns = " + json.dumps(list(fqns)),
+    ])
+
+
+def diff_tables(before: Sequence[OperandRow], after: Sequence[OperandRow]) -> list[str]:
+    """What the filter changes: per Linear kept in bf16, its values no longer flushed."""
+    kept = {r.module for r in before} - {r.module for r in after}
+    lines = [f"{r.module} {r.operand}: {r.survival.zeros} of {r.survival.nonzero} flushed "
+             f"({r.survival.zero_share:.2%}) in {r.fmt} -> bf16 (filtered)"
+             for r in before if r.module in kept]
+    total = [sum(r.survival.zeros for r in rows) for rows in (before, after)]
+    lines.append(f"values flushed to zero in FP8 GEMM operands: {total[0]} -> {total[1]}; "
+                 f"FP8 Linears {len({r.module for r in before})} -> "
+                 f"{len({r.module for r in after})}")
+    return lines

@@ -1,0 +1,169 @@
+"""FP8 recipes against torchao's real code: the traced graph against a real CPU run of the
+converted model, the survival counts against torchao's real conversion of the same tensors."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("torchao")
+
+from ampgraph.errors import SettingError  # noqa: E402
+from ampgraph.fp8.graph import trace_fp8  # noqa: E402
+from ampgraph.fp8.proof import prove_gemms  # noqa: E402
+from ampgraph.fp8.recipes import operand_formats, parse_fp8_recipe, plan_model  # noqa: E402
+from ampgraph.model.build import ModelInputs  # noqa: E402
+from ampgraph.ranges import fp8 as fp8_ranges  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _outlier_model() -> ModelInputs:
+    spec = importlib.util.spec_from_file_location("fp8_outlier", ROOT / "examples/fp8_outlier.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, x = module.build()
+    return ModelInputs("outlier", model, (x,))
+
+
+def _mlp() -> tuple[ModelInputs, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 48), nn.Linear(48, 16))
+    return ModelInputs("mlp", net, (torch.randn(8, 32),)), dict(net.state_dict())
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+@pytest.mark.parametrize("train", [False, True])
+def test_traced_gemms_equal_a_real_cpu_run(name: str, train: bool) -> None:
+    model, state = _mlp()
+    graph = trace_fp8(model, parse_fp8_recipe(f"torchao:{name},filter_fqns=3"), train=train)
+    proof = prove_gemms(graph, model, state, train=train)
+    assert proof.ok, proof.first_difference()
+    forward = graph.gemms("forward")
+    formats = operand_formats(graph.recipe)
+    # Linears 0 and 2 in FP8 with the config's formats; 3 filtered by name: a bf16 GEMM.
+    assert [g.role for g in forward] == ["gemm-fp8", "gemm-fp8", "gemm-bf16"]
+    assert forward[0].dtype_in[:2] == (formats["input"][0], formats["weight"][0])
+    assert [g.module for g in forward] == ["0", "2", "3"]
+    assert all(g.dtype_out == "bf16" for g in forward)
+
+
+def test_gw_hp_backward_mixes_dtypes_and_the_real_kernel_raises() -> None:
+    """rowwise_with_gw_hp keeps grad_weight's GEMM in high precision: its operands are the
+    bf16 gradient and the Linear's own fp32 input (autocast does not cast torchao's saved
+    input), which the fake mm accepts and the real one refuses."""
+    model, state = _mlp()
+    graph = trace_fp8(model, parse_fp8_recipe("torchao:rowwise_with_gw_hp"), train=True)
+    mixed = [g for g in graph.gemms("backward") if g.role == "gemm-mixed"]
+    assert mixed and set(mixed[0].dtype_in[-2:]) == {"bf16", "fp32"}
+    proof = prove_gemms(graph, model, state, train=True)
+    assert proof.ok and proof.real[-1][0] == "raised"
+
+
+def test_plan_reasons_and_torchao_auto_filter() -> None:
+    net = nn.Sequential(nn.Embedding(10, 32), nn.Linear(32, 24), nn.Linear(24, 4096),
+                        nn.Linear(4096, 2048))
+    plans = plan_model(net, parse_fp8_recipe("torchao:tensorwise,auto_filter=true"))
+    reasons = {p.fqn: (p.converted, p.reason) for p in plans}
+    assert reasons["0"] == (False, "not an nn.Linear (Embedding)")
+    assert reasons["1"][0] is False and "not a multiple of 16" in reasons["1"][1]
+    assert reasons["3"][0] is True
+    from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
+
+    rule = _auto_filter_for_recipe("tensorwise", [])
+    assert [p.converted for p in plans[1:]] == [rule(net[i], str(i)) for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mx-floor", "mx-rceil"])
+@pytest.mark.parametrize("pow2", [False, True])
+def test_predicted_counts_equal_torchao_real_conversion(fmt: str, scaling: str, pow2: bool) -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 128, generator=gen) * torch.logspace(-9, 2, 128)
+    x[3, 5] = 4e4  # an outlier; and exact zeros, which never count as flushed
+    x[0, :7] = 0.0
+    predicted = fp8_ranges.predict(x, fmt, scaling, pow2=pow2)
+    assert predicted == fp8_ranges.torchao_counts(x, fmt, scaling, pow2=pow2)
+    assert predicted.nonzero == x.numel() - 7 and predicted.zeros > 0
+
+
+def test_outlier_survival_worst_first_advice_and_diff() -> None:
+    model = _outlier_model()
+    state = {k: v.detach() for k, v in model.module.state_dict().items()}
+    for name in ("tensorwise", "rowwise", "mxfp8", "mxfp8_floor"):
+        recipe = parse_fp8_recipe(f"torchao:{name}")
+        proved = fp8_ranges.prove(model, recipe, state)
+        assert len(proved) == 10 and all(row.survival == real for row, real in proved), name
+    recipe = parse_fp8_recipe("torchao:tensorwise")
+    rows = fp8_ranges.survival_table(model, recipe, state)
+    assert (rows[0].module, rows[0].operand) == ("blocks.0.fc2", "input")
+    assert rows[0].survival.zero_share > 0.3  # one scale per tensor, set by the outlier
+    rowwise = fp8_ranges.survival_table(model, parse_fp8_recipe("torchao:rowwise"), state)
+    assert rowwise[0].survival.zero_share < rows[0].survival.zero_share
+    keep = fp8_ranges.advise(rows)
+    assert keep[0] == "blocks.0.fc2"
+    after = fp8_ranges.survival_table(model, recipe.with_filter(keep), state)
+    assert not {r.module for r in after} & set(keep)
+    assert fp8_ranges.diff_tables(rows, after)[-1].endswith(f"-> {len({r.module for r in after})}")
+    namespace: dict[str, object] = {}
+    exec(fp8_ranges.filter_code(keep), namespace)  # the advisor's code runs as written
+    assert namespace["keep_fp8"](None, "blocks.0.fc2") is False  # type: ignore[operator]
+
+
+def test_bad_recipes_are_one_line() -> None:
+    with pytest.raises(SettingError, match="unknown torchao float8 recipe"):
+        parse_fp8_recipe("torchao:fp4")
+    with pytest.raises(SettingError, match="no auto filter"):
+        parse_fp8_recipe("torchao:rowwise_with_gw_hp,auto_filter=true").module_filter_fn()
+    with pytest.raises(SettingError, match="MX training Linear"):
+        trace_fp8(_mlp()[0], parse_fp8_recipe("torchao:mxfp8"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ampgraph", "-q", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+def test_cli_fp8_ranges_prove_and_advise() -> None:
+    out = _cli("fp8-ranges", "--module", "examples/fp8_outlier.py:build", "--recipe",
+               "torchao:tensorwise", "--prove", "--advise")
+    assert out.returncode == 0, out.stderr
+    assert "proved: all 10 operands' counts equal torchao's" in out.stdout
+    assert "KEEP_BF16 = ['blocks.0.fc2'" in out.stdout
+    bad = _cli("fp8", "--module", "examples/fp8_outlier.py:build", "--recipe", "torchao:nope")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_cli_fp8_check() -> None:
+    out = _cli("fp8", "--module", "examples/fp8_outlier.py:build", "--recipe",
+               "torchao:rowwise,filter_fqns=head", "--pass", "train", "--check")
+    assert out.returncode == 0, out.stderr
+    assert "bf16  head  [32x64]  filtered by name (matches 'head')" in out.stdout
+    assert "check: all 15 GEMMs agree with a real CPU run" in out.stdout
+
+
+def test_recipe_option_points_to_the_fp8_commands() -> None:
+    from ampgraph.recipes import parse_recipe
+
+    with pytest.raises(SettingError, match="ampgraph fp8 --recipe 'torchao:rowwise'"):
+        parse_recipe("torchao:rowwise")
+
+
+def test_flow_dot_is_one_linears_torchao_nodes() -> None:
+    import shutil
+
+    from ampgraph.fp8.graph import flow_dot
+
+    graph = trace_fp8(_mlp()[0], parse_fp8_recipe("torchao:tensorwise"))
+    source = flow_dot(graph, "2")
+    assert source.count('label="_scaled_mm') == 1 and source.count("e4m3") >= 2
+    assert "abs" in source and "reciprocal" in source and "#a8dadc" in source  # scale nodes
+    if shutil.which("dot"):
+        subprocess.run(["dot", "-Tsvg"], input=source, text=True, check=True, capture_output=True)
