@@ -40,6 +40,12 @@ class NoDeviceError(VerifyError):
     """The setting's device type has no device on this machine."""
 
 
+class NotDeterministicError(VerifyError):
+    """The model's forward does not do the same on every call (it ran when captured, then
+    raised when run again for real): verify compares one forward with another, so it cannot
+    judge such a model, and says so rather than counting disagreements."""
+
+
 class RenderError(AmpgraphError):
     """Graphviz is missing or failed to lay a diagram out."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -304,7 +304,7 @@ def render(
     "--random-seed",
     "--seed",
     "random_seed",
-    type=int,
+    type=click.IntRange(0, 2**64 - 1),
     default=0,
     show_default=True,
     help="Random seed for the weights (values never change a dtype; the same random seed makes "
@@ -352,8 +352,8 @@ def verify(
       ampgraph verify --device cpu --pass train
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
+    from ampgraph.pipeline.confine import confine
     from ampgraph.report.writing import check_writable
-    from ampgraph.verify.spec_run import verify_spec
 
     request = analysis.request()
     if record_path is not None:
@@ -372,7 +372,15 @@ def verify(
                 click.echo(line)
         results.extend(value)
 
-    verify_spec(request, take, random_seed=random_seed)
+    def work(send: Callable[[tuple[str, Any]], None]) -> None:
+        # Imported here, in the confined process: ampgraph.verify imports torch, and a process
+        # that has imported it cannot fork one that runs it (ampgraph.pipeline.confine).
+        from ampgraph.verify.spec_run import produce
+
+        produce(request, random_seed, send)
+
+    confine(work, take, name="verification", timeout=request.timeout,
+            counted=lambda item: item[0] == "step", expected=len(request.settings))  # fmt: skip
     if record_path is not None:
         from ampgraph.verify import write_record
 
