@@ -16,6 +16,11 @@ class SettingError(AmpgraphError, ValueError):
     """A setting, dtype or device name that ampgraph does not understand."""
 
 
+class ArgumentError(AmpgraphError, TypeError, ValueError):
+    """An argument of the Python API of the wrong type or out of range (a ``TypeError`` and a
+    ``ValueError`` too, so that either ``except`` catches it)."""
+
+
 class ModelSpecError(AmpgraphError):
     """An unknown model name, an unreadable config, or a factory that raised."""
 
