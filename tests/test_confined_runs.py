@@ -209,3 +209,21 @@ def test_a_forward_that_raises_on_its_second_call_is_not_deterministic() -> None
     with pytest.raises(NotDeterministicError, match="not deterministic.*second call"):
         verify(model, "fp32,device=cpu")
 
+
+
+# -- progress, as the other commands show it -------------------------------------------------
+
+
+@needs_proc
+def test_ranges_and_verify_name_their_stages_on_a_terminal() -> None:
+    """The stages come from the confined process to the command's stage line (stderr), and the
+    answer is left alone on the screen."""
+    from tests.test_progress import _cli_on_a_terminal
+
+    shown = _cli_on_a_terminal("ranges", "llama-tiny", "-s", "fp32", "--device", "cpu",
+                               "--seq-len", "4")  # fmt: skip
+    assert "running the model in fp32 on the CPU" in shown, shown
+    shown = _cli_on_a_terminal("verify", "llama-tiny", "-s", "fp32", "--device", "cpu",
+                               "--seq-len", "4")  # fmt: skip
+    assert "verifying fp32 on real tensors (1 of 1)" in shown, shown
+    assert "0 disagreements" in shown
