@@ -227,3 +227,13 @@ def test_ranges_and_verify_name_their_stages_on_a_terminal() -> None:
                                "--seq-len", "4")  # fmt: skip
     assert "verifying fp32 on real tensors (1 of 1)" in shown, shown
     assert "0 disagreements" in shown
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "device", "file"])
+def test_a_render_folder_that_cannot_be_written_is_refused_before_the_work(
+    tmp_path: Path, kind: str
+) -> None:
+    folder = overlay_dirs(tmp_path)[kind]
+    done = CliRunner().invoke(main, ["render", "llama-tiny", "-s", "fp32", "--out", str(folder)])
+    assert done.exit_code == 1, done.output
+    assert done.output.startswith(f"Error: cannot write the diagrams to {folder}: "), done.output

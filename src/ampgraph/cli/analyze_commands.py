@@ -261,7 +261,10 @@ def render(
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
       ampgraph render --pass backward -s amp-fp32 --format png
     """
+    from ampgraph.report.writing import check_folder_writable
+
     formats = formats or ("svg",)
+    check_folder_writable(out_dir, "diagrams")  # before the work, not after it
 
     def load_renderer() -> None:
         # Beside a cold analysis, on the core its imports leave idle (networkx alone is 0.2 s).

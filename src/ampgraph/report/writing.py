@@ -137,7 +137,8 @@ def check_folder_writable(folder: Path, what: str = "files") -> None:
     if status is None:
         problem = f"{existing} is a dangling symbolic link"
     elif not stat.S_ISDIR(status.st_mode):
-        problem = f"{'it' if existing == Path(folder) else existing} is {kind_of(status.st_mode)}"
+        kind = "a file" if stat.S_ISREG(status.st_mode) else kind_of(status.st_mode)
+        problem = f"{'it' if existing == Path(folder) else existing} is {kind}, not a folder"
     elif not os.access(existing, os.W_OK | os.X_OK):
         problem = f"{existing} is not writable"
     if problem:
