@@ -237,3 +237,40 @@ def test_a_render_folder_that_cannot_be_written_is_refused_before_the_work(
     done = CliRunner().invoke(main, ["render", "llama-tiny", "-s", "fp32", "--out", str(folder)])
     assert done.exit_code == 1, done.output
     assert done.output.startswith(f"Error: cannot write the diagrams to {folder}: "), done.output
+
+
+ESCAPES = """
+    import os, subprocess, torch
+
+    class Escapes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            # A process of a session of its own: killing the analysis's group does not reach it.
+            child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+            with open("escaped.pids", "a") as pids:
+                pids.write(f"{child.pid}\\n")
+            return self.linear(x)
+
+    def build():
+        return Escapes(), torch.randn(2, 4)
+"""
+
+
+@needs_proc
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a subreaper is Linux's")
+def test_processes_that_leave_the_group_are_killed_too(tmp_path: Path) -> None:
+    from tests.test_confined import alive
+
+    (tmp_path / "escapes.py").write_text(textwrap.dedent(ESCAPES))
+    env = {**os.environ, "AMPGRAPH_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ampgraph", "ranges", "--module", "escapes.py:build", "-s", "fp32",
+         "--device", "cpu", "--format", "json"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pids = [int(line) for line in (tmp_path / "escaped.pids").read_text().split()]
+    assert pids and alive(pids) == []
