@@ -292,6 +292,15 @@ def render(
         click.echo(str(path))
 
 
+def _verification(request: Any, random_seed: int, send: Callable[[tuple[str, Any]], None]) -> None:
+    """``verify``'s work, in the confined process: ampgraph.verify is imported there, as it
+    imports torch, and a process that has imported torch cannot fork one that runs it
+    (:mod:`ampgraph.pipeline.confine`)."""
+    from ampgraph.verify.spec_run import produce
+
+    produce(request, random_seed, send)
+
+
 @click.command()
 @model_argument
 @setting_options
@@ -375,15 +384,9 @@ def verify(
                 click.echo(line)
         results.extend(value)
 
-    def work(send: Callable[[tuple[str, Any]], None]) -> None:
-        # Imported here, in the confined process: ampgraph.verify imports torch, and a process
-        # that has imported it cannot fork one that runs it (ampgraph.pipeline.confine).
-        from ampgraph.verify.spec_run import produce
-
-        produce(request, random_seed, send)
-
-    confine(work, take, name="verification", timeout=request.timeout,
-            counted=lambda item: item[0] == "step", expected=len(request.settings))  # fmt: skip
+    confine(lambda send: _verification(request, random_seed, send), take, name="verification",
+            timeout=request.timeout, counted=lambda item: item[0] == "step",
+            expected=len(request.settings))  # fmt: skip
     if record_path is not None:
         from ampgraph.verify import write_record
 

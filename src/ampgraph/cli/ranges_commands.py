@@ -25,6 +25,33 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
     return path if not random_weights and path.is_dir() else None
 
 
+def _confined_ranges(model: str, settings: list[Any], arguments: dict[str, Any]) -> Any:
+    """:func:`ampgraph.ranges.spec_run.ranges_of_spec` confined (:mod:`ampgraph.pipeline.confine`):
+    its notes on the stage line, its result returned."""
+    from ampgraph.pipeline.confine import confine
+
+    found: list[Any] = []
+
+    def work(send: Callable[[tuple[str, Any]], None]) -> None:
+        # Imported here, in the confined process: ampgraph.ranges imports torch, and a process
+        # that has imported it cannot fork one that runs it.
+        from ampgraph.ranges.spec_run import ranges_of_spec
+
+        ranges_of_spec(model, settings, send, **arguments)
+
+    def take(item: tuple[str, Any]) -> None:
+        kind, value = item
+        if kind == "progress":
+            progress(value)
+        else:
+            found.append(value)
+
+    confine(work, take, name="ranges", timeout=timeout_seconds(),
+            counted=lambda item: item[0] == "result")  # fmt: skip
+    progress_done()
+    return found[0]
+
+
 @click.command("ranges")
 @model_argument
 @setting_options
@@ -95,8 +122,6 @@ def ranges_command(
       ampgraph ranges llama-tiny -s half --amp-dtype fp16 --pass train  # gradients, loss scale
       ampgraph ranges llama-tiny -s amp-fp32 -s half --amp-dtype fp16 --diff
     """
-    from ampgraph.pipeline.confine import confine
-
     if loss is not None and pass_ != "train":
         raise click.UsageError("--loss needs --pass train")
     resolved = resolve_settings(settings, device, amp_dtype)
@@ -106,29 +131,9 @@ def ranges_command(
         from ampgraph.report.writing import check_folder_writable
 
         check_folder_writable(overlay_dir, "overlays")  # before the work, not after it
-    found: list[Any] = []
-    force = forced()
-
-    def work(send: Callable[[tuple[str, Any]], None]) -> None:
-        # Imported here, in the confined process: ampgraph.ranges imports torch, and a process
-        # that has imported it cannot fork one that runs it (ampgraph.pipeline.confine).
-        from ampgraph.ranges.spec_run import ranges_of_spec
-
-        ranges_of_spec(model, resolved, send, seq_len=seq_len, seed=random_seed, force=force,
-                       weights_dir=_weights_dir(model, random_weights), pass_=pass_,
-                       loss=loss)  # fmt: skip
-
-    def take(item: tuple[str, Any]) -> None:
-        kind, value = item
-        if kind == "progress":
-            progress(value)
-        else:
-            found.append(value)
-
-    confine(work, take, name="ranges", timeout=timeout_seconds(),
-            counted=lambda item: item[0] == "result")  # fmt: skip
-    result = found[0]
-    progress_done()
+    arguments = dict(seq_len=seq_len, seed=random_seed, force=forced(), pass_=pass_, loss=loss,
+                     weights_dir=_weights_dir(model, random_weights))  # fmt: skip
+    result = _confined_ranges(model, resolved, arguments)
     # After the work: the formats read ampgraph.ranges' records, whose package imports torch.
     from ampgraph.formats.diff_text import ranges_diff_text
     from ampgraph.formats.json import ranges_diff_json, ranges_json

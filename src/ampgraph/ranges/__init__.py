@@ -135,7 +135,7 @@ def _model_of(model: Any, *, seq_len: int, force: bool) -> ModelInputs:
 
     if isinstance(model, ModelInputs):
         return model
-    if isinstance(model, (str, ModelSpec)):
+    if isinstance(model, (str, ModelSpec)):  # load_model checks seq_len
         from ampgraph.model.build import load_model
 
         return load_model(model, seq_len=seq_len, force=force)
@@ -171,13 +171,12 @@ def value_ranges(
     import ampgraph.arguments as arguments
     from ampgraph.version import __version__
 
+    arguments.integer("seq_len", seq_len, minimum=1)  # checked whatever the model is
     if pass_ not in ("forward", "train"):
         raise RangesError(f"unknown pass {pass_!r} for ranges: use forward or train")
     parsed = list(arguments.settings(settings, device_type=device_type, amp_dtype=amp_dtype))
-    seed = arguments.seed(seed)
-    weights_dir = arguments.path("weights_dir", weights_dir)
-    model = _model_of(model, seq_len=arguments.integer("seq_len", seq_len, minimum=1),
-                      force=force)  # fmt: skip
+    seed, weights_dir = arguments.seed(seed), arguments.path("weights_dir", weights_dir)
+    model = _model_of(model, seq_len=seq_len, force=force)
     check_memory(model.module, model.name, force=force, gradients=pass_ == "train")
     seconds: dict[str, float] = {}
     training, analysis = pass_ == "train", {"pass_": pass_, "loss": loss}
