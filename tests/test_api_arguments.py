@@ -124,3 +124,13 @@ def test_weights_dir_takes_a_str_or_a_path(tmp_path: Path) -> None:
     assert outcomes[0] == outcomes[1]
     with pytest.raises(ArgumentError, match="^weights_dir must be a path"):
         value_ranges(linear(), ["fp32"], weights_dir=7, device_type="cpu")
+
+
+def test_analyze_group_reads_one_setting_name_as_one_setting() -> None:
+    from ampgraph.pipeline.stages import analyze_group
+
+    reports = analyze_group(torch.nn.Linear(4, 4), "amp-fp32", args=(torch.randn(2, 4),),
+                            check=False)  # fmt: skip
+    assert [r.setting["name"] for r in reports] == ["amp-fp32"]
+    with pytest.raises(ArgumentError, match="settings is empty"):
+        analyze_group(torch.nn.Linear(4, 4), [], args=(torch.randn(2, 4),), check=False)

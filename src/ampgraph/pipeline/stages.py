@@ -328,9 +328,11 @@ def analyze_group(
     >>> [(r.setting["name"], r.capture.get("graph_of"), r.node("linear").out_dtype) for r in reports]
     [('fp32', None, 'float32'), ('amp-fp32', 'fp32', 'bfloat16')]
     """
+    import ampgraph.arguments as arguments
+
     request = AnalysisRequest(
-        model if isinstance(model, str) else None, tuple(settings), check=check, tracer=tracer,
-        tables=tables, sources=sources, pass_=pass_, loss=loss,
+        model if isinstance(model, str) else None, arguments.settings(settings), check=check,
+        tracer=tracer, tables=tables, sources=sources, pass_=pass_, loss=loss,
         backward_autocast=backward_autocast,
     )  # fmt: skip
     return analyze_model(trace(as_model_inputs(model, args, kwargs), request.traced_by), request)
