@@ -138,16 +138,12 @@ def settings(value: Any, *, device_type: str = "cuda",
     if not value:
         raise ArgumentError("settings is empty: give at least one setting (a Setting or a "
                             "name such as 'amp-fp32')")  # fmt: skip
-    out = []
-    for item in value:
-        if isinstance(item, Setting):
-            out.append(item)
-        elif isinstance(item, str):
-            out.append(Setting.parse(item, device_type=device_type, amp_dtype=amp_dtype))
-        else:
-            raise ArgumentError(f"a setting must be a Setting or its name, not "
-                                f"{type(item).__name__} ({_shown(item)})")  # fmt: skip
-    return tuple(out)
+    # Setting.parse refuses what is no name with its own SettingError, which says what a name is.
+    return tuple(
+        item if isinstance(item, Setting)
+        else Setting.parse(item, device_type=device_type, amp_dtype=amp_dtype)
+        for item in value
+    )  # fmt: skip
 
 
 __all__ = ["MAX_SEED", "MAX_TIMEOUT", "MIN_TIMEOUT", "integer", "path", "seed", "settings",
