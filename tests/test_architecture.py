@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "src" / "ampgraph"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "compat", "version"),  # foundation: imports nothing of ampgraph
     ("settings", "torchutil"),  # foundation: what a run is in, torch helpers
-    ("report",),  # the result as plain data: records, reading, files, summary, validate
+    ("report", "arguments"),  # the result as plain data (records, reading, files, summary,
+    # validate); the Python API's arguments, checked once
     ("model",),  # what to analyse: specs, building on meta
     ("policy",),  # autocast's tables as data, read by every stage after it
     ("capture",),  # model -> graph

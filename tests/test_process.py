@@ -191,7 +191,9 @@ def test_an_analysis_process_that_dies_is_a_one_line_error(tmp_path: Path) -> No
     """
     done = python(code, cache=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("the analysis process ended without a result (exit code -9")
+    assert done.stdout.startswith(
+        "the analysis process ended without a result (killed by SIGKILL: out of memory"
+    )
 
 
 def test_a_worker_leaves_ctrl_c_to_its_parent() -> None:

@@ -19,6 +19,7 @@ from ampgraph.compat import warn_if_unsupported as _warn_if_unsupported
 from ampgraph.errors import (
     AmpgraphError,
     AnalysisError,
+    ArgumentError,
     CaptureError,
     ModelSpecError,
     NoDeviceError,
@@ -68,6 +69,7 @@ def __getattr__(name: str) -> typing.Any:
 __all__ = [
     "AmpgraphError",
     "AnalysisError",
+    "ArgumentError",
     "Capture",
     "CaptureError",
     "ModelInputs",

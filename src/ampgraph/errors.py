@@ -16,6 +16,11 @@ class SettingError(AmpgraphError, ValueError):
     """A setting, dtype or device name that ampgraph does not understand."""
 
 
+class ArgumentError(AmpgraphError, TypeError, ValueError):
+    """An argument of the Python API of the wrong type or out of range (a ``TypeError`` and a
+    ``ValueError`` too, so that either ``except`` catches it)."""
+
+
 class ModelSpecError(AmpgraphError):
     """An unknown model name, an unreadable config, or a factory that raised."""
 
@@ -38,6 +43,12 @@ class VerifyError(AmpgraphError):
 
 class NoDeviceError(VerifyError):
     """The setting's device type has no device on this machine."""
+
+
+class NotDeterministicError(VerifyError):
+    """The model's forward does not do the same on every call (it ran when captured, then
+    raised when run again for real): verify compares one forward with another, so it cannot
+    judge such a model, and says so rather than counting disagreements."""
 
 
 class RenderError(AmpgraphError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +263,10 @@ def render(
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
       ampgraph render --pass backward -s amp-fp32 --format png
     """
+    from ampgraph.report.writing import check_folder_writable
+
     formats = formats or ("svg",)
+    check_folder_writable(out_dir, "diagrams")  # before the work, not after it
 
     def load_renderer() -> None:
         # Beside a cold analysis, on the core its imports leave idle (networkx alone is 0.2 s).
@@ -291,6 +294,15 @@ def render(
         click.echo(str(path))
 
 
+def _verification(request: Any, random_seed: int, send: Callable[[tuple[str, Any]], None]) -> None:
+    """``verify``'s work, in the confined process: ampgraph.verify is imported there, as it
+    imports torch, and a process that has imported torch cannot fork one that runs it
+    (:mod:`ampgraph.pipeline.confine`)."""
+    from ampgraph.verify.spec_run import produce
+
+    produce(request, random_seed, send)
+
+
 @click.command()
 @model_argument
 @setting_options
@@ -306,7 +318,7 @@ def render(
     "--random-seed",
     "--seed",
     "random_seed",
-    type=int,
+    type=click.IntRange(0, 2**64 - 1),
     default=0,
     show_default=True,
     help="Random seed for the weights (values never change a dtype; the same random seed makes "
@@ -354,8 +366,8 @@ def verify(
       ampgraph verify --device cpu --pass train
       ampgraph verify t5-small --device cpu --pass backward --backward-in-autocast
     """
+    from ampgraph.pipeline.confine import confine
     from ampgraph.report.writing import check_writable
-    from ampgraph.verify.spec_run import verify_spec
 
     request = analysis.request()
     if record_path is not None:
@@ -374,7 +386,9 @@ def verify(
                 click.echo(line)
         results.extend(value)
 
-    verify_spec(request, take, random_seed=random_seed)
+    confine(lambda send: _verification(request, random_seed, send), take, name="verification",
+            timeout=request.timeout, counted=lambda item: item[0] == "step",
+            expected=len(request.settings))  # fmt: skip
     if record_path is not None:
         from ampgraph.verify import write_record
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,11 +25,38 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
     return path if not random_weights and path.is_dir() else None
 
 
+def _confined_ranges(model: str, settings: list[Any], arguments: dict[str, Any]) -> Any:
+    """:func:`ampgraph.ranges.spec_run.ranges_of_spec` confined (:mod:`ampgraph.pipeline.confine`):
+    its notes on the stage line, its result returned."""
+    from ampgraph.pipeline.confine import confine
+
+    found: list[Any] = []
+
+    def work(send: Callable[[tuple[str, Any]], None]) -> None:
+        # Imported here, in the confined process: ampgraph.ranges imports torch, and a process
+        # that has imported it cannot fork one that runs it.
+        from ampgraph.ranges.spec_run import ranges_of_spec
+
+        ranges_of_spec(model, settings, send, **arguments)
+
+    def take(item: tuple[str, Any]) -> None:
+        kind, value = item
+        if kind == "progress":
+            progress(value)
+        else:
+            found.append(value)
+
+    confine(work, take, name="ranges", timeout=timeout_seconds(),
+            counted=lambda item: item[0] == "result")  # fmt: skip
+    progress_done()
+    return found[0]
+
+
 @click.command("ranges")
 @model_argument
 @setting_options
 @click.option(
-    "--seed", "--random-seed", "random_seed", type=int, default=0, show_default=True,
+    "--seed", "--random-seed", "random_seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
     help="Random seed of the weights where the model has none of its own (a bundled model, a "
     "config, a folder without .safetensors files).",
 )
@@ -93,28 +122,24 @@ def ranges_command(
       ampgraph ranges llama-tiny -s half --amp-dtype fp16 --pass train  # gradients, loss scale
       ampgraph ranges llama-tiny -s amp-fp32 -s half --amp-dtype fp16 --diff
     """
-    from ampgraph.formats.diff_text import ranges_diff_text
-    from ampgraph.formats.json import ranges_diff_json, ranges_json
-    from ampgraph.formats.markdown import ranges_markdown
-    from ampgraph.formats.sarif import ranges_sarif
-    from ampgraph.formats.text import ranges_text
-    from ampgraph.model.usercode import deadline, model_code
-    from ampgraph.pipeline.run import prepare
-    from ampgraph.ranges import value_ranges
-
     if loss is not None and pass_ != "train":
         raise click.UsageError("--loss needs --pass train")
     resolved = resolve_settings(settings, device, amp_dtype)
     if show_diff and (len(resolved) != 2 or fmt not in ("text", "json")):
         raise click.UsageError("--diff compares two settings (give two -s) in text or json")
-    with deadline(timeout_seconds()):
-        with model_code():
-            built = prepare(model, seq_len=seq_len, force=forced(), progress=progress)
-            result = value_ranges(
-                built, resolved, seed=random_seed, force=forced(), progress=progress,
-                weights_dir=_weights_dir(model, random_weights), pass_=pass_, loss=loss,
-            )  # fmt: skip
-    progress_done()
+    if overlay_dir is not None:
+        from ampgraph.report.writing import check_folder_writable
+
+        check_folder_writable(overlay_dir, "overlays")  # before the work, not after it
+    arguments = dict(seq_len=seq_len, seed=random_seed, force=forced(), pass_=pass_, loss=loss,
+                     weights_dir=_weights_dir(model, random_weights))  # fmt: skip
+    result = _confined_ranges(model, resolved, arguments)
+    # After the work: the formats read ampgraph.ranges' records, whose package imports torch.
+    from ampgraph.formats.diff_text import ranges_diff_text
+    from ampgraph.formats.json import ranges_diff_json, ranges_json
+    from ampgraph.formats.markdown import ranges_markdown
+    from ampgraph.formats.sarif import ranges_sarif
+    from ampgraph.formats.text import ranges_text
     if show_diff:
         view = ranges_diff_text if fmt == "text" else ranges_diff_json
         click.echo(view(result), nl=fmt == "json")

@@ -512,6 +512,14 @@ def load_model(spec: str = DEFAULT_MODEL, *, seq_len: int = 8, force: bool = Fal
     >>> type(m.module).__name__, sorted(m.kwargs)
     ('LlamaForCausalLM', ['attention_mask', 'input_ids', 'use_cache'])
     """
+    import ampgraph.arguments as arguments
+
+    seq_len = arguments.integer("seq_len", seq_len, minimum=1)
+    if not isinstance(spec, str):  # a ModelSpec is a str
+        from ampgraph.errors import ArgumentError
+
+        raise ArgumentError(f"load_model() takes a model spec such as 'llama-tiny', not "
+                            f"{type(spec).__name__}")  # fmt: skip
     source = resolve_config(spec)
     if source is not None:
         config = source.parse()

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
+import ampgraph.arguments as arguments
 from ampgraph.errors import AnalysisError
 
 #: The bound ``--timeout`` puts on an analysis by default, in seconds: far above what a bundled
@@ -42,8 +43,8 @@ DEFAULT_TIMEOUT: float = 600
 #: The bounds a timeout must lie within (0 aside, which means none): below a second no cold
 #: analysis finishes (importing torch alone takes longer), and above a week a bound is a typo
 #: (``1e7``), or more than a clock can wait for (``1e308``, ``inf``).
-MIN_TIMEOUT: float = 1
-MAX_TIMEOUT: float = 7 * 24 * 3600
+MIN_TIMEOUT: float = arguments.MIN_TIMEOUT
+MAX_TIMEOUT: float = arguments.MAX_TIMEOUT
 
 
 def parse_timeout(value: str | float) -> float | None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import ampgraph.arguments as arguments
 from ampgraph.errors import SettingError
 from ampgraph.model.specs import DEFAULT_TRACER, spec_tracer
 from ampgraph.report.records import PASSES
@@ -64,11 +65,12 @@ class AnalysisRequest:
     def __post_init__(self) -> None:
         if self.pass_ not in PASSES:
             raise SettingError(f"unknown pass {self.pass_!r}: use one of {', '.join(PASSES)}")
+        # Checked once, here, for every entry point that builds a request (the API's, the CLI's).
         settings = self.settings
-        if isinstance(settings, (str, Setting)):  # one setting, not its characters
-            settings = (settings,)
-        parsed = tuple(Setting.parse(s) for s in settings) if settings else tuple(seed_matrix())
+        parsed = arguments.settings(settings) if settings != () else tuple(seed_matrix())
         object.__setattr__(self, "settings", parsed)
+        object.__setattr__(self, "seq_len", arguments.integer("seq_len", self.seq_len, minimum=1))
+        object.__setattr__(self, "timeout", arguments.timeout(self.timeout))
 
     @classmethod
     def of(cls, model: str | None = None, settings: Sequence[Setting | str] | None = None,
@@ -86,7 +88,9 @@ class AnalysisRequest:
         if unknown:
             raise TypeError(f"unknown analysis option {unknown[0]!r}: use one of "
                             f"{', '.join(sorted(known - {'model', 'settings'}))}")  # fmt: skip
-        return cls(model=model, settings=tuple(settings or ()), **given)
+        if settings is None:
+            return cls(model=model, **given)  # the seed notebook's four
+        return cls(model=model, settings=arguments.settings(settings), **given)
 
     @property
     def training(self) -> bool:

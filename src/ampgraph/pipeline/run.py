@@ -212,9 +212,12 @@ def analyze_spec(
     cannot run torch's kernels again (the child hangs, or autograd refuses "fork-based
     multiprocessing"). The command line itself never imports torch, so it always isolates.
     """
+    import ampgraph.arguments as arguments
+
     request = AnalysisRequest.of(
         spec, settings, options, seq_len=seq_len, check=check, force=force, timeout=timeout
     )
+    workers = arguments.workers(workers)
     return analyze_request(
         request, use_cache=use_cache, workers=workers, progress=progress, meanwhile=meanwhile,
         process=process,

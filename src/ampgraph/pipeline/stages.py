@@ -330,9 +330,11 @@ def analyze_group(
     >>> [(r.setting["name"], r.capture.get("graph_of"), r.node("linear").out_dtype) for r in reports]
     [('fp32', None, 'float32'), ('amp-fp32', 'fp32', 'bfloat16')]
     """
+    import ampgraph.arguments as arguments
+
     request = AnalysisRequest(
-        model if isinstance(model, str) else None, tuple(settings), check=check, tracer=tracer,
-        tables=tables, sources=sources, pass_=pass_, loss=loss,
+        model if isinstance(model, str) else None, arguments.settings(settings), check=check,
+        tracer=tracer, tables=tables, sources=sources, pass_=pass_, loss=loss,
         backward_autocast=backward_autocast,
     )  # fmt: skip
     return analyze_model(trace(as_model_inputs(model, args, kwargs), request.traced_by), request)
@@ -430,6 +432,8 @@ def as_model_inputs(
     kwargs: dict[str, Any] | None = None,
 ) -> ModelInputs:
     """What :func:`analyze` accepts as a model, as :class:`~ampgraph.model.build.ModelInputs`."""
+    from ampgraph.errors import ArgumentError
+
     if isinstance(model, str):
         from ampgraph.model.build import load_model
 
@@ -438,14 +442,14 @@ def as_model_inputs(
         if isinstance(args, torch.Tensor):
             args = (args,)  # one input, not its rows
         if not isinstance(args, (tuple, list)):
-            raise TypeError(
+            raise ArgumentError(
                 f"args must be a tuple of the forward's inputs, not {type(args).__name__}"
             )
         if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
+            raise ArgumentError(f"kwargs must be a dict, not {type(kwargs).__name__}")
         model = ModelInputs(type(model).__name__, model, tuple(args), dict(kwargs or {}))
     if not isinstance(model, ModelInputs):
-        raise TypeError(
+        raise ArgumentError(
             "analyze() takes a model spec such as 'opt-125m', what load_model() returns, or an "
             f"nn.Module with args=(inputs...), not {type(model).__name__}"
         )

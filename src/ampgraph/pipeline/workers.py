@@ -66,6 +66,7 @@ def run_in_fork(
     timeout: float | None = None,
     overdue: str = "",
     group: bool = False,
+    counted: Callable[[Any], bool] | None = None,
 ) -> Any:
     """Run ``produce(send)`` in a forked process and ``meanwhile()`` here at the same time, then
     ``take`` each of the ``expected`` items ``produce`` sends, as it sends it; return what
@@ -79,7 +80,8 @@ def run_in_fork(
     memory, an ``os._exit`` even with status 0) is an AnalysisError naming the ``name`` process,
     followed by ``hint``. So is a process that has not sent every item ``timeout`` seconds after
     the start (None or 0: no bound), with the message ``overdue``. When this raises, the process
-    is stopped.
+    is stopped. ``counted`` (default: every item) says which items count towards ``expected``;
+    the others (progress notes) may come in any number before the last counted one.
 
     The process never writes on the caller's standard output: its fd 1 and ``sys.stdout`` are
     standard error for its whole life (and its own forked workers inherit that), so what the
@@ -116,7 +118,7 @@ def run_in_fork(
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     wait = _Wait(process, receive, forks, name=name, hint=hint, timeout=timeout, overdue=overdue,
-                 group=group)  # fmt: skip
+                 group=group, counted=counted)  # fmt: skip
     stopping = Group.signals_stop() if group else contextlib.nullcontext()
     try:
         with stopping:
@@ -137,8 +139,10 @@ class _Wait:
     deadline, the process's end without a word, and stopping it."""
 
     def __init__(self, process: Any, receive: Any, forks: Any, *, name: str, hint: str,
-                 timeout: float | None, overdue: str, group: bool) -> None:  # fmt: skip
+                 timeout: float | None, overdue: str, group: bool,
+                 counted: Callable[[Any], bool] | None = None) -> None:  # fmt: skip
         self.process, self.receive, self.forks = process, receive, forks
+        self.counted = counted
         self.name, self.hint, self.timeout, self.overdue = name, hint, timeout, overdue
         self.group = group
         self.end = time.monotonic() + timeout if timeout else None
@@ -163,7 +167,7 @@ class _Wait:
             if failed:
                 raise item
             take(item)
-            self.received += 1
+            self.received += self.counted is None or bool(self.counted(item))
 
     def _ended_without_a_result(self) -> None:
         from ampgraph.errors import AnalysisError
@@ -174,10 +178,9 @@ class _Wait:
             self.ended = True
         process.join()
         Group.raise_forked(self.forks)
-        killed = ", killed: out of memory?" if process.exitcode == -9 else ""
         raise AnalysisError(
-            f"the {self.name} process ended without a result (exit code "
-            f"{process.exitcode}{killed}){self.hint}"
+            f"the {self.name} process ended without a result ({_how_it_ended(process.exitcode)})"
+            f"{self.hint}"
         ) from None
 
     def stop(self, expected: int) -> None:
@@ -191,6 +194,27 @@ class _Wait:
         elif self.received < expected and process.pid is not None:
             process.terminate()
             process.join()
+
+
+def _how_it_ended(code: int | None) -> str:
+    """A process's end in words: its exit code, or the signal that killed it (SIGKILL: the
+    kernel's out-of-memory killer, or the model's own code killing its process).
+
+    >>> _how_it_ended(-9)
+    "killed by SIGKILL: out of memory, or the model's code killed its process"
+    >>> _how_it_ended(0)
+    'exit code 0'
+    """
+    import signal
+
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    why = ": out of memory, or the model's code killed its process" if code == -9 else ""
+    return f"killed by {name}{why}"
 
 
 def _child(

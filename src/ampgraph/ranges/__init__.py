@@ -163,14 +163,32 @@ def _train_verdicts(
         verdict.findings += found
 
 
+def _model_of(model: Any, *, seq_len: int, force: bool) -> ModelInputs:
+    """What :func:`value_ranges` takes as a model: a :class:`ModelInputs`, or a model spec
+    (``"llama-tiny"``, a :class:`~ampgraph.model.specs.ModelSpec`) built as
+    :func:`ampgraph.load_model` builds it."""
+    from ampgraph.errors import ArgumentError
+    from ampgraph.model.specs import ModelSpec
+
+    if isinstance(model, ModelInputs):
+        return model
+    if isinstance(model, (str, ModelSpec)):  # load_model checks seq_len
+        from ampgraph.model.build import load_model
+
+        return load_model(model, seq_len=seq_len, force=force)
+    raise ArgumentError(f"value_ranges() takes a model spec such as 'llama-tiny' or what "
+                        f"load_model() returns, not {type(model).__name__}")  # fmt: skip
+
+
 def value_ranges(
-    model: ModelInputs,
-    settings: Sequence[Setting | str],
+    model: ModelInputs | str,
+    settings: Sequence[Setting | str] | Setting | str,
     *,
     device_type: str = "cuda",
     amp_dtype: str = "bf16",
     seed: int = 0,
-    weights_dir: Path | None = None,
+    weights_dir: Path | str | None = None,
+    seq_len: int = 8,
     force: bool = False,
     progress: Progress = None,
     pass_: str = "forward",
@@ -179,25 +197,26 @@ def value_ranges(
 ) -> RangesResult:
     """Run ``model`` once for real in fp32 on the CPU and judge its values in each setting.
 
-    ``settings`` are :class:`~ampgraph.settings.Setting` objects or names (parsed with
-    ``device_type`` and ``amp_dtype``). Weights: see :mod:`ampgraph.ranges.weights`;
-    ``weights_dir`` is a folder of ``*.safetensors`` shards. A model whose fp32 weights do not fit
-    this machine's memory is read one weight at a time from such a folder, else a one-line
-    :class:`RangesError` unless ``force``. ``pass_`` "train"
-    traces the model in training mode, runs the train pass's loss (``loss`` names its output)
+    ``model`` is what :func:`ampgraph.load_model` returns, or a model spec it takes (built with
+    ``seq_len``). ``settings`` are :class:`~ampgraph.settings.Setting` objects or names (parsed
+    with ``device_type`` and ``amp_dtype``), or one of them; ``seed`` an integer of 64 bits at
+    most. Arguments are checked first (:mod:`ampgraph.arguments`). Weights: see
+    :mod:`ampgraph.ranges.weights`; ``weights_dir`` is a folder of ``*.safetensors`` shards. A
+    model whose fp32 weights do not fit this machine's memory is read one weight at a time from
+    such a folder, else a one-line :class:`RangesError` unless ``force``. ``pass_`` "train" traces the model in training mode, runs the train pass's loss (``loss`` names its output)
     backward for real too, and judges each gradient in its dtype (:mod:`ampgraph.ranges.gradients`).
     ``stream`` runs one weight at a time from ``weights_dir``'s shards (:mod:`ampgraph.ranges.
     stream`; by default, None, where the fp32 weights do not fit in memory): the same results.
     """
+    import ampgraph.arguments as arguments
     from ampgraph.version import __version__
 
+    arguments.integer("seq_len", seq_len, minimum=1)  # checked whatever the model is
     if pass_ not in ("forward", "train"):
         raise RangesError(f"unknown pass {pass_!r} for ranges: use forward or train")
-    parsed = [
-        s if isinstance(s, Setting) else Setting.parse(s, device_type=device_type,
-                                                       amp_dtype=amp_dtype)
-        for s in settings
-    ]  # fmt: skip
+    parsed = list(arguments.settings(settings, device_type=device_type, amp_dtype=amp_dtype))
+    seed, weights_dir = arguments.seed(seed), arguments.path("weights_dir", weights_dir)
+    model = _model_of(model, seq_len=seq_len, force=force)
     streaming = should_stream(model.module, weights_dir, train=pass_ == "train", force=force,
                               asked=stream)  # fmt: skip
     if not streaming:

@@ -119,4 +119,31 @@ def check_writable(path: Path, what: str = "output") -> None:
         raise AmpgraphError(f"cannot write the {what} to {path}: {problem}; choose another path")
 
 
-__all__ = ["atomic_write", "check_writable"]
+def check_folder_writable(folder: Path, what: str = "files") -> None:
+    """Fail in one line, before any work, if files could not be written into ``folder`` (made
+    where it is missing): it, or the nearest folder above it that exists, must be a writable
+    folder (through a symbolic link: a link to a device or a FIFO is neither).
+
+    >>> check_folder_writable(Path("/dev/null"), "overlays")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ampgraph.errors.AmpgraphError: cannot write the overlays to /dev/null: it is a ...
+    """
+    existing = Path(folder)
+    while _existing(existing) is None and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    status = _existing(existing)
+    problem = None
+    if status is None:
+        problem = f"{existing} is a dangling symbolic link"
+    elif not stat.S_ISDIR(status.st_mode):
+        kind = "a file" if stat.S_ISREG(status.st_mode) else kind_of(status.st_mode)
+        problem = f"{'it' if existing == Path(folder) else existing} is {kind}, not a folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not writable"
+    if problem:
+        raise AmpgraphError(f"cannot write the {what} to {folder}: {problem}; choose another "
+                            "folder")  # fmt: skip
+
+
+__all__ = ["atomic_write", "check_folder_writable", "check_writable"]

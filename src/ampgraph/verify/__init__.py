@@ -40,7 +40,7 @@ from ampgraph.settings import Setting
 from ampgraph.verify.cast_log import CastLog
 from ampgraph.verify.compare import compare_modules, compare_nodes
 from ampgraph.verify.device import NO_CUDA_MESSAGE, check_memory, device_name, resolve_device
-from ampgraph.verify.eager import run_eager
+from ampgraph.verify.eager import refuse_changing_forward, run_eager
 from ampgraph.verify.execution import RealExecution, run_graph
 from ampgraph.verify.results import (
     Agreement,
@@ -103,6 +103,7 @@ def verify(
 
     t0 = time.perf_counter()
     hooks = run_eager(model, cap, values, args, kwargs, dev, gen)
+    refuse_changing_forward(hooks, observed)
     modules, module_found = compare_modules(report, hooks, observed)
     seconds["eager"] = time.perf_counter() - t0
     del values  # the real weights; the result keeps only dtypes

@@ -64,4 +64,30 @@ def run_eager(
     return hooks.calls
 
 
-__all__ = ["HookCall", "run_eager"]
+def refuse_changing_forward(hooks: Sequence[HookCall], observed: dict[str, Any]) -> None:
+    """Raise :class:`~ampgraph.errors.NotDeterministicError` where the eager run raised in the
+    forward's own code (outside its leaf modules) although
+    the same forward ran when it was captured and its graph ran node by node without an error:
+    the model behaves differently from call to call (a forward that raises on its second call),
+    which is no disagreement between the annotations and real execution.
+
+    >>> refuse_changing_forward([HookCall("(top level)", "", None, error="RuntimeError: 2nd")], {})
+    Traceback (most recent call last):
+    ...
+    ampgraph.errors.NotDeterministicError: the model's forward is not deterministic: it ran when ...
+    """
+    from ampgraph.errors import NotDeterministicError
+
+    # Only an error in the forward's own code, outside every leaf module: a leaf's error may be
+    # a real kernel's, which the fake kernels the graph was captured with did not raise.
+    failed = [h for h in hooks if h.error is not None and h.path == "(top level)"]
+    if not failed or any(getattr(o, "error", None) for o in observed.values()):
+        return  # the graph's real run raised too: an error the annotations may predict
+    raise NotDeterministicError(
+        "the model's forward is not deterministic: it ran when ampgraph captured it and its graph "
+        f"ran node by node, then raised when called again for real ({failed[-1].error}); "
+        "verify needs a forward that does the same on every call"
+    )
+
+
+__all__ = ["HookCall", "refuse_changing_forward", "run_eager"]

@@ -14,7 +14,6 @@ made before the fork would not work in it). Torch-free itself.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +23,10 @@ from ampgraph.pipeline.request import AnalysisRequest
 Item = tuple[str, Any]
 
 
-def _produce(request: AnalysisRequest, random_seed: int, send: Callable[[Item], None]) -> None:
-    """Build the model, then verify it in each setting, sending notes and results."""
+def produce(request: AnalysisRequest, random_seed: int, send: Callable[[Item], None]) -> None:
+    """Build the model, then verify it in each setting, sending notes and results: the work
+    :func:`verify_spec` confines (the command line confines it itself, before torch is
+    imported: this package imports it)."""
     from ampgraph.model.usercode import model_code
     from ampgraph.pipeline.run import prepare
     from ampgraph.verify.training import verify_train
@@ -61,25 +62,17 @@ def verify_spec(
     training pass), with weights from ``random_seed``: ``take`` receives ``("progress",
     note)`` and ``("step", results)`` for each setting as they come.
 
-    In a process group of its own (:func:`ampgraph.pipeline.workers.run_in_fork`), killed after
-    ``request.timeout``; in this process, under the alarm, where torch has run here already.
+    Confined (:func:`ampgraph.pipeline.confine.confine`): in a process group of its own, killed
+    after ``request.timeout``, where this process has not imported torch; here, under the alarm,
+    where it has.
     """
-    from ampgraph.model.usercode import deadline, overdue_message
-    from ampgraph.pipeline.workers import run_in_fork
+    from ampgraph.pipeline.confine import confine
 
-    timeout = request.timeout
-    if "torch" in sys.modules:
-        # A process that has run torch's CPU kernels (a test runner, a notebook calling the
-        # command) cannot fork one that runs them again: OpenMP's threads do not survive a
-        # fork, and the child waited on them forever. Here, as before, with the alarm.
-        with deadline(timeout):
-            _produce(request, random_seed, take)
-        return
-    run_in_fork(
-        lambda send: _produce(request, random_seed, send), take, 1 + 2 * len(request.settings),
-        name="verification", timeout=timeout,
-        overdue=overdue_message(timeout) if timeout else "", group=True,
+    confine(
+        lambda send: produce(request, random_seed, send), take, name="verification",
+        timeout=request.timeout, counted=lambda item: item[0] == "step",
+        expected=len(request.settings),
     )  # fmt: skip
 
 
-__all__ = ["Item", "verify_spec"]
+__all__ = ["Item", "produce", "verify_spec"]
