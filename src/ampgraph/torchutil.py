@@ -203,6 +203,38 @@ def quiet_logging() -> Iterator[None]:
         logging.disable(previous)
 
 
+class _EnumConstantNotice(logging.Filter):
+    """Drops torch's "<enum 'X'> is an Enum subclass and is now natively supported" lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_library_imports() -> Iterator[None]:
+    """Keep torch's deprecation notice for enums registered as pytree constants off stderr while
+    model code imports libraries: transformers imports torchao where it is installed, and
+    torchao 0.18 registers enums that torch 2.14 logs a line each for at import. The lines say
+    nothing about the user's model, and they would reach every command's output. Only those lines
+    are dropped, and only inside the block: the logger is left as it was found.
+
+    >>> import logging
+    >>> log = logging.getLogger("torch.utils._pytree")
+    >>> with quiet_library_imports():
+    ...     len(log.filters)
+    1
+    >>> len(log.filters)
+    0
+    """
+    log = logging.getLogger("torch.utils._pytree")
+    notice = _EnumConstantNotice()
+    log.addFilter(notice)
+    try:
+        yield
+    finally:
+        log.removeFilter(notice)
+
+
 #: The GPU that fake CUDA tensors stand for, where model code asks the device what it is: a
 #: bf16-capable Hopper (compute capability 9.0), so code that picks a kernel by capability
 #: (transformers' MoE experts take ``torch._grouped_mm`` from 8.0 on) follows a current GPU's path.

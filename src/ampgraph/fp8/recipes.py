@@ -20,6 +20,7 @@ from typing import Any
 from torch import nn
 
 from ampgraph.errors import SettingError, clip
+from ampgraph.torchutil import quiet_library_imports
 
 #: torchao's recipe names (``Float8LinearRecipeName``'s values), in the order of the docs.
 RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -49,18 +50,12 @@ def torchao_float8() -> Any:
     torchao 0.18 registers enums that torch 2.14 logs a deprecation warning for, a line each on
     stderr at import: quietened here, since they say nothing about the user's model.
     """
-    import logging
-
-    pytree_log = logging.getLogger("torch.utils._pytree")
-    level = pytree_log.level
-    pytree_log.setLevel(logging.ERROR)
     try:
-        import torchao.float8 as float8
-        import torchao.prototype.mx_formats.mx_tensor  # noqa: F401  (the MX casts, same warnings)
+        with quiet_library_imports():
+            import torchao.float8 as float8
+            import torchao.prototype.mx_formats.mx_tensor  # noqa: F401  (the MX casts)
     except ImportError as exc:
         raise SettingError(f"FP8 recipes need torchao, which is not installed: {INSTALL}") from exc
-    finally:
-        pytree_log.setLevel(level)
     return float8
 
 

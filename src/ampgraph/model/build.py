@@ -44,6 +44,7 @@ from torch import nn
 from ampgraph.errors import ModelSpecError, clip, first_line
 from ampgraph.model.specs import ModelSpec, bundled_key, resolve_config, spec_kind
 from ampgraph.model.usercode import ModelExited
+from ampgraph.torchutil import quiet_library_imports
 
 DEFAULT_MODEL = "opt-125m"
 
@@ -168,6 +169,11 @@ def build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
     >>> type(m).__name__, m.lm_head.weight.device.type
     ('GPT2LMHeadModel', 'meta')
     """
+    with quiet_library_imports():  # the model's modelling code imports torchao where installed
+        return _build_hf_model(config_dict)
+
+
+def _build_hf_model(config_dict: dict[str, Any]) -> nn.Module:
     import transformers
     from transformers import AutoConfig
 
@@ -296,12 +302,14 @@ def _import_factory(spec: str) -> Callable[[], Any]:
             assert loader_spec is not None and loader_spec.loader is not None
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules.setdefault(path.stem, module)
-            loader_spec.loader.exec_module(module)
+            with quiet_library_imports():
+                loader_spec.loader.exec_module(module)
         else:
             # The console script's sys.path lacks the working folder; `python -m` has it.
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.append(str(Path.cwd()))
-            module = importlib.import_module(module_name)
+            with quiet_library_imports():
+                module = importlib.import_module(module_name)
     except (ModelSpecError, ModelExited):  # already the one line to show
         raise
     except SystemExit as exc:  # a module that exits on import
