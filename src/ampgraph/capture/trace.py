@@ -29,6 +29,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.data_path import (
     DATA_PATH_METHODS,
@@ -296,6 +297,7 @@ class _Found:
     real_run: str | None = None
 
 
+@in_analysis_environment
 def capture(
     model: ModelInputs,
     setting: Setting,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
@@ -164,6 +165,7 @@ def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, An
     return result, oracle[0]
 
 
+@in_analysis_environment
 def analyze_capture(
     cap: Capture,
     *,
@@ -336,6 +338,7 @@ def analyze_group(
     return analyze_model(trace(as_model_inputs(model, args, kwargs), request.traced_by), request)
 
 
+@in_analysis_environment
 def analyze_model(model: ModelInputs, request: AnalysisRequest) -> list[Report]:
     """The reports of ``model`` (traced already, :func:`trace`) in each of the request's
     settings, in order: what :func:`analyze_group` does once it has its request."""
@@ -471,6 +474,7 @@ def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
 _WORKER_MODEL: ModelInputs | None = None
 
 
+@in_analysis_environment
 def _analyze_in_worker(job: tuple[list[int], AnalysisRequest]) -> list[tuple[int, Report]]:
     import torch
 
@@ -537,6 +541,7 @@ def analyze_many(
     return analyze_in_workers(trace(model, tracer), request, workers=workers, on_done=on_done)
 
 
+@in_analysis_environment
 def analyze_in_workers(
     model: ModelInputs,
     request: AnalysisRequest,

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.capture.casts import cast_floating
 from ampgraph.capture.trace import Capture, capture
 from ampgraph.model.build import ModelInputs
@@ -126,6 +127,7 @@ def _train_verdicts(
         verdict.findings += found
 
 
+@in_analysis_environment
 def value_ranges(
     model: ModelInputs,
     settings: Sequence[Setting | str],

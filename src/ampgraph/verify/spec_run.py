@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.pipeline.request import AnalysisRequest
 
 #: What :func:`verify_spec` hands its caller: ``("progress", note)`` or ``("step", results)``.
@@ -53,6 +54,7 @@ def _produce(request: AnalysisRequest, random_seed: int, send: Callable[[Item], 
         send(("step", step))
 
 
+@in_analysis_environment
 def verify_spec(
     request: AnalysisRequest, take: Callable[[Item], None], *, random_seed: int = 0
 ) -> None:
