@@ -54,10 +54,43 @@ torch.float32
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
+
+@dataclass(frozen=True)
+class AnalysisEnvironment:
+    """What the stages of one analysis run under, beyond the model and the setting: built from
+    the request (``AnalysisRequest.environment()``) and handed down to capture and the replays by
+    :func:`analysis_environment`, instead of process globals a stage sets for the stages below.
+
+    ``stack_traces``: captures record each node's Python stack (audit's source lines read it;
+    symbolising stacks is a sixth of the trace time, so only when asked).
+
+    >>> current()
+    AnalysisEnvironment(stack_traces=False)
+    >>> with analysis_environment(AnalysisEnvironment(stack_traces=True)):
+    ...     current().stack_traces
+    True
+    """
+
+    stack_traces: bool = False
+
+
+#: The environment of the analysis running in this thread (or asyncio task): a context variable,
+#: so analyses in two threads each see their own.
+_CURRENT: contextvars.ContextVar[AnalysisEnvironment] = contextvars.ContextVar(
+    "ampgraph_analysis_environment", default=AnalysisEnvironment()
+)
+
+
+def current() -> AnalysisEnvironment:
+    """The environment of the analysis running here (the default one outside any)."""
+    return _CURRENT.get()
+
 
 _LOCK = threading.RLock()
 #: How many analyses are inside the environment now (any thread), and how to undo it.
@@ -89,16 +122,22 @@ def _enter() -> list[Callable[[], None]]:
 
 
 @contextlib.contextmanager
-def analysis_environment() -> Iterator[None]:
+def analysis_environment(environment: AnalysisEnvironment | None = None) -> Iterator[None]:
     """Inside, torch runs as an analysis needs it; outside, as torch itself is (the module's
-    docstring says what changes). Re-entrant, and safe to enter from several threads."""
+    docstring says what changes). Re-entrant, and safe to enter from several threads.
+
+    ``environment`` (None: the one in effect, or the default) is what the stages inside read
+    with :func:`current`; the previous one is back on exit."""
     with _LOCK:
         if _DEPTH[0] == 0:
             _UNDO[:] = _enter()
         _DEPTH[0] += 1
+    token = _CURRENT.set(environment) if environment is not None else None
     try:
         yield
     finally:
+        if token is not None:
+            _CURRENT.reset(token)
         with _LOCK:
             _DEPTH[0] -= 1
             if _DEPTH[0] == 0:
@@ -127,4 +166,6 @@ def in_analysis_environment(function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["active", "analysis_environment", "in_analysis_environment"]
+__all__ = [
+    "AnalysisEnvironment", "active", "analysis_environment", "current", "in_analysis_environment",
+]

@@ -44,7 +44,6 @@ from ampgraph.capture.engines import (
     MAKE_FX,
     Traced,
     _export,
-    keeping_stack_traces,
     make_fx_available,
 )
 from ampgraph.capture.grad_params import mark_requires_grad
@@ -531,7 +530,7 @@ def tied_parameters(module: nn.Module) -> dict[str, str]:
     return out
 
 
-# NO_TENSOR, keeping_stack_traces and the engines' names are the capture stage's to give its
+# NO_TENSOR and the engines' names are the capture stage's to give its
 # callers, whichever module of it defines them.
 __all__ = [
     "DATA_PATH_METHODS",
@@ -546,7 +545,6 @@ __all__ = [
     "Capture",
     "ModuleInfo",
     "capture",
-    "keeping_stack_traces",
     "module_table",
     "output_paths",
     "tied_parameters",

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ampgraph.capture.environment import AnalysisEnvironment
 from ampgraph.errors import SettingError
 from ampgraph.model.specs import DEFAULT_TRACER, spec_tracer
 from ampgraph.report.records import PASSES
@@ -87,6 +88,15 @@ class AnalysisRequest:
             raise TypeError(f"unknown analysis option {unknown[0]!r}: use one of "
                             f"{', '.join(sorted(known - {'model', 'settings'}))}")  # fmt: skip
         return cls(model=model, settings=tuple(settings or ()), **given)
+
+    def environment(self) -> AnalysisEnvironment:
+        """What the stages run under for this request (handed down by
+        :func:`ampgraph.capture.environment.analysis_environment`).
+
+        >>> AnalysisRequest("opt-125m", ("amp-fp32",), sources=True).environment()
+        AnalysisEnvironment(stack_traces=True)
+        """
+        return AnalysisEnvironment(stack_traces=self.sources)
 
     @property
     def training(self) -> bool:

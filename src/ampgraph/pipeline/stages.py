@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.capture.environment import in_analysis_environment
+from ampgraph.capture.environment import analysis_environment, in_analysis_environment
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
@@ -26,7 +26,6 @@ from ampgraph.capture.trace import (
     DATA_PATH_METHODS,
     Capture,
     capture,
-    keeping_stack_traces,
 )
 from ampgraph.errors import SettingError
 from ampgraph.model.build import ModelInputs
@@ -81,10 +80,6 @@ def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
     if name == P.ACTIVE_RELEASE:
         return contextlib.nullcontext()
     return P.tables_in_use(P.tables_for(name), name)
-
-
-def _stack_traces(sources: bool) -> contextlib.AbstractContextManager[None]:
-    return keeping_stack_traces() if sources else contextlib.nullcontext()
 
 
 def _other_tables() -> str | None:
@@ -342,7 +337,7 @@ def analyze_group(
 def analyze_model(model: ModelInputs, request: AnalysisRequest) -> list[Report]:
     """The reports of ``model`` (traced already, :func:`trace`) in each of the request's
     settings, in order: what :func:`analyze_group` does once it has its request."""
-    with tables_of(request.tables), _stack_traces(request.sources):
+    with tables_of(request.tables), analysis_environment(request.environment()):
         return _analyze_sharing(model, request)
 
 
