@@ -36,10 +36,10 @@ from typing import Any
 import torch
 
 from ampgraph.compat import (
+    addmv_meta_checks_dtypes,
     layer_norm_backward_meta_is_right,
     mse_loss_backward_takes_mixed_dtypes,
     replace_kernel,
-    torch_release,
 )
 
 #: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
@@ -229,7 +229,7 @@ REPLACED: dict[str, Any] = {
     "huber_loss": _loss_as_input("huber_loss"),
     "soft_margin_loss": _loss_as_input("soft_margin_loss"),
     "binary_cross_entropy_with_logits": _bce_with_logits,
-    **({"addmv": _addmv_before_2_12} if torch_release() < (2, 12) else {}),
+    **({"addmv": _addmv_before_2_12} if not addmv_meta_checks_dtypes() else {}),
     "threshold_backward": _threshold_backward,
     "mse_loss_backward": _mse_loss_backward,
     **(
