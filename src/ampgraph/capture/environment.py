@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+
 @dataclass(frozen=True)
 class AnalysisEnvironment:
     """What the stages of one analysis run under, beyond the model and the setting: built from
