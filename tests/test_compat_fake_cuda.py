@@ -26,7 +26,8 @@ _PRELUDE = """
 import torch
 from ampgraph.capture.environment import analysis_environment
 from ampgraph.torchutil import fake_mode
-analysis_environment().__enter__()  # what the release needs, as every analysis has it
+_ENVIRONMENT = analysis_environment()  # kept: a collected one would exit
+_ENVIRONMENT.__enter__()  # what the release needs, as every analysis has it
 """
 
 
