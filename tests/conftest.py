@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -121,3 +122,13 @@ def seed_hook_blocks() -> dict[str, list[str]]:
         elif current is not None and line.startswith("["):
             current.append(line)
     return blocks
+
+
+@pytest.fixture
+def in_analysis() -> Iterator[None]:
+    """The test runs torch as an analysis does (:mod:`ampgraph.capture.environment`): ampgraph's
+    meta and driverless kernels in place, as they are only inside an analysis."""
+    from ampgraph.capture.environment import analysis_environment
+
+    with analysis_environment():
+        yield

@@ -259,3 +259,15 @@ def test_the_api_page_follows_the_public_surface() -> None:
     for name in ampgraph.__all__:
         obj = getattr(ampgraph, name)
         assert f"{obj.__module__}.{name}" in page, name
+
+
+def test_only_compat_tests_torch_versions() -> None:
+    """``compat.py`` promises that no stage tests torch versions itself: each version-dependent
+    behaviour is one named function there (``addmv_meta_checks_dtypes``, ``torch_minor``, ...)."""
+    tests = ("torch_release()", "version_tuple(", "__version__.split", "TorchVersion(")
+    found = {
+        str(path.relative_to(PACKAGE.parent)): [t for t in tests if t in path.read_text()]
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "compat.py"
+    }
+    assert {path: hits for path, hits in found.items() if hits} == {}

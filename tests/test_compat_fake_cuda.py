@@ -24,8 +24,10 @@ pytestmark = pytest.mark.skipif(
 
 _PRELUDE = """
 import torch
-import ampgraph.capture  # installs what the release needs, as every analysis does
+from ampgraph.capture.environment import analysis_environment
 from ampgraph.torchutil import fake_mode
+_ENVIRONMENT = analysis_environment()  # kept: a collected one would exit
+_ENVIRONMENT.__enter__()  # what the release needs, as every analysis has it
 """
 
 
@@ -79,11 +81,16 @@ print(all(same), len(same))
     assert out.split() == ["True", "4"]
 
 
-def test_the_help_is_for_torch_2_9_only() -> None:
+def test_the_help_is_for_torch_2_9_only_and_only_inside_an_analysis() -> None:
     assert compat.fake_cuda_needs_help() == (compat.torch_release() < (2, 10))
-    assert driverless_29.install() is None
-    # The SDPA stand-in exists exactly where the help was given.
+    assert driverless_29.problem() is None  # every slot it uses holds the function it says
+    chooser = torch._C._select_conv_backend
+    undo = driverless_29.install()
+    # The SDPA stand-in exists exactly where the help was given, and only until the undo.
     assert bool(driverless_29.STAND_INS) == compat.fake_cuda_needs_help()
+    assert (torch._C._select_conv_backend is chooser) != compat.fake_cuda_needs_help()
+    undo()
+    assert driverless_29.STAND_INS == {} and torch._C._select_conv_backend is chooser
 
 
 def test_a_bf16_convolution_needs_no_driver() -> None:

@@ -25,6 +25,8 @@ from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.verify import verify
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 F32, BF16, F16, F64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
 aten = torch.ops.aten
 

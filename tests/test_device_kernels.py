@@ -29,6 +29,8 @@ from ampgraph.annotate.replay import fake_mode
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.settings import Setting
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 NAMES = {BF16: "BFloat16", F16: "Half"}
 aten = torch.ops.aten

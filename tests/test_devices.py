@@ -18,6 +18,8 @@ from ampgraph.cli import main
 from ampgraph.settings import DEVICE_TYPES, PLUGIN_DEVICE_TYPES
 from ampgraph.torchutil import autocast_state, dtype_name
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 KEYS = {"xpu": "AutocastXPU", "mps": "AutocastMPS"}
 
 

@@ -17,6 +17,8 @@ from ampgraph.report.printed import hook_lines
 from ampgraph.settings import Setting
 from ampgraph.verify.hooks import eager_hook_lines
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 
 class Recurrent(nn.Module):
     """An RNN layer and a Linear head, as a sequence model uses them."""

@@ -25,6 +25,8 @@ from ampgraph.torchutil import fake_mode
 
 from .conftest import ROOT, load_file
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 aten = torch.ops.aten
 F32, BF16, F16, F64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
 FLOATS = (F32, BF16, F16)

@@ -22,6 +22,8 @@ from ampgraph.annotate.kernel_dtypes import CPU_MIXED, RealCpuDtypes
 from ampgraph.model.build import ModelInputs
 from ampgraph.verify.training import verify_train
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 aten = torch.ops.aten
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 

@@ -21,6 +21,8 @@ from ampgraph.torchutil import VIRTUAL_GPU_CAPABILITY, fake_mode, simulated_cuda
 
 from .test_fidelity import _agree
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 

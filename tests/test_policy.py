@@ -17,6 +17,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ampgraph import policy as P
 from ampgraph.torchutil import autocast_state
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 DISPATCH_KEY = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
 
 

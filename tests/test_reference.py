@@ -14,6 +14,8 @@ from ampgraph.cli import main
 from ampgraph.docs import reference
 from ampgraph.torchutil import autocast_state
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 
 def dispatcher_ops(key: str) -> set[str]:
     """Every op the dispatcher has an op-specific kernel for on ``key``, read independently."""

@@ -24,6 +24,8 @@ from ampgraph.annotate.scalars import C10_TYPES, SCALAR_CHECKS, overflows
 from ampgraph.annotate.strict import STRICT_CHECKS, StrictDtypeMode
 from ampgraph.settings import Setting
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 aten = torch.ops.aten
 F32_MIN = torch.finfo(torch.float32).min
 #: Values either side of each type's range, and the ones that always convert (inf, NaN).

@@ -24,6 +24,8 @@ from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.verify.hooks import eager_hook_lines
 
+pytestmark = pytest.mark.usefixtures("in_analysis")  # kernels as an analysis runs them
+
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
 CASES = {

@@ -308,6 +308,28 @@ def mse_loss_backward_takes_mixed_dtypes() -> bool:
     return torch_release() >= (2, 12)
 
 
+def addmv_meta_checks_dtypes() -> bool:
+    """Whether ``TORCH_META_FUNC(addmv)`` refuses ``self``, ``mat`` and ``vec`` of different
+    dtypes: from torch 2.12 on. Before, it makes the result with ``vec``'s options and checks no
+    dtype (the kernels copy ``self`` into it, casting; 2.11's real CPU kernel: ``addmv(f32[5],
+    bf16[5, 10], bf16[10])`` is bf16).
+
+    >>> addmv_meta_checks_dtypes() == (torch_release() >= (2, 12))
+    True
+    """
+    return torch_release() >= (2, 12)
+
+
+def torch_minor() -> str:
+    """The installed torch's release as ``MAJOR.MINOR`` (``"2.14"``), what versioned tables are
+    keyed by.
+
+    >>> torch_minor() == ".".join(map(str, torch_release()[:2]))
+    True
+    """
+    return ".".join(map(str, torch_release()[:2]))
+
+
 def draft_export_names_branches() -> bool:
     """Whether ``torch.export.draft_export`` reports each branch it decided on data, with the
     source line (``if x.sum() > 0:``), among its failures: from torch 2.13 on. 2.9 to 2.12

@@ -32,6 +32,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph import policy as P
 from ampgraph.annotate.composite import Decomposed, InnerAutocast, is_composite
 from ampgraph.annotate.replay import (
@@ -577,6 +578,7 @@ def _promotion(
     return {"inputs": [dtype_name(t.dtype) for t in floats], "to": out}
 
 
+@in_analysis_environment
 def annotate(capture: Capture) -> list[NodeRecord]:
     """Annotate every node of a capture; returns the node records in execution order."""
     annotator = AutocastAnnotator(capture)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.annotate.replay import Failed, FakeReplay, dtype_names, fake_session
 from ampgraph.capture.regions import region_args
 from ampgraph.capture.trace import IN_SETTING, Capture
@@ -101,6 +102,7 @@ def dispatcher_unavailable(device_type: str) -> str | None:
     )
 
 
+@in_analysis_environment
 def dispatcher_results(capture: Capture) -> dict[str, dict[str, Any]]:
     """What the real autocast kernels return at every node, by qualified node name."""
     oracle = DispatcherOracle(capture)
@@ -128,6 +130,7 @@ def trace_results(capture: Capture) -> dict[str, list[str | None]]:
     return out
 
 
+@in_analysis_environment
 def check(
     capture: Capture,
     records: list[NodeRecord],
@@ -142,6 +145,7 @@ def check(
     return check_nodes(capture, records, oracle)[0]
 
 
+@in_analysis_environment
 def check_nodes(
     capture: Capture,
     records: list[NodeRecord],

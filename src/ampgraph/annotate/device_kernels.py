@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ampgraph.annotate.kernel_dtypes import _NAMES, _read_as
+from ampgraph.compat import torch_minor
 
 aten = torch.ops.aten
 
@@ -82,7 +83,7 @@ def coverage_table(version: str | None = None) -> dict[str, dict[str, Any]]:
     True
     """
     if version is None:
-        version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+        version = torch_minor()
 
     def key(v: str) -> tuple[int, ...]:
         return tuple(int(p) for p in v.split(".") if p.isdigit())

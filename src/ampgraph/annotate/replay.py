@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from ampgraph.annotate.kernel_dtypes import RealCpuDtypes
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
+from ampgraph.capture.environment import analysis_environment
 from ampgraph.capture.grad_params import requires_grad
 from ampgraph.capture.regions import REGION_OPS
 from ampgraph.errors import first_line
@@ -180,6 +181,7 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
     with ExitStack() as stack:
         # A kernel that raises is the finding; fake_tensor's own log of it is noise on stderr.
         stack.enter_context(silenced("torch._subclasses.fake_tensor"))
+        stack.enter_context(analysis_environment())  # re-entrant: a no-op inside an analysis
         mode = stack.enter_context(fake_mode())
         stack.enter_context(StrictDtypeMode(setting.device_type))
         if setting.device_type == "cpu":  # a dispatch mode costs every op: only where it acts

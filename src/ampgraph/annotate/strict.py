@@ -42,7 +42,7 @@ from ampgraph.annotate.index_checks import INDEX_CHECKS
 from ampgraph.annotate.kernel_dtypes import CPU_NORM_BACKWARD_CHECKS, CPU_NORM_PARAMS
 from ampgraph.annotate.library_checks import library_check
 from ampgraph.annotate.scalars import KEYWORD_CHECKED, SCALAR_CHECKS
-from ampgraph.compat import guard_or_true, torch_release
+from ampgraph.compat import addmv_meta_checks_dtypes, guard_or_true
 from ampgraph.torchutil import scalar_type_name as _st
 
 aten = torch.ops.aten
@@ -152,7 +152,7 @@ def _addmv(args: tuple[Any, ...]) -> str | None:
     into a result of ``vec``'s dtype, casting, then read ``vec`` as ``mat``'s type (2.11's real
     CPU kernel; an H100 on 2.11 ran ``addmv(bf16[5], f32[5, 10], f32[10])`` to fp32)."""
     self, mat, vec = args[:3]
-    if torch_release() < (2, 12):
+    if not addmv_meta_checks_dtypes():
         return _data_ptr(mat, vec)
     if not (self.dtype == mat.dtype == vec.dtype):
         return (

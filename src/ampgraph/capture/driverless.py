@@ -6,7 +6,7 @@ insufficient" even on fake tensors -- which says nothing about the model. Here t
 shape-and-dtype stand-ins that follow the real code path, so the annotator, the dispatcher check
 and the eager-hook oracle all see what a GPU does:
 
-* **Meta kernels** (registered once, at import): the fused RNN cells ``_thnn_fused_gru_cell``
+* **Meta kernels** (:func:`install`, inside an analysis only): the fused RNN cells ``_thnn_fused_gru_cell``
   (``nn.GRUCell``) and cuDNN's grid sampler (``F.grid_sample``, RAFT) have none, so fake tensors
   ran the real CUDA kernel.
 * **cuDNN RNNs** (:func:`cudnn_rnn_stand_ins`, only while fake tensors run): the composite
@@ -46,13 +46,14 @@ CUDNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}
 CUDNN_RNN_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
-def _register_meta_kernels() -> list[Any]:
-    """Meta kernels for the CUDA ops that have none and so ran their CUDA kernel on fake tensors.
+def install() -> Callable[[], None]:
+    """Meta kernels for the CUDA ops that have none and so ran their CUDA kernel on fake tensors,
+    until the returned function runs (:mod:`ampgraph.capture.environment` calls both).
 
     Outputs are allocated as ``aten/src/ATen/native/cuda/RNN.cu`` (``hy = empty_like(hx)``, a
     workspace in the gates' options) and ``cudnn/GridSampler.cpp`` (the input's options) do.
     """
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive in _LIBRARIES
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by the undo
 
     def has_meta(name: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")
@@ -71,7 +72,7 @@ def _register_meta_kernels() -> list[Any]:
     for name, kernel in kernels:
         if not has_meta(name.partition(".")[0]):
             lib.impl(name, kernel, "Meta")
-    return [lib]
+    return lib._destroy
 
 
 def _same_type(op: str, *tensors: torch.Tensor | None) -> None:
@@ -140,11 +141,6 @@ _CUDNN_META: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("_cudnn_ctc_loss", _cudnn_ctc_loss),
     ("_cudnn_ctc_loss.Tensor", _cudnn_ctc_loss),
 )
-
-
-_LIBRARIES = _register_meta_kernels()
-# torch 2.9 with no GPU driver: the device guard and SDPA stand-in 2.10 needs none of.
-driverless_29.install()
 
 
 def uses_cudnn(t: torch.Tensor) -> bool:
@@ -261,4 +257,6 @@ def decomposition(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
     return STAND_INS.get(op) or driverless_29.STAND_INS.get(op)
 
 
-__all__ = ["CUDNN_MODES", "STAND_INS", "cudnn_rnn_stand_ins", "decomposition", "uses_cudnn"]
+__all__ = [
+    "CUDNN_MODES", "STAND_INS", "cudnn_rnn_stand_ins", "decomposition", "install", "uses_cudnn",
+]

@@ -33,18 +33,37 @@ driver, and models stop on them (``compat.fake_cuda_needs_help`` names the relea
   properties; 2.10 takes them as unsupported, and so does the replacement (the same backend
   and memory format as 2.10 for 2d, 3d, 1d, transposed and depthwise calls in fp32, bf16, fp16).
 
+**Why it stays, and what it checks.** Users of torch 2.9 on a CUDA build without a GPU (a CI
+runner, a laptop: the machines ampgraph is for) need the CUDA settings, the default ones; refusing
+2.9 there would leave them only the CPU settings, and the meta replay of a CPU-only build types
+trace-time reads less exactly (DESIGN.md fact 5). So the shim stays, inside an analysis only
+(:mod:`ampgraph.capture.environment` enters it and puts the registry slot and
+``torch._C._select_conv_backend`` back on exit), and checks each assumption against what the
+libraries contain before it writes anything: the registry symbol is exported; the two guards'
+RTTI names are CUDA's and meta's (so the vtables are those of the classes whose 2.9 header
+fixes the slot positions: the shim runs on 2.9 alone, whose wheels share that header); the
+machine is x86-64 Linux; and ``CUDAGuardImpl::type`` is ``mov eax, 1; ret``. The slot positions
+themselves cannot be read back: libc10 and libc10_cuda export no symbol for those member
+functions (``dladdr`` names none, checked on 2.9.1). Where any check fails, nothing is changed
+and one warning says to install ``torch>=2.10``. What remains outside C++'s rules is the call of that two-instruction function
+through ``getDevice``'s and ``exchangeDevice``'s slots: under the x86-64 System V ABI, the only
+one torch 2.9's Linux wheels are built for, a ``Device`` (two bytes) is returned in ``ax`` and an
+ignored argument costs nothing, so each call returns ``cuda:0`` as 2.10's ``FakeGuardImpl`` does.
+
 Only where needed: torch older than 2.10, a CUDA build, and no CUDA device (the guard's own
 count). With a GPU, or on any other release, :func:`install` does nothing. Backward on fake CUDA
 tensors fails on 2.10 too (``hasPrimaryContext``); ampgraph differentiates on meta (fact 11).
 
->>> install() is None  # idempotent; None: installed, or not needed here
-True
+>>> undo = install()  # what ampgraph.capture.environment does on entering an analysis
+>>> undo()  # and on leaving it: the registry slot and torch._C are as they were
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import platform
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, Final
@@ -68,12 +87,6 @@ _META_GUARD: Final = b"N3c104impl19NoOpDeviceGuardImplILNS_10DeviceTypeE14EEE"
 #: returned in ``ax``) that is ``cuda:0``.
 _RETURNS_CUDA_0: Final = bytes.fromhex("b801000000c3")
 
-#: Kept alive for the process: the registry holds a raw pointer into them.
-_KEPT: list[Any] = []
-#: None once :func:`install` has run (or had nothing to do); else why it could not.
-_STATE: dict[str, str | None] = {}
-
-
 def _vtable(obj: int) -> tuple[int, bytes]:
     """The vtable address of the C++ object at ``obj`` and its class's RTTI name."""
     vtable = ctypes.c_void_p.from_address(obj).value or 0
@@ -81,23 +94,26 @@ def _vtable(obj: int) -> tuple[int, bytes]:
     return vtable, ctypes.string_at(ctypes.c_void_p.from_address(type_info + 8).value or 0)
 
 
-def _install_cuda_guard() -> str | None:
-    """Put a driverless CUDA guard in the registry; None, or why not (nothing changed then)."""
+def _install_cuda_guard(kept: list[Any]) -> tuple[str | None, Callable[[], None]]:
+    """Put a driverless CUDA guard in the registry: (None, how to put the old one back), or
+    (why not, a no-op) with nothing changed."""
+    if platform.machine() != "x86_64" or sys.platform != "linux":  # the ABI the calls rely on
+        return f"{sys.platform} on {platform.machine()} is not x86-64 Linux", _nothing
     libc10 = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
     try:
         first = ctypes.c_void_p.in_dll(libc10, "_ZN3c104impl26device_guard_impl_registryE")
     except ValueError:
-        return "libc10.so does not export c10::impl::device_guard_impl_registry"
+        return "libc10.so does not export c10::impl::device_guard_impl_registry", _nothing
     registry = (ctypes.c_void_p * (_META + 1)).from_address(ctypes.addressof(first))
     if not registry[_CUDA] or not registry[_META]:
-        return "no CUDA or meta device guard registered (a CPU-only build of torch?)"
+        return "no CUDA or meta device guard registered (a CPU-only build of torch?)", _nothing
     cuda_vtable, cuda_name = _vtable(registry[_CUDA])
     meta_vtable, meta_name = _vtable(registry[_META])
     if cuda_name != _CUDA_GUARD or meta_name != _META_GUARD:
-        return f"unexpected device guards ({cuda_name!r}, {meta_name!r})"
+        return f"unexpected device guards ({cuda_name!r}, {meta_name!r})", _nothing
     cuda = (ctypes.c_void_p * _SLOTS).from_address(cuda_vtable)
     if ctypes.string_at(cuda[_TYPE], len(_RETURNS_CUDA_0)) != _RETURNS_CUDA_0:
-        return "CUDAGuardImpl::type() is not the code this relies on"
+        return "CUDAGuardImpl::type() is not the code this relies on", _nothing
     # The meta guard's vtable with its two header words (offset to top, RTTI), then CUDA's answers.
     table = (ctypes.c_void_p * (_SLOTS + 2)).from_buffer_copy(
         ctypes.string_at(meta_vtable - 16, (_SLOTS + 2) * 8)
@@ -106,9 +122,18 @@ def _install_cuda_guard() -> str | None:
         table[2 + slot] = cuda[_TYPE]
     table[2 + _DEVICE_COUNT] = cuda[_DEVICE_COUNT]
     guard = ctypes.c_void_p(ctypes.addressof(table) + 16)  # the object: one vtable pointer
-    _KEPT.extend([table, guard])
+    kept.extend([table, guard])  # the registry holds a raw pointer into them while installed
+    original = registry[_CUDA]
     registry[_CUDA] = ctypes.addressof(guard)
-    return None
+
+    def undo() -> None:
+        registry[_CUDA] = original
+
+    return None, undo
+
+
+def _nothing() -> None:
+    """Nothing to undo."""
 
 
 def _sdpa(*args: Any, **kwargs: Any) -> Any:
@@ -144,40 +169,79 @@ def _select_conv_backend(*args: Any, **kwargs: Any) -> Any:
 
 #: op -> its stand-in while :func:`install` is in effect (``driverless.decomposition`` reads it).
 STAND_INS: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
+#: Why the guard could not be installed on this machine (None: it can, or is not needed); asked
+#: once, since the answer is the library's.
+_WHY: dict[str, str | None] = {}
 
 
-def _register_stand_ins() -> None:
+def _register_stand_ins() -> Callable[[], None]:
     """The SDPA stand-in at ``AutogradCUDA``, where the composite runs, and the convolution
-    backend choice fake tensors ask for (no GPU here for either to affect)."""
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive in _KEPT
+    backend choice fake tensors ask for (no GPU here for either to affect), until the returned
+    function runs."""
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by the undo
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradCUDA")
-    _KEPT.append(lib)
     STAND_INS[aten.scaled_dot_product_attention.default] = _sdpa
     torch._C._select_conv_backend = _select_conv_backend  # looked up by fake_impls at each call
 
+    def undo() -> None:
+        torch._C._select_conv_backend = _SELECT_CONV_BACKEND
+        STAND_INS.clear()
+        lib._destroy()
 
-def install() -> str | None:
-    """Make fake CUDA tensors work without a driver on torch 2.9, once; elsewhere nothing.
+    return undo
 
-    Returns None where done or not needed, else one line saying why it could not be done (the
-    analysis of CUDA settings then stops where torch asks the driver).
+
+def needed() -> bool:
+    """Whether this process needs the shim: torch older than 2.10, a CUDA build, no CUDA device.
+
+    >>> needed() == (fake_cuda_needs_help() and bool(torch.version.cuda)
+    ...              and torch.cuda.device_count() == 0)
+    True
     """
-    if "done" in _STATE:
-        return _STATE["done"]
-    why = None
-    if fake_cuda_needs_help() and torch.version.cuda and torch.cuda.device_count() == 0:
-        why = _install_cuda_guard()
-        if why is None:
-            _register_stand_ins()
-        else:  # one line, once: the CUDA settings will stop where torch asks the driver
+    return bool(fake_cuda_needs_help() and torch.version.cuda and torch.cuda.device_count() == 0)
+
+
+def install() -> Callable[[], None]:
+    """Make fake CUDA tensors work without a driver on torch 2.9, until the returned function
+    runs (:mod:`ampgraph.capture.environment` calls both); elsewhere nothing. Where an assumption
+    fails (:func:`problem` says which), nothing is changed and one warning says what to install:
+    the analysis of CUDA settings then stops where torch asks the driver."""
+    if not needed():
+        return _nothing
+    kept: list[Any] = []
+    why, undo_guard = _install_cuda_guard(kept)
+    if why is not None:
+        if "warned" not in _WHY:
+            _WHY["warned"] = why
             warnings.warn(
                 f"torch {torch.__version__} without a GPU driver: fake CUDA tensors need a device "
                 f"guard ampgraph could not install ({why}); pip install 'torch>=2.10'",
                 UnsupportedVersionWarning,
                 stacklevel=2,
             )
-    _STATE["done"] = why
+        return _nothing
+    undo_stand_ins = _register_stand_ins()
+
+    def undo() -> None:
+        undo_stand_ins()
+        undo_guard()
+        kept.clear()
+
+    return undo
+
+
+def problem() -> str | None:
+    """Why the shim cannot be installed here (None: it can, or is not needed); changes nothing.
+
+    >>> problem() is None or isinstance(problem(), str)
+    True
+    """
+    if not needed():
+        return None
+    kept: list[Any] = []
+    why, undo = _install_cuda_guard(kept)
+    undo()
     return why
 
 
-__all__ = ["STAND_INS", "install"]
+__all__ = ["STAND_INS", "install", "needed", "problem"]

@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.environment import current
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.raises import model_call
 from ampgraph.capture.reads import TraceReads
@@ -51,28 +52,12 @@ EXPORT = "export"
 MAKE_FX = "make-fx"
 
 
-#: Whether captures record each node's Python stack (``node.meta["stack_trace"]``), which
-#: :mod:`ampgraph.capture.sources` reads source lines from: only while :func:`keeping_stack_traces` lasts.
-_STACK_TRACES = False
-
-
-@contextlib.contextmanager
-def keeping_stack_traces() -> Iterator[None]:
-    """Captures made while it lasts record each node's stack trace (``analyze(...,
-    sources=True)``, for audit's source lines); the others skip it (:func:`_no_stack_traces`)."""
-    global _STACK_TRACES
-    previous, _STACK_TRACES = _STACK_TRACES, True
-    try:
-        yield
-    finally:
-        _STACK_TRACES = previous
-
-
 @contextlib.contextmanager
 def _no_stack_traces() -> Iterator[None]:
-    """Skip recording a Python stack trace per node unless :func:`keeping_stack_traces` asks for
-    them: only audit's source lines read them, and symbolising them is a sixth of the trace time."""
-    with fx_stack_traces(_STACK_TRACES):  # a switch from torch 2.13 on (ampgraph.compat)
+    """Skip recording a Python stack trace per node unless the analysis's environment asks for
+    them (:class:`~ampgraph.capture.environment.AnalysisEnvironment`): only audit's source lines
+    read them, and symbolising them is a sixth of the trace time."""
+    with fx_stack_traces(current().stack_traces):  # a switch from torch 2.13 on (ampgraph.compat)
         yield
 
 
@@ -448,6 +433,5 @@ __all__ = [
     "EXPORT",
     "MAKE_FX",
     "Traced",
-    "keeping_stack_traces",
     "make_fx_available",
 ]

@@ -19,8 +19,9 @@ which shares the rule (``tests/test_meta_kernels.py``):
   decomposition's shape and takes the dtype the real kernels' shared code gives.
 
 >>> import torch
+>>> from ampgraph.capture.environment import analysis_environment
 >>> from ampgraph.torchutil import fake_mode
->>> with fake_mode():
+>>> with analysis_environment(), fake_mode():
 ...     a, b = torch.empty(8, 16, device="cuda"), torch.empty(4, 16, 32, device="cuda")
 ...     torch._grouped_mm(a, b, offs=torch.tensor([2, 4, 6, 8], dtype=torch.int32, device="cuda")).dtype
 torch.float32
@@ -29,15 +30,16 @@ torch.float32
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ampgraph.compat import (
+    addmv_meta_checks_dtypes,
     layer_norm_backward_meta_is_right,
     mse_loss_backward_takes_mixed_dtypes,
     replace_kernel,
-    torch_release,
 )
 
 #: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
@@ -227,7 +229,7 @@ REPLACED: dict[str, Any] = {
     "huber_loss": _loss_as_input("huber_loss"),
     "soft_margin_loss": _loss_as_input("soft_margin_loss"),
     "binary_cross_entropy_with_logits": _bce_with_logits,
-    **({"addmv": _addmv_before_2_12} if torch_release() < (2, 12) else {}),
+    **({"addmv": _addmv_before_2_12} if not addmv_meta_checks_dtypes() else {}),
     "threshold_backward": _threshold_backward,
     "mse_loss_backward": _mse_loss_backward,
     **(
@@ -238,15 +240,18 @@ REPLACED: dict[str, Any] = {
 }
 
 
-def _register() -> list[torch.library.Library]:
-    """Replace each meta kernel where fake tensors look for it: the dispatcher's Meta key (a plain
-    fake tensor), the Python kernel that ``register_meta`` also filled (what a trace under the
-    Python dispatcher, make_fx's and export's, calls first), and the meta table (which a fake
-    tensor prefers to the decomposition it would otherwise run)."""
+def install() -> Callable[[], None]:
+    """Replace each meta kernel where fake tensors look for it, until the returned function runs:
+    the dispatcher's Meta key (a plain fake tensor), the Python kernel that ``register_meta`` also
+    filled (what a trace under the Python dispatcher, make_fx's and export's, calls first), and the
+    meta table (which a fake tensor prefers to the decomposition it would otherwise run). The
+    returned function puts torch's own back (:mod:`ampgraph.capture.environment` calls both)."""
     from torch._C import DispatchKey
     from torch._decomp import meta_table
 
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive in _LIBRARIES
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by the undo
+    missing = object()
+    previous: list[tuple[Any, Any, Any]] = []  # (op, its Python Meta kernel, its meta table entry)
     with warnings.catch_warnings():
         # "Overriding a previously registered kernel": the point, said once here.
         warnings.simplefilter("ignore")
@@ -255,19 +260,26 @@ def _register() -> list[torch.library.Library]:
                 continue
             replace_kernel(lib, name, kernel, "Meta")  # torch 2.11 refuses lib.impl here
             op = getattr(torch.ops.aten, name).default
+            previous.append((op, op.py_kernels.get(DispatchKey.Meta, missing),
+                             meta_table.get(op, missing)))  # fmt: skip
             if DispatchKey.Meta in op.py_kernels:
                 op.py_kernels[DispatchKey.Meta] = kernel
                 op._dispatch_cache.clear()
             # In the meta table a fake tensor prefers it to a Python decomposition too.
             meta_table[op] = kernel
-    # Fake tensors cache each op's output by its inputs' metadata: forget what the old kernels
-    # gave (a fake tensor made before this import).
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    FakeTensorMode.cache_clear()
-    return [lib]
+    def undo() -> None:
+        lib._destroy()  # pops this library's registrations: torch's Meta kernels are back
+        for op, py_kernel, entry in previous:
+            if py_kernel is not missing:
+                op.py_kernels[DispatchKey.Meta] = py_kernel
+                op._dispatch_cache.clear()
+            if entry is missing:
+                meta_table.pop(op, None)
+            else:
+                meta_table[op] = entry
+
+    return undo
 
 
-_LIBRARIES = _register()
-
-__all__ = ["GROUPED_MM_DTYPES", "REPLACED"]
+__all__ = ["GROUPED_MM_DTYPES", "REPLACED", "install"]

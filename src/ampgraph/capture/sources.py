@@ -2,7 +2,7 @@
 
 A capture records each node's Python stack (``node.meta["stack_trace"]``) only when an analysis
 asks for source lines (``analyze(..., sources=True)``, which ``ampgraph audit`` does; see
-:func:`ampgraph.capture.trace.keeping_stack_traces`): symbolising stacks costs a sixth of the trace
+:class:`ampgraph.capture.environment.AnalysisEnvironment`): symbolising stacks costs a sixth of the trace
 time, which the other commands do not pay. The line is the innermost frame outside torch and
 ampgraph: the model's code that calls the op, or the torch module (``self.fc1(x)`` for the
 ``linear`` of an ``nn.Linear``).

@@ -29,6 +29,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.data_path import (
     DATA_PATH_METHODS,
@@ -43,7 +44,6 @@ from ampgraph.capture.engines import (
     MAKE_FX,
     Traced,
     _export,
-    keeping_stack_traces,
     make_fx_available,
 )
 from ampgraph.capture.grad_params import mark_requires_grad
@@ -297,6 +297,7 @@ class _Found:
     real_run: str | None = None
 
 
+@in_analysis_environment
 def capture(
     model: ModelInputs,
     setting: Setting,
@@ -519,7 +520,7 @@ def tied_parameters(module: nn.Module) -> dict[str, str]:
     return out
 
 
-# NO_TENSOR, keeping_stack_traces and the engines' names are the capture stage's to give its
+# NO_TENSOR and the engines' names are the capture stage's to give its
 # callers, whichever module of it defines them.
 __all__ = [
     "DATA_PATH_METHODS",
@@ -534,7 +535,6 @@ __all__ = [
     "Capture",
     "ModuleInfo",
     "capture",
-    "keeping_stack_traces",
     "module_table",
     "output_paths",
     "tied_parameters",

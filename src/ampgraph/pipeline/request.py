@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import ampgraph.arguments as arguments
+from ampgraph.capture.environment import AnalysisEnvironment
 from ampgraph.errors import SettingError
 from ampgraph.model.specs import DEFAULT_TRACER, spec_tracer
 from ampgraph.report.records import PASSES
@@ -91,6 +92,15 @@ class AnalysisRequest:
         if settings is None:
             return cls(model=model, **given)  # the seed notebook's four
         return cls(model=model, settings=arguments.settings(settings), **given)
+
+    def environment(self) -> AnalysisEnvironment:
+        """What the stages run under for this request (handed down by
+        :func:`ampgraph.capture.environment.analysis_environment`).
+
+        >>> AnalysisRequest("opt-125m", ("amp-fp32",), sources=True).environment()
+        AnalysisEnvironment(stack_traces=True)
+        """
+        return AnalysisEnvironment(stack_traces=self.sources)
 
     @property
     def training(self) -> bool:

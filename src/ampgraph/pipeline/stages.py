@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampgraph.capture.environment import analysis_environment, in_analysis_environment
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
@@ -25,7 +26,6 @@ from ampgraph.capture.trace import (
     DATA_PATH_METHODS,
     Capture,
     capture,
-    keeping_stack_traces,
 )
 from ampgraph.errors import SettingError
 from ampgraph.model.build import ModelInputs
@@ -80,10 +80,6 @@ def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
     if name == P.ACTIVE_RELEASE:
         return contextlib.nullcontext()
     return P.tables_in_use(P.tables_for(name), name)
-
-
-def _stack_traces(sources: bool) -> contextlib.AbstractContextManager[None]:
-    return keeping_stack_traces() if sources else contextlib.nullcontext()
 
 
 def _other_tables() -> str | None:
@@ -164,6 +160,7 @@ def _oracle_beside(cap: Capture, work: Any) -> tuple[Any, dict[str, dict[str, An
     return result, oracle[0]
 
 
+@in_analysis_environment
 def analyze_capture(
     cap: Capture,
     *,
@@ -340,10 +337,11 @@ def analyze_group(
     return analyze_model(trace(as_model_inputs(model, args, kwargs), request.traced_by), request)
 
 
+@in_analysis_environment
 def analyze_model(model: ModelInputs, request: AnalysisRequest) -> list[Report]:
     """The reports of ``model`` (traced already, :func:`trace`) in each of the request's
     settings, in order: what :func:`analyze_group` does once it has its request."""
-    with tables_of(request.tables), _stack_traces(request.sources):
+    with tables_of(request.tables), analysis_environment(request.environment()):
         return _analyze_sharing(model, request)
 
 
@@ -477,6 +475,7 @@ def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
 _WORKER_MODEL: ModelInputs | None = None
 
 
+@in_analysis_environment
 def _analyze_in_worker(job: tuple[list[int], AnalysisRequest]) -> list[tuple[int, Report]]:
     import torch
 
@@ -543,6 +542,7 @@ def analyze_many(
     return analyze_in_workers(trace(model, tracer), request, workers=workers, on_done=on_done)
 
 
+@in_analysis_environment
 def analyze_in_workers(
     model: ModelInputs,
     request: AnalysisRequest,

@@ -383,9 +383,24 @@ def _index(
 #: The lists :func:`lookup` reads: the installed torch's, unless :func:`tables_in_use` says else.
 _INDEX: dict[tuple[str, str], str | None] = _index()
 _RELEASE_IN_USE: str = ACTIVE_RELEASE
-#: Every index that was in use, kept alive so that ``id(_INDEX)`` (a cache key in
-#: :mod:`ampgraph.annotate.annotator`) never names two different tables.
-_USED: list[dict[tuple[str, str], str | None]] = [_INDEX]
+#: Which tables :data:`_INDEX` holds, as a number no other tables ever had in this process (a
+#: cache key in :mod:`ampgraph.annotate.composite`): unlike ``id(_INDEX)``, it needs no index kept
+#: alive after use, so repeated what-ifs do not keep every table they read.
+_GENERATION = [0]
+_TABLES_KEY = 0
+
+
+def tables_key() -> int:
+    """A number that names the tables :func:`lookup` reads now, never reused for other tables.
+
+    >>> before = tables_key()
+    >>> with tables_in_use(tables_for("2.11"), "2.11"):
+    ...     tables_key() != before
+    True
+    >>> tables_key() == before
+    True
+    """
+    return _TABLES_KEY
 
 
 def release_in_use() -> str:
@@ -411,14 +426,14 @@ def tables_in_use(tables: Tables, release: str) -> Iterator[None]:
     >>> lookup("cuda", "aten::rms_norm", "")
     'fp32'
     """
-    global _INDEX, _RELEASE_IN_USE
-    previous = _INDEX, _RELEASE_IN_USE
-    _INDEX, _RELEASE_IN_USE = _index(tables, ACTIVE_TABLES), release
-    _USED.append(_INDEX)
+    global _INDEX, _RELEASE_IN_USE, _TABLES_KEY
+    previous = _INDEX, _RELEASE_IN_USE, _TABLES_KEY
+    _GENERATION[0] += 1
+    _INDEX, _RELEASE_IN_USE, _TABLES_KEY = _index(tables, ACTIVE_TABLES), release, _GENERATION[0]
     try:
         yield
     finally:
-        _INDEX, _RELEASE_IN_USE = previous
+        _INDEX, _RELEASE_IN_USE, _TABLES_KEY = previous
 
 
 def current_tables() -> dict[str, dict[str, tuple[str, ...]]]:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.capture.casts import cast_floating
 from ampgraph.capture.trace import Capture, capture
 from ampgraph.model.build import ModelInputs
@@ -180,6 +181,7 @@ def _model_of(model: Any, *, seq_len: int, force: bool) -> ModelInputs:
                         f"load_model() returns, not {type(model).__name__}")  # fmt: skip
 
 
+@in_analysis_environment
 def value_ranges(
     model: ModelInputs | str,
     settings: Sequence[Setting | str] | Setting | str,

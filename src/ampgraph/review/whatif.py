@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph import policy as P
 from ampgraph.errors import AmpgraphError
 from ampgraph.model.build import ModelInputs
@@ -347,6 +348,7 @@ def preview_moves(
     return preview(spec, setting, moves=moves, seq_len=seq_len, force=force, check=check)
 
 
+@in_analysis_environment
 def preview(
     spec: str | ModelInputs,
     setting: Setting | str,

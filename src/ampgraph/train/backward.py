@@ -48,6 +48,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental import proxy_tensor
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.annotate.replay import (
     Failed,
     StrictDtypeMode,
@@ -183,6 +184,7 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+@in_analysis_environment
 def trace_joint(
     cap: Capture, *, loss: str | int | None = None, backward_autocast: bool = False
 ) -> JointTrace:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.annotate.replay import not_analysable
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.casts import cast_outputs
@@ -151,6 +152,7 @@ class LeafHooks:
         return failing
 
 
+@in_analysis_environment
 def eager_hook_lines(
     model: ModelInputs, setting: Setting, unbacked: dict[str, int] | None = None
 ) -> list[str]:

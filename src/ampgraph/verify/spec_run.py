@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.pipeline.request import AnalysisRequest
 
 #: What :func:`verify_spec` hands its caller: ``("progress", note)`` or ``("step", results)``.
@@ -54,6 +55,7 @@ def produce(request: AnalysisRequest, random_seed: int, send: Callable[[Item], N
         send(("step", step))
 
 
+@in_analysis_environment
 def verify_spec(
     request: AnalysisRequest, take: Callable[[Item], None], *, random_seed: int = 0
 ) -> None:

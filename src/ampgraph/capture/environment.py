@@ -1,0 +1,172 @@
+"""What an analysis changes in torch, applied for that analysis only: one context manager.
+
+ampgraph is a library beside the user's own torch code (a notebook, a Lightning process, a docs
+build), so importing it changes nothing in torch, and an analysis leaves torch as it found it.
+What an analysis needs changed in torch is entered here and restored here, on every exit path
+(a return, an error, a timeout's exception, ``KeyboardInterrupt``):
+
+* **meta kernels** stricter than the real kernels, or typing otherwise
+  (``capture/meta_kernels.py``): registered at the dispatcher's Meta key through a
+  ``torch.library.Library`` whose lifetime is the environment (``_destroy()`` on exit puts torch's
+  kernel back: the dispatcher keeps a stack of registrations per key and ``_destroy`` pops ours, on
+  torch 2.9 to 2.14), and in ``op.py_kernels`` and ``torch._decomp.meta_table``, whose previous
+  entries are put back;
+* **driverless kernels** for CUDA ops that have no meta kernel (``capture/driverless.py``);
+* on torch 2.9 without a GPU driver, **the CUDA device guard**, the SDPA stand-in and
+  ``torch._C._select_conv_backend`` (``capture/driverless_29.py``): the registry slot and the
+  attribute get their previous values back.
+
+Fake tensors cache outputs by inputs' metadata, so the cache is cleared on entry and on exit: no
+output typed by ampgraph's kernels outlives the environment.
+
+Changes that belong to one step of an analysis, not to all of it, stay scoped where that step is
+(each a context manager restoring on exit): ``torch.compiler``'s flags while a traced forward runs
+as a real run (``capture/raises.py``, ``verify/training.py``), the autocast queries logged while
+tracing (``capture/reads.py``), the virtual GPU's answers (``torchutil.simulated_cuda_amp``), a
+what-if's overridden autocast kernels (``review/whatif.py``), cuDNN RNN stand-ins
+(``driverless.cudnn_rnn_stand_ins``).
+
+**Re-entrant**: a nested analysis (a what-if inside an analysis, an API call inside the CLI's)
+enters nothing more; the outermost exit restores.
+
+**Threads**: torch's dispatcher and these tables are process-wide, so while any thread is inside
+an analysis every thread of the process sees ampgraph's meta kernels (a ``torch.compile`` in
+another thread at that moment types those few ops as the real kernels do, which is what the
+replacements are for, but it is not torch's own meta kernel). Entering and leaving are serialised
+by a lock and counted across threads, so the kernels are in place while at least one analysis
+runs in any thread and gone once the last one ends. Forked worker processes inherit the state of
+the parent at the fork and restore their own copy.
+
+>>> import torch
+>>> import torch.nn.functional as F
+>>> def huber() -> torch.dtype:
+...     x = torch.empty(3, dtype=torch.bfloat16, device="meta")
+...     return F.huber_loss(x, torch.empty(3, device="meta")).dtype
+>>> huber()
+torch.float32
+>>> with analysis_environment():
+...     huber()
+torch.bfloat16
+>>> huber()
+torch.float32
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+
+@dataclass(frozen=True)
+class AnalysisEnvironment:
+    """What the stages of one analysis run under, beyond the model and the setting: built from
+    the request (``AnalysisRequest.environment()``) and handed down to capture and the replays by
+    :func:`analysis_environment`, instead of process globals a stage sets for the stages below.
+
+    ``stack_traces``: captures record each node's Python stack (audit's source lines read it;
+    symbolising stacks is a sixth of the trace time, so only when asked).
+
+    >>> current()
+    AnalysisEnvironment(stack_traces=False)
+    >>> with analysis_environment(AnalysisEnvironment(stack_traces=True)):
+    ...     current().stack_traces
+    True
+    """
+
+    stack_traces: bool = False
+
+
+#: The environment of the analysis running in this thread (or asyncio task): a context variable,
+#: so analyses in two threads each see their own.
+_CURRENT: contextvars.ContextVar[AnalysisEnvironment] = contextvars.ContextVar(
+    "ampgraph_analysis_environment", default=AnalysisEnvironment()
+)
+
+
+def current() -> AnalysisEnvironment:
+    """The environment of the analysis running here (the default one outside any)."""
+    return _CURRENT.get()
+
+
+_LOCK = threading.RLock()
+#: How many analyses are inside the environment now (any thread), and how to undo it.
+_DEPTH = [0]
+_UNDO: list[Callable[[], None]] = []
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _enter() -> list[Callable[[], None]]:
+    """Apply every change; the undo steps, in the order they must run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ampgraph.capture import driverless, driverless_29, meta_kernels
+
+    undo: list[Callable[[], None]] = []
+    try:
+        undo.append(meta_kernels.install())
+        undo.append(driverless.install())
+        undo.append(driverless_29.install())
+    except BaseException:
+        for step in reversed(undo):
+            step()
+        raise
+    FakeTensorMode.cache_clear()
+    undo.reverse()
+    undo.append(FakeTensorMode.cache_clear)
+    return undo
+
+
+@contextlib.contextmanager
+def analysis_environment(environment: AnalysisEnvironment | None = None) -> Iterator[None]:
+    """Inside, torch runs as an analysis needs it; outside, as torch itself is (the module's
+    docstring says what changes). Re-entrant, and safe to enter from several threads.
+
+    ``environment`` (None: the one in effect, or the default) is what the stages inside read
+    with :func:`current`; the previous one is back on exit."""
+    with _LOCK:
+        if _DEPTH[0] == 0:
+            _UNDO[:] = _enter()
+        _DEPTH[0] += 1
+    token = _CURRENT.set(environment) if environment is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _CURRENT.reset(token)
+        with _LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                steps, _UNDO[:] = list(_UNDO), []
+                for step in steps:
+                    step()
+
+
+def active() -> bool:
+    """Whether an analysis is inside the environment now (in any thread).
+
+    >>> active()
+    False
+    """
+    return _DEPTH[0] > 0
+
+
+def in_analysis_environment(function: F) -> F:
+    """``function`` run inside :func:`analysis_environment` (for the library's entry points)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with analysis_environment():
+            return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+__all__ = [
+    "AnalysisEnvironment", "active", "analysis_environment", "current", "in_analysis_environment",
+]

@@ -1,0 +1,150 @@
+"""A library call leaves torch as it found it (issue 46): importing ampgraph changes nothing in
+torch, and analyses of every kind (forward, train, verify, ranges, a what-if) restore what they
+changed (:mod:`ampgraph.capture.environment`).
+
+Each observation runs in a fresh process, so nothing another test did is seen.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ampgraph.capture.environment import active, analysis_environment
+
+#: What torch is, as seen by a user's code: the dtypes torch's meta kernels give the ops ampgraph
+#: replaces, every kernel registered for them (``_dispatch_dump``), the Python kernels and meta
+#: table entries (by identity), the functions and flags ampgraph has ever changed.
+_OBSERVE = r'''
+import json, sys
+import torch
+import torch.nn.functional as F
+
+def observe():
+    from torch._C import DispatchKey
+    from torch._decomp import meta_table
+    ops = ["huber_loss", "soft_margin_loss", "addr", "threshold_backward", "mse_loss_backward",
+           "binary_cross_entropy_with_logits", "_grouped_mm", "native_layer_norm_backward",
+           "addmv", "_thnn_fused_gru_cell", "cudnn_grid_sampler", "cudnn_convolution",
+           "scaled_dot_product_attention", "lstm"]
+    x = torch.empty(3, dtype=torch.bfloat16, device="meta")
+    t = torch.empty(3, device="meta")
+    seen = {
+        "huber": str(F.huber_loss(x, t).dtype),
+        "soft_margin": str(F.soft_margin_loss(x, t).dtype),
+        "select_conv_backend": id(torch._C._select_conv_backend),
+        "compiler_flags": [torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag],
+        "autocast": [id(getattr(torch, q)) for q in dir(torch) if q.startswith(
+            ("is_autocast", "set_autocast", "get_autocast"))],
+        "cuda": [id(getattr(torch.cuda, q)) for q in ("get_device_capability",
+            "get_device_properties", "get_device_name", "is_bf16_supported")],
+        "autocast_state": [torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")],
+    }
+    for name in ops:
+        op = getattr(torch.ops.aten, name).default if name != "lstm" else torch.ops.aten.lstm.input
+        seen[name] = [torch._C._dispatch_dump(op._schema.name),
+                      id(op.py_kernels.get(DispatchKey.Meta)), id(meta_table.get(op))]
+    return seen
+
+before = observe()
+import ampgraph
+import ampgraph.capture, ampgraph.capture.trace, ampgraph.pipeline.stages, ampgraph.review.whatif
+import ampgraph.verify, ampgraph.ranges, ampgraph.train.backward
+results = {"import": observe() == before}
+from click.testing import CliRunner
+from ampgraph.cli import main
+for name, args in json.loads(sys.argv[1]).items():
+    out = CliRunner().invoke(main, ["--no-cache", "-q", "-j", "1", *args])
+    assert out.exit_code in (0, 1), (name, out.output, out.exception)
+    after = observe()
+    results[name] = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
+print(json.dumps(results))
+'''
+
+#: One analysis of each kind, as the CLI runs it (its exit code may be 1: a finding).
+_ANALYSES = {
+    "forward": ["table", "llama-tiny", "-s", "amp-fp32"],
+    "train": ["table", "llama-tiny", "-s", "amp-fp32", "--pass", "train"],
+    "verify": ["verify", "llama-tiny", "-s", "amp-fp32", "--device", "cpu"],
+    "ranges": ["ranges", "llama-tiny", "--amp-dtype", "fp16"],
+    "what-if": ["diff", "llama-tiny", "-s", "amp-fp32", "--keep-fp32", "*mlp*"],
+}
+
+
+def _run(code: str, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_import_and_every_kind_of_analysis_leave_torch_as_it_was() -> None:
+    results = json.loads(_run(_OBSERVE, json.dumps(_ANALYSES)).splitlines()[-1])
+    assert results == {"import": True, **{name: {} for name in _ANALYSES}}
+
+
+def _huber_dtypes() -> tuple[torch.dtype, torch.dtype]:
+    x = torch.empty(3, dtype=torch.bfloat16, device="meta")
+    t = torch.empty(3, device="meta")
+    f = torch.nn.functional
+    return f.huber_loss(x, t).dtype, f.soft_margin_loss(x, t).dtype
+
+
+def test_the_environment_is_what_the_observation_sees_and_is_reentrant() -> None:
+    """The observation above can fail: inside, the meta kernels type as the real kernels do (the
+    input's dtype); nested entries change nothing; the outermost exit restores, an error too."""
+    assert _huber_dtypes() == (torch.float32, torch.float32) and not active()
+    with analysis_environment():
+        assert _huber_dtypes() == (torch.bfloat16, torch.bfloat16)
+        with analysis_environment():
+            assert _huber_dtypes() == (torch.bfloat16, torch.bfloat16)
+        assert active() and _huber_dtypes() == (torch.bfloat16, torch.bfloat16)
+    assert _huber_dtypes() == (torch.float32, torch.float32) and not active()
+    with pytest.raises(KeyboardInterrupt), analysis_environment():
+        raise KeyboardInterrupt
+    assert _huber_dtypes() == (torch.float32, torch.float32) and not active()
+
+
+#: A model whose compiled graph carries the dtypes meta kernels give (aot_autograd runs them on
+#: fake tensors): the graph ``torch.compile`` makes, as text with every value's dtype.
+_COMPILE = r'''
+import torch
+import torch.nn.functional as F
+from torch._dynamo.backends.common import aot_autograd
+
+graphs = []
+def keep(gm, example_inputs):
+    graphs.append("\n".join(f"{n.format_node()} :: {getattr(n.meta.get('val'), 'dtype', None)}"
+                            for n in gm.graph.nodes))
+    return gm.forward
+
+def step(x, t, w):
+    y = torch.relu(x @ w)
+    return F.huber_loss(y, t) + F.soft_margin_loss(y, t)
+
+def compiled():
+    torch._dynamo.reset()
+    args = (torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4, 8), torch.randn(8, 8,
+            dtype=torch.bfloat16))
+    torch.compile(step, backend=aot_autograd(fw_compiler=keep))(*args)
+    return graphs[-1]
+
+before = compiled()
+import ampgraph
+from ampgraph.capture.environment import analysis_environment
+after_import = compiled()
+report = ampgraph.analyze(ampgraph.load_model("llama-tiny"), ampgraph.Setting.parse("amp-fp32"))
+after = compiled()
+with analysis_environment():
+    inside = compiled()
+print(before == after_import, before == after, before != inside, "bfloat16" in before)
+'''
+
+
+def test_torch_compile_gives_the_same_graph_before_and_after_an_analysis() -> None:
+    assert _run(_COMPILE).split()[-4:] == ["True", "True", "True", "True"]
