@@ -54,7 +54,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.specs
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(if $(VISION_SPEC),$(BIN)/pip install --quiet "$(TORCH_SPEC)" $(VISION_SPEC))
-	$(BIN)/pip install --quiet -e ".[test,docs]" "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[test,docs,fp8]" "$(TORCH_SPEC)"
 	touch $@
 
 $(FLOOR_VENV)/.installed: pyproject.toml
