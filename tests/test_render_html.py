@@ -126,7 +126,9 @@ def test_search_finds_a_node_by_module_path_and_shows_it(browser: Browser, page:
     found = browser.evaluate("document.getElementById('results').innerText")
     amp = reports()[0]
     inside = [r for r in amp.nodes if r.module == HOSTILE or (r.target or "").startswith(HOSTILE)]
-    assert found.count(HOSTILE) == len(inside) > 0  # the name, as text, in every result
+    assert amp.backward is not None  # and the backward of each, shown in the module's mirror
+    behind = [r for r in amp.backward.nodes if r.forward in {n.name for n in inside}]
+    assert found.count(HOSTILE) == len(inside) + len(behind) > 0  # as text, in every result
     key(browser, "Enter")
     shown = panel(browser)
     assert HOSTILE in shown and inside[0].name in shown

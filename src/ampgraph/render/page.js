@@ -187,6 +187,7 @@
 
   // -- drawing: only the rows and edges in view ---------------------------------------------------
   const ctx = canvas.getContext("2d");
+  const HIT = getComputedStyle(document.body).getPropertyValue("--hit").trim() || "#fff3b0";
   let scale = 1, tx = 0, ty = 0, width = 0, height = 0, pending = false;
   function resize() {
     const r = canvas.getBoundingClientRect(), dpr = window.devicePixelRatio || 1;
@@ -217,6 +218,11 @@
     return text;
   }
   function paint() {
+    const started = performance.now();
+    paintBody();
+    if (window.ampgraph) window.ampgraph.paintMs = performance.now() - started;
+  }
+  function paintBody() {
     const dpr = window.devicePixelRatio || 1;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.fillStyle = C.background; ctx.fillRect(0, 0, width, height);
@@ -232,17 +238,31 @@
       ctx.beginPath(); ctx.moveTo(x, r * ROW + ROW / 2); ctx.lineTo(x, (row.end + 1) * ROW - 4);
       ctx.stroke();
     }
-    // Edges, on the right of the boxes, bowed by how far they go.
+    // Edges, on the right of the boxes, bowed by how far they go. An edge with one end out of
+    // view is a short stub pointing the way it goes (its other end is a click on the node
+    // away); one with both ends out of view is not drawn: unfolded, thousands of saved
+    // activations cross from the forward to the backward, and rastering curves thousands of
+    // pixels long is what made a frame slow, not the drawing commands.
+    const top = -ty / scale, bottom = (height - ty) / scale;
     for (const e of edges) {
       if (e.b < first || e.a > last) continue;
-      const xa = boxX(rows[e.a].depth) + BOX_W, xb = boxX(rows[e.b].depth) + BOX_W;
       const ya = e.a * ROW + ROW / 2, yb = e.b * ROW + ROW / 2;
-      const bow = 14 + Math.min(400, 10 * Math.sqrt(e.b - e.a));
+      const inA = ya >= top && ya <= bottom, inB = yb >= top && yb <= bottom;
+      if (!inA && !inB) continue;
       ctx.strokeStyle = edgeColour(e.dtype);
       ctx.lineWidth = e.fam === "int" || e.fam === "other" ? 1 : 1.8;
       ctx.setLineDash(e.fam === "int" ? [4, 3] : []);
-      ctx.beginPath(); ctx.moveTo(xa, ya);
-      ctx.bezierCurveTo(xa + bow, ya, Math.max(xa, xb) + bow, yb, xb, yb);
+      ctx.beginPath();
+      if (inA && inB) {
+        const xa = boxX(rows[e.a].depth) + BOX_W, xb = boxX(rows[e.b].depth) + BOX_W;
+        const bow = 14 + Math.min(400, 10 * Math.sqrt(e.b - e.a));
+        ctx.moveTo(xa, ya); ctx.bezierCurveTo(xa + bow, ya, Math.max(xa, xb) + bow, yb, xb, yb);
+      } else {
+        const y = inA ? ya : yb, x = boxX(rows[inA ? e.a : e.b].depth) + BOX_W;
+        const lane = 10 + (e.b - e.a) % 5 * 4, dy = inA ? 8 : -8;
+        ctx.moveTo(x, y); ctx.lineTo(x + lane, y); ctx.lineTo(x + lane, y + dy);
+        ctx.lineTo(x + lane - 3, y + dy - Math.sign(dy) * 3);
+      }
       ctx.stroke();
     }
     ctx.setLineDash([]);
@@ -256,7 +276,7 @@
     if (row.g) { fill = C.group; border = C.groupBorder; }
     else { fill = C.fills[node.style] || C.fills.none; border = C.borders[node.style] || C.borders.none; }
     if (node && node.promotion) { border = C.promotion; lw = 3; }
-    if (matchSet.has(r)) fill = getComputedStyle(document.body).getPropertyValue("--hit") || fill;
+    if (matchSet.has(r)) fill = HIT;
     ctx.fillStyle = fill; ctx.strokeStyle = border; ctx.lineWidth = lw;
     ctx.beginPath(); ctx.roundRect(x, y, BOX_W, h, 4); ctx.fill(); ctx.stroke();
     const differs = row.g ? row.g.changed > 0 : changedSet.has(row.i);
@@ -313,7 +333,7 @@
     panel.replaceChildren();
     panel.append(el("h2", {text: opName(n.op)}));
     panel.append(dl([
-      ["node", n.name], ["module", n.module || n.group || "(model)"],
+      ["node", n.name], ["backward of", n.forward || null], ["module", n.module || n.group || "(model)"],
       ["module type", DATA.modules[n.module] || null], ["kind", n.kind], ["target", n.target],
       ["policy", n.policy || "none"], ["why", n.reason], ["region", n.region],
       ["check", n.agree == null ? null : n.agree ? "the dispatcher agrees" : "DISAGREES with the dispatcher"],
@@ -390,10 +410,10 @@
     const q = search.value.trim().toLowerCase();
     if (reset) { matchAt = -1; results.replaceChildren(); }
     matches = [];
-    if (q) S.nodes.forEach((n, i) => {
-      if (n.name.toLowerCase().includes(q) || n.op.toLowerCase().includes(q) ||
-          (n.group || "").toLowerCase().includes(q)) matches.push(i);
-    });
+    if (q) {
+      const hay = S.hay || (S.hay = S.nodes.map(n => `${n.name}\n${n.op}\n${n.group}`.toLowerCase()));
+      for (let i = 0; i < hay.length; i++) if (hay[i].includes(q)) matches.push(i);
+    }
     matchSet = new Set(matches.map(i => rowOfNode[i]));
     count.textContent = q ? `${matches.length} match${matches.length === 1 ? "" : "es"}` : "";
     if (reset) {
@@ -521,5 +541,6 @@
       return !row ? null : row.g ? {group: row.g.path, open: open.has(row.g.path)} : {node: S.nodes[row.i].name};
     },
   };
-  requestAnimationFrame(() => { window.ampgraph.firstPaint = performance.now() - t0; });
+  // Since the navigation began (performance's time origin): the page's whole cost to a reader.
+  requestAnimationFrame(() => { window.ampgraph.firstPaint = performance.now(); });
 })();

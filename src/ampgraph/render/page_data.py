@@ -78,38 +78,78 @@ def _gradients(report: Report) -> dict[str, list[str]]:
     return grads
 
 
+def _record(
+    rec: NodeRecord, by_name: Mapping[str, NodeRecord], group: str, name: str
+) -> dict[str, Any]:
+    check = rec.check or {}
+    return {
+        "name": name,
+        "op": rec.op,
+        "kind": rec.kind,
+        "module": rec.module,
+        "group": group,
+        "target": rec.target,
+        "policy": rec.policy,
+        "style": POLICY_STYLE_KEY.get(rec.policy, "none"),
+        "reason": rec.reason,
+        "region": rec.region,
+        "inputs": [[i.get("node"), i.get("dtype")] for i in rec.inputs],
+        "outputs": list(rec.outputs),
+        "shapes": rec.shapes,
+        "casts": [_cast(by_name, c.node, c.from_dtype, c.to_dtype) for c in rec.casts],
+        "promotion": rec.promotion,
+        "error": rec.error or rec.not_analysed,
+        "agree": check.get("agree"),
+    }
+
+
+#: Where a backward node is shown: under ``backward``, in the module of its forward node.
+BACKWARD = "backward"
+
+
+def _backward_records(report: Report) -> list[dict[str, Any]]:
+    """The backward's nodes (the loss first), named ``backward:NAME`` (the joint graph's names
+    may repeat a forward one), each in the mirror of its forward node's module, with its inputs
+    pointing at the forward nodes they read (``from``) or at backward nodes."""
+    assert report.backward is not None
+    forward = {r.name: r for r in report.nodes}
+    by_name = {r.name: r for r in report.backward.nodes}
+    out = []
+    for rec in report.backward.nodes:
+        owner = forward.get(rec.forward or "")
+        group = BACKWARD + (f".{group_of(owner)}" if owner and group_of(owner) else "")
+        record = _record(rec, by_name, group, f"{BACKWARD}:{rec.name}")
+        record["inputs"] = [
+            [i["from"] if i.get("from") else f"{BACKWARD}:{i.get('node')}", i.get("dtype")]
+            for i in rec.inputs
+        ]
+        for cast in record["casts"]:
+            if cast["node"] in by_name:
+                cast["node"] = f"{BACKWARD}:{cast['node']}"
+        record["forward"] = rec.forward
+        out.append(record)
+    return out
+
+
 def node_records(
     report: Report, headroom: Mapping[str, float] | None = None
 ) -> list[dict[str, Any]]:
-    """Every forward node of ``report`` as a plain record, in execution order; ``headroom``
-    (node -> decades below the dtype's largest value, from ``ranges``) is added where given."""
+    """Every node of ``report`` as a plain record: the forward's in execution order, each with
+    the dtypes its backward produces (``gradient``) and, where ``headroom`` (node -> decades
+    below the dtype's largest value, from ``ranges``) is given, its headroom; then the
+    backward's nodes, where the report has a backward pass."""
     by_name = {r.name: r for r in report.nodes}
     grads = _gradients(report)
     out = []
     for rec in report.nodes:
-        check = rec.check or {}
-        out.append({
-            "name": rec.name,
-            "op": rec.op,
-            "kind": rec.kind,
-            "module": rec.module,
-            "group": group_of(rec),
-            "target": rec.target,
-            "policy": rec.policy,
-            "style": POLICY_STYLE_KEY.get(rec.policy, "none"),
-            "reason": rec.reason,
-            "region": rec.region,
-            "inputs": [[i.get("node"), i.get("dtype")] for i in rec.inputs],
-            "outputs": list(rec.outputs),
-            "shapes": rec.shapes,
-            "casts": [_cast(by_name, c.node, c.from_dtype, c.to_dtype) for c in rec.casts],
-            "promotion": rec.promotion,
-            "error": rec.error or rec.not_analysed,
-            "agree": check.get("agree"),
-            "gradient": grads.get(rec.name),
-            "headroom": None if headroom is None else headroom.get(rec.name),
-        })  # fmt: skip
-        out[-1]["sig"] = signature(out[-1])
+        record = _record(rec, by_name, group_of(rec), rec.name)
+        record["gradient"] = grads.get(rec.name)
+        record["headroom"] = None if headroom is None else headroom.get(rec.name)
+        out.append(record)
+    if report.backward is not None and report.backward.nodes:
+        out.extend(_backward_records(report))
+    for record in out:
+        record["sig"] = signature(record)
     return out
 
 
