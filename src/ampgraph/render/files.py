@@ -36,9 +36,12 @@ from ampgraph.settings import Setting
 if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import Report
 
-#: Formats ``dot`` renders, the one ampgraph writes itself, and the interactive page
-#: (:mod:`ampgraph.render.html`: one page for all the reports, settings switchable in it).
-FORMATS: Final = ("svg", "png", "pdf", "dot", "html")
+#: Formats ``dot`` renders, the one ampgraph writes itself, the interactive page
+#: (:mod:`ampgraph.render.html`: one page for all the reports, settings switchable in it) and
+#: Model Explorer's graph with its overlays (:mod:`ampgraph.render.explorer`).
+FORMATS: Final = ("svg", "png", "pdf", "dot", "html", "explorer")
+#: Formats written once for all the reports, not a file per report.
+ONE_FOR_ALL: Final = frozenset({"html", "explorer"})
 #: Formats that need the ``dot`` program.
 LAYOUT_FORMATS: Final = frozenset({"svg", "png", "pdf"})
 #: ``dot`` flags per format: PNG and PDF go through cairo for anti-aliased text.
@@ -243,7 +246,7 @@ def render_files(
         raise RenderError(
             f"two reports would both be written to {duplicates[0]}: give each model and setting once"
         )
-    drawn = [f for f in formats if f != "html"]  # the page draws itself, in the browser
+    drawn = [f for f in formats if f not in ONE_FOR_ALL]  # the page draws itself, in the browser
     jobs: list[tuple[str, Diagram]] = [
         (
             diagram_stem(r, view=view, fold=fold, theme=theme, pass_=p),
@@ -268,6 +271,8 @@ def render_files(
     laid_out = [(path, blob) for (path, _figure, _fmt), blob in zip(targets, blobs, strict=True)]
     if "html" in formats:
         laid_out.append(_page(reports, out, view=view, fold=fold, theme=theme))
+    if "explorer" in formats:
+        laid_out.extend(_explorer(reports, out, view=view, fold=fold, theme=theme))
     for path, data in laid_out:
         try:
             atomic_write(path, data)
@@ -289,6 +294,28 @@ def _page(
         else overview_stem(reports, view=view, fold=fold, theme=theme)
     )
     return out / f"{stem}.html", html_page(reports, theme=theme, fold=fold).encode("utf-8")
+
+
+def _explorer(
+    reports: Sequence[Report], out: Path, *, view: str, fold: bool, theme: str
+) -> list[tuple[Path, bytes]]:
+    """Model Explorer's graph of all the reports, ``STEM-explorer.json``, and an overlay per
+    what it can colour by, ``STEM-explorer-OVERLAY.json`` (the gradient's for a training step)."""
+    import json
+
+    from ampgraph.render.explorer import explorer_graphs, node_data
+
+    stem = (
+        diagram_stem(reports[0], view=view, fold=fold, theme=theme)
+        if len(reports) == 1
+        else overview_stem(reports, view=view, fold=fold, theme=theme)
+    )
+    files = [(out / f"{stem}-explorer.json", explorer_graphs(reports))]
+    overlays = ["dtype", "policy", "casts"]
+    if any(r.backward is not None for r in reports):
+        overlays.append("gradient")
+    files += [(out / f"{stem}-explorer-{o}.json", node_data(reports, o)) for o in overlays]
+    return [(path, json.dumps(data, indent=None).encode("utf-8")) for path, data in files]
 
 
 def overview_stem(reports: Sequence[Report], *, view: str, fold: bool, theme: str) -> str:

@@ -18,15 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ampgraph.ranges.data import RangesResult, SettingRanges
+from ampgraph.render.style import HEADROOM_BANDS
 from ampgraph.report.records import Report
 
-#: (upper bound in decades, name, border colour, fill colour), least headroom first.
-BANDS = (
-    (0.0, "overflow", "#CF222E", "#FFD8D3"),
-    (1.0, "< 1 decade", "#BC4C00", "#FFE2C2"),
-    (2.0, "< 2 decades", "#9A6700", "#FFF3B0"),
-    (float("inf"), ">= 2 decades", "#1A7F37", "#D5F5DC"),
-)
+#: (upper bound in decades, name, border colour, fill colour), least headroom first; kept with
+#: the other colours, where Model Explorer's headroom overlay reads them too.
+BANDS = HEADROOM_BANDS
 
 #: One box statement of the renderer's source: its id, then its attributes up to the tooltip's end.
 _BOX = re.compile(r'^(\s*"(module|op)/([^"]+)" \[)(.*?"\])$', re.M | re.S)
