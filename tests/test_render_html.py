@@ -6,6 +6,7 @@ report has it, settings switch with their differences marked, keys work, and a m
 from __future__ import annotations
 
 import functools
+import re
 import json
 import os
 import time
@@ -205,3 +206,85 @@ def test_render_writes_one_page_for_all_settings(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert result.output.strip().endswith(".html")
+
+
+# -- in the documentation: the directive's :interactive: -------------------------------------
+
+
+DOC = """\
+Figures
+=======
+
+.. ampgraph::
+   :report: report.json
+   :theme: light
+   :interactive: embed
+
+.. ampgraph::
+   :report: report.json
+   :interactive: link
+"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("sphinx")
+    from .test_sphinx import build, make_project
+
+    root = tmp_path_factory.mktemp("site")
+    src = make_project(root / "src", {"index.rst": DOC})
+    proc = build(src, root / "out", "-W")
+    assert proc.returncode == 0, proc.stderr
+    return root / "out"
+
+
+def test_the_directive_links_and_embeds_the_page(site: Path) -> None:
+    html = (site / "index.html").read_text(encoding="utf-8")
+    links = re.findall(r'<a class="ampgraph-interactive" href="([^"]+)"', html)
+    # One per figure: the embedded light one, and the linked light and dark ones (one page).
+    assert len(links) == 3 and links[1] == links[2]
+    assert html.count('<iframe src="') == 1
+    for href in set(links):
+        page = (site / href).read_text(encoding="utf-8")
+        assert 'id="ampgraph-data"' in page and "opt-125m" in page
+
+
+@pytest.mark.parametrize("scripts", [True, False])
+def test_the_embedded_page_stands_in_for_the_svg_where_scripts_run(
+    browser: Browser, site: Path, scripts: bool
+) -> None:
+    from .browser import serve
+
+    with serve(site) as base:
+        browser.send("Emulation.setScriptExecutionDisabled", session=True, value=not scripts)
+        try:
+            browser.open(f"{base}/index.html")
+            state = browser.evaluate("""(() => {
+                const d = document.querySelector('.ampgraph-page').parentNode;
+                const shown = e => e.getClientRects().length > 0;
+                return [shown(d.querySelector('iframe')), shown(d.querySelector('object'))]; })()""")
+        finally:
+            browser.send("Emulation.setScriptExecutionDisabled", session=True, value=False)
+    assert state == ([True, False] if scripts else [False, True])
+
+
+def test_a_click_shows_the_headroom_ranges_measured(browser: Browser, tmp_path: Path) -> None:
+    """``ranges --overlay`` writes the page too: a node's annotation has its headroom."""
+    from ampgraph.render.range_overlay import write_page
+
+    from .test_ranges import _result
+
+    result = _result("tower", ("amp-fp32",), "fp16")
+    page = write_page(result, tmp_path)
+    assert page.name == "tower-ranges.html"
+    rooms = result.settings[0].headroom
+    name, room = min(rooms.items(), key=lambda item: item[1])  # the one that overflows
+    assert room < 0
+    opened(browser, page)
+    # Search for it, as a reader would (the first match in execution order is the node
+    # itself: a longer name holding it, add_10 for add_1, comes later), and read its annotation.
+    browser.evaluate("document.getElementById('search').focus()")
+    browser.send("Input.insertText", session=True, text=name)
+    key(browser, "Enter")
+    shown = panel(browser)
+    assert f"node{name}" in shown and f"value-range headroom{room:+.2f} decades" in shown

@@ -114,4 +114,22 @@ def write_overlays(result: RangesResult, out_dir: Path, title: str | None = None
     return paths
 
 
-__all__ = ["BANDS", "band", "box_headroom", "overlay_sources", "recolour", "write_overlays"]
+def write_page(result: RangesResult, out_dir: Path, title: str | None = None) -> Path:
+    """The interactive page of every setting (:mod:`ampgraph.render.html`), each node's
+    headroom in its annotation: ``MODEL-ranges.html`` in ``out_dir``; its path."""
+    from ampgraph.render.files import safe_name
+    from ampgraph.render.html import html_page
+    from ampgraph.report.writing import atomic_write
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rooms = {verdict.name: verdict.headroom for verdict in result.settings}
+    page = html_page(result.reports, fold=False, headroom=rooms,
+                     title=f"{title or result.model}: value-range headroom")  # fmt: skip
+    path = out_dir / f"{safe_name(result.model)}-ranges.html"
+    atomic_write(path, page.encode("utf-8"))
+    return path
+
+
+__all__ = [
+    "BANDS", "band", "box_headroom", "overlay_sources", "recolour", "write_overlays", "write_page",
+]  # fmt: skip
