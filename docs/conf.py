@@ -90,9 +90,13 @@ def gallery_pages() -> None:
             f":caption: {entry.name} in the seed's four settings (autocast off / on × "
             "parameters fp32 / bf16, CUDA policy). Hover a box for its full record.\n"
             f":name: gallery-{entry.name}\n"
+            ":interactive: link\n"
             "```\n\n"
             f"Draw it yourself: `ampgraph render {entry.name}` (one SVG per setting and this "
-            f"overview), or `ampgraph table {entry.name} -s amp-fp32` for the hook lines.\n",
+            f"overview), or `ampgraph table {entry.name} -s amp-fp32` for the hook lines. "
+            "*Open interactive* under the figure opens every node of the four settings in one "
+            f"page ([exploring a big model](../../explore.md)); `ampgraph render {entry.name} "
+            "--format html` writes it.\n",
         )
     for stale in folder.glob("*.md"):
         if stale.name not in wanted:

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("deepspeed_config",),
     ("recipes",),  # a framework's precision flag
     ("docs", "notebook"),  # the Sphinx directive, Jupyter's display
-    ("sphinx", "cli"),  # the extension's name, the command line
+    ("sphinx", "cli", "explorer"),  # the extension's name, the command line, Model Explorer's
     ("__main__", "ampgraph"),  # ``python -m ampgraph``, the public surface
 )
 

@@ -198,9 +198,12 @@ def check_command(analysis: AnalysisOptions, fmt: str) -> None:
     help="Folder for the diagrams (created if missing; files in it are replaced atomically).",
 )
 @format_option(
-    ["svg", "png", "pdf", "dot"],
+    ["svg", "png", "pdf", "dot", "html", "explorer"],
     "File format; repeat for several. Default: svg. 'dot' (Graphviz source) needs no Graphviz "
-    "installed; the others need its 'dot' program.",
+    "installed; 'html' is one interactive page for all the settings (offline, pan, zoom, "
+    "unfold, search, a node's annotation on a click) and needs no Graphviz either; 'explorer' is "
+    "Google Model Explorer's graph JSON with overlays (model-explorer FILE "
+    "--node_data_paths=...); the others need Graphviz's 'dot' program.",
     several=True,
 )
 @click.option(
@@ -260,6 +263,8 @@ def render(
       ampgraph render llama-tiny --view ops --unfold
       ampgraph render --theme dark --amp-dtype fp16
       ampgraph render --format dot                 # Graphviz source, no Graphviz needed
+      ampgraph render llama-3-70b -s amp-fp32 --format html   # one interactive page
+      ampgraph render -s amp-fp32 --format explorer # Model Explorer's graph and overlays
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
       ampgraph render --pass backward -s amp-fp32 --format png
     """

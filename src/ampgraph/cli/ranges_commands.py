@@ -77,7 +77,8 @@ def _confined_ranges(model: str, settings: list[Any], arguments: dict[str, Any])
 @click.option(
     "--overlay", "overlay_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
     help="Also write each setting's diagram (unfolded) with every box coloured by its headroom, "
-    "as MODEL-SETTING-ranges.svg in DIR (needs Graphviz's dot).",
+    "as MODEL-SETTING-ranges.svg in DIR (needs Graphviz's dot), and MODEL-ranges.html, the "
+    "interactive page of every setting with each node's headroom in its annotation.",
 )  # fmt: skip
 @click.option(
     "--pass", "pass_", type=click.Choice(["forward", "train"]), default="forward",
@@ -148,9 +149,9 @@ def ranges_command(
                   "sarif": ranges_sarif}[fmt]  # fmt: skip
         click.echo(render(result), nl=fmt in ("json", "sarif"))
     if overlay_dir is not None:
-        from ampgraph.render.range_overlay import write_overlays
+        from ampgraph.render.range_overlay import write_overlays, write_page
 
-        for path in write_overlays(result, overlay_dir):
+        for path in [*write_overlays(result, overlay_dir), write_page(result, overlay_dir)]:
             click.echo(f"overlay: {path}", err=fmt != "text")  # stdout stays the JSON alone
     if fail_on == "error" and not result.ok:
         raise click.ClickException(str(result.failure()))

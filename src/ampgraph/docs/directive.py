@@ -42,6 +42,10 @@ report instead, without torch. Options:
   bound; else 1 to 604800), as ``--timeout``: the analysis runs in a process group of its own
   that is killed then, and a model's ``sys.exit``, ``os._exit`` or fork is a warning, never the
   end of the build.
+* ``:interactive:`` -- ``link``: beside "Open full size", a link to the same reports as one
+  interactive page (``render --format html``: pan, zoom, unfold, search, a node's annotation
+  on a click), written next to the SVG; ``embed``: that page shown in the document itself,
+  where scripts run (a script swaps it in), the SVG staying where they do not.
 * ``:caption:``, ``:alt:``, ``:align:``, ``:name:``, ``:class:`` -- as for ``figure``.
 
 How it fits Sphinx: the directive emits :class:`sphinx.ext.graphviz.graphviz` nodes (a subclass,
@@ -190,6 +194,7 @@ class AmpgraphDirective(SphinxDirective):
         "seq-len": directives.positive_int,
         "no-check": directives.flag,
         "timeout": lambda text: parse_timeout(text or ""),
+        "interactive": _choice(("link", "embed")),
         "caption": directives.unchanged,
         "alt": directives.unchanged,
         "align": _choice(("left", "center", "right")),
@@ -345,6 +350,15 @@ class AmpgraphDirective(SphinxDirective):
             node["title"] = drawn.title
             node["description"] = drawn.description
             node["alt"] = self.options.get("alt", drawn.title)
+            mode = self.options.get("interactive")
+            if mode:
+                from ampgraph.render.html import html_page
+
+                # A link opens one page for both themes (the light one: half the files); an
+                # embedded page matches the figure it stands in for.
+                node["page"] = html_page(reports, theme=name if mode == "embed" else "light",
+                                         fold=fold)  # fmt: skip
+                node["embed"] = mode == "embed"
             node["classes"] = ["ampgraph", f"ampgraph-{name}", *self.options.get("class", [])]
             if theme == "auto":
                 node["classes"].append(f"only-{name}")
@@ -410,11 +424,49 @@ def html_visit_ampgraph(self: Any, node: ampgraph_diagram) -> None:
         # A column is narrower than most diagrams: the SVG itself, opened in a tab, is at its
         # natural size and keeps its tooltips.
         f'<a class="ampgraph-full" href="{escape(Path(relfn).as_posix())}" target="_blank" '
-        f'rel="noopener">Open full size</a></div>\n'
+        f'rel="noopener">Open full size</a>{_interactive(node, relfn, outfn)}</div>\n'
     )
     if "align" in node:
         self.body.append("</div>\n")
     raise nodes.SkipNode
+
+
+#: Shows the embedded page and hides the SVG before it, where scripts run; where they do not,
+#: the page stays hidden and the SVG is the figure.
+_SWAP: Final = (
+    "<script>(function(d){d.querySelector('.ampgraph-page').hidden=false;"
+    "d.querySelector('object.ampgraph-svg').style.display='none';})"
+    "(document.currentScript.parentNode)"
+    "</script>"
+)
+
+
+def _interactive(node: ampgraph_diagram, relfn: str, outfn: str) -> str:
+    """The interactive page's link (and frame, for ``:interactive: embed``), written beside the
+    SVG and named by a hash of its text, as the SVG is by its source; "" without the option."""
+    from ampgraph.render.files import atomic_write
+
+    page = node.get("page")
+    if not page:
+        return ""
+    data = page.encode("utf-8")
+    name = f"ampgraph-page-{hashlib.sha256(data).hexdigest()[:16]}.html"
+    target = Path(outfn).with_name(name)
+    if not target.exists() or target.read_bytes() != data:
+        atomic_write(target, data)
+    href = escape((Path(relfn).parent / name).as_posix())
+    link = (
+        f' · <a class="ampgraph-interactive" href="{href}" target="_blank" rel="noopener">'
+        "Open interactive</a>"
+    )
+    if not node.get("embed"):
+        return link
+    return (
+        f'{link}<div class="ampgraph-page" hidden><iframe src="{href}" loading="lazy" '
+        f'title="{escape(node["alt"])} (interactive)" '
+        'style="width:100%;height:36em;border:1px solid #d0d7de;border-radius:4px">'
+        f"</iframe></div>{_SWAP}"
+    )
 
 
 def _light_only(visit: Any) -> Any:

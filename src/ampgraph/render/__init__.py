@@ -9,6 +9,10 @@ never imports torch, so diagrams can be redrawn from a saved report anywhere Gra
 * :func:`render_files` -- one file per report and format, plus a 2x2 overview, written atomically.
 * :func:`diagram` / :func:`overview_diagram` -- the source with the title and description that
   :func:`lay_out` writes into the SVG for screen readers.
+* :func:`ampgraph.render.html.html_page` -- one self-contained interactive page of several
+  settings (``render --format html``); :mod:`ampgraph.render.explorer` -- Google Model
+  Explorer's graph JSON and node-data overlays (``render --format explorer``). Both read
+  :mod:`~ampgraph.render.page_data`'s records of a report, so they say the same thing.
 
 Every box and edge has a tooltip with its full record (op, module path, dtypes, policy, casts,
 promotion, check) and an element id made from module paths, stable when the graph around it

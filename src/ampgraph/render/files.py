@@ -36,8 +36,12 @@ from ampgraph.settings import Setting
 if TYPE_CHECKING:  # only for annotations: records are plain data the renderer reads, never builds
     from ampgraph.report.records import Report
 
-#: Formats ``dot`` renders, and the one ampgraph writes itself.
-FORMATS: Final = ("svg", "png", "pdf", "dot")
+#: Formats ``dot`` renders, the one ampgraph writes itself, the interactive page
+#: (:mod:`ampgraph.render.html`: one page for all the reports, settings switchable in it) and
+#: Model Explorer's graph with its overlays (:mod:`ampgraph.render.explorer`).
+FORMATS: Final = ("svg", "png", "pdf", "dot", "html", "explorer")
+#: Formats written once for all the reports, not a file per report.
+ONE_FOR_ALL: Final = frozenset({"html", "explorer"})
 #: Formats that need the ``dot`` program.
 LAYOUT_FORMATS: Final = frozenset({"svg", "png", "pdf"})
 #: ``dot`` flags per format: PNG and PDF go through cairo for anti-aliased text.
@@ -242,16 +246,17 @@ def render_files(
         raise RenderError(
             f"two reports would both be written to {duplicates[0]}: give each model and setting once"
         )
+    drawn = [f for f in formats if f not in ONE_FOR_ALL]  # the page draws itself, in the browser
     jobs: list[tuple[str, Diagram]] = [
         (
             diagram_stem(r, view=view, fold=fold, theme=theme, pass_=p),
             diagram(r, view=view, fold=fold, theme=theme, pass_=p),
         )
-        for r in reports
+        for r in (reports if drawn else ())
         for p in passes
     ]
     # The overview compares forward diagrams; a backward's settings are compared file by file.
-    if len(reports) > 1 and "forward" in passes:
+    if drawn and len(reports) > 1 and "forward" in passes:
         jobs.append(
             (overview_stem(reports, view=view, fold=fold, theme=theme),
              overview_diagram(reports, view=view, fold=fold, theme=theme))
@@ -259,17 +264,58 @@ def render_files(
     # Lay everything out first (the slow part), then write: an interrupted or failed layout
     # leaves every old file as it was, rather than a mix of new and old diagrams. Each layout is
     # a dot process of its own, so threads run one per core (the first failure is raised).
-    targets = [(out / f"{stem}.{fmt}", figure, fmt) for stem, figure in jobs for fmt in formats]
+    targets = [(out / f"{stem}.{fmt}", figure, fmt) for stem, figure in jobs for fmt in drawn]
     workers = max(1, min(len(targets), LAYOUT_WORKERS or default_workers()))
     with ThreadPoolExecutor(workers) as pool:
         blobs = list(pool.map(lambda target: lay_out(target[1], target[2]), targets))
     laid_out = [(path, blob) for (path, _figure, _fmt), blob in zip(targets, blobs, strict=True)]
+    if "html" in formats:
+        laid_out.append(_page(reports, out, view=view, fold=fold, theme=theme))
+    if "explorer" in formats:
+        laid_out.extend(_explorer(reports, out, view=view, fold=fold, theme=theme))
     for path, data in laid_out:
         try:
             atomic_write(path, data)
         except OSError as exc:
             raise RenderError(f"cannot write {path}: {exc.strerror or exc}") from None
     return [path for path, _data in laid_out]
+
+
+def _page(
+    reports: Sequence[Report], out: Path, *, view: str, fold: bool, theme: str
+) -> tuple[Path, bytes]:
+    """The interactive page: one for all the reports (its settings are switchable), named as
+    the report's SVG, or as the overview for several."""
+    from ampgraph.render.html import html_page  # only when asked for: it reads page.js
+
+    stem = (
+        diagram_stem(reports[0], view=view, fold=fold, theme=theme)
+        if len(reports) == 1
+        else overview_stem(reports, view=view, fold=fold, theme=theme)
+    )
+    return out / f"{stem}.html", html_page(reports, theme=theme, fold=fold).encode("utf-8")
+
+
+def _explorer(
+    reports: Sequence[Report], out: Path, *, view: str, fold: bool, theme: str
+) -> list[tuple[Path, bytes]]:
+    """Model Explorer's graph of all the reports, ``STEM-explorer.json``, and an overlay per
+    what it can colour by, ``STEM-explorer-OVERLAY.json`` (the gradient's for a training step)."""
+    import json
+
+    from ampgraph.render.explorer import explorer_graphs, node_data
+
+    stem = (
+        diagram_stem(reports[0], view=view, fold=fold, theme=theme)
+        if len(reports) == 1
+        else overview_stem(reports, view=view, fold=fold, theme=theme)
+    )
+    files = [(out / f"{stem}-explorer.json", explorer_graphs(reports))]
+    overlays = ["dtype", "policy", "casts"]
+    if any(r.backward is not None for r in reports):
+        overlays.append("gradient")
+    files += [(out / f"{stem}-explorer-{o}.json", node_data(reports, o)) for o in overlays]
+    return [(path, json.dumps(data, indent=None).encode("utf-8")) for path, data in files]
 
 
 def overview_stem(reports: Sequence[Report], *, view: str, fold: bool, theme: str) -> str:

@@ -18,15 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ampgraph.ranges.data import RangesResult, SettingRanges
+from ampgraph.render.style import HEADROOM_BANDS
 from ampgraph.report.records import Report
 
-#: (upper bound in decades, name, border colour, fill colour), least headroom first.
-BANDS = (
-    (0.0, "overflow", "#CF222E", "#FFD8D3"),
-    (1.0, "< 1 decade", "#BC4C00", "#FFE2C2"),
-    (2.0, "< 2 decades", "#9A6700", "#FFF3B0"),
-    (float("inf"), ">= 2 decades", "#1A7F37", "#D5F5DC"),
-)
+#: (upper bound in decades, name, border colour, fill colour), least headroom first; kept with
+#: the other colours, where Model Explorer's headroom overlay reads them too.
+BANDS = HEADROOM_BANDS
 
 #: One box statement of the renderer's source: its id, then its attributes up to the tooltip's end.
 _BOX = re.compile(r'^(\s*"(module|op)/([^"]+)" \[)(.*?"\])$', re.M | re.S)
@@ -117,4 +114,22 @@ def write_overlays(result: RangesResult, out_dir: Path, title: str | None = None
     return paths
 
 
-__all__ = ["BANDS", "band", "box_headroom", "overlay_sources", "recolour", "write_overlays"]
+def write_page(result: RangesResult, out_dir: Path, title: str | None = None) -> Path:
+    """The interactive page of every setting (:mod:`ampgraph.render.html`), each node's
+    headroom in its annotation: ``MODEL-ranges.html`` in ``out_dir``; its path."""
+    from ampgraph.render.files import safe_name
+    from ampgraph.render.html import html_page
+    from ampgraph.report.writing import atomic_write
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rooms = {verdict.name: verdict.headroom for verdict in result.settings}
+    page = html_page(result.reports, fold=False, headroom=rooms,
+                     title=f"{title or result.model}: value-range headroom")  # fmt: skip
+    path = out_dir / f"{safe_name(result.model)}-ranges.html"
+    atomic_write(path, page.encode("utf-8"))
+    return path
+
+
+__all__ = [
+    "BANDS", "band", "box_headroom", "overlay_sources", "recolour", "write_overlays", "write_page",
+]  # fmt: skip

@@ -19,6 +19,15 @@ from typing import Final
 #: A diagram that takes longer than this to lay out (with ``dot``) is unreadable anyway.
 DOT_TIMEOUT_S: Final = 120
 
+#: Value-range headroom bands: (upper bound in decades below the dtype's largest finite number,
+#: name, border colour, fill colour), least headroom first (:mod:`ampgraph.render.range_overlay`).
+HEADROOM_BANDS: Final = (
+    (0.0, "overflow", "#CF222E", "#FFD8D3"),
+    (1.0, "< 1 decade", "#BC4C00", "#FFE2C2"),
+    (2.0, "< 2 decades", "#9A6700", "#FFF3B0"),
+    (float("inf"), ">= 2 decades", "#1A7F37", "#D5F5DC"),
+)
+
 #: Okabe–Ito colours by name, for the tables below.
 OKABE_ITO: Final[dict[str, str]] = {
     "black": "#000000",
