@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.model.specs import spec_tracer
 from ampgraph.pipeline.request import AnalysisRequest
 from ampgraph.report.records import Report
@@ -225,7 +224,6 @@ def analyze_spec(
     )  # fmt: skip
 
 
-@in_analysis_environment
 def analyze_request(
     request: AnalysisRequest,
     *,

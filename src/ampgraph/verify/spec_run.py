@@ -24,6 +24,7 @@ from ampgraph.pipeline.request import AnalysisRequest
 Item = tuple[str, Any]
 
 
+@in_analysis_environment
 def produce(request: AnalysisRequest, random_seed: int, send: Callable[[Item], None]) -> None:
     """Build the model, then verify it in each setting, sending notes and results: the work
     :func:`verify_spec` confines (the command line confines it itself, before torch is
@@ -55,7 +56,6 @@ def produce(request: AnalysisRequest, random_seed: int, send: Callable[[Item], N
         send(("step", step))
 
 
-@in_analysis_environment
 def verify_spec(
     request: AnalysisRequest, take: Callable[[Item], None], *, random_seed: int = 0
 ) -> None:
