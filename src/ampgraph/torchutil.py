@@ -203,20 +203,33 @@ def quiet_logging() -> Iterator[None]:
         logging.disable(previous)
 
 
-class _EnumConstantNotice(logging.Filter):
-    """Drops torch's "<enum 'X'> is an Enum subclass and is now natively supported" lines."""
+#: Lines torch logs while libraries import that say nothing about the user's model, by logger:
+#: torchao 0.18's enums registered as pytree constants (torch 2.14 deprecates that), and the CUDA
+#: build's "No CUDA runtime is found" where Inductor imports ``cpp_extension`` on a machine
+#: without a GPU (the compiled analysis plans the CPU backend, which needs none).
+_NOTICES = {
+    "torch.utils._pytree": "is an Enum subclass and is now natively supported",
+    "torch.utils.cpp_extension": "No CUDA runtime is found",
+}
+
+
+class _Notice(logging.Filter):
+    """Drops the records of one logger whose message holds ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "is an Enum subclass and is now natively supported" not in record.getMessage()
+        return self.text not in record.getMessage()
 
 
 @contextlib.contextmanager
 def quiet_library_imports() -> Iterator[None]:
-    """Keep torch's deprecation notice for enums registered as pytree constants off stderr while
-    model code imports libraries: transformers imports torchao where it is installed, and
-    torchao 0.18 registers enums that torch 2.14 logs a line each for at import. The lines say
-    nothing about the user's model, and they would reach every command's output. Only those lines
-    are dropped, and only inside the block: the logger is left as it was found.
+    """Keep torch's notices that say nothing about the model (:data:`_NOTICES`) off stderr while
+    model code or Inductor imports libraries (transformers imports torchao where it is installed;
+    Inductor imports ``cpp_extension``): they would reach every command's output. Only those
+    lines are dropped, and only inside the block: each logger is left as it was found.
 
     >>> import logging
     >>> log = logging.getLogger("torch.utils._pytree")
@@ -226,13 +239,14 @@ def quiet_library_imports() -> Iterator[None]:
     >>> len(log.filters)
     0
     """
-    log = logging.getLogger("torch.utils._pytree")
-    notice = _EnumConstantNotice()
-    log.addFilter(notice)
+    added = [(logging.getLogger(name), _Notice(text)) for name, text in _NOTICES.items()]
+    for log, notice in added:
+        log.addFilter(notice)
     try:
         yield
     finally:
-        log.removeFilter(notice)
+        for log, notice in added:
+            log.removeFilter(notice)
 
 
 #: The GPU that fake CUDA tensors stand for, where model code asks the device what it is: a

@@ -47,7 +47,7 @@ from ampgraph.compiled.flow import (
     Kernel,
 )
 from ampgraph.errors import AmpgraphError
-from ampgraph.torchutil import dtype_name
+from ampgraph.torchutil import dtype_name, quiet_library_imports
 
 BACKENDS = {"cpu": "cpp"}
 
@@ -92,7 +92,8 @@ def inductor_setting(capture: Capture, emulate_precision_casts: bool) -> Iterato
     amp = torch.autocast(s.device_type, getattr(torch, s.amp_dtype), enabled=s.autocast)
     # The analysis cache is ampgraph's; Inductor's own FX cache would skip the lowering.
     with config.patch(emulate_precision_casts=emulate_precision_casts, fx_graph_cache=False), amp:
-        yield
+        with quiet_library_imports():
+            yield
 
 
 def _lower(capture: Capture, emulate: bool) -> tuple[Any, dict[fx.Node, Any]]:
