@@ -402,11 +402,13 @@ def no_device_kernel(device_type: str, func: Any) -> bool:
 def dispatcher_refusal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> str:
     """The real dispatcher's own message for a call with no kernel (``Could not run
     'aten::mm.dtype' with arguments from the 'CPU' backend. ...``): the call made again on
-    empty real tensors of the same dtypes, which the dispatcher refuses before any kernel runs.
-    Only the CPU comes here (the CUDA build has every CUDA kernel)."""
+    one-element real tensors of the same dtypes, which the dispatcher refuses before any kernel
+    runs. Only the CPU comes here (the CUDA build has every CUDA kernel). One element, not none:
+    for one of the fake-kernel survey's ops a call on zero-size tensors died of a floating point
+    exception, taking the process with it."""
 
     def empty(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty((0,) * t.dim(), dtype=t.dtype)
+        return torch.zeros((1,) * t.dim(), dtype=t.dtype)
 
     with _disable_current_modes():  # real tensors, not fake ones
         real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, empty, (args, kwargs or {}))
