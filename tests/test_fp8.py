@@ -117,6 +117,43 @@ def test_outlier_survival_worst_first_advice_and_diff() -> None:
     assert namespace["keep_fp8"](None, "blocks.0.fc2") is False  # type: ignore[operator]
 
 
+@pytest.mark.parametrize("name", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+def test_backward_operands_survival_equals_torchao(name: str) -> None:
+    """grad_output from a real fp32 backward, and each operand the backward recasts, counted
+    beside torchao's real conversion of the same tensors in the config's format and axis."""
+    model = _outlier_model()
+    state = {k: v.detach() for k, v in model.module.state_dict().items()}
+    recipe = parse_fp8_recipe(f"torchao:{name}")
+    proved = fp8_ranges.prove(model, recipe, state, train=True)
+    assert all(row.survival == real for row, real in proved)
+    formats = operand_formats(recipe)
+    roles = {r.operand for r, _ in proved}
+    assert {"input", "weight", "grad_output"} <= roles
+    assert all(formats[r.operand][0] == r.fmt for r, _ in proved)
+    assert len(proved) == 5 * len(fp8_ranges.recipe_operands(recipe, train=True))
+    if name == "tensorwise":
+        assert {r.fmt for r, _ in proved if r.operand == "grad_output"} == {"e5m2"}
+    if name == "rowwise_with_gw_hp":  # grad_weight's GEMM stays in high precision
+        assert not roles & {"input_for_grad_weight", "grad_output_for_grad_weight"}
+
+
+def test_grad_output_is_the_real_backwards() -> None:
+    model, state = _mlp()
+    recipe = parse_fp8_recipe("torchao:rowwise")
+    got = fp8_ranges.linear_operands(model, recipe, state, train=True)
+    net = model.module
+    hidden = net[1](net[0](model.args[0]))
+    mid = net[2](hidden)
+    mid.retain_grad()
+    net[3](mid).float().sum().backward()
+    assert torch.equal(got["2"]["grad_output"], mid.grad)
+    assert torch.equal(got["3"]["grad_output"], torch.ones(8, 16))  # the summed loss's
+    x = got["2"]["grad_output"]
+    # grad_weight's operand is scaled per column of grad_output (torchao's axiswise_dim=0).
+    assert fp8_ranges.predict(x.t().contiguous(), "e4m3", "rowwise", pow2=True) == \
+        fp8_ranges.torchao_counts(x.t().contiguous(), "e4m3", "rowwise", pow2=True)
+
+
 def test_bad_recipes_are_one_line() -> None:
     with pytest.raises(SettingError, match="unknown torchao float8 recipe"):
         parse_fp8_recipe("torchao:fp4")

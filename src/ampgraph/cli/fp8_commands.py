@@ -131,7 +131,7 @@ def fp8_command(model: str, recipe_text: str, pass_: str, check: bool, seq_len: 
 
 def _row_text(row: Any) -> str:
     s = row.survival
-    return (f"  {row.module:<40} {row.operand:<6} {row.fmt} {row.scaling:<10} "
+    return (f"  {row.module:<40} {row.operand:<11} {row.fmt} {row.scaling:<10} "
             f"zeros {s.zero_share:8.4%}  saturated {s.saturated_share:8.4%}  "
             f"rms error {s.rel_error:.2%}")
 
@@ -139,6 +139,10 @@ def _row_text(row: Any) -> str:
 @click.command("fp8-ranges")
 @model_argument
 @click.option("--recipe", "recipe_text", required=True, metavar="torchao:NAME", help=RECIPE_HELP)
+@click.option("--pass", "pass_", type=click.Choice(["forward", "train"]), default="forward",
+              show_default=True, help="train: the backward's operands too (grad_output, and "
+              "each recast of input and weight), from a real fp32 backward of the loss "
+              "ampgraph fp8 --pass train traces (the first floating output, summed).")
 @click.option("--seq-len", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the weights where the model has none of its own.")
@@ -152,32 +156,42 @@ def _row_text(row: Any) -> str:
               help="--advise keeps a Linear in bf16 when an operand flushes more than this.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
-def fp8_ranges_command(model: str, recipe_text: str, seq_len: int, seed: int, top: int,
-                       prove: bool, advise: bool, max_zero_share: float, fmt: str) -> None:
+def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, seed: int,
+                       top: int, prove: bool, advise: bool, max_zero_share: float,
+                       fmt: str) -> None:
     """Will it survive FP8? Each FP8 GEMM operand's flush-to-zero, saturation and error.
 
     \b
     Examples:
       ampgraph fp8-ranges opt-125m --recipe torchao:tensorwise --advise
       ampgraph fp8-ranges --module my.py:make --recipe torchao:mxfp8 --prove
+      ampgraph fp8-ranges opt-125m --recipe torchao:tensorwise --pass train --prove
     """
+    from ampgraph.errors import SettingError
     from ampgraph.ranges import fp8 as fp8_ranges
 
     recipe = _recipe(recipe_text)
+    train = pass_ == "train"
+    try:
+        fp8_ranges.recipe_operands(recipe, train=train)
+    except SettingError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--pass'") from None
     built = _build(model, seq_len)
     state = _state(built, seed)
-    rows = fp8_ranges.survival_table(built, recipe, state)
+    operands = fp8_ranges.linear_operands(built, recipe, state, train=train)
+    rows = fp8_ranges.survival_table(built, recipe, state, train=train, operands=operands)
     mismatches = []
     if prove:
-        for row, real in fp8_ranges.prove(built, recipe, state):
+        for row, real in fp8_ranges.prove(built, recipe, state, train=train, operands=operands):
             if row.survival != real:
                 mismatches.append(f"{row.module} {row.operand}: predicted {row.survival}, "
                                   f"torchao {real}")
     keep = fp8_ranges.advise(rows, max_zero_share=max_zero_share) if advise else ()
-    after = fp8_ranges.survival_table(built, recipe.with_filter(keep), state) if keep else rows
+    after = (fp8_ranges.survival_table(built, recipe.with_filter(keep), state, train=train,
+                                       operands=operands) if keep else rows)
     progress_done()
     if fmt == "json":
-        data: dict[str, Any] = {"recipe": recipe.spelling,
+        data: dict[str, Any] = {"recipe": recipe.spelling, "pass": pass_,
                                 "operands": [r.to_dict() for r in rows]}
         if prove:
             data["proved"] = {"ok": not mismatches, "operands": len(rows)}

@@ -29,7 +29,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.fp8.recipes import Fp8Recipe, operand_formats, plan_model, torchao_float8
+from ampgraph.errors import SettingError
+from ampgraph.fp8.graph import first_tensor
+from ampgraph.fp8.recipes import (
+    MX_GRAPH,
+    Fp8Recipe,
+    operand_formats,
+    plan_model,
+    torchao_float8,
+)
 from ampgraph.model.build import ModelInputs
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -180,20 +188,76 @@ class OperandRow:
                 "saturated_share": s.saturated_share, "rel_error": s.rel_error}
 
 
-def recipe_operands(recipe: Fp8Recipe) -> dict[str, tuple[str, str, bool]]:
-    """The forward's two operands -> (format, scaling, power-of-two scales) under ``recipe``."""
+#: Each operand torchao casts -> (the tensor it is cast from, transposed?). Rows hold the
+#: reduction dimension last, so ``rowwise`` is torchao's ``axiswise_dim`` (per row of the
+#: forward's input and weight and of ``grad_output`` for ``grad_input``; per column of
+#: ``grad_output`` and of the input for ``grad_weight``; per column of the weight for
+#: ``grad_input``) and an MX block runs along the reduction.
+OPERAND_SOURCES = {
+    "input": ("input", False), "weight": ("weight", False),
+    "grad_output": ("grad_output", False), "weight_for_grad_input": ("weight", True),
+    "grad_output_for_grad_weight": ("grad_output", True), "input_for_grad_weight": ("input", True),
+}
+
+
+def recipe_operands(recipe: Fp8Recipe, *, train: bool = False) -> dict[str, tuple[str, str, bool]]:
+    """Each operand the recipe casts -> (format, scaling, power-of-two scales).
+
+    The forward's two, and with ``train`` the backward's as torchao's ``Float8LinearConfig``
+    casts them: an operand it leaves in high precision is not listed, nor one whose cast is
+    the same as one listed (one scale per tensor does not depend on the orientation).
+
+    >>> from ampgraph.fp8.recipes import parse_fp8_recipe
+    >>> r = parse_fp8_recipe("torchao:tensorwise")
+    >>> recipe_operands(r, train=True)["grad_output"]
+    ('e5m2', 'tensorwise', False)
+    >>> sorted(recipe_operands(r, train=True))
+    ['grad_output', 'input', 'weight']
+    >>> sorted(recipe_operands(parse_fp8_recipe("torchao:rowwise_with_gw_hp"), train=True))
+    ['grad_output', 'input', 'weight', 'weight_for_grad_input']
+    """
     if recipe.name in MX_RECIPES:
+        if train:
+            raise SettingError(f"{recipe.name}: {MX_GRAPH}; its backward operands are not "
+                               "predicted (give --pass forward)")
         mx = f"mx-{MX_RECIPES[recipe.name]}"
         return {"input": ("e4m3", mx, True), "weight": ("e4m3", mx, True)}
     formats = operand_formats(recipe)
     pow2 = bool(recipe.config().round_scales_to_power_of_2)
-    return {role: (*formats[role], pow2) for role in ("input", "weight")}
+    roles = list(OPERAND_SOURCES) if train else ["input", "weight"]
+    out: dict[str, tuple[str, str, bool]] = {}
+    casts = set()
+    for role in roles:
+        fmt, scaling = formats[role]
+        source, transposed = OPERAND_SOURCES[role]
+        cast = (source, fmt, scaling, transposed and scaling != "tensorwise")
+        if fmt == "bf16" or cast in casts:
+            continue
+        casts.add(cast)
+        out[role] = (fmt, scaling, pow2)
+    return out
+
+
+def _capture_grad_output(seen: dict[str, dict[str, torch.Tensor]], fqn: str) -> Any:
+    """A forward hook keeping the gradient of the module's output (``grad_output``)."""
+
+    def hook(mod: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> None:
+        if isinstance(out, torch.Tensor) and out.requires_grad and "grad_output" not in seen.get(
+                fqn, {}):
+            def keep(grad: torch.Tensor) -> None:
+                seen[fqn]["grad_output"] = grad.detach().float().reshape(-1, grad.shape[-1])
+
+            out.register_hook(keep)
+
+    return hook
 
 
 def linear_operands(
-    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor]
+    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor], *, train: bool = False
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Each converted Linear's input (rows of K) and weight from one real fp32 run."""
+    """Each converted Linear's input (rows of K) and weight from one real fp32 run; with
+    ``train``, its ``grad_output`` (rows of N) too, from the real fp32 backward of the loss
+    ``ampgraph fp8 --pass train`` traces (the model's first floating output, summed)."""
     converted = {p.fqn for p in plan_model(model.module, recipe) if p.converted}
     if recipe.name in MX_RECIPES:  # MX blocks run along K: K must be a multiple of 32
         converted = {f for f in converted
@@ -209,43 +273,66 @@ def linear_operands(
                                   "weight": state[f"{fqn}.weight"].float().contiguous()})
 
         hooks.append(mod.register_forward_pre_hook(hook))
+        if train:
+            hooks.append(mod.register_forward_hook(_capture_grad_output(seen, fqn)))
     names = [k for k, _ in model.module.named_parameters()]
     names += [k for k, _ in model.module.named_buffers()]
+    params = {k: state[k].detach().clone() for k in names if k in state}
+    trainable = [params[k].requires_grad_() for k, p in model.module.named_parameters()
+                 if k in params and params[k].is_floating_point()] if train else []
     try:
-        with torch.no_grad():
-            torch.func.functional_call(
-                model.module, {k: state[k] for k in names if k in state}, model.args, model.kwargs
-            )
+        with torch.set_grad_enabled(train):
+            out = torch.func.functional_call(model.module, params, model.args, model.kwargs)
+            if train:
+                loss = first_tensor(out).float().sum()
+                torch.autograd.grad(loss, trainable, allow_unused=True)
     finally:
         for h in hooks:
             h.remove()
     return seen
 
 
+def _operand(tensors: dict[str, torch.Tensor], role: str) -> torch.Tensor | None:
+    """The operand ``role`` as torchao casts it, the reduction dimension last."""
+    source, transposed = OPERAND_SOURCES[role]
+    x = tensors.get(source)
+    return x.t().contiguous() if x is not None and transposed else x
+
+
 def survival_table(
-    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor]
+    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor], *,
+    train: bool = False, operands: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> list[OperandRow]:
-    """Every FP8 GEMM operand of the forward, the worst (most values flushed) first."""
-    ops = recipe_operands(recipe)
+    """Every FP8 GEMM operand of the forward (and with ``train`` the backward's), the worst
+    (most values flushed) first. ``operands``: :func:`linear_operands`' record, if made."""
+    ops = recipe_operands(recipe, train=train)
+    if operands is None:
+        operands = linear_operands(model, recipe, state, train=train)
+    converted = {p.fqn for p in plan_model(model.module, recipe) if p.converted}
     rows = []
-    for fqn, tensors in linear_operands(model, recipe, state).items():
-        for role, x in tensors.items():
-            fmt, scaling, pow2 = ops[role]
-            rows.append(OperandRow(fqn, role, fmt, scaling, pow2, predict(x, fmt, scaling,
-                                                                           pow2=pow2)))
+    for fqn, tensors in operands.items():
+        if fqn not in converted:  # a record made before the advisor's filter
+            continue
+        for role, (fmt, scaling, pow2) in ops.items():
+            x = _operand(tensors, role)
+            if x is not None:  # no grad_output: the output does not reach the loss
+                rows.append(OperandRow(fqn, role, fmt, scaling, pow2,
+                                       predict(x, fmt, scaling, pow2=pow2)))
     return sorted(rows, key=lambda r: (-r.survival.zero_share, -r.survival.saturated_share,
                                        -r.survival.rel_error, r.module, r.operand))
 
 
 def prove(
-    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor]
+    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor], *,
+    train: bool = False, operands: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> list[tuple[OperandRow, Survival]]:
     """Each row beside torchao's real counts on the same tensors (they must be equal)."""
-    tensors = linear_operands(model, recipe, state)
+    if operands is None:
+        operands = linear_operands(model, recipe, state, train=train)
     return [
-        (row, torchao_counts(tensors[row.module][row.operand], row.fmt, row.scaling,
-                             pow2=row.pow2))
-        for row in survival_table(model, recipe, state)
+        (row, torchao_counts(_operand(operands[row.module], row.operand), row.fmt,  # type: ignore[arg-type]
+                             row.scaling, pow2=row.pow2))
+        for row in survival_table(model, recipe, state, train=train, operands=operands)
     ]
 
 
