@@ -186,6 +186,63 @@ def test_cli_fp8_check() -> None:
     assert "check: all 15 GEMMs agree with a real CPU run" in out.stdout
 
 
+def _invoke(*args: str) -> tuple[int, str]:
+    """The command line in this process (click's runner): the FP8 paths start no worker."""
+    from click.testing import CliRunner
+
+    from ampgraph.cli import main
+
+    out = CliRunner().invoke(main, ["-q", *args], catch_exceptions=False)
+    return out.exit_code, out.output
+
+
+OUTLIER = ("--module", str(ROOT / "examples/fp8_outlier.py") + ":build")
+
+
+def test_setting_commands_take_a_torchao_recipe(tmp_path: Path) -> None:
+    """table, check and render print the FP8 graph ampgraph fp8 traces; check runs it for real."""
+    code, out = _invoke("table", *OUTLIER, "--recipe", "torchao:rowwise,filter_fqns=head")
+    assert code == 0, out
+    model = _outlier_model()
+    graph = trace_fp8(model, parse_fp8_recipe("torchao:rowwise,filter_fqns=head"))
+    from ampgraph.fp8.compare import gemm_lines
+
+    assert out.splitlines()[1:] == gemm_lines(graph, ("forward",))
+    assert "[head] forward addmm(bf16, bf16) -> bf16" in out
+    code, out = _invoke("check", *OUTLIER, "--recipe", "torchao:tensorwise", "--pass", "train")
+    assert code == 0 and "all 15 GEMMs' dtypes agree with a real CPU run" in out, out
+    code, out = _invoke("render", *OUTLIER, "--recipe", "torchao:tensorwise,filter_fqns=blocks",
+                        "-o", str(tmp_path), "--format", "dot")
+    assert code == 0 and out.strip().endswith("-fp8-head.dot"), out  # the one FP8 Linear
+    assert "_scaled_mm" in Path(out.strip()).read_text()
+    code, out = _invoke("table", *OUTLIER, "--recipe", "torchao:rowwise", "--only", "Linear")
+    assert code == 2 and "--only is not for an FP8 recipe" in out
+
+
+def test_audit_and_diff_before_against_after_the_advisors_filter(tmp_path: Path) -> None:
+    keep = tmp_path / "keep.py"
+    code, out = _invoke("fp8-ranges", *OUTLIER, "--recipe", "torchao:tensorwise", "--advise",
+                        "--write-filter", str(keep))
+    assert code == 0, out
+    from ampgraph.fp8.recipes import read_filter_file
+
+    kept = read_filter_file(str(keep))
+    assert kept[0] == "blocks.0.fc2" and f"KEEP_BF16 = {list(kept)!r}" in out
+    code, out = _invoke("audit", *OUTLIER, "--recipe", "torchao:tensorwise", "--fail-on",
+                        "warning")
+    assert code == 1 and f"{len(kept)} findings" in out, out
+    assert "warning: blocks.0.fc2 input: 51.69% of its non-zero values flush" in out
+    after = f"torchao:tensorwise,filter_file={keep}"
+    code, out = _invoke("audit", *OUTLIER, "--recipe", after, "--fail-on", "warning")
+    assert code == 0 and "0 findings" in out, out
+    code, out = _invoke("diff", *OUTLIER, "--recipe", "torchao:tensorwise", "--recipe", after)
+    assert code == 1, out
+    assert "blocks.0.fc2: FP8 -> bf16 (filtered by name (matches 'blocks.0.fc2'))" in out
+    assert out.rstrip().endswith("4549 -> 34; FP8 Linears 5 -> 2")
+    code, out = _invoke("diff", *OUTLIER, "--recipe", after, "--recipe", after)
+    assert code == 0 and "the FP8 graphs are the same" in out, out
+
+
 def test_recipe_option_points_to_the_fp8_commands() -> None:
     from ampgraph.recipes import parse_recipe
 

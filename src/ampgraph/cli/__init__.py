@@ -26,6 +26,7 @@ from ampgraph.cli import (
     cache_commands,
     compiled_commands,
     fp8_commands,
+    fp8_settings,  # noqa: F401  (registers --recipe torchao: on the setting commands)
     ranges_commands,
     reference_commands,
     review_commands,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import click
@@ -13,10 +14,10 @@ from ampgraph.cli.console import progress, progress_done
 from ampgraph.cli.options import forced, model_argument, timeout_seconds
 
 RECIPE_HELP = (
-    "torchao:NAME[,filter_fqns=A+B][,auto_filter=true]; NAME: tensorwise, rowwise, "
-    "rowwise_with_gw_hp (fp8-ranges also mxfp8, mxfp8_floor). filter_fqns keeps the Linears "
-    "whose name holds a fragment in bf16 (torchtitan's filter_fqns); auto_filter adds torchao's "
-    "size rule."
+    "torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_filter=true]; NAME: tensorwise, "
+    "rowwise, rowwise_with_gw_hp (fp8-ranges also mxfp8, mxfp8_floor). filter_fqns keeps the "
+    "Linears whose name holds a fragment in bf16 (torchtitan's filter_fqns); filter_file reads "
+    "them from the advisor's file (--write-filter); auto_filter adds torchao's size rule."
 )
 
 
@@ -152,13 +153,16 @@ def _row_text(row: Any) -> str:
               "same tensors: exit 1 unless every count equals the prediction.")
 @click.option("--advise", is_flag=True, help="Write the filter keeping the worst Linears in "
               "bf16, and the survival before against after it.")
+@click.option("--write-filter", "filter_path", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE", help="With --advise: write the filter (torchao's module_filter_fn, "
+              "torchtitan's filter_fqns) to FILE, which --recipe ...,filter_file=FILE reads.")
 @click.option("--max-zero-share", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="--advise keeps a Linear in bf16 when an operand flushes more than this.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, seed: int,
-                       top: int, prove: bool, advise: bool, max_zero_share: float,
-                       fmt: str) -> None:
+                       top: int, prove: bool, advise: bool, filter_path: Path | None,
+                       max_zero_share: float, fmt: str) -> None:
     """Will it survive FP8? Each FP8 GEMM operand's flush-to-zero, saturation and error.
 
     \b
@@ -166,12 +170,21 @@ def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, s
       ampgraph fp8-ranges opt-125m --recipe torchao:tensorwise --advise
       ampgraph fp8-ranges --module my.py:make --recipe torchao:mxfp8 --prove
       ampgraph fp8-ranges opt-125m --recipe torchao:tensorwise --pass train --prove
+      ampgraph fp8-ranges opt-125m --recipe torchao:tensorwise --advise --write-filter keep.py
+      ampgraph diff opt-125m --recipe torchao:tensorwise \\
+          --recipe torchao:tensorwise,filter_file=keep.py
     """
     from ampgraph.errors import SettingError
     from ampgraph.ranges import fp8 as fp8_ranges
 
     recipe = _recipe(recipe_text)
     train = pass_ == "train"
+    if filter_path is not None:
+        from ampgraph.report.writing import check_writable
+
+        if not advise:
+            raise click.UsageError("--write-filter writes the advisor's filter: add --advise")
+        check_writable(filter_path, "filter")
     try:
         fp8_ranges.recipe_operands(recipe, train=train)
     except SettingError as exc:
@@ -187,6 +200,10 @@ def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, s
                 mismatches.append(f"{row.module} {row.operand}: predicted {row.survival}, "
                                   f"torchao {real}")
     keep = fp8_ranges.advise(rows, max_zero_share=max_zero_share) if advise else ()
+    if filter_path is not None:
+        from ampgraph.report.writing import atomic_write
+
+        atomic_write(filter_path, (fp8_ranges.filter_code(keep) + "\n").encode())
     after = (fp8_ranges.survival_table(built, recipe.with_filter(keep), state, train=train,
                                        operands=operands) if keep else rows)
     progress_done()

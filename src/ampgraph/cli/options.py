@@ -217,7 +217,8 @@ def recipe_option(*, sides: bool = False) -> Callable[[F], F]:
         callback=_remember,
         help=f"{what}, spelled as it spells it: hf:bf16 (Trainer(bf16=True)), accelerate:fp16, "
         "lightning:bf16-mixed, fabric:bf16-true, fsdp2:param_dtype=bf16,reduce_dtype=fp32, "
-        "fsdp1:param_dtype=bf16, deepspeed:ds_config.json. Analyses the setting it runs on "
+        "fsdp1:param_dtype=bf16, deepspeed:ds_config.json; torchao:rowwise (FP8, on table, check, "
+        "render, audit and diff: the graph of ampgraph fp8). Analyses the setting it runs on "
         "--device (cuda or cpu) and prints, on stderr, what else it does (input casts, buffers, "
         "gradient and optimizer dtypes). Table: docs/recipes.md.",
     )  # fmt: skip
@@ -299,6 +300,12 @@ def train_options(pass_: str, loss: str | None, backward_autocast: bool) -> dict
     return {"pass_": pass_, "loss": loss, "backward_autocast": backward_autocast}
 
 
+#: Recipe families (``"torchao:"``) that no setting expresses, by prefix -> what runs the
+#: command on them instead: it exits, or returns where the command has no such meaning (the
+#: recipe's parser then says where it does). :mod:`ampgraph.cli.fp8_settings` registers FP8's.
+RECIPE_COMMANDS: dict[str, Callable[[click.Context, tuple[str, ...]], None]] = {}
+
+
 def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[Setting]:
     """Setting names from the command line, the settings of its --recipe flags, or the seed's
     four when neither is given."""
@@ -314,6 +321,9 @@ def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[
             )
         from ampgraph.recipes import parse_recipe
 
+        for family, run in RECIPE_COMMANDS.items():
+            if ctx is not None and any(r.strip().lower().startswith(family) for r in recipes):
+                run(ctx, tuple(recipes))  # exits, where the command takes such a recipe
         try:
             parsed = [parse_recipe(r, device_type=device) for r in recipes]
         except SettingError as exc:

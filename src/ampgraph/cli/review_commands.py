@@ -254,6 +254,10 @@ def diff_command(
     recipes: tuple[str, ...] = tuple(ctx.meta.pop("ampgraph.recipes", None) or ())
     if recipes and settings:
         raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
+    from ampgraph.cli.fp8_settings import fp8_diff, is_fp8_recipe
+
+    if any(is_fp8_recipe(r) for r in recipes):  # two FP8 graphs, not two settings' reports
+        fp8_diff(ctx, sources, recipes, seq_len, fmt)
     tracer = ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER
     sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
     request = AnalysisRequest(seq_len=seq_len, check=False, force=forced(),

@@ -1,6 +1,6 @@
 """torchao's float8 training recipes: which Linears convert, and each GEMM operand's format.
 
-A recipe is spelled ``torchao:NAME[,filter_fqns=A+B][,auto_filter=true]``: ``NAME`` is one of
+A recipe is spelled ``torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_filter=true]``: ``NAME`` is one of
 torchao's ``Float8LinearRecipeName`` values (``tensorwise``, ``rowwise``,
 ``rowwise_with_gw_hp``); ``filter_fqns`` are module-name fragments kept in bf16, matched as
 torchtitan's ``filter_fqns`` are (a fragment anywhere in the name); ``auto_filter`` adds
@@ -136,15 +136,54 @@ def parse_fp8_recipe(text: str) -> Fp8Recipe:
         key, eq, value = part.partition("=")
         key = key.strip().lower()
         if key == "filter_fqns" and eq:
-            fqns = tuple(f for f in (v.strip() for v in value.split("+")) if f)
+            fqns += tuple(f for f in (v.strip() for v in value.split("+")) if f)
+        elif key == "filter_file" and value.strip():
+            fqns += read_filter_file(value.strip())
         elif key == "auto_filter" and value.strip().lower() in ("true", "false", "1", "0"):
             auto = value.strip().lower() in ("true", "1")
         else:
             raise SettingError(
-                f"malformed FP8 recipe option {clip(part)}: write filter_fqns=A+B or "
-                "auto_filter=true"
+                f"malformed FP8 recipe option {clip(part)}: write filter_fqns=A+B, "
+                "filter_file=PATH or auto_filter=true"
             )
-    return Fp8Recipe(name.lower(), fqns, auto)
+    return Fp8Recipe(name.lower(), tuple(dict.fromkeys(fqns)), auto)
+
+
+def read_filter_file(path: str) -> tuple[str, ...]:
+    """The module-name fragments a filter file keeps in bf16: the advisor's Python (``ampgraph
+    fp8-ranges --advise --write-filter FILE``: its ``KEEP_BF16 = [...]``, read as a literal,
+    never run), or one fragment a line (``#`` starts a comment).
+
+    >>> import tempfile
+    >>> f = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+    >>> _ = f.write("KEEP_BF16 = ['lm_head', 'layers.0.fc2']\\n"); f.close()
+    >>> read_filter_file(f.name)
+    ('lm_head', 'layers.0.fc2')
+    """
+    import ast
+
+    try:
+        text = open(path, encoding="utf-8").read()  # noqa: SIM115  (read at once)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingError(f"cannot read the filter file {clip(path)}: "
+                           f"{exc.strerror if isinstance(exc, OSError) else exc}") from None
+    if "KEEP_BF16" in text:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            raise SettingError(f"filter file {clip(path)} is not Python") from None
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and getattr(node.targets[0], "id", None) == "KEEP_BF16"):
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    break
+                if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                    return tuple(value)
+        raise SettingError(f"filter file {clip(path)}: KEEP_BF16 is not a list of names")
+    return tuple(line.split("#", 1)[0].strip() for line in text.splitlines()
+                 if line.split("#", 1)[0].strip())
 
 
 def operand_formats(recipe: Fp8Recipe) -> dict[str, tuple[str, str]]:

@@ -349,6 +349,27 @@ def advise(rows: Sequence[OperandRow], *, max_zero_share: float = 0.01) -> tuple
     return tuple(dict.fromkeys(keep))
 
 
+def findings(rows: Sequence[OperandRow], *, max_zero_share: float = 0.01
+             ) -> list[tuple[str, OperandRow, str]]:
+    """``audit``'s findings under an FP8 recipe, worst first: an operand that saturates
+    (error: values clamped) or flushes more than ``max_zero_share`` of its values (warning).
+
+    >>> row = OperandRow("fc2", "input", "e4m3", "tensorwise", False, Survival(10, 10, 5, 0, 0.1))
+    >>> findings([row])[0][0::2]
+    ('warning', '50.00% of its non-zero values flush to zero in e4m3 (tensorwise scaling): keep fc2 in bf16 (filter_fqns=fc2)')
+    """
+    out = []
+    for r in rows:
+        s, fix = r.survival, f"keep {r.module} in bf16 (filter_fqns={r.module})"
+        if s.saturated:
+            out.append(("error", r, f"{s.saturated_share:.2%} of its non-zero values saturate "
+                        f"in {r.fmt} ({r.scaling} scaling): {fix}"))
+        elif s.zero_share > max_zero_share:
+            out.append(("warning", r, f"{s.zero_share:.2%} of its non-zero values flush to zero "
+                        f"in {r.fmt} ({r.scaling} scaling): {fix}"))
+    return sorted(out, key=lambda f: f[0] != "error")
+
+
 def filter_code(fqns: Sequence[str]) -> str:
     """The advisor's filter as torchao's ``module_filter_fn`` and torchtitan's ``filter_fqns``.
 
