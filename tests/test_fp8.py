@@ -154,6 +154,57 @@ def test_grad_output_is_the_real_backwards() -> None:
         fp8_ranges.torchao_counts(x.t().contiguous(), "e4m3", "rowwise", pow2=True)
 
 
+def test_transformer_engine_rules_where_torchao_runs_the_same_arithmetic() -> None:
+    """TE cannot run here; where its source's rule is torchao's arithmetic, the prediction
+    from TE's rule equals torchao's real conversion: one fp32 max/amax per tensor (current
+    scaling), one E8M0 exponent rounded up per 32 values (MXFP8), and a 1x128 tile of a row of
+    128 (block scaling, power-of-two scales) against torchao's rowwise."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 128, generator=gen) * torch.logspace(-9, 2, 128)
+    x[3, 5] = 4e4
+    for fmt in ("e4m3", "e5m2"):
+        te = fp8_ranges.predict(x, fmt, "tensorwise-te")
+        assert te == fp8_ranges.torchao_counts(x, fmt, "tensorwise"), fmt
+        assert fp8_ranges.predict(x, fmt, "mx-te") == fp8_ranges.torchao_counts(x, fmt, "mx-rceil")
+        assert fp8_ranges.predict(x, fmt, "block-1x128", pow2=True) == \
+            fp8_ranges.torchao_counts(x, fmt, "rowwise", pow2=True)
+    # 128x128 tiles: one scale per tile, four tiles of a 256x256 weight, each its own.
+    w = torch.ones(256, 256)
+    w[:128, :128] = 1e-9
+    w[200, 200] = 448e6
+    s = fp8_ranges.scaled(w, "e4m3", "block-128x128", pow2=True)
+    assert torch.equal(s[:128, :128], w[:128, :128] * 2.0**38)  # 448 / 1e-9 floored
+    assert float(s[0, 200]) == 256.0 and float(s[200, 0]) == 256.0  # 448 floored to 2^8
+    assert float(s[200, 200].abs()) <= 448 and float(s[199, 199]) < 2**-10  # flushed
+
+
+def test_transformer_engine_recipes_as_data() -> None:
+    from ampgraph.fp8.te import parse_te_recipe
+
+    delayed = parse_te_recipe("te:delayed")  # HYBRID: e4m3 forward, e5m2 backward
+    ops = delayed.operands(train=True)
+    assert ops["input"][0] == ops["weight"][0] == "e4m3" and ops["grad_output"][0] == "e5m2"
+    assert set(ops) == {"input", "weight", "grad_output"}  # per tensor: transposes are the same
+    e4m3 = parse_te_recipe("te:delayed,format=e4m3").operands(train=True)
+    assert e4m3["grad_output"][0] == "e4m3"
+    block = parse_te_recipe("te:block").operands(train=True)
+    assert block["weight"][1] == "block-128x128" and "weight_for_grad_input" not in block
+    assert block["grad_output_for_grad_weight"] == ("e4m3", "block-1x128", True)
+    mx = parse_te_recipe("te:mxfp8").operands(train=True)
+    assert len(mx) == 6 and {f for f, _, _ in mx.values()} == {"e4m3"}
+    model = _outlier_model()
+    state = {k: v.detach() for k, v in model.module.state_dict().items()}
+    rows = fp8_ranges.survival_table(model, parse_te_recipe("te:block,filter_fqns=head"), state,
+                                     train=True)
+    assert "head" not in {r.module for r in rows} and len(rows) == 4 * 5
+    plans = plan_model(model.module, parse_te_recipe("te:current"))
+    assert all("te.Linear" in p.reason for p in plans)
+    with pytest.raises(SettingError, match="cannot be imported here"):
+        fp8_ranges.prove(model, parse_te_recipe("te:current"), state)
+    with pytest.raises(SettingError, match="unknown TransformerEngine recipe"):
+        parse_te_recipe("te:fp4")
+
+
 def test_bad_recipes_are_one_line() -> None:
     with pytest.raises(SettingError, match="unknown torchao float8 recipe"):
         parse_fp8_recipe("torchao:fp4")

@@ -15,7 +15,8 @@ from ampgraph.cli.options import forced, model_argument, timeout_seconds
 
 RECIPE_HELP = (
     "torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_filter=true]; NAME: tensorwise, "
-    "rowwise, rowwise_with_gw_hp (fp8-ranges also mxfp8, mxfp8_floor). filter_fqns keeps the "
+    "rowwise, rowwise_with_gw_hp (fp8-ranges also mxfp8, mxfp8_floor, and TransformerEngine's "
+    "te:delayed, te:current, te:mxfp8, te:block[,format=e4m3|hybrid], from its source's rules). filter_fqns keeps the "
     "Linears whose name holds a fragment in bf16 (torchtitan's filter_fqns); filter_file reads "
     "them from the advisor's file (--write-filter); auto_filter adds torchao's size rule."
 )
@@ -24,8 +25,11 @@ RECIPE_HELP = (
 def _recipe(text: str) -> Any:
     from ampgraph.errors import SettingError
     from ampgraph.fp8.recipes import parse_fp8_recipe
+    from ampgraph.fp8.te import parse_te_recipe
 
     try:
+        if text.strip().lower().startswith("te:"):
+            return parse_te_recipe(text)
         return parse_fp8_recipe(text)
     except SettingError as exc:
         raise click.BadParameter(str(exc), param_hint="'--recipe'") from None
@@ -97,6 +101,11 @@ def fp8_command(model: str, recipe_text: str, pass_: str, check: bool, seq_len: 
     from ampgraph.fp8.graph import trace_fp8
 
     recipe = _recipe(recipe_text)
+    if recipe.spelling.startswith("te:"):
+        from ampgraph.fp8.te import NOT_IMPORTED
+
+        raise click.BadParameter(f"{NOT_IMPORTED}: no graph is claimed; ampgraph fp8-ranges "
+                                 "predicts its survival", param_hint="'--recipe'")
     built = _build(model, seq_len)
     graph = trace_fp8(built, recipe, train=pass_ == "train")
     if dot_module is not None:
@@ -179,6 +188,11 @@ def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, s
 
     recipe = _recipe(recipe_text)
     train = pass_ == "train"
+    te = recipe.spelling.startswith("te:")
+    if te and prove:
+        raise click.BadParameter("TransformerEngine cannot be imported here: no kernel of its "
+                                 "to prove against (torchao's recipes are proved)",
+                                 param_hint="'--prove'")
     if filter_path is not None:
         from ampgraph.report.writing import check_writable
 
@@ -208,7 +222,8 @@ def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, s
                                        operands=operands) if keep else rows)
     progress_done()
     if fmt == "json":
-        data: dict[str, Any] = {"recipe": recipe.spelling, "pass": pass_,
+        data: dict[str, Any] = {"recipe": recipe.spelling, "pass": pass_, "te_code_ran": False
+                                if te else None,
                                 "operands": [r.to_dict() for r in rows]}
         if prove:
             data["proved"] = {"ok": not mismatches, "operands": len(rows)}
@@ -218,6 +233,10 @@ def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, s
                               "after": [r.to_dict() for r in after]}
         click.echo(json.dumps(data, indent=1))
     else:
+        if te:
+            from ampgraph.fp8.te import CONVERTED, NOT_IMPORTED
+
+            click.echo(f"{NOT_IMPORTED}; each nn.Linear {CONVERTED}")
         click.echo(f"recipe {recipe.spelling}: {len(rows)} FP8 GEMM operands, worst first")
         click.echo("\n".join(_row_text(r) for r in rows[:top]))
         if prove and not mismatches:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
@@ -211,6 +211,16 @@ def operand_formats(recipe: Fp8Recipe) -> dict[str, tuple[str, str]]:
     return out
 
 
+class FilteredRecipe(Protocol):
+    """What :func:`plan_model` reads of a recipe: torchao's, or TransformerEngine's
+    (:class:`ampgraph.fp8.te.TeRecipe`, which also says how it reads a kept ``nn.Linear``)."""
+
+    name: str
+    filter_fqns: tuple[str, ...]
+
+    def module_filter_fn(self) -> Callable[[nn.Module, str], bool]: ...
+
+
 @dataclass(frozen=True)
 class LinearPlan:
     """One module with a matrix weight: converted to ``Float8Linear``, or kept, and why."""
@@ -236,7 +246,7 @@ def _auto_reason(name: str, n: int, k: int) -> str:
     return f"auto filter: N={n}, K={k} under the rowwise thresholds (too small to gain)"
 
 
-def plan_model(module: nn.Module, recipe: Fp8Recipe) -> list[LinearPlan]:
+def plan_model(module: nn.Module, recipe: FilteredRecipe) -> list[LinearPlan]:
     """Every module with a 2-D weight, as ``convert_to_float8_training`` would treat it.
 
     The decision is the recipe's own ``module_filter_fn`` (torchao's auto filter included);
@@ -261,7 +271,9 @@ def plan_model(module: nn.Module, recipe: Fp8Recipe) -> list[LinearPlan]:
             plans.append(LinearPlan(fqn, kind, n, k, False, f"not an nn.Linear ({kind})"))
             continue
         if keep(mod, fqn):
-            plans.append(LinearPlan(fqn, kind, n, k, True, "converted to Float8Linear"))
+            # A TransformerEngine recipe (ampgraph.fp8.te) says how it reads a kept nn.Linear.
+            how = getattr(recipe, "converted_reason", "converted to Float8Linear")
+            plans.append(LinearPlan(fqn, kind, n, k, True, how))
             continue
         named = [f for f in recipe.filter_fqns if f in fqn]
         reason = (

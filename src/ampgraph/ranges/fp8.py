@@ -38,6 +38,7 @@ from ampgraph.fp8.recipes import (
     plan_model,
     torchao_float8,
 )
+from ampgraph.fp8.te import NOT_IMPORTED, TeRecipe
 from ampgraph.model.build import ModelInputs
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -46,6 +47,8 @@ FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FLUSH = {"e4m3": 2.0**-10, "e5m2": 2.0**-17}
 CLAMP = {"e4m3": 464.0, "e5m2": 61440.0}
 MX_BLOCK = 32
+#: torchao's recipes, and TransformerEngine's (their rules as data: ampgraph.fp8.te).
+AnyRecipe = Fp8Recipe | TeRecipe
 #: ``MXFP8``'s two scale rules (torchao's ``ScaleCalculationMode``), by recipe name.
 MX_RECIPES = {"mxfp8": "rceil", "mxfp8_floor": "floor"}
 
@@ -94,12 +97,52 @@ def _mx_multiplier(blocks: torch.Tensor, fmt: str, rule: str) -> torch.Tensor:
     return 1.0 / scale
 
 
+def _te_e8m0_multiplier(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """TransformerEngine's MXFP8 rule: the E8M0 byte of ``amax * (1 / max)`` rounded up
+    (``float_to_e8m0``), and the values multiplied by ``2^(127 - byte)`` (``exp2f_rcp``)."""
+    rcp = torch.tensor(1.0 / torch.finfo(FP8[fmt]).max, dtype=torch.float32)
+    bits = (blocks.abs().amax(dim=-1, keepdim=True) * rcp).view(torch.int32)
+    exponent, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    return torch.ldexp(torch.ones_like(blocks[..., :1]), 127 - (exponent + up.int()))
+
+
+def _te_scale(amax: torch.Tensor, fmt: str, pow2: bool) -> torch.Tensor:
+    """``compute_scale_from_amax`` (TE's recipe_common.cuh): ``max / amax`` in fp32 (1 where
+    amax is 0), a power of two by masking the mantissa bits off."""
+    amax = amax.float()
+    scale = torch.where(amax == 0, 1.0, torch.finfo(FP8[fmt]).max / amax.where(amax != 0, 1.0))
+    return (scale.view(torch.int32) & -0x800000).view(torch.float32) if pow2 else scale
+
+
+def _block_scaled(x: torch.Tensor, fmt: str, rows: int, cols: int, pow2: bool) -> torch.Tensor:
+    """``x`` (2-D) times one TE scale per ``rows x cols`` tile (a partial tile at the edges)."""
+    r, c = x.shape
+    padded = torch.nn.functional.pad(x, (0, -c % cols, 0, -r % rows))
+    tiles = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
+    scale = _te_scale(tiles.abs().amax(dim=(1, 3), keepdim=True), fmt, pow2)
+    return (tiles * scale).reshape(padded.shape)[:r, :c]
+
+
 def scaled(x: torch.Tensor, fmt: str, scaling: str, *, pow2: bool = False) -> torch.Tensor:
-    """``x`` (fp32) multiplied by the recipe's scale, before the clamp and the cast."""
+    """``x`` (fp32) multiplied by the recipe's scale, before the clamp and the cast.
+
+    >>> x = torch.zeros(2, 256); x[0, 0], x[0, 200], x[1, 5] = 448.0, 1.0, 1e-9
+    >>> scaled(x, "e4m3", "block-1x128")[:, [0, 5, 200]].tolist()   # 1x128 tiles
+    [[448.0, 0.0, 448.0], [0.0, 448.0, 0.0]]
+    """
     x = x.float()
     if scaling.startswith("mx-"):
         blocks = x.reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
-        return (blocks * _mx_multiplier(blocks, fmt, scaling[3:])).reshape(x.shape)
+        rule = scaling[3:]
+        multiplier = (_te_e8m0_multiplier(blocks, fmt) if rule == "te"
+                      else _mx_multiplier(blocks, fmt, rule))
+        return (blocks * multiplier).reshape(x.shape)
+    if scaling.startswith("block-"):
+        rows, _, cols = scaling[6:].partition("x")
+        return _block_scaled(x, fmt, int(rows), int(cols), pow2)
+    if scaling == "tensorwise-te":
+        return x * _te_scale(x.abs().amax(), fmt, pow2)
     return x * _rowwise_scale(x, fmt, scaling == "rowwise", pow2)
 
 
@@ -200,7 +243,7 @@ OPERAND_SOURCES = {
 }
 
 
-def recipe_operands(recipe: Fp8Recipe, *, train: bool = False) -> dict[str, tuple[str, str, bool]]:
+def recipe_operands(recipe: AnyRecipe, *, train: bool = False) -> dict[str, tuple[str, str, bool]]:
     """Each operand the recipe casts -> (format, scaling, power-of-two scales).
 
     The forward's two, and with ``train`` the backward's as torchao's ``Float8LinearConfig``
@@ -216,6 +259,8 @@ def recipe_operands(recipe: Fp8Recipe, *, train: bool = False) -> dict[str, tupl
     >>> sorted(recipe_operands(parse_fp8_recipe("torchao:rowwise_with_gw_hp"), train=True))
     ['grad_output', 'input', 'weight', 'weight_for_grad_input']
     """
+    if isinstance(recipe, TeRecipe):
+        return recipe.operands(train=train)
     if recipe.name in MX_RECIPES:
         if train:
             raise SettingError(f"{recipe.name}: {MX_GRAPH}; its backward operands are not "
@@ -253,7 +298,7 @@ def _capture_grad_output(seen: dict[str, dict[str, torch.Tensor]], fqn: str) -> 
 
 
 def linear_operands(
-    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor], *, train: bool = False
+    model: ModelInputs, recipe: AnyRecipe, state: dict[str, torch.Tensor], *, train: bool = False
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Each converted Linear's input (rows of K) and weight from one real fp32 run; with
     ``train``, its ``grad_output`` (rows of N) too, from the real fp32 backward of the loss
@@ -300,7 +345,7 @@ def _operand(tensors: dict[str, torch.Tensor], role: str) -> torch.Tensor | None
 
 
 def survival_table(
-    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor], *,
+    model: ModelInputs, recipe: AnyRecipe, state: dict[str, torch.Tensor], *,
     train: bool = False, operands: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> list[OperandRow]:
     """Every FP8 GEMM operand of the forward (and with ``train`` the backward's), the worst
@@ -323,10 +368,12 @@ def survival_table(
 
 
 def prove(
-    model: ModelInputs, recipe: Fp8Recipe, state: dict[str, torch.Tensor], *,
+    model: ModelInputs, recipe: AnyRecipe, state: dict[str, torch.Tensor], *,
     train: bool = False, operands: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> list[tuple[OperandRow, Survival]]:
     """Each row beside torchao's real counts on the same tensors (they must be equal)."""
+    if isinstance(recipe, TeRecipe):
+        raise SettingError(f"{recipe.spelling}: {NOT_IMPORTED}: nothing to prove against")
     if operands is None:
         operands = linear_operands(model, recipe, state, train=train)
     return [
