@@ -205,13 +205,38 @@ def test_transformer_engine_recipes_as_data() -> None:
         parse_te_recipe("te:fp4")
 
 
+def test_mx_graph_is_torchaos_inference_workflow_traced() -> None:
+    """torchao's MXDynamicActivationMXWeightConfig traced on fake tensors: the activation's
+    amax, its cast to e4m3 and _scaled_mm on E8M0 block scales (an SM100 GPU's GEMM); with the
+    emulated kernel, bf16 GEMMs that a real CPU run makes too."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 48), nn.Linear(48, 8))
+    model, state = ModelInputs("mlp", net, (torch.randn(8, 64),)), dict(net.state_dict())
+    graph = trace_fp8(model, parse_fp8_recipe("torchao:mxfp8"))
+    plans = {p.fqn: p.converted for p in graph.plans}
+    assert plans == {"0": True, "2": True, "3": False}  # K=48: not a multiple of 32
+    forward = graph.gemms("forward")
+    assert [(g.op, g.module, g.role) for g in forward] == [
+        ("_scaled_mm", "0", "gemm-fp8"), ("_scaled_mm", "2", "gemm-fp8"),
+        ("addmm", "3", "gemm-bf16")]
+    assert forward[0].dtype_in[:4] == ("e4m3", "e4m3", "e8m0", "e8m0")
+    assert forward[0].scaling == ("mx-1x32", "mx-1x32")
+    ops = {n.op for n in graph.nodes if n.module == "2"}
+    assert {"amax", "_to_copy"} <= ops and any(n.role == "scale" for n in graph.nodes)
+    emulated = parse_fp8_recipe("torchao:mxfp8_floor,kernel=emulated")
+    graph = trace_fp8(model, emulated)
+    proof = prove_gemms(graph, model, state)
+    assert proof.ok and len(proof.real) == 3, proof.first_difference()
+    assert {n.dtype_out for n in graph.nodes if n.role == "cast-fp8"} == {"e4m3"}
+
+
 def test_bad_recipes_are_one_line() -> None:
     with pytest.raises(SettingError, match="unknown torchao float8 recipe"):
         parse_fp8_recipe("torchao:fp4")
     with pytest.raises(SettingError, match="no auto filter"):
         parse_fp8_recipe("torchao:rowwise_with_gw_hp,auto_filter=true").module_filter_fn()
-    with pytest.raises(SettingError, match="MX training Linear"):
-        trace_fp8(_mlp()[0], parse_fp8_recipe("torchao:mxfp8"))
+    with pytest.raises(SettingError, match="no dense MX training Linear"):
+        trace_fp8(_mlp()[0], parse_fp8_recipe("torchao:mxfp8"), train=True)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -180,7 +180,7 @@ def _audit(ctx: click.Context, recipe: Any, params: dict[str, Any]) -> NoReturn:
 def fp8_diff(ctx: click.Context, sources: tuple[Any, ...], recipes: tuple[str, ...],
              seq_len: int, fmt: str) -> NoReturn:
     """``ampgraph diff MODEL --recipe torchao:A --recipe torchao:B``: the two FP8 graphs
-    (forward and backward) and the forward operands' survival, A against B; exit 1 when they
+    (forward and backward; MX's forward) and the forward operands' survival, A against B; exit 1 when they
     differ."""
     from ampgraph.fp8.compare import compare
     from ampgraph.fp8.graph import trace_fp8
@@ -194,7 +194,10 @@ def fp8_diff(ctx: click.Context, sources: tuple[Any, ...], recipes: tuple[str, .
     a, b = (_recipe(r) for r in recipes)
     built = _build(str(sources[0]) if sources else "opt-125m", seq_len)
     progress("tracing both recipes on fake tensors")
-    graphs = [trace_fp8(built, r, train=True) for r in (a, b)]
+    from ampgraph.fp8.recipes import MX_NAMES
+
+    train = not {a.name, b.name} & set(MX_NAMES)  # MX's graph is a forward (ampgraph.fp8.mx)
+    graphs = [trace_fp8(built, r, train=train) for r in (a, b)]
     changes = compare(*graphs)
     state = _state(built, 0)
     rows = [fp8_ranges.survival_table(built, r, state) for r in (a, b)]

@@ -19,12 +19,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ampgraph.fp8.recipes import Fp8Recipe, LinearPlan, convert, plan_model
+from ampgraph.errors import SettingError
+from ampgraph.fp8.mx import flatten, unflatten
+from ampgraph.fp8.recipes import MX_GRAPH, MX_NAMES, Fp8Recipe, LinearPlan, convert, plan_model
 from ampgraph.model.build import ModelInputs
 
 #: Matrix products (after make_fx's decomposition of linear/matmul).
 GEMM_OPS = frozenset({"_scaled_mm", "mm", "addmm", "bmm", "baddbmm"})
-FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float8_e8m0fnu": "e8m0"}
 
 
 def short(dtype: Any) -> str:
@@ -89,6 +91,8 @@ def _scaling(scale: Any, operand: Any) -> str:
     val = scale.meta.get("val") if isinstance(scale, fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return "none"
+    if val.dtype == torch.float8_e8m0fnu:
+        return "mx-1x32"  # one E8M0 (power-of-two) scale per 32 values along K
     return "tensorwise" if val.numel() == 1 else "rowwise"
 
 
@@ -208,11 +212,13 @@ def _marking(module: nn.Module) -> Iterator[list[Any]]:
             h.remove()
 
 
-def _fake_inputs(module: nn.Module, model: ModelInputs) -> tuple[Any, ...]:
+def _fake_inputs(module: nn.Module, model: ModelInputs,
+                 named: dict[str, torch.Tensor] | None = None) -> tuple[Any, ...]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
-    named = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    if named is None:
+        named = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     with mode:
         state = {
             k: torch.empty(v.shape, dtype=v.dtype, device="cpu", requires_grad=v.requires_grad)
@@ -256,11 +262,19 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
 
     plans = plan_model(model.module, recipe)
     converted = convert(model.module, recipe)
-    state, args, kwargs = _fake_inputs(converted, model)
+    # MX: each MXTensor weight enters as its inner tensors and is rebuilt inside the trace,
+    # so torchao's dispatch on it (activation quantization, GEMM) is traced too.
+    mx = recipe.name in MX_NAMES
+    if mx and train:
+        raise SettingError(f"{recipe.spelling}: {MX_GRAPH}; give --pass forward")
+    named = {**dict(converted.named_parameters()), **dict(converted.named_buffers())}
+    flat, subclasses = flatten(named) if mx else (named, {})
+    state, args, kwargs = _fake_inputs(converted, model, flat)
 
     def forward(state: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with torch.autocast("cpu", torch.bfloat16):
-            out = torch.func.functional_call(converted, state, args, kwargs)
+            out = torch.func.functional_call(converted, unflatten(state, subclasses), args,
+                                             kwargs)
         if not train:
             return out
         params = [v for v in state.values() if v.requires_grad]

@@ -9,6 +9,7 @@ the same dtypes: a difference is a bug, not a tolerance.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.fp8.graph import GEMM_OPS, Fp8Graph, first_tensor, short
-from ampgraph.fp8.recipes import Fp8Recipe, convert
+from ampgraph.errors import SettingError
+from ampgraph.fp8.recipes import MX_NAMES, Fp8Recipe, convert
 from ampgraph.model.build import ModelInputs
 
 
@@ -78,12 +80,24 @@ def real_gemms(
 
     ``state`` holds real CPU tensors for every parameter and buffer (fp32 weights).
     """
-    converted = convert(model.module, recipe)
+    if recipe.name in MX_NAMES:
+        # torchao quantizes the real weights once (MXTensor): the run takes them as they are.
+        if recipe.kernel != "emulated" or train:
+            raise SettingError(f"{recipe.spelling}: the CPU's _scaled_mm refuses E8M0 block "
+                               "scales (an SM100 GPU's GEMM) and MX has no training Linear: "
+                               "check kernel=emulated, forward")
+        real = copy.deepcopy(model.module).to_empty(device="cpu")
+        real.load_state_dict(state, strict=False, assign=True)
+        converted = convert(real, recipe)
+        state = {**dict(converted.named_parameters()), **dict(converted.named_buffers())}
+    else:
+        converted = convert(model.module, recipe)
     # Tied weights once (named_parameters' names), as functional_call takes them.
     names = [k for k, _ in converted.named_parameters()]
     buffers = [k for k, _ in converted.named_buffers()]
     state = {k: state[k].detach().clone() for k in names + buffers if k in state}
-    params = {k: state[k].requires_grad_() for k in names if k in state}
+    wants = {k for k, p in converted.named_parameters() if p.requires_grad}  # not MXTensors
+    params = {k: state[k].requires_grad_() for k in names if k in state and k in wants}
     log = _GemmLog()
     try:
         with log:

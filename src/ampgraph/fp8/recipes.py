@@ -26,12 +26,13 @@ from ampgraph.torchutil import quiet_library_imports
 RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 #: MXFP8 (one E8M0 scale per 32 values): ``mxfp8`` scales by torchao's MXFP8 training rule
 #: (RCEIL), ``mxfp8_floor`` by the OCP spec's (``MXTensor.to_mx``'s default). Their survival is
-#: predicted and proved (:mod:`ampgraph.ranges.fp8`); their graph is not traced (see MX_GRAPH).
+#: predicted and proved (:mod:`ampgraph.ranges.fp8`); their graph is the forward of torchao's MX
+#: inference workflow (:mod:`ampgraph.fp8.mx`, see MX_GRAPH).
 MX_NAMES = ("mxfp8", "mxfp8_floor")
 MX_GRAPH = (
-    "torchao 0.18 has no dense MX training Linear (MXLinearConfig is gone); its MXFP8 training "
-    "(MXFP8TrainingOpConfig) wraps MoE weights and needs an SM100 GPU or its emulated mode: "
-    "ampgraph predicts MXFP8's survival (ampgraph fp8-ranges), not its graph"
+    "torchao 0.18 has no dense MX training Linear (MXLinearConfig is gone; its "
+    "MXFP8TrainingOpConfig wraps MoE grouped GEMMs): the MX graph is its inference workflow's "
+    "forward (MXDynamicActivationMXWeightConfig), and fp8-ranges predicts the forward's survival"
 )
 #: The three GEMMs of a Linear and their operands, as ``Float8LinearConfig`` names their casts:
 #: ``output = input @ weight.t()``, ``grad_input = grad_output @ weight``,
@@ -71,6 +72,9 @@ class Fp8Recipe:
     name: str
     filter_fqns: tuple[str, ...] = ()
     auto_filter: bool = False
+    #: MX only: torchao's ``KernelPreference`` (``auto``: ``_scaled_mm`` on E8M0 block scales,
+    #: an SM100 GPU's GEMM; ``emulated``: dequantized to bf16, which the CPU runs).
+    kernel: str = "auto"
 
     @property
     def spelling(self) -> str:
@@ -80,12 +84,21 @@ class Fp8Recipe:
             out += ",filter_fqns=" + "+".join(self.filter_fqns)
         if self.auto_filter:
             out += ",auto_filter=true"
+        if self.kernel != "auto":
+            out += f",kernel={self.kernel}"
         return out
+
+    @property
+    def converted_reason(self) -> str:
+        """What happens to a Linear the recipe takes."""
+        if self.name in MX_NAMES:
+            return "weight quantized to an MXTensor (MXDynamicActivationMXWeightConfig)"
+        return "converted to Float8Linear"
 
     def with_filter(self, fqns: tuple[str, ...]) -> Fp8Recipe:
         """This recipe keeping ``fqns`` in bf16 too (the advisor's filter)."""
         merged = tuple(dict.fromkeys(self.filter_fqns + fqns))
-        return Fp8Recipe(self.name, merged, self.auto_filter)
+        return Fp8Recipe(self.name, merged, self.auto_filter, self.kernel)
 
     def config(self) -> Any:
         """torchao's ``Float8LinearConfig`` for this recipe."""
@@ -132,6 +145,7 @@ def parse_fp8_recipe(text: str) -> Fp8Recipe:
         )
     fqns: tuple[str, ...] = ()
     auto = False
+    kernel = "auto"
     for part in filter(None, parts):
         key, eq, value = part.partition("=")
         key = key.strip().lower()
@@ -141,12 +155,15 @@ def parse_fp8_recipe(text: str) -> Fp8Recipe:
             fqns += read_filter_file(value.strip())
         elif key == "auto_filter" and value.strip().lower() in ("true", "false", "1", "0"):
             auto = value.strip().lower() in ("true", "1")
+        elif key == "kernel" and name.lower() in MX_NAMES and value.strip().lower() in (
+                "auto", "emulated"):
+            kernel = value.strip().lower()
         else:
             raise SettingError(
                 f"malformed FP8 recipe option {clip(part)}: write filter_fqns=A+B, "
-                "filter_file=PATH or auto_filter=true"
+                "filter_file=PATH, auto_filter=true or (MX) kernel=auto|emulated"
             )
-    return Fp8Recipe(name.lower(), tuple(dict.fromkeys(fqns)), auto)
+    return Fp8Recipe(name.lower(), tuple(dict.fromkeys(fqns)), auto, kernel)
 
 
 def read_filter_file(path: str) -> tuple[str, ...]:
@@ -270,6 +287,10 @@ def plan_model(module: nn.Module, recipe: FilteredRecipe) -> list[LinearPlan]:
             # convert_to_float8_training swaps exact nn.Linear instances only.
             plans.append(LinearPlan(fqn, kind, n, k, False, f"not an nn.Linear ({kind})"))
             continue
+        if recipe.name in MX_NAMES and k % 32:
+            plans.append(LinearPlan(fqn, kind, n, k, False,
+                                    f"K={k} is not a multiple of 32 (one MX block)"))
+            continue
         if keep(mod, fqn):
             # A TransformerEngine recipe (ampgraph.fp8.te) says how it reads a kept nn.Linear.
             how = getattr(recipe, "converted_reason", "converted to Float8Linear")
@@ -291,6 +312,10 @@ def convert(module: nn.Module, recipe: Fp8Recipe) -> nn.Module:
     'Float8Linear'
     """
     float8 = torchao_float8()
+    if recipe.name in MX_NAMES:
+        from ampgraph.fp8.mx import quantize_mx
+
+        return quantize_mx(module, recipe.name, recipe.kernel, recipe.module_filter_fn())
     out = copy.deepcopy(module)
     return float8.convert_to_float8_training(  # type: ignore[no-any-return]
         out, config=recipe.config(), module_filter_fn=recipe.module_filter_fn()
