@@ -3,7 +3,9 @@
 ``render --compile inductor`` draws one figure per setting: every op of the report a box (its op,
 module path and output dtype), edges coloured by dtype as in the other diagrams, and each kernel
 of Inductor's plan (:class:`~ampgraph.compiled.flow.CompiledFlow`) a frame captioned with its
-kind and name (``op4 · pointwise``). An op whose eager 16-bit rounding the compiled program drops
+kind and name (``op4 · pointwise``), where its ops are one piece of the graph (a kernel fused from
+ops far apart, as Inductor's horizontal fusion makes, is named in its boxes instead: one frame
+around them would span the figure). An op whose eager 16-bit rounding the compiled program drops
 has a thick dashed vermillion border, and its outgoing edges say ``fp32 in kernel`` where eager
 passes a 16-bit value; a value rounded in registers (``emulate_precision_casts``) is marked
 ``rounded in kernel``. A legend says so. Torch-free: it reads the two records only.
@@ -36,8 +38,33 @@ DROPPED = "#D55E00"
 KERNEL_FILL = {"light": "#F4F4F4", "dark": "#2A2A2A"}
 
 
-def _box(node: NodeRecord, fate: CompiledNode | None, theme: Theme) -> dict[str, str]:
-    """A node's box: op and module, output dtype, its compiled fate."""
+def _connected(nodes: list[NodeRecord]) -> bool:
+    """Whether ``nodes`` are one piece through the edges among them: a kernel Inductor fused
+    from ops far apart in the graph (horizontal fusion of the same op in several layers) would
+    pull them into one frame across the whole figure, so it is named in its boxes instead.
+
+    >>> _connected([NodeRecord("a", "x", "op"), NodeRecord("b", "y", "op", inputs=[{"node": "a"}])])
+    True
+    """
+    parent = {n.name: n.name for n in nodes}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for n in nodes:
+        for i in n.inputs:
+            if i.get("node") in parent:
+                parent[root(i["node"])] = root(n.name)
+    return len({root(n.name) for n in nodes}) <= 1
+
+
+def _box(
+    node: NodeRecord, fate: CompiledNode | None, theme: Theme, framed: bool = True
+) -> dict[str, str]:
+    """A node's box: op and module, output dtype, its compiled fate (and its kernel, where the
+    kernel has no frame)."""
     op = node.op.removeprefix("aten.").split(".")[0] if node.kind == "op" else node.kind
     lines = [f"<B>{html_text(node.name)}</B> {font(html_text(op), colour=theme.muted)}"]
     if node.module:
@@ -46,6 +73,8 @@ def _box(node: NodeRecord, fate: CompiledNode | None, theme: Theme) -> dict[str,
     what = fate.fate if fate is not None else ("" if node.kind != "op" else "not in the plan")
     if fate is not None and fate.drops_rounding:
         what = f"fp32 in {fate.kernel} (eager rounds)"
+    elif fate is not None and fate.kernel and not framed:
+        what += f" in {fate.kernel}"
     lines.append(html_text(out + (f" · {what}" if what else "")))
     attrs = {"label": "<" + "<BR/>".join(lines) + ">", "shape": "box", "style": "rounded",
              "color": theme.muted, "fontcolor": theme.text,
@@ -78,7 +107,11 @@ def _legend(dot: graphviz.Digraph, theme: Theme) -> None:
         leg.node("legend_dropped", label="eager rounds to 16 bits here; compiled keeps fp32",
                  shape="box", style="rounded,dashed", color=DROPPED, penwidth="2.6",
                  fontcolor=theme.text)  # fmt: skip
+        leg.node("legend_named", label="op · kernel: a kernel of ops far apart in the graph "
+                 "(horizontal fusion), named in its boxes, not framed", shape="box",
+                 style="rounded", color=theme.muted, fontcolor=theme.text)  # fmt: skip
         leg.edge("legend_kernel", "legend_dropped", style="invis")
+        leg.edge("legend_dropped", "legend_named", style="invis")
 
 
 def compiled_dot(report: Report, flow: CompiledFlow, theme: str = "light") -> str:
@@ -98,7 +131,7 @@ def compiled_dot(report: Report, flow: CompiledFlow, theme: str = "light") -> st
         members.setdefault(fate.kernel if fate and fate.kernel else "", []).append(n)
     kinds = {k.name: k.kind for k in flow.kernels}
     for kernel, nodes in members.items():
-        if kernel:
+        if kernel and _connected(nodes):
             with dot.subgraph(name=dot_name(f"cluster_kernel_{kernel}")) as sub:
                 sub.attr(label=f"{kernel} · {kinds.get(kernel, '?')}", style="filled,rounded",
                          fillcolor=KERNEL_FILL[theme], color=th.muted, fontcolor=th.muted,
@@ -107,7 +140,7 @@ def compiled_dot(report: Report, flow: CompiledFlow, theme: str = "light") -> st
                     sub.node(dot_name(n.name), **_box(n, fates.get(n.name), th))
             continue
         for n in nodes:
-            dot.node(dot_name(n.name), **_box(n, fates.get(n.name), th))
+            dot.node(dot_name(n.name), **_box(n, fates.get(n.name), th, framed=not kernel))
     for n in shown:
         for i in n.inputs:
             src = i.get("node")
