@@ -13,8 +13,8 @@ passes a 16-bit value; a value rounded in registers (``emulate_precision_casts``
 >>> from ampgraph.compiled.flow import CompiledFlow, CompiledNode, Kernel
 >>> from ampgraph.report.records import NodeRecord, Report
 >>> r = Report("m", {"name": "amp-fp32", "device_type": "cpu", "autocast": True,
-...     "amp_dtype": "bfloat16", "param_dtype": "float32"}, {}, {}, [], [
-...     NodeRecord("gelu", "aten.gelu.default", "op", outputs=["bfloat16"])])
+...     "amp_dtype": "bfloat16", "param_dtype": "float32"}, {}, {}, [
+...     NodeRecord("gelu", "aten.gelu.default", "op", outputs=["bfloat16"])], [])
 >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {"emulate_precision_casts": False},
 ...     [CompiledNode("gelu", "", "bfloat16", "in-register", "op4")],
 ...     kernels=[Kernel("op4", "pointwise", ("gelu",), ())])
