@@ -33,11 +33,12 @@ def header(flow: CompiledFlow) -> str:
 def table_lines(flow: CompiledFlow) -> list[str]:
     """One line per node: name, module, eager dtype, compiled fate, kernel."""
     width = max([len(n.name) for n in flow.nodes] + [4])
-    lines = [header(flow), f"{'node':<{width}}  {'dtype':<9} {'kernel':<8} compiled  [module]"]
+    kw = max([len(n.kernel or "-") for n in flow.nodes] + [6])
+    lines = [header(flow), f"{'node':<{width}}  {'dtype':<9} {'kernel':<{kw}} compiled  [module]"]
     for n in flow.nodes:
         mark = "  << fp32 in the kernel: eager's rounding dropped" if n.drops_rounding else ""
         mark = mark or ("  (a view or exact copy: no rounding)" if not n.computes else "")
-        lines.append(f"{n.name:<{width}}  {n.dtype:<9} {n.kernel or '-':<8} "
+        lines.append(f"{n.name:<{width}}  {n.dtype:<9} {n.kernel or '-':<{kw}} "
                      f"{_FATE_WORDS[n.fate]}  [{n.module or '(top)'}]{mark}")  # fmt: skip
     lines.append(f"{len(flow.kernels)} kernels: " + ", ".join(
         f"{k.name} {k.kind}" + (f" {k.call}" if k.call else "") for k in flow.kernels))  # fmt: skip
