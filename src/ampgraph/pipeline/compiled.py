@@ -136,7 +136,7 @@ def _produce(
                     tracer=request.tracer, progress=lambda m: send(("progress", m)))  # fmt: skip
     for i in missing:
         setting = request.settings[i]
-        send(("progress", f"planning {setting.name} with Inductor (fake tensors, nothing compiled)"))
+        send(("progress", f"planning {setting.name} with Inductor (fake tensors, no compile)"))
         cap = capture(model, setting)
         flow = plan(cap, emulate_precision_casts=emulate)
         if not real:
