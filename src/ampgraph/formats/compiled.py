@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow, CompiledNode, Kernel
@@ -154,7 +155,14 @@ def check_lines(flow: CompiledFlow, disagreements: Sequence[str]) -> list[str]:
     plan and the C++ code Inductor really generated."""
     typed = sum(len(k.stores) for k in flow.kernels)
     verdict = "agrees with" if not disagreements else f"{len(disagreements)} disagreement(s) with"
-    return [f"{flow.model} {flow.setting}: Inductor's plan ({len(flow.kernels)} kernels, {typed} "
-            f"stored buffers, {len(flow.dropped())} dropped rounding(s)) {verdict} the C++ code "
-            f"Inductor generated (torch {flow.torch_version})"] + [
-        f"  {d}" for d in disagreements]  # fmt: skip
+    modules = {n.name: n.module or "top" for n in flow.nodes}
+    writer = {b: k for k in flow.kernels for b, _ in k.stores}
+    lines = [f"{flow.model} {flow.setting}: Inductor's plan ({len(flow.kernels)} kernels, {typed} "
+             f"stored buffers, {len(flow.dropped())} dropped rounding(s)) {verdict} the C++ code "
+             f"Inductor generated (torch {flow.torch_version})"]  # fmt: skip
+    for d in disagreements:
+        buffer = re.search(r"\bbuf\d+\b", d)
+        kernel = writer.get(buffer.group(0)) if buffer else None
+        names = ", ".join(f"{n} ({modules.get(n, '?')})" for n in kernel.nodes) if kernel else ""
+        lines.append(f"  {d}" + (f": kernel {kernel.name}, {names}" if names else ""))
+    return lines

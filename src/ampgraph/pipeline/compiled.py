@@ -185,13 +185,22 @@ def _generated_disagreements(cap: Any, flow: CompiledFlow, emulate: bool) -> lis
 
     from ampgraph.compiled import generated
 
+    from ampgraph.compiled.inductor import CompiledPlanError
+
     inputs = []
     for n in cap.graph_module.graph.nodes:
         if n.op == "placeholder":
-            val = n.meta["val"]
+            val = n.meta.get("val")
+            if not isinstance(val, torch.Tensor):  # a Python scalar or flag: passed as traced
+                inputs.append(val)
+                continue
             make = torch.randn if val.is_floating_point() else torch.zeros
             inputs.append(make(tuple(val.shape), dtype=val.dtype))
-    _, code = generated.compile_for_real(cap, inputs, emulate_precision_casts=emulate)
+    try:
+        _, code = generated.compile_for_real(cap, inputs, emulate_precision_casts=emulate)
+    except Exception as exc:  # noqa: BLE001 - Inductor's errors (no compiler...): one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CompiledPlanError(f"Inductor could not compile the graph: {first}") from exc
     read = generated.read_code(code)
     if not read.kernels and flow.kernels and any(k.kind != "extern" for k in flow.kernels):
         return ["no C++ kernel read in the generated code: the reader no longer fits it"]
