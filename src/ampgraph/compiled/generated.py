@@ -81,7 +81,7 @@ class GeneratedCode:
 
 
 def read_code(code: str) -> GeneratedCode:
-    """Read a generated Inductor module (the wrapper and its C++ kernels).
+    r"""Read a generated Inductor module (the wrapper and its C++ kernels).
 
     >>> sorted(read_code("buf5 = empty_strided_cpu((8, ), (1, ), torch.bfloat16)\n"
     ...                  "buf27 = reinterpret_tensor(buf5, (8, ), (1, ), 0); del buf5  # reuse"
