@@ -47,7 +47,14 @@ def table_lines(flow: CompiledFlow) -> list[str]:
 
 
 def table_markdown(flow: CompiledFlow) -> list[str]:
-    """:func:`table_lines` as a Markdown table (a pull request's comment)."""
+    """:func:`table_lines` as a Markdown table (a pull request's comment).
+
+    >>> from ampgraph.compiled.flow import CompiledNode
+    >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {},
+    ...                  [CompiledNode("gelu", "mlp", "bfloat16", "in-register", "op4")])
+    >>> table_markdown(f)[-1]
+    "| `gelu` | `mlp` | bfloat16 | op4 | inside the kernel, never stored **(eager's rounding dropped)** |"
+    """
     lines = [f"**{header(flow)}**", "", "| node | module | dtype | kernel | compiled |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for n in flow.nodes:
@@ -152,7 +159,15 @@ def sides_diff_lines(labels: Sequence[str], flows: Sequence[CompiledFlow | None]
 
 def check_lines(flow: CompiledFlow, disagreements: Sequence[str]) -> list[str]:
     """``check --compile inductor``: a summary line, then a line per disagreement between the
-    plan and the C++ code Inductor really generated."""
+    plan and the C++ code Inductor really generated, with the kernel and nodes of its buffer.
+
+    >>> from ampgraph.compiled.flow import CompiledNode
+    >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {},
+    ...                  [CompiledNode("linear", "f", "bfloat16", "extern", "op3", "buf3")],
+    ...                  kernels=[Kernel("op3", "extern", ("linear",), (("buf3", "bfloat16"),))])
+    >>> check_lines(f, ["16-bit buffer buf3 only in the plan"])[1]
+    '  16-bit buffer buf3 only in the plan: kernel op3, linear (f)'
+    """
     typed = sum(len(k.stores) for k in flow.kernels)
     verdict = "agrees with" if not disagreements else f"{len(disagreements)} disagreement(s) with"
     modules = {n.name: n.module or "top" for n in flow.nodes}
