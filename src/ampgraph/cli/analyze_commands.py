@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ampgraph.cli.compiled_commands import compile_options, compiled_analysis
 from ampgraph.cli.console import progress, progress_done
 from ampgraph.cli.options import (
     format_option,
@@ -45,8 +46,10 @@ from ampgraph.settings import Setting
 )
 @no_check_option
 @pass_options
+@compile_options()
 @gathers_analysis_options
-def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
+def table(analysis: AnalysisOptions, only: str | None, fmt: str, compile_: str,
+          emulate: bool) -> None:  # fmt: skip
     """Print the dtype of every leaf-module call, as forward hooks would.
 
     Each line is the seed notebook's hook line, e.g.
@@ -64,6 +67,7 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
       ampgraph table --format markdown -s amp-half
       ampgraph table --pass train -s amp-fp32 --format markdown
       ampgraph table --pass backward --only Linear --backward-in-autocast
+      ampgraph table opt-125m -s half --compile inductor   # each node's fate under compile
     """
     import json
 
@@ -73,6 +77,12 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
 
     pass_ = analysis.pass_
     train_options(pass_, analysis.loss, analysis.backward_autocast)  # a usage error first
+    if compiled_analysis(analysis, compile_, emulate):
+        if only:
+            raise click.UsageError("--only selects module lines: --compile inductor lists nodes")
+        from ampgraph.cli.compiled_commands import compiled_table
+
+        return compiled_table(analysis, fmt, emulate)
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
     if classes and fmt == "json":
         raise click.UsageError("--only selects lines of text or markdown: --format json prints "
@@ -130,8 +140,9 @@ def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
     "and disagreements; markdown: a table for a pull request.",
 )
 @pass_options
+@compile_options()
 @gathers_analysis_options
-def check_command(analysis: AnalysisOptions, fmt: str) -> None:
+def check_command(analysis: AnalysisOptions, fmt: str, compile_: str, emulate: bool) -> None:
     """Check every annotation against the PyTorch dispatcher; exit 1 on any disagreement.
 
     The dispatcher check replays the graph with the real autocast kernels on fake tensors (no GPU
@@ -148,7 +159,17 @@ def check_command(analysis: AnalysisOptions, fmt: str) -> None:
       ampgraph check -s amp-fp32 --device cpu
       ampgraph check gpt2 --amp-dtype fp16
       ampgraph check --pass train --backward-in-autocast
+      ampgraph check -s amp-fp32 --compile inductor   # the plan against Inductor's C++
+
+    With --compile inductor, Inductor's plan is held against the C++ code Inductor really
+    generates for the same graph (every kernel compiled: as long as torch.compile takes).
     """
+    if compiled_analysis(analysis, compile_, emulate):
+        if fmt == "markdown":
+            raise click.UsageError("--compile inductor checks as text or json")
+        from ampgraph.cli.compiled_commands import compiled_check_command
+
+        return compiled_check_command(analysis, fmt, emulate)
     from ampgraph.formats.json import check_record
     from ampgraph.formats.markdown import check_markdown
     from ampgraph.formats.text import backward_check_lines, check_summary, disagreement_lines
@@ -233,10 +254,11 @@ def check_command(analysis: AnalysisOptions, fmt: str) -> None:
 )
 @no_check_option
 @pass_options
+@compile_options()
 @gathers_analysis_options
 def render(
     analysis: AnalysisOptions, out_dir: Path, formats: tuple[str, ...], view: str, unfold: bool,
-    theme: str, report_paths: tuple[Path, ...],
+    theme: str, report_paths: tuple[Path, ...], compile_: str, emulate: bool,
 ) -> None:  # fmt: skip
     """Draw the dtype flow as Graphviz diagrams, one file per setting plus an overview.
 
@@ -267,11 +289,21 @@ def render(
       ampgraph render -s amp-fp32 --format explorer # Model Explorer's graph and overlays
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph render --report r.json
       ampgraph render --pass backward -s amp-fp32 --format png
+      ampgraph render -s half --compile inductor   # each fused kernel a frame
+
+    With --compile inductor, one figure per setting (MODEL-SETTING-ops-inductor.FORMAT): every
+    op, each kernel Inductor's plan runs a frame, the eager roundings it drops marked.
     """
     from ampgraph.report.writing import check_folder_writable
 
     formats = formats or ("svg",)
     check_folder_writable(out_dir, "diagrams")  # before the work, not after it
+    if compiled_analysis(analysis, compile_, emulate):
+        if report_paths:
+            raise click.UsageError("--compile inductor needs MODEL, not --report")
+        from ampgraph.cli.compiled_commands import compiled_render
+
+        return compiled_render(analysis, out_dir, formats, theme, emulate)
 
     def load_renderer() -> None:
         # Beside a cold analysis, on the core its imports leave idle (networkx alone is 0.2 s).

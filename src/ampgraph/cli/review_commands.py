@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ampgraph.cli.compiled_commands import compile_options, compiled_analysis
 from ampgraph.cli.options import (
     device_option,
     forced,
@@ -60,10 +61,11 @@ from ampgraph.settings import PRESETS, Setting
     "the same model and setting: values that overflow (error), flush to zero (warning) or lose "
     "bits as subnormals (note). Repeat for several; needs no torch.",
 )  # fmt: skip
+@compile_options()
 @gathers_analysis_options
 def audit(
     analysis: AnalysisOptions, fmt: str, fail_on: str, report_paths: tuple[Path, ...],
-    ranges_paths: tuple[Path, ...],
+    ranges_paths: tuple[Path, ...], compile_: str, emulate: bool,
 ) -> None:  # fmt: skip
     """Findings where dtypes meet: promotions, autocast casts, hazards, 16-bit risks.
 
@@ -82,7 +84,17 @@ def audit(
       ampgraph table -s amp-fp32 --format json > r.json && ampgraph audit --report r.json
       ampgraph ranges -s amp-fp32 --amp-dtype fp16 --format json > ranges.json
       ampgraph audit -s amp-fp32 --amp-dtype fp16 --ranges ranges.json
+      ampgraph audit -s half --compile inductor   # where torch.compile's numbers differ
+
+    With --compile inductor, one finding per kernel whose compiled numerics differ from eager's
+    (eager roundings it drops), with the two ways to get eager's numbers and their cost.
     """
+    if compiled_analysis(analysis, compile_, emulate):
+        if report_paths or ranges_paths:
+            raise click.UsageError("--compile inductor needs MODEL, not --report or --ranges")
+        from ampgraph.cli.compiled_commands import compiled_audit
+
+        return compiled_audit(analysis, fmt, fail_on, emulate)
     from ampgraph.formats.json import audit_json
     from ampgraph.formats.markdown import audit_markdown
     from ampgraph.formats.sarif import audit_sarif, model_file
@@ -201,12 +213,14 @@ def _shown(fmt: str, text: str) -> str:
     "fp32_set_opt_dtype, promote or none (repeatable). For B's check the dispatcher runs, for "
     "the preview only, an autocast kernel for OP that does what LIST does.",
 )  # fmt: skip
+@compile_options(several=True)
 @model_options
 @click.pass_context
 def diff_command(
     ctx: click.Context, sources: tuple[str, ...], settings: tuple[str, ...],
     devices: tuple[str, ...], amp_dtypes: tuple[str, ...], seq_len: int, fmt: str,
     tables: tuple[str, ...], keep_fp32: tuple[str, ...], move_ops: tuple[str, ...],
+    compile_: tuple[str, ...], emulate: bool,
 ) -> None:  # fmt: skip
     """What changes in the dtype flow from A to B; exit 1 when they differ, 0 when equal.
 
@@ -238,7 +252,25 @@ def diff_command(
       ampgraph diff --keep-fp32 'model.decoder.layers.*.fc2'   # what if fc2 ran in fp32?
       ampgraph diff -s amp-half --move-op layer_norm=none --move-op native_layer_norm=none
       ampgraph diff llama-tiny -s amp-half --tables 2.11 --tables 2.14   # policy drift
+      ampgraph diff opt-125m -s half --compile eager --compile inductor
+
+    With --compile (eager or inductor, twice: A then B), the eager rounding points that differ
+    between the two (eager drops none; inductor those its fused kernels keep in fp32), by node
+    and module name; the device defaults to cpu, whose Inductor backend plans without a GPU.
     """
+    if "inductor" in compile_ or emulate:
+        if keep_fp32 or move_ops or tables or ctx.meta.get("ampgraph.recipes"):
+            raise click.UsageError("--compile compares eager and compiled: without --keep-fp32, "
+                                   "--move-op, --tables or --recipe")  # fmt: skip
+        if fmt == "markdown":
+            raise click.UsageError("--compile diffs as text or json")
+        from ampgraph.cli.compiled_commands import compiled_diff
+
+        given = option_model()
+        if compiled_diff((given,) if given else sources, settings, devices, amp_dtypes, seq_len,
+                         compile_, emulate, fmt):  # fmt: skip
+            return
+        ctx.exit(1)
     from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
     from ampgraph.review.compare_runs import compare_change, compare_sides
     from ampgraph.formats import DIFF_FORMATS as FORMATS

@@ -28,7 +28,9 @@ _ALLOC = re.compile(r"(buf\d+) = empty_strided_cpu\(.*torch\.(bfloat16|float16)\
 _RETURNED = re.compile(
     r"^\s*(buf\d+) = (?:(?!empty_strided|reinterpret_tensor|buf\d)[\w.]+\(|buf\d+\[)", re.M
 )
-_REUSE = re.compile(r"(buf\d+) = (buf\d+); del \2  # reuse")
+#: A buffer that takes over another's memory, as it is or through a view of it
+#: (``buf27 = reinterpret_tensor(buf5, (8, 768), (768, 1), 0); del buf5  # reuse``).
+_REUSE = re.compile(r"(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)\b[^;\n]*; del \2  # reuse")
 _KERNEL = re.compile(r"(cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[(.*?)\], r'''(.*?)'''\)",
                      re.S)  # fmt: skip
 _TO_16 = re.compile(
@@ -79,7 +81,13 @@ class GeneratedCode:
 
 
 def read_code(code: str) -> GeneratedCode:
-    """Read a generated Inductor module (the wrapper and its C++ kernels)."""
+    r"""Read a generated Inductor module (the wrapper and its C++ kernels).
+
+    >>> sorted(read_code("buf5 = empty_strided_cpu((8, ), (1, ), torch.bfloat16)\n"
+    ...                  "buf27 = reinterpret_tensor(buf5, (8, ), (1, ), 0); del buf5  # reuse"
+    ...                  ).buffers16)
+    ['buf27', 'buf5']
+    """
     out = GeneratedCode({m.group(1) for m in _ALLOC.finditer(code)})
     out.untyped = {m.group(1) for m in _RETURNED.finditer(code)}
     for m in _REUSE.finditer(code):  # in order: a reuse of a reuse follows its source

@@ -9,7 +9,11 @@
 
 from __future__ import annotations
 
-from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow, CompiledNode, Kernel
 
 _FATE_WORDS = {
     "stored": "stored in a buffer",
@@ -30,14 +34,33 @@ def header(flow: CompiledFlow) -> str:
 def table_lines(flow: CompiledFlow) -> list[str]:
     """One line per node: name, module, eager dtype, compiled fate, kernel."""
     width = max([len(n.name) for n in flow.nodes] + [4])
-    lines = [header(flow), f"{'node':<{width}}  {'dtype':<9} {'kernel':<8} compiled  [module]"]
+    kw = max([len(n.kernel or "-") for n in flow.nodes] + [6])
+    lines = [header(flow), f"{'node':<{width}}  {'dtype':<9} {'kernel':<{kw}} compiled  [module]"]
     for n in flow.nodes:
         mark = "  << fp32 in the kernel: eager's rounding dropped" if n.drops_rounding else ""
         mark = mark or ("  (a view or exact copy: no rounding)" if not n.computes else "")
-        lines.append(f"{n.name:<{width}}  {n.dtype:<9} {n.kernel or '-':<8} "
+        lines.append(f"{n.name:<{width}}  {n.dtype:<9} {n.kernel or '-':<{kw}} "
                      f"{_FATE_WORDS[n.fate]}  [{n.module or '(top)'}]{mark}")  # fmt: skip
     lines.append(f"{len(flow.kernels)} kernels: " + ", ".join(
         f"{k.name} {k.kind}" + (f" {k.call}" if k.call else "") for k in flow.kernels))  # fmt: skip
+    return lines
+
+
+def table_markdown(flow: CompiledFlow) -> list[str]:
+    """:func:`table_lines` as a Markdown table (a pull request's comment).
+
+    >>> from ampgraph.compiled.flow import CompiledNode
+    >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {},
+    ...                  [CompiledNode("gelu", "mlp", "bfloat16", "in-register", "op4")])
+    >>> table_markdown(f)[-1]
+    "| `gelu` | `mlp` | bfloat16 | op4 | inside the kernel, never stored **(eager's rounding dropped)** |"
+    """
+    lines = [f"**{header(flow)}**", "", "| node | module | dtype | kernel | compiled |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for n in flow.nodes:
+        fate = _FATE_WORDS[n.fate] + (" **(eager's rounding dropped)**" if n.drops_rounding else "")
+        lines.append(f"| `{n.name}` | `{n.module or '(top)'}` | {n.dtype} | {n.kernel or '-'} | "
+                     f"{fate} |")  # fmt: skip
     return lines
 
 
@@ -56,20 +79,105 @@ def diff_lines(flow: CompiledFlow) -> list[str]:
     return lines
 
 
-def audit_lines(flow: CompiledFlow) -> list[str]:
-    """A finding per kernel whose compiled numerics differ from eager, with the two remedies."""
+#: Bytes of one element of a 16-bit dtype.
+_BYTES16 = 2
+
+
+def _region_bytes(nodes: list[CompiledNode], shapes: Mapping[str, Sequence[int]]) -> int | None:
+    """Bytes the dropped values of one kernel take as stored 16-bit buffers (None: a shape is
+    not known)."""
+    total = 0
+    for n in nodes:
+        shape = shapes.get(n.name)
+        if shape is None:
+            return None
+        total += _BYTES16 * math.prod(shape)
+    return total
+
+
+def _emulation_cost(flow: CompiledFlow, emulated: CompiledFlow | None, k: Kernel) -> str:
+    """What emulate_precision_casts costs, read off the plan made with it (or stated)."""
+    if emulated is None:
+        return "extra casts in registers, no extra memory traffic"
+    stores = sum(len(x.stores) for x in flow.kernels)
+    e_stores = sum(len(x.stores) for x in emulated.kernels)
+    rounded = [n.name for n in emulated.nodes if n.kernel == k.name and n.fate == "emulated"]
+    return (f"{len(rounded)} rounding(s) in registers in this kernel; the whole graph plans "
+            f"{len(flow.kernels)} -> {len(emulated.kernels)} kernels and {stores} -> {e_stores} "
+            "stored buffers with it")  # fmt: skip
+
+
+def audit_lines(
+    flow: CompiledFlow, emulated: CompiledFlow | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> list[str]:  # fmt: skip
+    """A finding per kernel whose compiled numerics differ from eager, with the two ways to get
+    eager's numbers and their cost: ``emulated`` is the plan made with ``emulate_precision_casts``
+    (its kernels and stores), ``shapes`` each node's output shape (the bytes a barrier stores)."""
     lines = []
     for k in flow.kernels:
         nodes = [n for n in flow.nodes if n.kernel == k.name and n.drops_rounding]
         if not nodes:
             continue
         names = ", ".join(f"{n.name} ({n.module or 'top'})" for n in nodes)
+        size = _region_bytes(nodes, shapes or {})
+        stored = (f"{size} bytes written and read back" if size is not None
+                  else "the values written and read back")  # fmt: skip
         lines.append(
-            f"warning: kernel {k.name} keeps {len(nodes)} {nodes[0].dtype} value(s) in fp32 that "
-            f"eager rounds: {names}. Compiled output differs from eager by 16-bit roundings. "
-            "For eager's numbers: torch._inductor.config.emulate_precision_casts = True (every "
-            "fused kernel rounds as eager: extra casts in registers, no extra memory traffic), or "
-            "an autocast barrier (end the autocast region, or .float()/.to() the value, before "
-            "the op: forces a stored buffer, one more kernel and a round trip through memory)"
+            f"warning: kernel {k.name} ({k.kind}) keeps {len(nodes)} {nodes[0].dtype} value(s) in "
+            f"fp32 that eager rounds: {names}. Compiled output differs from eager by 16-bit "
+            "roundings. For eager's numbers: (1) torch._inductor.config.emulate_precision_casts "
+            f"= True, cost: {_emulation_cost(flow, emulated, k)}; (2) an autocast barrier: end "
+            "the fused region after each value (torch.compiler.disable on the op, or "
+            "torch._dynamo.graph_break(); torch 2.14's Inductor has no barrier op of its own), "
+            f"cost: {len(nodes)} more stored 16-bit buffer(s) ({stored}), up to {len(nodes)} "
+            "more kernel(s), and a graph break's return to Python each"
         )
     return lines or [f"no kernel drops an eager rounding ({header(flow)})"]
+
+
+def sides_diff_lines(labels: Sequence[str], flows: Sequence[CompiledFlow | None]) -> list[str]:
+    """The rounding points where two sides differ (a side None: eager, which drops none), by
+    node and module name: what ``ampgraph diff --compile eager --compile inductor`` prints.
+
+    >>> from ampgraph.compiled.flow import CompiledNode
+    >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {},
+    ...                  [CompiledNode("gelu", "mlp", "bfloat16", "in-register", "op4")])
+    >>> sides_diff_lines(["A eager", "B inductor"], [None, f])[1]
+    '  gelu  (mlp)  bfloat16: A eager rounds it, B inductor keeps fp32 in kernel op4'
+    """
+    dropped = [{(n.module, n.name): n for n in f.dropped()} if f else {} for f in flows]
+    keys = [k for k in {**dropped[0], **dropped[1]} if (k in dropped[0]) != (k in dropped[1])]
+    lines = [f"{len(keys)} rounding point(s) differ between {labels[0]} and {labels[1]}"]
+    for key in keys:
+        side = 0 if key in dropped[0] else 1
+        n = dropped[side][key]
+        lines.append(f"  {n.name}  ({n.module or 'top'})  {n.dtype}: {labels[1 - side]} rounds "
+                     f"it, {labels[side]} keeps fp32 in kernel {n.kernel}")  # fmt: skip
+    return lines
+
+
+def check_lines(flow: CompiledFlow, disagreements: Sequence[str]) -> list[str]:
+    """``check --compile inductor``: a summary line, then a line per disagreement between the
+    plan and the C++ code Inductor really generated, with the kernel and nodes of its buffer.
+
+    >>> from ampgraph.compiled.flow import CompiledNode
+    >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {},
+    ...                  [CompiledNode("linear", "f", "bfloat16", "extern", "op3", "buf3")],
+    ...                  kernels=[Kernel("op3", "extern", ("linear",), (("buf3", "bfloat16"),))])
+    >>> check_lines(f, ["16-bit buffer buf3 only in the plan"])[1]
+    '  16-bit buffer buf3 only in the plan: kernel op3, linear (f)'
+    """
+    typed = sum(len(k.stores) for k in flow.kernels)
+    verdict = "agrees with" if not disagreements else f"{len(disagreements)} disagreement(s) with"
+    modules = {n.name: n.module or "top" for n in flow.nodes}
+    writer = {b: k for k in flow.kernels for b, _ in k.stores}
+    lines = [f"{flow.model} {flow.setting}: Inductor's plan ({len(flow.kernels)} kernels, {typed} "
+             f"stored buffers, {len(flow.dropped())} dropped rounding(s)) {verdict} the C++ code "
+             f"Inductor generated (torch {flow.torch_version})"]  # fmt: skip
+    for d in disagreements:
+        buffer = re.search(r"\bbuf\d+\b", d)
+        kernel = writer.get(buffer.group(0)) if buffer else None
+        names = ", ".join(f"{n} ({modules.get(n, '?')})" for n in kernel.nodes) if kernel else ""
+        lines.append(f"  {d}" + (f": kernel {kernel.name}, {names}" if names else ""))
+    return lines
