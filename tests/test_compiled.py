@@ -32,7 +32,7 @@ def _capture(factory: str):  # type: ignore[no-untyped-def]
     return module, x, capture(ModelInputs(factory, module, (x,)), AMP)
 
 
-@pytest.fixture(scope="module", params=["gelu_chain", "matmul_softmax"])
+@pytest.fixture(scope="module", params=["gelu_chain", "matmul_softmax", "moe_shaped"])
 def case(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     return _capture(request.param)
 

@@ -28,7 +28,13 @@ _ALLOC = re.compile(r"(buf\d+) = empty_strided_cpu\(.*torch\.(bfloat16|float16)\
 _RETURNED = re.compile(
     r"^\s*(buf\d+) = (?:(?!empty_strided|reinterpret_tensor|buf\d)[\w.]+\(|buf\d+\[)", re.M
 )
-_REUSE = re.compile(r"(buf\d+) = (buf\d+); del \2  # reuse")
+#: A buffer that is another's storage under a new name, so of its dtype: a reuse (``buf9 = buf3;
+#: del buf3  # reuse``, or through ``reinterpret_tensor``, which Inductor allows only between
+#: buffers of one dtype) or the slice of a concatenation's output that one piece is computed
+#: straight into (``buf4 = reinterpret_tensor(buf6, ...)  # alias``).
+_SAME_STORAGE = re.compile(
+    r"^\s*(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)\b.*#\s*(?:reuse|alias)\s*$", re.M
+)
 _KERNEL = re.compile(r"(cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[(.*?)\], r'''(.*?)'''\)",
                      re.S)  # fmt: skip
 _TO_16 = re.compile(
@@ -46,6 +52,8 @@ class GeneratedKernel:
     writes16: list[str]
     conversions: int
     read_inside: int = 0
+    #: Every buffer it writes, of any dtype (a C++ kernel may hold several planned kernels).
+    writes: list[str] = field(default_factory=list)
 
     @property
     def rounds_inside(self) -> bool:
@@ -53,18 +61,34 @@ class GeneratedKernel:
         return self.read_inside > 0
 
 
-def _read_inside(body: str) -> int:
-    """How many 16-bit conversions in a kernel's body are computed on and never stored: roundings
-    in registers (a stored one, read again in the kernel, is rounded as eager rounds it)."""
-    count = 0
+def _already16(body: str) -> set[str]:
+    """The kernel's variables that hold a value loaded from a 16-bit pointer (or a copy of one):
+    converting one to 16 bits again, as emulation does to each 16-bit input, rounds nothing."""
+    pointers = set(re.findall(r"at::(?:BFloat16|Half)\* (\w+)", body))
+    held: set[str] = set()
+    for var, source in re.findall(r"auto (tmp\d+) = (?:[\w:<>,]+::loadu\()?(\w+)", body):
+        if source in pointers or source in held:
+            held.add(var)
+    return held
+
+
+def _conversions(body: str) -> tuple[int, int]:
+    """How many fp32-to-16-bit roundings a kernel's body performs, and how many of them are
+    computed on and never stored: roundings in registers (a stored one, read again in the
+    kernel, is rounded as eager rounds it)."""
+    count = inside = 0
     lines = body.splitlines()
-    for m in re.finditer(r"auto (tmp\d+) = [^;]*?(?:" + _TO_16.pattern + ")", body):
+    already = _already16(body)
+    for m in re.finditer(r"auto (tmp\d+) = [^;]*?(?:" + _TO_16.pattern + r")[^(;]*\((\w+)(\)?)", body):
         var = m.group(1)
+        if m.group(3) and m.group(2) in already:  # exactly a 16-bit value: a no-op
+            continue
+        count += 1
         store = re.compile(rf"\b{var}\.store\(|(?:in_)?out_ptr\d+\[[^=]*\] = {var};")
         uses = [ln for ln in lines if re.search(rf"\b{var}\b", ln) and f"auto {var} =" not in ln]
         if uses and not any(store.search(ln) for ln in uses):
-            count += 1
-    return count
+            inside += 1
+    return count, inside
 
 
 @dataclass
@@ -82,26 +106,38 @@ def read_code(code: str) -> GeneratedCode:
     """Read a generated Inductor module (the wrapper and its C++ kernels)."""
     out = GeneratedCode({m.group(1) for m in _ALLOC.finditer(code)})
     out.untyped = {m.group(1) for m in _RETURNED.finditer(code)}
-    for m in _REUSE.finditer(code):  # in order: a reuse of a reuse follows its source
-        for known in (out.buffers16, out.untyped):
-            if m.group(2) in known:
-                known.add(m.group(1))
     for m in _KERNEL.finditer(code):
         name, types = m.group(1), [t.strip(" '") for t in m.group(2).split(",")]
         writes: list[str] = []
+        written: list[str] = []
         for call in re.finditer(rf"^\s*{name}\((.*)\)\s*$", code, re.M):  # each call site
             args = [a.strip() for a in call.group(1).split(",")]
             writes += [a for a, t in zip(args, types) if t in ("at::BFloat16*", "at::Half*")]
+            written += [a for a, t in zip(args, types) if t.endswith("*") and "const" not in t]
             # a buffer a kernel reads or writes as 16-bit is 16-bit, however it was allocated
             out.buffers16 |= {a for a, t in zip(args, types)
                               if t.removeprefix("const ") in ("at::BFloat16*", "at::Half*")
                               and a.startswith("buf")}  # fmt: skip
         body = m.group(3)
         out.kernels.append(
-            GeneratedKernel(name, writes, len(_TO_16.findall(body)), _read_inside(body))
+            GeneratedKernel(name, writes, *_conversions(body), written)
         )
+    _share_dtypes(out, [(m.group(1), m.group(2)) for m in _SAME_STORAGE.finditer(code)])
     out.untyped -= out.buffers16
     return out
+
+
+def _share_dtypes(code: GeneratedCode, same: list[tuple[str, str]]) -> None:
+    """Give each name of one storage the dtype any of its names is known by (either way round:
+    a cat's output may be typed by the kernel that writes one of its pieces), until none is new."""
+    changed = True
+    while changed:
+        changed = False
+        for a, b in same:
+            for known in (code.buffers16, code.untyped):
+                if (a in known) != (b in known):
+                    known.update((a, b))
+                    changed = True
 
 
 def real_inputs(
@@ -110,7 +146,9 @@ def real_inputs(
 ) -> list[Any]:  # fmt: skip
     """The graph's placeholders filled with the module's real tensors and the real ``args``
     (then ``kwargs`` by name, for the inputs export names after them)."""
-    named = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    # every name of a shared (tied) weight: export may name it after any of its modules
+    named = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False))}  # fmt: skip
     dtype = getattr(torch, capture.setting.param_dtype)
     given = iter(args)
     kwargs = kwargs or {}
@@ -151,10 +189,13 @@ def disagreements(flow: CompiledFlow, code: GeneratedCode) -> list[str]:
     for b in sorted((planned ^ code.buffers16) - code.untyped):
         side = "plan" if b in planned else "generated code"
         found.append(f"16-bit buffer {b} only in the {side}")
-    rounding = {n.kernel for n in flow.nodes if n.fate == "emulated"}
+    # An emulated value is recomputed, and rounded, in every kernel it is inlined into: each
+    # planned kernel that computes it (a C++ kernel is the code of one or more planned kernels,
+    # shared by identical layers) must round inside, and no other.
+    rounding = {n.name for n in flow.nodes if n.rounds_in_kernel}
     for k in code.kernels:
-        mine = [p for p in flow.kernels if {b for b, _ in p.stores} & set(k.writes16)]
-        expects = any(p.name in rounding for p in mine)
+        mine = [p for p in flow.kernels if {b for b, _ in p.stores} & set(k.writes)]
+        expects = any(rounding.intersection(p.nodes) for p in mine)
         if mine and expects != k.rounds_inside:
             found.append(f"{k.name}: the plan says {'a' if expects else 'no'} rounding inside, "
                          f"the code computes on {k.read_inside} of its {k.conversions} casts "

@@ -158,6 +158,16 @@ def _storage(value: Any) -> Any:
     return value
 
 
+def _emulated(n: fx.Node) -> bool:
+    """Whether Inductor rounds ``n``'s value in registers: ``emulate_precision_casts`` marks the
+    node (``low_precision_pointwise_barrier``), and the lowering rounds only a 16-bit output
+    (``torch._inductor.lowering.make_pointwise``): an fp32 value marked there is not rounded."""
+    val = n.meta.get("val")
+    return bool(n.meta.get("low_precision_pointwise_barrier")) and (
+        isinstance(val, torch.Tensor) and dtype_name(val.dtype) in LOW_PRECISION
+    )
+
+
 def _fate(value: Any, removed: set[str], barrier: bool) -> tuple[str, str | None]:
     """Where Inductor keeps a lowered value: (fate, buffer name)."""
     from torch._inductor import ir
@@ -230,11 +240,14 @@ def _kernels(
             (b.get_name(), dtype_name(b.node.get_layout().dtype))
             for b in snode.get_outputs()
             # a MultiOutput holder has no dtype of its own (its parts are buffers of their own);
-            # a mutation writes into another buffer and allocates none
+            # a mutation writes into another buffer and allocates none. A piece of a `cat`
+            # computed straight into its slice of the output (ConcatKernel.realize_into: a
+            # NonOwningLayout) is a store in that dtype all the same: it is kept.
             if b.get_name() not in graph.removed_buffers
             and not isinstance(b.node, ir.MutationOutput)
             and not isinstance(b.node.layout, (ir.MultiOutputLayout, ir.NoneLayout,
-                                               ir.MutationLayoutSHOULDREMOVE, ir.NonOwningLayout))
+                                               ir.MutationLayoutSHOULDREMOVE))
+            and type(b.node).__name__ != "TMADescriptor"  # a NonOwningLayout that stores nothing
         )  # fmt: skip
         call = getattr(snode.node, "python_kernel_name", None) if snode.is_extern() else None
         kernels.append(Kernel(snode.get_name(), _kernel_kind(snode),
@@ -258,7 +271,7 @@ def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> Compiled
     nodes = []
     for node in (n for n in capture.graph_module.graph.nodes if n.name in last):
         n = last[node.name]
-        fate, buf = _fate(values[n], removed, bool(n.meta.get("low_precision_pointwise_barrier")))
+        fate, buf = _fate(values[n], removed, _emulated(n))
         # a stored value's kernel is the one that writes it; an inlined one's, its first reader
         kernel = where.get(buf) if buf else where.get(n)
         nodes.append(CompiledNode(node.name, modules.get(node.name, ""),
@@ -299,7 +312,7 @@ def _mark_unrounded_reads(gm: fx.GraphModule, nodes: list[CompiledNode]) -> list
 
 def _cast(n: fx.Node, owner: str, value: Any, removed: set[str], where: dict) -> CompiledCast:
     source = n.args[0].meta["val"].dtype if isinstance(n.args[0], fx.Node) else None
-    fate, _ = _fate(value, removed, bool(n.meta.get("low_precision_pointwise_barrier")))
+    fate, _ = _fate(value, removed, _emulated(n))
     return CompiledCast(n.name, owner, dtype_name(source) if source else "?",
                         dtype_name(n.meta["val"].dtype), fate, where.get(n))  # fmt: skip
 
