@@ -1,11 +1,13 @@
-"""The proof on the real thing: compile a captured graph with Inductor's C++ backend for real, read
-the code it generated, and hold a plan (:mod:`ampgraph.compiled.inductor`) against it.
+"""The proof on the real thing: compile a captured graph with Inductor for real (its C++ backend on
+the CPU, its Triton backend on a GPU), read the code it generated, and hold a plan
+(:mod:`ampgraph.compiled.inductor`) against it.
 
 Reading the code is independent of the plan's reading of Inductor's objects: it looks only at
 the generated module's text, where the wrapper allocates each buffer with its dtype
 (``empty_strided_cpu(..., torch.bfloat16)``), where extern kernels write (``out=buf3``), and where
 each C++ kernel converts fp32 to 16 bits (``at::vec::convert<at::BFloat16,...>``,
-``c10::convert<at::BFloat16>``, ``static_cast<at::BFloat16>``) and which 16-bit pointers it writes.
+``c10::convert<at::BFloat16>``, ``static_cast<at::BFloat16>``; in Triton ``.to(tl.bfloat16)``)
+and which 16-bit pointers it writes (C++ parameter types, Triton's ``'signature'``).
 
 >>> read_code("buf1 = empty_strided_cpu((2, ), (1, ), torch.bfloat16)").buffers16
 {'buf1'}
@@ -23,7 +25,7 @@ from ampgraph.capture.trace import Capture
 from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow
 from ampgraph.compiled.inductor import inductor_setting
 
-_ALLOC = re.compile(r"(buf\d+) = empty_strided_cpu\(.*torch\.(bfloat16|float16)\)")
+_ALLOC = re.compile(r"(buf\d+) = empty_strided_(?:cpu|cuda)\(.*torch\.(bfloat16|float16)\)")
 #: An op's returned tensor, or one element of what it returned (``buf8 = buf7[0]``).
 _RETURNED = re.compile(
     r"^\s*(buf\d+) = (?:(?!empty_strided|reinterpret_tensor|buf\d)[\w.]+\(|buf\d+\[)", re.M
@@ -37,6 +39,7 @@ _SAME_STORAGE = re.compile(
 )
 _KERNEL = re.compile(r"(cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[(.*?)\], r'''(.*?)'''\)",
                      re.S)  # fmt: skip
+_TRITON = re.compile(r"(triton_\w+) = async_compile\.triton\('\w+', '''(.*?)'''", re.S)
 _TO_16 = re.compile(
     r"convert<at::(?:BFloat16|Half)\b|c10::convert<(?:at::)?(?:BFloat16|Half|bfloat16|half)>"
     r"|static_cast<(?:at::|c10::)?(?:BFloat16|Half)>|cvt_fp32_to_(?:bf|fp)16"
@@ -103,28 +106,84 @@ class GeneratedCode:
 
 
 def read_code(code: str) -> GeneratedCode:
-    """Read a generated Inductor module (the wrapper and its C++ kernels)."""
+    """Read a generated Inductor module (the wrapper and its C++ or Triton kernels)."""
     out = GeneratedCode({m.group(1) for m in _ALLOC.finditer(code)})
     out.untyped = {m.group(1) for m in _RETURNED.finditer(code)}
-    for m in _KERNEL.finditer(code):
-        name, types = m.group(1), [t.strip(" '") for t in m.group(2).split(",")]
+    for name, params, body, conversions in [*_cpp_kernels(code), *_triton_kernels(code)]:
         writes: list[str] = []
         written: list[str] = []
-        for call in re.finditer(rf"^\s*{name}\((.*)\)\s*$", code, re.M):  # each call site
-            args = [a.strip() for a in call.group(1).split(",")]
-            writes += [a for a, t in zip(args, types) if t in ("at::BFloat16*", "at::Half*")]
-            written += [a for a, t in zip(args, types) if t.endswith("*") and "const" not in t]
-            # a buffer a kernel reads or writes as 16-bit is 16-bit, however it was allocated
-            out.buffers16 |= {a for a, t in zip(args, types)
-                              if t.removeprefix("const ") in ("at::BFloat16*", "at::Half*")
-                              and a.startswith("buf")}  # fmt: skip
-        body = m.group(3)
-        out.kernels.append(
-            GeneratedKernel(name, writes, *_conversions(body), written)
-        )
+        call = re.compile(rf"^\s*{name}(?:\.run)?\((.*)\)\s*$", re.M)
+        for m in call.finditer(code):  # each call site: its arguments, in the parameters' order
+            args = [a.strip() for a in _split_args(m.group(1)) if "=" not in a]
+            for arg, (is16, writes_it) in zip(args, params):
+                if is16 and arg.startswith("buf"):
+                    # a buffer a kernel reads or writes as 16-bit is 16-bit, however allocated
+                    out.buffers16.add(arg)
+                writes += [arg] if is16 and writes_it else []
+                written += [arg] if writes_it else []
+        out.kernels.append(GeneratedKernel(name, writes, *conversions(body), written))
     _share_dtypes(out, [(m.group(1), m.group(2)) for m in _SAME_STORAGE.finditer(code)])
     out.untyped -= out.buffers16
     return out
+
+
+#: A kernel's name, its parameters as (16-bit, written), its body and how to count its roundings.
+_Found = tuple[str, list[tuple[bool, bool]], str, Any]
+
+
+def _cpp_kernels(code: str) -> list[_Found]:
+    """The C++ backend's kernels: parameter types from ``cpp_pybinding``'s list."""
+    found = []
+    for m in _KERNEL.finditer(code):
+        types = [t.strip(" '") for t in m.group(2).split(",")]
+        params = [(t.removeprefix("const ") in ("at::BFloat16*", "at::Half*"),
+                   t.endswith("*") and "const" not in t) for t in types]  # fmt: skip
+        found.append((m.group(1), params, m.group(3), _conversions))
+    return found
+
+
+def _triton_kernels(code: str) -> list[_Found]:
+    """The Triton backend's kernels: parameter types from ``triton_meta``'s signature
+    (``'in_ptr0': '*bf16'``), written parameters by their names (``out_ptr``, ``in_out_ptr``)."""
+    found = []
+    for m in _TRITON.finditer(code):
+        signature = re.search(r"'signature': \{(.*?)\}", m.group(2))
+        pairs = re.findall(r"'(\w+)': '([^']*)'", signature.group(1) if signature else "")
+        params = [(t in ("*bf16", "*fp16"), n.startswith(("out_ptr", "in_out_ptr")))
+                  for n, t in pairs if t != "constexpr"]  # fmt: skip
+        found.append((m.group(1), params, m.group(2), _triton_conversions))
+    return found
+
+
+def _split_args(text: str) -> list[str]:
+    """A call's arguments, split at the commas outside brackets."""
+    args, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            args.append(text[start:i])
+            start = i + 1
+    return [*args, text[start:]]
+
+
+def _triton_conversions(body: str) -> tuple[int, int]:
+    """As :func:`_conversions`, for a Triton kernel: ``.to(tl.bfloat16)`` rounds, unless the value
+    was loaded from a 16-bit pointer and not converted since (emulation's no-op on an input)."""
+    pointers = set(re.findall(r"'(\w+)': '\*(?:bf16|fp16)'", body))
+    held = {v for v, p, rest in re.findall(r"(tmp\d+) = tl\.load\((\w+)[^\n]*?\)(.*)$", body, re.M)
+            if p in pointers and ".to(" not in rest}  # fmt: skip
+    count = inside = 0
+    for m in re.finditer(r"^\s*(tmp\d+) = (\w+)?(.*)\.to\(tl\.(?:bfloat16|float16)\)", body, re.M):
+        var = m.group(1)
+        if m.group(2) in held and not m.group(3):  # exactly a 16-bit input: a no-op
+            continue
+        count += 1
+        uses = [ln for ln in body.splitlines() if re.search(rf"\b{var}\b", ln)
+                and not re.match(rf"\s*{var} =", ln)]  # fmt: skip
+        if uses and not any(re.search(rf"tl\.store\([^,]+,\s*{var}\b", ln) for ln in uses):
+            inside += 1
+    return count, inside
 
 
 def _share_dtypes(code: GeneratedCode, same: list[tuple[str, str]]) -> None:
@@ -158,7 +217,7 @@ def real_inputs(
             continue
         kind, target = capture.input_kinds[n.name]
         if kind in ("parameter", "buffer"):
-            t = named[target].detach()
+            t = named[target].detach().to(capture.setting.device_type)  # the setting's device
             out.append(t.to(dtype) if t.is_floating_point() else t)
         elif target in kwargs:
             out.append(kwargs[target])

@@ -49,7 +49,8 @@ from ampgraph.compiled.flow import (
 from ampgraph.errors import AmpgraphError
 from ampgraph.torchutil import dtype_name, quiet_library_imports
 
-BACKENDS = {"cpu": "cpp"}
+#: Inductor's backend for each device: Triton plans only where a GPU answers its questions.
+BACKENDS = {"cpu": "cpp", "cuda": "triton"}
 
 
 class CompiledPlanError(AmpgraphError):
@@ -84,7 +85,8 @@ def inductor_setting(capture: Capture, emulate_precision_casts: bool) -> Iterato
     from torch._inductor import config
 
     s = capture.setting
-    if s.device_type not in BACKENDS:
+    no_gpu = s.device_type == "cuda" and not torch.cuda.is_available()
+    if s.device_type not in BACKENDS or no_gpu:
         raise CompiledPlanError(
             f"the compiled analysis plans Inductor's C++ backend (device cpu); {s.name} runs on "
             f"{s.device_type}, whose Triton backend needs a GPU to plan: use a cpu setting"
