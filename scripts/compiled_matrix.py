@@ -8,7 +8,9 @@ outputs against eager's, with and without ``emulate_precision_casts``.
         --append /tmp/compiled-proofs.jsonl          # one proof row, appended as it finishes
 
 Compiling OPT-125M for real takes minutes of CPU: run it under ``nice``, one row at a time.
-``COMPILED_CODE_DIR=DIR`` keeps each generated module there for a reader.
+MODEL is a model spec, or ``moe`` for the Mixtral-shaped MoE below. ``COMPILED_CODE_DIR=DIR``
+keeps each generated module there for a reader. The rows behind docs/compiled.md's proof table
+are ``docs/verification/cpu-compiled-proofs.jsonl``.
 """
 
 from __future__ import annotations
