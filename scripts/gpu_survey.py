@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The real-GPU survey: where real CUDA kernels part from ampgraph's prediction, in one run.
 
-Two parts, both against the real kernels of ``--device`` (a GPU; ``cpu`` runs the same code on
+Four parts, all against the real kernels of ``--device`` (a GPU; ``cpu`` runs the same code on
 the CPU's kernels, the smoke test CI runs):
 
 * **cases**: a small module per class of issue 33 where real kernels and fake ones part (kernel
@@ -14,7 +14,9 @@ the CPU's kernels, the smoke test CI runs):
   as ``--zoo-limit`` allows (with the full survey, or the types ``--zoo`` names);
 * **ops**: the fake-kernel survey's cases (``scripts/fake_kernel_survey.py``: torch's OpInfo
   samples in mixed dtypes), each run on the real device's kernel and on fake tensors of that
-  device as ampgraph replays them (``ampgraph.annotate.replay.fake_session``).
+  device as ampgraph replays them (``ampgraph.annotate.replay.fake_session``);
+* **compiled**: ``scripts/compiled_slice.py``: ampgraph's plan of what ``torch.compile`` rounds
+  against the code Inductor generates on the device (Triton on a GPU) and its outputs.
 
 It writes a JSON record and a docs page, ``docs/verification/<device>-survey.{json,md}``. Exit
 status 1 where anything parts (the record is written all the same). No network; one GPU; about
@@ -532,9 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 s for s in compiled_slice.SETTINGS if s in settings], amps, args.device))
         record = _record(args, argv, start, cases, runs, NO_OPS, compiled)
         write(args.out, record)  # the cases kept, whatever becomes of the ops pass
-        ops = (
-            survey_ops(args.device, only, args.limit) if args.ops != "none" else NO_OPS
-        )  # fmt: skip
+        ops = survey_ops(args.device, only, args.limit) if args.ops != "none" else NO_OPS
     record = _record(args, argv, start, cases, runs, ops, compiled)
     data, page = write(args.out, record)
     print(f"record: {data}\npage: {page}", file=sys.stderr)
