@@ -3,9 +3,14 @@ then proven on the real thing on this CPU: the same captured graph compiled by I
 backend with random weights, its generated code read node by node against the plan, and its
 outputs against eager's, with and without ``emulate_precision_casts``.
 
-    PYTHONPATH=src python scripts/compiled_matrix.py > docs/compiled-matrix.md
+    PYTHONPATH=src python scripts/compiled_matrix.py > /tmp/compiled-matrix.json
+    PYTHONPATH=src nice -n 10 python scripts/compiled_matrix.py proof opt-125m half \
+        --append /tmp/compiled-proofs.jsonl          # one proof row, appended as it finishes
 
-Compiling OPT-125M for real takes minutes of CPU: run it under ``nice`` on a quiet machine.
+Compiling OPT-125M for real takes minutes of CPU: run it under ``nice``, one row at a time.
+MODEL is a model spec, or ``moe`` for the Mixtral-shaped MoE below. ``COMPILED_CODE_DIR=DIR``
+keeps each generated module there for a reader. The rows behind docs/compiled.md's proof table
+are ``docs/verification/cpu-compiled-proofs.jsonl``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ def _materialise(module: torch.nn.Module) -> torch.nn.Module:
     """The meta-built model on the CPU with seeded random weights (no download)."""
     torch.manual_seed(0)
     module = module.to_empty(device="cpu")
+    if hasattr(module, "tie_weights"):  # to_empty unties shared weights; export's graph shares
+        module.tie_weights()  # them (OPT's lm_head reads embed_tokens'), so eager must too
     with torch.no_grad():
         for p in module.parameters():
             p.normal_(0.0, 0.02)
@@ -95,28 +102,61 @@ def proof_row(spec: str, setting: Setting) -> dict:
         row[f"disagreements{'_emulate' if emulate else ''}"] = generated.disagreements(flow, read)
         row[f"cpp_kernels{'_emulate' if emulate else ''}"] = len(read.kernels)
         outs.append(out[0].float())
-    with torch.autocast("cpu", getattr(torch, setting.amp_dtype), enabled=setting.autocast):
-        eager = module(*args, **kwargs)
+    eager_module = module.to(getattr(torch, setting.param_dtype))  # as the setting runs eager
+    with torch.no_grad(), torch.autocast("cpu", getattr(torch, setting.amp_dtype),
+                                         enabled=setting.autocast):  # fmt: skip
+        eager = eager_module(*args, **kwargs)
     if not isinstance(eager, torch.Tensor):  # a tuple, or a ModelOutput whose first is logits
         eager = eager[0]
     row["dropped"] = len(plan(c).dropped())
-    row["gap"] = (outs[0] - eager.float()).abs().max().item()
-    row["gap_emulate"] = (outs[1] - eager.float()).abs().max().item()
+    eager = eager.float()
+    row["eager_max_abs"] = eager.abs().max().item()
+    for key, out in (("gap", outs[0]), ("gap_emulate", outs[1])):
+        diff = (out - eager).abs()
+        row[key] = diff.max().item()
+        row[f"{key}_mean"] = diff.mean().item()
+        row[f"{key}_equal"] = (diff == 0).float().mean().item()  # share of outputs bit-equal
+    # What the dropped roundings alone change: the compiled program against itself with them
+    # emulated (the same kernels otherwise, so no reassociation of fused math in between).
+    row["emulation_changes_output"] = not torch.equal(outs[0], outs[1])
+    row["emulation_gap"] = (outs[0] - outs[1]).abs().max().item()
     return row
 
 
-def main() -> None:
-    if sys.argv[1:]:  # one proof row: MODEL, for a rerun
-        print(json.dumps(proof_row(sys.argv[1], Setting.parse("amp-fp32", device_type="cpu"))))
-        return
+def _moe_spec() -> str:
     moe = Path(tempfile.mkdtemp()) / "config.json"
     moe.write_text(json.dumps(MOE))
+    return str(moe)
+
+
+def _one(kind: str, spec: str, setting_name: str, append: str | None) -> None:
+    """One row (``plan`` or ``proof``), printed and appended to ``append`` as it finishes."""
+    fn = {"plan": plan_row, "proof": proof_row}[kind]
+    spec = _moe_spec() if spec == "moe" else spec
+    t = time.perf_counter()
+    row = {"kind": fn.__name__, "torch": torch.__version__,
+           **fn(spec, Setting.parse(setting_name, device_type="cpu"))}  # fmt: skip
+    row["wall_s"] = round(time.perf_counter() - t, 1)
+    print(json.dumps(row), flush=True)
+    if append:
+        with open(append, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args:  # one row: plan|proof MODEL [SETTING] [--append FILE]
+        append = args[args.index("--append") + 1] if "--append" in args else None
+        rest = [a for a in args if a not in ("--append", append)]
+        _one(rest[0], rest[1], rest[2] if len(rest) > 2 else "amp-fp32", append)
+        return
+    moe = _moe_spec()
     rows = []
     cpu = seed_matrix("cpu")
     amp = Setting.parse("amp-fp32", device_type="cpu")
     jobs = [(plan_row, "opt-125m", s) for s in cpu]
-    jobs += [(plan_row, m, amp) for m in ("t5-small", "resnet18", str(moe))]
-    jobs += [(proof_row, m, amp) for m in ("resnet18", str(moe), "t5-small", "opt-125m")]
+    jobs += [(plan_row, m, amp) for m in ("t5-small", "resnet18", moe)]
+    jobs += [(proof_row, m, amp) for m in ("resnet18", moe, "t5-small", "opt-125m")]
     for fn, spec, setting in jobs:
         try:
             rows.append({"kind": fn.__name__, **fn(spec, setting)})

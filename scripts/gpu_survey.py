@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The real-GPU survey: where real CUDA kernels part from ampgraph's prediction, in one run.
 
-Two parts, both against the real kernels of ``--device`` (a GPU; ``cpu`` runs the same code on
+Four parts, all against the real kernels of ``--device`` (a GPU; ``cpu`` runs the same code on
 the CPU's kernels, the smoke test CI runs):
 
 * **cases**: a small module per class of issue 33 where real kernels and fake ones part (kernel
@@ -14,7 +14,9 @@ the CPU's kernels, the smoke test CI runs):
   as ``--zoo-limit`` allows (with the full survey, or the types ``--zoo`` names);
 * **ops**: the fake-kernel survey's cases (``scripts/fake_kernel_survey.py``: torch's OpInfo
   samples in mixed dtypes), each run on the real device's kernel and on fake tensors of that
-  device as ampgraph replays them (``ampgraph.annotate.replay.fake_session``).
+  device as ampgraph replays them (``ampgraph.annotate.replay.fake_session``);
+* **compiled**: ``scripts/compiled_slice.py``: ampgraph's plan of what ``torch.compile`` rounds
+  against the code Inductor generates on the device (Triton on a GPU) and its outputs.
 
 It writes a JSON record and a docs page, ``docs/verification/<device>-survey.{json,md}``. Exit
 status 1 where anything parts (the record is written all the same). No network; one GPU; about
@@ -53,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fake_kernel_survey as fks  # noqa: E402 - the survey beside this script, reused
 import zoo_slice  # noqa: E402 - the transformers zoo's committed slice (issue 42)
+import compiled_slice  # noqa: E402 - torch.compile's generated code against the plan (issue 41)
 
 SCHEMA, VERSION = "ampgraph.gpu_survey", 1
 MIN32 = torch.finfo(torch.float32).min
@@ -461,6 +464,7 @@ def render(record: dict[str, Any]) -> str:
         lines += ["| op | class | call | real kernel | ampgraph |", "|---|---|---|---|---|"]
         lines += [f"| `{p['op']}` | {p['kind']} | `{_cell(p['call'])}` | {_cell(p['real'])} "
                   f"| {_cell(p['ampgraph'])} |" for p in ops["parting"]]  # fmt: skip
+    lines += compiled_slice.render(record.get("compiled") or []) if record.get("compiled") else []
     return "\n".join(lines) + "\n"
 
 
@@ -493,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=120.0, help="seconds for the ops pass")
     parser.add_argument("--zoo", help="zoo slice types (default: all, with all the cases; 'none')")
     parser.add_argument("--zoo-limit", type=float, default=180.0, help="seconds for the zoo")
+    parser.add_argument("--compiled", help="compiled-flow models (default: all, with the full "
+                        "survey; 'none'): Inductor's code on the device against ampgraph's plan")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "verification")
     parser.add_argument("--ops-worker", type=int, help=argparse.SUPPRESS)  # survey_ops's child
     parser.add_argument("--ops-log", type=Path, help=argparse.SUPPRESS)
@@ -523,12 +529,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         print(f"    {line.strip()[:300]}", file=sys.stderr)
                 runs += rows
         runs += _zoo(args, amps, settings)
-        record = _record(args, argv, start, cases, runs, NO_OPS)
+        compiled = [] if args.compiled == "none" or (args.compiled is None and args.cases) else (
+            compiled_slice.survey(_names(args.compiled, compiled_slice.MODELS), [
+                s for s in compiled_slice.SETTINGS if s in settings], amps, args.device))
+        record = _record(args, argv, start, cases, runs, NO_OPS, compiled)
         write(args.out, record)  # the cases kept, whatever becomes of the ops pass
-        ops = (
-            survey_ops(args.device, only, args.limit) if args.ops != "none" else NO_OPS
-        )  # fmt: skip
-    record = _record(args, argv, start, cases, runs, ops)
+        ops = survey_ops(args.device, only, args.limit) if args.ops != "none" else NO_OPS
+    record = _record(args, argv, start, cases, runs, ops, compiled)
     data, page = write(args.out, record)
     print(f"record: {data}\npage: {page}", file=sys.stderr)
     return 0 if record["ok"] else 1
@@ -554,7 +561,8 @@ NO_OPS: dict[str, Any] = {"visited": 0, "of": 0, "seconds": 0.0, "variants": 0, 
 
 
 def _record(args: argparse.Namespace, argv: Sequence[str] | None, start: float,
-            cases: Sequence[str], runs: Sequence[CaseRun], ops: dict[str, Any]) -> dict[str, Any]:
+            cases: Sequence[str], runs: Sequence[CaseRun], ops: dict[str, Any],
+            compiled: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The JSON record of what ran so far."""
     from ampgraph.verify import device_name
     from ampgraph.verify.results import now, versions
@@ -566,9 +574,10 @@ def _record(args: argparse.Namespace, argv: Sequence[str] | None, start: float,
         "command": " ".join(["scripts/gpu_survey.py", *(sys.argv[1:] if argv is None else argv)]),
         "seconds": round(time.perf_counter() - start, 1),
         "skipped_cases": [c for c in cases if CASES[c][1] is None],
-        "cases": [asdict(r) for r in runs], "ops": ops,
+        "cases": [asdict(r) for r in runs], "ops": ops, "compiled": list(compiled),
     }  # fmt: skip
-    record["ok"] = all(r.ok for r in runs) and not ops["parting"]
+    record["ok"] = all(r.ok for r in runs) and not ops["parting"] and all(
+        r["ok"] for r in compiled)
     return record
 
 

@@ -38,3 +38,31 @@ def gelu_chain() -> tuple[nn.Module, torch.Tensor]:
 def matmul_softmax() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     return MatmulSoftmax().eval(), torch.randn(32, 64)
+
+
+class MoeShaped(nn.Module):
+    """The expert dispatch and rotary halves of a Mixtral layer, small: a bf16 router (a Linear
+    under autocast) read by an fp32 softmax, top-2 gates scattered over 4 experts, and the
+    rotation ``cat((-h2, h1))`` of a 16-bit projection, which Inductor computes straight into
+    its slices of the concatenation's buffer."""
+
+    def __init__(self, width: int = 32, experts: int = 4) -> None:
+        super().__init__()
+        self.q = nn.Linear(width, width)
+        self.router = nn.Linear(width, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(width, width) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.q(x)
+        half = h.shape[-1] // 2
+        rotated = torch.cat((-h[..., half:], h[..., :half]), dim=-1)
+        probs = torch.softmax(self.router(x), dim=-1, dtype=torch.float)
+        weights, chosen = probs.topk(2, dim=-1)
+        gates = torch.zeros_like(probs).scatter(-1, chosen, weights / weights.sum(-1, keepdim=True))
+        mixed = sum(gates[:, e : e + 1] * expert(rotated) for e, expert in enumerate(self.experts))
+        return mixed + x
+
+
+def moe_shaped() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return MoeShaped().eval(), torch.randn(16, 32)

@@ -32,7 +32,7 @@ def _capture(factory: str):  # type: ignore[no-untyped-def]
     return module, x, capture(ModelInputs(factory, module, (x,)), AMP)
 
 
-@pytest.fixture(scope="module", params=["gelu_chain", "matmul_softmax"])
+@pytest.fixture(scope="module", params=["gelu_chain", "matmul_softmax", "moe_shaped"])
 def case(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     return _capture(request.param)
 
@@ -100,3 +100,38 @@ def test_a_cuda_setting_is_one_line_error() -> None:
         plan(c)
     bad = CliRunner().invoke(main, ["compiled", "tests.compiled_models:gelu_chain", "-s", "amp-fp32,device=cuda"])
     assert bad.exit_code == 1 and bad.output.startswith("Error: ") and len(bad.output.splitlines()) == 1
+
+
+#: The shape of a module Inductor's Triton backend writes (its wrapper's allocation and launch,
+#: one kernel with its ``triton_meta`` signature), cut to the lines the reader looks at.
+TRITON_MODULE = """
+buf1 = empty_strided_cuda((8, 64), (64, 1), torch.bfloat16)
+triton_poi_fused_add_gelu_mul_0 = async_compile.triton('triton_poi_fused_add_gelu_mul_0', '''
+@triton_heuristics.pointwise(
+    size_hints={'x': 512}, filename=__file__,
+    triton_meta={'signature': {'in_out_ptr0': '*bf16', 'in_ptr0': '*bf16', 'out_ptr0': '*fp32', 'xnumel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0), 'constants': {}},
+)
+@triton.jit
+def triton_poi_fused_add_gelu_mul_0(in_out_ptr0, in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    tmp0 = tl.load(in_out_ptr0 + (x0), xmask).to(tl.float32)
+    tmp1 = tl.load(in_ptr0 + (x0), xmask)
+    tmp2 = tmp1.to(tl.bfloat16)
+    tmp3 = tmp0 * tmp0
+    tmp4 = tmp3.to(tl.bfloat16)
+    tmp5 = tmp4.to(tl.float32)
+    tmp6 = tmp5 + tmp0
+    tmp7 = tmp6.to(tl.bfloat16)
+    tl.store(in_out_ptr0 + (x0), tmp7, xmask)
+    tl.store(out_ptr0 + (x0), tmp6, xmask)
+''', device_str='cuda')
+        triton_poi_fused_add_gelu_mul_0.run(buf1, arg2_1, buf2, 512, stream=stream0)
+"""
+
+
+def test_the_reader_reads_triton_kernels_as_it_reads_cpp_ones() -> None:
+    code = generated.read_code(TRITON_MODULE)
+    [k] = code.kernels
+    assert code.buffers16 == {"buf1"} and k.writes16 == ["buf1"] and k.writes == ["buf1", "buf2"]
+    # tmp2 re-rounds a value loaded from a bf16 pointer (a no-op); tmp7 is only stored; tmp4
+    # is rounded and computed on: one rounding in registers
+    assert (k.conversions, k.read_inside) == (2, 1)

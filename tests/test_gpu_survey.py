@@ -85,3 +85,23 @@ def test_gpu_survey_verifies_the_zoo_slice_it_is_given(tmp_path: Path) -> None:
     assert sorted(runs) == [("pdist", "amp-fp32"), ("zoo/llama", "amp-fp32")]
     zoo = runs[("zoo/llama", "amp-fp32")]
     assert zoo["ok"] and zoo["klass"] == "transformers zoo" and "agree" in zoo["summary"]
+
+
+def test_gpu_survey_proves_the_compiled_plan_on_the_devices_generated_code(tmp_path: Path) -> None:
+    """The compiled slice, on the CPU's C++ backend here (the Triton one where a GPU is at hand):
+    the gelu chain's plan held against the code Inductor generated and the outputs it gave."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_survey.py"), "--device", "cpu",
+         "--cases", "pad-finfo-min", "--settings", "amp-fp32", "--amp-dtypes", "bf16",
+         "--ops", "none", "--compiled", "gelu_chain", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "cpu-survey.json").read_text())
+    [row] = record["compiled"]
+    assert row["backend"] == "cpp" and row["disagreements"] == [] and row["ok"]
+    assert row["dropped"] == ["gelu", "mul"] and row["emulation_changes_output"]
+    assert row["gap"] > 1e-6 >= row["gap_emulate"]  # the dropped roundings, and their cure
+    page = (tmp_path / "cpu-survey.md").read_text()
+    assert "| gelu_chain | amp-fp32 | bfloat16 | cpp | gelu, mul |" in page

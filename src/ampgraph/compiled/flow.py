@@ -53,6 +53,13 @@ class CompiledNode:
     read_unrounded: bool = True
 
     @property
+    def rounds_in_kernel(self) -> bool:
+        """Whether the compiled program rounds this value to 16 bits inside a kernel and computes
+        on it: a rounding it would drop, kept by ``emulate_precision_casts``."""
+        return (self.computes and self.read_unrounded and self.dtype in LOW_PRECISION
+                and self.fate == "emulated")  # fmt: skip
+
+    @property
     def drops_rounding(self) -> bool:
         """Whether eager rounds this value to 16 bits and the compiled program does not."""
         return (self.computes and self.read_unrounded and self.dtype in LOW_PRECISION
