@@ -451,3 +451,15 @@ def compiled_backward_lowering() -> dict[str, bool]:
     True
     """
     return {"force_non_lazy_backward_lowering": True} if torch_release() >= (2, 10) else {}
+
+
+def flex_attention_autocast_casts_qkv() -> bool:
+    """Whether the ``flex_attention`` higher-order op has autocast kernels (CPU and CUDA) that
+    cast query, key and value to autocast's dtype and nothing else: from torch 2.11
+    (``torch/_higher_order_ops/flex_attention.py``, ``_flex_attention_autocast_impl``); 2.9 and
+    2.10 have none, so autocast falls through and the op runs in its inputs' dtypes.
+
+    >>> flex_attention_autocast_casts_qkv() == (torch_release() >= (2, 11))
+    True
+    """
+    return torch_release() >= (2, 11)

@@ -192,8 +192,28 @@ def _tracing_context(
         reads if reads is not None else contextlib.nullcontext(),
         reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
         cast_outputs(model.module, setting),
+        _inner_compiles_run_eager(),
     ):
         warnings.simplefilter("ignore")
+        yield
+
+
+@contextlib.contextmanager
+def _inner_compiles_run_eager() -> Iterator[None]:
+    """Trace through the ``torch.compile`` calls a model makes itself (a compiled submodule,
+    ``flex_attention``'s own compile of its higher-order op) as the eager ops they compile:
+    Dynamo, switched off, runs each compiled function as plain Python, which the tracer records
+    (a ``torch.compiler.disable`` region runs so anyway). Left on, Dynamo would try to compile
+    inside ``make_fx``'s trace and fail. ``flex_attention`` compiles with ``fullgraph=True``,
+    which refuses to run uncompiled: its own switch (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``)
+    calls the higher-order op directly instead, which the tracer records as one node."""
+    from unittest import mock
+
+    from torch._dynamo import config as dynamo_config
+    from torch.nn.attention import flex_attention
+
+    with dynamo_config.patch(disable=True), \
+            mock.patch.object(flex_attention, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True):  # fmt: skip
         yield
 
 
