@@ -42,3 +42,34 @@ def test_flex_attention_is_one_node_with_autocasts_casts_checked_on_the_real_cpu
     assert " 0 disagreements" in out and "casts 0/" not in out
     flex = next(n for n in _nodes("flex_fp32").values() if n["op"] == "higher_order.flex_attention")
     assert flex["check"]["agree"] and len(flex["casts"]) == 3
+
+
+def test_a_disabled_region_is_a_graph_break_in_the_compiled_plan_as_in_dynamo() -> None:
+    import torch
+
+    from ampgraph.capture.trace import capture
+    from ampgraph.compiled.inductor import plan
+    from ampgraph.model.build import ModelInputs
+    from ampgraph.settings import Setting
+    from tests import self_compiled_models
+
+    module, x = self_compiled_models.disabled_region()
+    flow = plan(capture(ModelInputs("d", module, (x,)), Setting.parse("amp-fp32", device_type="cpu")))
+    with torch.autocast("cpu", torch.bfloat16):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(module)(x)
+        eager = module(x).float()
+        outs = []
+        for emulate in (False, True):
+            torch._dynamo.reset()
+            with torch._inductor.config.patch(emulate_precision_casts=emulate):
+                outs.append(torch.compile(module)(x).float())
+    assert flow.graphs == explained.graph_count and len(flow.eager_regions) == 1
+    region = {n.name for n in flow.nodes if n.fate == "eager"}
+    assert region and all(n.kernel is None for n in flow.nodes if n.name in region)
+    # the region's gelu chain is eager's (no fusion across the break): nothing dropped, and the
+    # compiled output is eager's up to one bf16 step of a fused softmax's final rounding, the
+    # same with emulate_precision_casts (nothing to emulate)
+    assert flow.dropped() == []
+    assert torch.equal(outs[0], outs[1])
+    assert ((outs[0] - eager).abs() <= 2.0**-7 * eager.abs() + 1e-6).all()

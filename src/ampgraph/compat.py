@@ -463,3 +463,14 @@ def flex_attention_autocast_casts_qkv() -> bool:
     True
     """
     return torch_release() >= (2, 11)
+
+
+def compiler_disable_annotates() -> bool:
+    """Whether ``torch.compiler.disable``'s wrapper annotates the nodes traced inside it while
+    exporting (``_torchdynamo_disable_method``, in ``torch/_dynamo/eval_frame.py``): from 2.10;
+    2.9.1's wrapper has no such annotation.
+
+    >>> compiler_disable_annotates() == (torch_release() >= (2, 10))
+    True
+    """
+    return torch_release() >= (2, 10)

@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.capture.environment import current
 from ampgraph.capture.casts import cast_outputs
+from ampgraph.capture.disabled import marking_disabled_regions
 from ampgraph.capture.raises import model_call
 from ampgraph.capture.reads import TraceReads
 from ampgraph.compat import (
@@ -193,6 +194,7 @@ def _tracing_context(
         reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
         cast_outputs(model.module, setting),
         _inner_compiles_run_eager(),
+        marking_disabled_regions(),
     ):
         warnings.simplefilter("ignore")
         yield

@@ -12,7 +12,9 @@ A node's *fate* under ``torch.compile`` is one of:
   stores it: where the node's eager dtype is 16-bit, **the eager rounding is dropped**;
 * ``emulated``: in-register too, but rounded to its 16-bit dtype and widened again in the
   kernel (``emulate_precision_casts``), so it holds eager's value;
-* ``removed``: a graph pass of Inductor's removed the node's value altogether (a cast pair).
+* ``removed``: a graph pass of Inductor's removed the node's value altogether (a cast pair);
+* ``eager``: in a ``torch.compiler.disable`` region, which ``torch.compile`` runs eagerly
+  between two compiled graphs (a graph break): rounded as eager rounds it.
 
 >>> n = CompiledNode("gelu", "", "bfloat16", "in-register", "op4")
 >>> n.drops_rounding
@@ -28,7 +30,7 @@ from typing import Any
 
 #: The 16-bit floating dtypes whose rounding eager performs after every op.
 LOW_PRECISION = ("bfloat16", "float16")
-FATES = ("stored", "extern", "in-register", "emulated", "removed")
+FATES = ("stored", "extern", "in-register", "emulated", "removed", "eager")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,11 @@ class CompiledFlow:
     kernels: list[Kernel] = field(default_factory=list)
     #: ampgraph nodes Inductor lowered to nothing it records (views folded into an index).
     unmapped: list[str] = field(default_factory=list)
+    #: How many graphs Inductor compiles (more than one where the model breaks the graph; their
+    #: kernels are named ``g0.op3``, ``g1.op0``, ...).
+    graphs: int = 1
+    #: The ``torch.compiler.disable`` functions run eagerly between them, in graph order.
+    eager_regions: list[str] = field(default_factory=list)
 
     def dropped(self) -> list[CompiledNode]:
         """The nodes whose eager 16-bit rounding the compiled program drops."""
@@ -122,4 +129,5 @@ class CompiledFlow:
             data["model"], data["setting"], data["torch_version"], data["backend"],
             dict(data["options"]), [CompiledNode(**n) for n in data["nodes"]],
             [CompiledCast(**c) for c in data["casts"]], k, list(data.get("unmapped", [])),
+            data.get("graphs", 1), list(data.get("eager_regions", [])),
         )  # fmt: skip

@@ -123,12 +123,13 @@ def recording() -> Iterator[list[tuple[Any, dict[fx.Node, Any]]]]:
         yield made
 
 
-def _lower(capture: Capture, emulate: bool) -> tuple[Any, dict[fx.Node, Any]]:
-    """Run Inductor up to generated source; the GraphLowering and every node's lowered value."""
+def _lower(
+    capture: Capture, emulate: bool, gm: fx.GraphModule, inputs: list[Any]
+) -> tuple[Any, dict[fx.Node, Any]]:
+    """Run Inductor on ``gm`` up to generated source; the GraphLowering and every node's lowered
+    value."""
     from torch._inductor import compile_fx
 
-    gm = capture.graph_module
-    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     with inductor_setting(capture, emulate), recording() as made:
         try:
             compile_fx.compile_fx(gm, inputs)
@@ -253,12 +254,23 @@ def _kernels(
 
 
 def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> CompiledFlow:
-    """Inductor's plan for ``capture``'s graph in its setting (see the module's docstring)."""
-    graph, values = _lower(capture, emulate_precision_casts)
+    """Inductor's plan for ``capture``'s graph in its setting (see the module's docstring); a
+    graph with ``torch.compiler.disable`` regions is planned as Dynamo splits it
+    (:mod:`ampgraph.compiled.breaks`)."""
+    from ampgraph.compiled import breaks
+
+    def plan_one(capture: Capture, gm: fx.GraphModule, inputs: list[Any]) -> CompiledFlow:
+        graph, values = _lower(capture, emulate_precision_casts, gm, inputs)
+        names = {n.name for n in gm.graph.nodes if n.op == "call_function"}
+        owner = {n: r for n in values if (r := _root_name(n, names)) is not None}
+        return build_flow(gm, graph, values, owner, capture, emulate_precision_casts)
+
     gm = capture.graph_module
-    names = {n.name for n in gm.graph.nodes if n.op == "call_function"}
-    owner = {n: r for n in values if (r := _root_name(n, names)) is not None}
-    return build_flow(gm, graph, values, owner, capture, emulate_precision_casts)
+    if breaks.has_breaks(gm):
+        base = CompiledFlow(capture.model_name, capture.setting.name, torch.__version__,
+                            BACKENDS[capture.setting.device_type], options(emulate_precision_casts))  # fmt: skip
+        return breaks.plan_with_breaks(capture, base, plan_one, _eager_nodes)
+    return plan_one(capture, gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
 
 
 def build_flow(
@@ -293,6 +305,15 @@ def build_flow(
     return CompiledFlow(capture.model_name, capture.setting.name, torch.__version__,
                         BACKENDS[capture.setting.device_type], options(emulate_precision_casts),
                         nodes, casts, kernels, unmapped)  # fmt: skip
+
+
+def _eager_nodes(members: list[fx.Node]) -> list[CompiledNode]:
+    """The records of a ``torch.compiler.disable`` region's nodes: run eagerly, as eager rounds."""
+    paths = _module_paths(members[0].graph.owning_module)
+    return [CompiledNode(n.name, paths.get(n.name, ""), dtype_name(n.meta["val"].dtype), "eager",
+                         computes=computes(n))
+            for n in members
+            if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)]  # fmt: skip
 
 
 def _mark_unrounded_reads(gm: fx.GraphModule, nodes: list[CompiledNode]) -> list[CompiledNode]:

@@ -110,6 +110,13 @@ def plan_train(
     under ``backward_pass_autocast`` (None: the installed torch's configured value)."""
     from torch._functorch import config as functorch_config
 
+    from ampgraph.compiled.breaks import has_breaks
+
+    if has_breaks(capture.graph_module):
+        raise CompiledPlanError(
+            "this model has torch.compiler.disable regions (graph breaks): the train plan covers "
+            "one compiled graph; ampgraph compiled without --pass train plans each graph"
+        )
     state = functorch_config.backward_pass_autocast if backward_pass_autocast is None else (
         backward_pass_autocast)  # fmt: skip
     gm = capture.graph_module
