@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import flex_attention
 
 
 class InnerCompiled(nn.Module):
@@ -49,8 +50,6 @@ class FlexAttention(nn.Module):
         self.out = nn.Linear(64, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.nn.attention.flex_attention import flex_attention
-
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
         if self.upcast:

@@ -15,7 +15,8 @@ from ampgraph import compat
 from ampgraph.capture.trace import capture
 from ampgraph.cli import main
 from ampgraph.compiled import generated
-from ampgraph.compiled.train import CompiledTrain, autocast_changes, plan_train
+from ampgraph.compiled.flow import CompiledTrain, autocast_changes
+from ampgraph.compiled.train import plan_train
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from tests import compiled_models

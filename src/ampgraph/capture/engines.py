@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import fx, nn
@@ -208,14 +210,17 @@ def _inner_compiles_run_eager() -> Iterator[None]:
     (a ``torch.compiler.disable`` region runs so anyway). Left on, Dynamo would try to compile
     inside ``make_fx``'s trace and fail. ``flex_attention`` compiles with ``fullgraph=True``,
     which refuses to run uncompiled: its own switch (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``)
-    calls the higher-order op directly instead, which the tracer records as one node."""
-    from unittest import mock
-
+    calls the higher-order op directly instead, which the tracer records as one node. The switch
+    is set where the model has imported flex_attention (importing it here costs most of a second
+    for every model); one that imports it inside its forward meets Dynamo's refusal."""
     from torch._dynamo import config as dynamo_config
-    from torch.nn.attention import flex_attention
 
-    with dynamo_config.patch(disable=True), \
-            mock.patch.object(flex_attention, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True):  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(dynamo_config.patch(disable=True))
+        flex = sys.modules.get("torch.nn.attention.flex_attention")
+        if flex is not None:
+            switch = mock.patch.object(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+            stack.enter_context(switch)
         yield
 
 

@@ -67,7 +67,8 @@ def _train(model: str, setting_name: str, amp_dtype: str, emulate: bool, view: s
 
     try:
         cap = _capture(model, setting_name, amp_dtype, seq_len)
-        from ampgraph.compiled.train import autocast_changes, plan_train
+        from ampgraph.compiled.flow import autocast_changes
+        from ampgraph.compiled.train import plan_train
 
         step = plan_train(cap, emulate_precision_casts=emulate, backward_pass_autocast=state)
         other = "off" if step.backward_pass_autocast != "off" else "same_as_forward"

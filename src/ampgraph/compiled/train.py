@@ -10,7 +10,7 @@ AMP recipe calls it. :func:`plan_train` runs Inductor's ``compile_fx`` in traini
 fake tensors (parameters requiring grad), forces the backward's lowering at compile time, and
 records both graphs as :func:`ampgraph.compiled.inductor.plan` records one: which 16-bit
 values each kernel keeps in fp32 (eager roundings dropped), by the lowered backward graph's node
-names and the forward module each differentiates. :func:`autocast_changes` compares two plans
+names and the forward module each differentiates. :func:`ampgraph.compiled.flow.autocast_changes` compares two plans
 (``"same_as_forward"`` against ``"off"``): the backward ops whose dtype the autocast state changes.
 
 >>> import torch
@@ -26,8 +26,6 @@ names and the forward module each differentiates. :func:`autocast_changes` compa
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -35,7 +33,7 @@ from torch import fx
 
 from ampgraph import compat
 from ampgraph.capture.trace import Capture
-from ampgraph.compiled.flow import CompiledFlow
+from ampgraph.compiled.flow import BackwardOp, CompiledFlow, CompiledTrain, Gradient
 from ampgraph.compiled.inductor import (
     CompiledPlanError,
     _root_name,
@@ -48,58 +46,6 @@ from ampgraph.torchutil import dtype_name
 #: The ``backward_pass_autocast`` values a plan takes: the two named states (a list of autocast
 #: keyword dicts, torch's third form, is passed through as it is).
 STATES = ("same_as_forward", "off")
-
-
-@dataclass(frozen=True)
-class Gradient:
-    """A trainable input's gradient as the compiled backward returns it."""
-
-    #: The parameter's name in the module (``f.weight``).
-    input: str
-    dtype: str
-    param_dtype: str
-
-
-@dataclass(frozen=True)
-class BackwardOp:
-    """One op of the compiled backward graph (after Inductor's decompositions)."""
-
-    name: str
-    op: str
-    module: str
-    dtype: str
-    #: The autograd sequence number of the forward op it differentiates, counted from the
-    #: forward graph's first (None for the graph's own ops).
-    seq: int | None
-
-
-@dataclass
-class CompiledTrain:
-    """Inductor's plan for a training step: the forward and backward graphs AOT autograd splits."""
-
-    forward: CompiledFlow
-    backward: CompiledFlow
-    #: ``backward_pass_autocast`` as the plan ran (``same_as_forward``, ``off`` or a list's repr).
-    backward_pass_autocast: str
-    #: Its default on the plan's torch release (None outside the supported range).
-    release_default: str | None
-    #: Whether the setting's autocast was on while the backward was traced.
-    backward_autocast: bool
-    gradients: list[Gradient] = field(default_factory=list)
-    ops: list[BackwardOp] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CompiledTrain:
-        """The inverse of :meth:`to_dict`."""
-        return cls(CompiledFlow.from_dict(data["forward"]),
-                   CompiledFlow.from_dict(data["backward"]), data["backward_pass_autocast"],
-                   data["release_default"], data["backward_autocast"],
-                   [Gradient(**g) for g in data["gradients"]],
-                   [BackwardOp(**o) for o in data["ops"]])  # fmt: skip
 
 
 def plan_train(
@@ -210,30 +156,3 @@ def _ops(fw: fx.GraphModule, bw: fx.GraphModule, flow: CompiledFlow) -> list[Bac
 def _op_name(n: fx.Node) -> str:
     target = n.target
     return target.name() if isinstance(target, torch._ops.OpOverload) else str(target)
-
-
-def autocast_changes(a: CompiledTrain, b: CompiledTrain) -> list[tuple[BackwardOp, BackwardOp]]:
-    """The backward ops of ``a`` that ``b`` computes in another dtype, matched by the forward op
-    they differentiate, their op, module and order among those (ops that only one of the two
-    has, casts and what the partitioner saves or recomputes, are left out).
-
-    >>> op = BackwardOp("mm", "aten::mm", "f", "bfloat16", 3)
-    >>> base = CompiledFlow("m", "s", "t", "cpp", {})
-    >>> x = CompiledTrain(base, base, "same_as_forward", None, True, ops=[op])
-    >>> y = CompiledTrain(base, base, "off", None, False, ops=[BackwardOp("mm", "aten::mm", "f", "float32", 3)])
-    >>> [(p.dtype, q.dtype) for p, q in autocast_changes(x, y)]
-    [('bfloat16', 'float32')]
-    """
-    theirs = dict(_keyed(b.ops))
-    return [(op, theirs[k]) for k, op in _keyed(a.ops)
-            if k in theirs and theirs[k].dtype != op.dtype]  # fmt: skip
-
-
-def _keyed(ops: list[BackwardOp]) -> list[tuple[tuple[Any, ...], BackwardOp]]:
-    seen: Counter[tuple[Any, ...]] = Counter()
-    out = []
-    for op in ops:
-        key = (op.seq, op.op, op.module)
-        out.append(((*key, seen[key]), op))
-        seen[key] += 1
-    return out

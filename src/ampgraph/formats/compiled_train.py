@@ -1,7 +1,7 @@
 """The compiled training step as text: the backward's autocast state, gradients, and what differs.
 
 >>> from ampgraph.compiled.flow import CompiledFlow
->>> from ampgraph.compiled.train import BackwardOp, CompiledTrain, Gradient
+>>> from ampgraph.compiled.flow import BackwardOp, CompiledTrain, Gradient
 >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {"emulate_precision_casts": False})
 >>> t = CompiledTrain(f, f, "same_as_forward", "same_as_forward", True, [Gradient("w", "float32", "float32")])
 >>> print(autocast_line(t))
@@ -10,7 +10,7 @@ the compiled backward is traced under autocast (backward_pass_autocast=same_as_f
 
 from __future__ import annotations
 
-from ampgraph.compiled.train import BackwardOp, CompiledTrain
+from ampgraph.compiled.flow import BackwardOp, CompiledTrain
 from ampgraph.formats import compiled as text
 
 Changes = list[tuple[BackwardOp, BackwardOp]]
