@@ -66,3 +66,25 @@ class MoeShaped(nn.Module):
 def moe_shaped() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     return MoeShaped().eval(), torch.randn(16, 32)
+
+
+class Fp32Region(nn.Module):
+    """A Linear under autocast, then one with autocast turned off inside the forward (an fp32
+    region, as in a loss head or a router): its backward's matmuls are fp32 in eager's AMP recipe
+    (``backward()`` outside the context) and 16-bit where the backward is traced in the forward's
+    autocast (``backward_pass_autocast="same_as_forward"``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.b = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        with torch.autocast("cpu", enabled=False):
+            return self.b(h.float())
+
+
+def fp32_region() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Fp32Region(), torch.randn(32, 64)

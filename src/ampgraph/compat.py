@@ -412,3 +412,65 @@ def layer_norm_backward_meta_is_right() -> bool:
     True
     """
     return torch_release() >= (2, 10)
+
+
+#: ``torch._functorch.config.backward_pass_autocast``'s default, per release: the autocast state
+#: AOT autograd traces a compiled region's backward in, when the forward is compiled (so the
+#: backward's ops get the forward's autocast, as if ``backward()`` ran inside the context).
+#: Read from each release's own ``torch/_functorch/config.py`` and
+#: ``_aot_autograd/graph_capture_wrappers.py`` (the 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0,
+#: 2.14.0 wheels and the installed 2.14.1; 2.15.0 too): every one defaults to
+#: ``"same_as_forward"`` (added by pytorch/pytorch#156356, June 2025). A proposal to default to
+#: ``"off"`` (#177286, #177287, March 2026) is in none of them. Eager's AMP recipe calls
+#: ``backward()`` outside the context, which is ``"off"``.
+BACKWARD_PASS_AUTOCAST_DEFAULT: Final = {
+    (2, 9): "same_as_forward", (2, 10): "same_as_forward", (2, 11): "same_as_forward",
+    (2, 12): "same_as_forward", (2, 13): "same_as_forward", (2, 14): "same_as_forward",
+}  # fmt: skip
+
+
+def backward_pass_autocast_default(release: tuple[int, ...] | None = None) -> str | None:
+    """The default of ``backward_pass_autocast`` on ``release`` (the installed torch by default);
+    None for a release outside the table.
+
+    >>> backward_pass_autocast_default((2, 9, 1))
+    'same_as_forward'
+    >>> backward_pass_autocast_default((2, 8, 0)) is None
+    True
+    """
+    return BACKWARD_PASS_AUTOCAST_DEFAULT.get(tuple((release or torch_release())[:2]))
+
+
+def compiled_backward_lowering() -> dict[str, bool]:
+    """The ``torch._functorch.config`` options that make AOT autograd lower a compiled backward
+    when the forward is compiled, not at the backward's first run: ``force_non_lazy_backward_
+    lowering`` from torch 2.10; 2.9.1 has no such option (an empty dict: the backward is lowered
+    lazily there and a plan cannot see it without running it).
+
+    >>> compiled_backward_lowering() in ({}, {"force_non_lazy_backward_lowering": True})
+    True
+    """
+    return {"force_non_lazy_backward_lowering": True} if torch_release() >= (2, 10) else {}
+
+
+def flex_attention_autocast_casts_qkv() -> bool:
+    """Whether the ``flex_attention`` higher-order op has autocast kernels (CPU and CUDA) that
+    cast query, key and value to autocast's dtype and nothing else: from torch 2.11
+    (``torch/_higher_order_ops/flex_attention.py``, ``_flex_attention_autocast_impl``); 2.9 and
+    2.10 have none, so autocast falls through and the op runs in its inputs' dtypes.
+
+    >>> flex_attention_autocast_casts_qkv() == (torch_release() >= (2, 11))
+    True
+    """
+    return torch_release() >= (2, 11)
+
+
+def compiler_disable_annotates() -> bool:
+    """Whether ``torch.compiler.disable``'s wrapper annotates the nodes traced inside it while
+    exporting (``_torchdynamo_disable_method``, in ``torch/_dynamo/eval_frame.py``): from 2.10;
+    2.9.1's wrapper has no such annotation.
+
+    >>> compiler_disable_annotates() == (torch_release() >= (2, 10))
+    True
+    """
+    return torch_release() >= (2, 10)

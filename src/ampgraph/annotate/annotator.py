@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.capture.environment import in_analysis_environment
 from ampgraph import policy as P
+from ampgraph.annotate import hops
 from ampgraph.annotate.composite import Decomposed, InnerAutocast, is_composite
 from ampgraph.annotate.replay import (
     Failed,
@@ -187,6 +188,11 @@ class AutocastAnnotator(FakeReplay):
         if n.op != "call_function":
             return super().execute(n, args, kwargs)
         target = n.target
+        if hops.is_flex_attention(target):
+            value, fields = hops.flex_attention(self, n, args, lambda a: super(
+                AutocastAnnotator, self).execute(n, a, kwargs))  # fmt: skip
+            self._record(n, outputs=dtype_names(value), **fields)
+            return value
         if not isinstance(target, torch._ops.OpOverload):
             value = super().execute(n, args, kwargs)
             reason = "selects one output" if is_getitem(target) else "Python-level op"

@@ -177,6 +177,9 @@ def retyped(out: Any, dtypes: dict[int, torch.dtype]) -> tuple[Any, ...]:
 class RealCpuDtypes(TorchDispatchMode):
     """Give the ops of :data:`CPU_MIXED` the real CPU kernels' output dtypes on fake tensors."""
 
+    #: A higher-order op (``flex_attention``) passes through whole (none is in CPU_MIXED).
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         dtypes = real_cpu_dtypes(func, tuple(args))

@@ -523,11 +523,17 @@ _KEYWORD_CHECKED = (
 class StrictDtypeMode(TorchDispatchMode):
     """Raise the real kernels' dtype errors that the fake (meta) kernels do not raise."""
 
+    #: A higher-order op (``flex_attention``) comes here whole, and runs as it is: its inner ops
+    #: are its own implementation's, which the mode, popped for the call, does not check.
+    supports_higher_order_operators = True
+
     def __init__(self, device_type: str) -> None:
         super().__init__()
         self.device_type = device_type
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
         if no_device_kernel(self.device_type, func):
             raise RuntimeError(dispatcher_refusal(func, args, kwargs))
         check = STRICT_CHECKS.get((self.device_type, func))

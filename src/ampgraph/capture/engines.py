@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import fx, nn
@@ -30,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.capture.environment import current
 from ampgraph.capture.casts import cast_outputs
+from ampgraph.capture.disabled import marking_disabled_regions
 from ampgraph.capture.raises import model_call
 from ampgraph.capture.reads import TraceReads
 from ampgraph.compat import (
@@ -192,8 +195,32 @@ def _tracing_context(
         reads if reads is not None else contextlib.nullcontext(),
         reads.autocast_queries() if reads is not None else contextlib.nullcontext(),
         cast_outputs(model.module, setting),
+        _inner_compiles_run_eager(),
+        marking_disabled_regions(),
     ):
         warnings.simplefilter("ignore")
+        yield
+
+
+@contextlib.contextmanager
+def _inner_compiles_run_eager() -> Iterator[None]:
+    """Trace through the ``torch.compile`` calls a model makes itself (a compiled submodule,
+    ``flex_attention``'s own compile of its higher-order op) as the eager ops they compile:
+    Dynamo, switched off, runs each compiled function as plain Python, which the tracer records
+    (a ``torch.compiler.disable`` region runs so anyway). Left on, Dynamo would try to compile
+    inside ``make_fx``'s trace and fail. ``flex_attention`` compiles with ``fullgraph=True``,
+    which refuses to run uncompiled: its own switch (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``)
+    calls the higher-order op directly instead, which the tracer records as one node. The switch
+    is set where the model has imported flex_attention (importing it here costs most of a second
+    for every model); one that imports it inside its forward meets Dynamo's refusal."""
+    from torch._dynamo import config as dynamo_config
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(dynamo_config.patch(disable=True))
+        flex = sys.modules.get("torch.nn.attention.flex_attention")
+        if flex is not None:
+            switch = mock.patch.object(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+            stack.enter_context(switch)
         yield
 
 

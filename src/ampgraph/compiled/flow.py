@@ -12,7 +12,9 @@ A node's *fate* under ``torch.compile`` is one of:
   stores it: where the node's eager dtype is 16-bit, **the eager rounding is dropped**;
 * ``emulated``: in-register too, but rounded to its 16-bit dtype and widened again in the
   kernel (``emulate_precision_casts``), so it holds eager's value;
-* ``removed``: a graph pass of Inductor's removed the node's value altogether (a cast pair).
+* ``removed``: a graph pass of Inductor's removed the node's value altogether (a cast pair);
+* ``eager``: in a ``torch.compiler.disable`` region, which ``torch.compile`` runs eagerly
+  between two compiled graphs (a graph break): rounded as eager rounds it.
 
 >>> n = CompiledNode("gelu", "", "bfloat16", "in-register", "op4")
 >>> n.drops_rounding
@@ -23,12 +25,13 @@ False
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: The 16-bit floating dtypes whose rounding eager performs after every op.
 LOW_PRECISION = ("bfloat16", "float16")
-FATES = ("stored", "extern", "in-register", "emulated", "removed")
+FATES = ("stored", "extern", "in-register", "emulated", "removed", "eager")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,11 @@ class CompiledFlow:
     kernels: list[Kernel] = field(default_factory=list)
     #: ampgraph nodes Inductor lowered to nothing it records (views folded into an index).
     unmapped: list[str] = field(default_factory=list)
+    #: How many graphs Inductor compiles (more than one where the model breaks the graph; their
+    #: kernels are named ``g0.op3``, ``g1.op0``, ...).
+    graphs: int = 1
+    #: The ``torch.compiler.disable`` functions run eagerly between them, in graph order.
+    eager_regions: list[str] = field(default_factory=list)
 
     def dropped(self) -> list[CompiledNode]:
         """The nodes whose eager 16-bit rounding the compiled program drops."""
@@ -129,4 +137,86 @@ class CompiledFlow:
             data["model"], data["setting"], data["torch_version"], data["backend"],
             dict(data["options"]), [CompiledNode(**n) for n in data["nodes"]],
             [CompiledCast(**c) for c in data["casts"]], k, list(data.get("unmapped", [])),
+            data.get("graphs", 1), list(data.get("eager_regions", [])),
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """A trainable input's gradient as the compiled backward returns it."""
+
+    #: The parameter's name in the module (``f.weight``).
+    input: str
+    dtype: str
+    param_dtype: str
+
+
+@dataclass(frozen=True)
+class BackwardOp:
+    """One op of the compiled backward graph (after Inductor's decompositions)."""
+
+    name: str
+    op: str
+    module: str
+    dtype: str
+    #: The autograd sequence number of the forward op it differentiates, counted from the
+    #: forward graph's first (None for the graph's own ops).
+    seq: int | None
+
+
+@dataclass
+class CompiledTrain:
+    """Inductor's plan for a training step: the forward and backward graphs AOT autograd splits."""
+
+    forward: CompiledFlow
+    backward: CompiledFlow
+    #: ``backward_pass_autocast`` as the plan ran (``same_as_forward``, ``off`` or a list's repr).
+    backward_pass_autocast: str
+    #: Its default on the plan's torch release (None outside the supported range).
+    release_default: str | None
+    #: Whether the setting's autocast was on while the backward was traced.
+    backward_autocast: bool
+    gradients: list[Gradient] = field(default_factory=list)
+    ops: list[BackwardOp] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompiledTrain:
+        """The inverse of :meth:`to_dict`."""
+        return cls(CompiledFlow.from_dict(data["forward"]),
+                   CompiledFlow.from_dict(data["backward"]), data["backward_pass_autocast"],
+                   data["release_default"], data["backward_autocast"],
+                   [Gradient(**g) for g in data["gradients"]],
+                   [BackwardOp(**o) for o in data["ops"]])  # fmt: skip
+
+
+def autocast_changes(
+    a: CompiledTrain, b: CompiledTrain
+) -> list[tuple[BackwardOp, BackwardOp]]:  # fmt: skip
+    """The backward ops of ``a`` that ``b`` computes in another dtype, matched by the forward op
+    they differentiate, their op, module and order among those (ops that only one of the two
+    has, casts and what the partitioner saves or recomputes, are left out).
+
+    >>> op = BackwardOp("mm", "aten::mm", "f", "bfloat16", 3)
+    >>> base = CompiledFlow("m", "s", "t", "cpp", {})
+    >>> x = CompiledTrain(base, base, "same_as_forward", None, True, ops=[op])
+    >>> y = CompiledTrain(base, base, "off", None, False, ops=[BackwardOp("mm", "aten::mm", "f", "float32", 3)])
+    >>> [(p.dtype, q.dtype) for p, q in autocast_changes(x, y)]
+    [('bfloat16', 'float32')]
+    """
+    theirs = dict(_keyed(b.ops))
+    return [(op, theirs[k]) for k, op in _keyed(a.ops)
+            if k in theirs and theirs[k].dtype != op.dtype]  # fmt: skip
+
+
+def _keyed(ops: list[BackwardOp]) -> list[tuple[tuple[Any, ...], BackwardOp]]:
+    seen: Counter[tuple[Any, ...]] = Counter()
+    out = []
+    for op in ops:
+        key = (op.seq, op.op, op.module)
+        out.append(((*key, seen[key]), op))
+        seen[key] += 1
+    return out

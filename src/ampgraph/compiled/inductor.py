@@ -58,10 +58,6 @@ class CompiledPlanError(AmpgraphError):
     """Inductor could not plan this graph (the message says where)."""
 
 
-class _Planned(Exception):
-    """Raised from ``compile_to_module`` once the plan is made: nothing is compiled after it."""
-
-
 def options(emulate_precision_casts: bool) -> dict[str, Any]:
     """The Inductor options a plan is made (and a real compile must run) under.
 
@@ -99,12 +95,18 @@ def inductor_setting(capture: Capture, emulate_precision_casts: bool) -> Iterato
             yield
 
 
-def _lower(capture: Capture, emulate: bool) -> tuple[Any, dict[fx.Node, Any]]:
-    """Run Inductor up to generated source; the GraphLowering and every node's lowered value."""
-    from torch._inductor import compile_fx
+class Planned(Exception):
+    """Raised from ``compile_to_module`` once the plan is made: nothing is compiled after it."""
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[tuple[Any, dict[fx.Node, Any]]]]:
+    """Patch Inductor so that each graph it lowers is recorded (its ``GraphLowering`` and every
+    FX node's lowered value, appended to the yielded list) and nothing is compiled: the source is
+    generated, then :class:`Planned` is raised where a C++ compiler would start."""
     from torch._inductor.graph import GraphLowering
 
-    made: dict[str, Any] = {}
+    made: list[tuple[Any, dict[fx.Node, Any]]] = []
     values: dict[fx.Node, Any] = {}
     run_node = GraphLowering.run_node
 
@@ -123,20 +125,29 @@ def _lower(capture: Capture, emulate: bool) -> tuple[Any, dict[fx.Node, Any]]:
         self.wrapper_code.push_codegened_graph(self)
         self.scheduler.codegen()
         self.wrapper_code.pop_codegened_graph()
-        made["graph"] = self
-        raise _Planned
+        made.append((self, dict(values)))
+        values.clear()
+        raise Planned
 
-    gm = capture.graph_module
-    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    patches = (mock.patch.object(GraphLowering, "run_node", record),
-               mock.patch.object(GraphLowering, "compile_to_module", stop))  # fmt: skip
-    with inductor_setting(capture, emulate), patches[0], patches[1]:
+    with mock.patch.object(GraphLowering, "run_node", record), \
+            mock.patch.object(GraphLowering, "compile_to_module", stop):  # fmt: skip
+        yield made
+
+
+def _lower(
+    capture: Capture, emulate: bool, gm: fx.GraphModule, inputs: list[Any]
+) -> tuple[Any, dict[fx.Node, Any]]:
+    """Run Inductor on ``gm`` up to generated source; the GraphLowering and every node's lowered
+    value."""
+    from torch._inductor import compile_fx
+
+    with inductor_setting(capture, emulate), recording() as made:
         try:
             compile_fx.compile_fx(gm, inputs)
         except Exception as exc:  # noqa: BLE001 - Inductor wraps ours in InductorError
-            if "graph" not in made:
+            if not made:
                 raise CompiledPlanError(f"Inductor could not lower the graph: {exc}") from exc
-    return made["graph"], values
+    return made[0]
 
 
 def _root_name(node: fx.Node, names: set[str]) -> str | None:
@@ -267,12 +278,35 @@ def _kernels(
 
 
 def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> CompiledFlow:
-    """Inductor's plan for ``capture``'s graph in its setting (see the module's docstring)."""
-    graph, values = _lower(capture, emulate_precision_casts)
-    names = {n.name for n in capture.graph_module.graph.nodes if n.op == "call_function"}
-    modules = _module_paths(capture.graph_module)
-    owner = {n: r for n in values if (r := _root_name(n, names)) is not None}
-    rank = {n.name: i for i, n in enumerate(capture.graph_module.graph.nodes)}
+    """Inductor's plan for ``capture``'s graph in its setting (see the module's docstring); a
+    graph with ``torch.compiler.disable`` regions is planned as Dynamo splits it
+    (:mod:`ampgraph.compiled.breaks`)."""
+    from ampgraph.compiled import breaks
+
+    def plan_one(capture: Capture, gm: fx.GraphModule, inputs: list[Any]) -> CompiledFlow:
+        graph, values = _lower(capture, emulate_precision_casts, gm, inputs)
+        names = {n.name for n in gm.graph.nodes if n.op == "call_function"}
+        owner = {n: r for n in values if (r := _root_name(n, names)) is not None}
+        return build_flow(gm, graph, values, owner, capture, emulate_precision_casts)
+
+    gm = capture.graph_module
+    if breaks.has_breaks(gm):
+        base = CompiledFlow(capture.model_name, capture.setting.name, torch.__version__,
+                            BACKENDS[capture.setting.device_type], options(emulate_precision_casts))  # fmt: skip
+        return breaks.plan_with_breaks(capture, base, plan_one, _eager_nodes)
+    return plan_one(capture, gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
+
+
+def build_flow(
+    gm: fx.GraphModule, graph: Any, values: dict[fx.Node, Any], owner: dict[fx.Node, str],
+    capture: Capture, emulate_precision_casts: bool,
+) -> CompiledFlow:  # fmt: skip
+    """The flow of ``gm``'s nodes from a lowering (``graph``, each lowered FX node's value) and
+    ``owner``, the ``gm`` node each lowered node computes part of (the last one gives its value).
+    ``gm`` is the captured graph for a forward plan, the lowered graph itself for a backward."""
+    names = {n.name for n in gm.graph.nodes if n.op == "call_function"}
+    modules = _module_paths(gm)
+    rank = {n.name: i for i, n in enumerate(gm.graph.nodes)}
     kernels, where = _kernels(graph, owner, rank)
     removed = set(graph.removed_buffers)
     last: dict[str, fx.Node] = {}
@@ -280,7 +314,7 @@ def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> Compiled
         if n in owner and isinstance(n.meta.get("val"), torch.Tensor):
             last[owner[n]] = n
     nodes = []
-    for node in (n for n in capture.graph_module.graph.nodes if n.name in last):
+    for node in (n for n in gm.graph.nodes if n.name in last):
         n = last[node.name]
         fate, buf = _fate(values[n], removed, _emulated(n))
         # a stored value's kernel is the one that writes it; an inlined one's, its first reader
@@ -288,13 +322,22 @@ def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> Compiled
         nodes.append(CompiledNode(node.name, modules.get(node.name, ""),
                                   dtype_name(n.meta["val"].dtype), fate, kernel, buf,
                                   computes(node)))  # fmt: skip
-    nodes = _mark_unrounded_reads(capture.graph_module, nodes)
+    nodes = _mark_unrounded_reads(gm, nodes)
     casts = [_cast(n, owner[n], values[n], removed, where) for n in values
              if n in owner and n.target is torch.ops.prims.convert_element_type.default]  # fmt: skip
     unmapped = sorted(names - set(last))
     return CompiledFlow(capture.model_name, capture.setting.name, torch.__version__,
                         BACKENDS[capture.setting.device_type], options(emulate_precision_casts),
                         nodes, casts, kernels, unmapped)  # fmt: skip
+
+
+def _eager_nodes(members: list[fx.Node]) -> list[CompiledNode]:
+    """The records of a ``torch.compiler.disable`` region's nodes: run eagerly, as eager rounds."""
+    paths = _module_paths(members[0].graph.owning_module)
+    return [CompiledNode(n.name, paths.get(n.name, ""), dtype_name(n.meta["val"].dtype), "eager",
+                         computes=computes(n))
+            for n in members
+            if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)]  # fmt: skip
 
 
 def _mark_unrounded_reads(gm: fx.GraphModule, nodes: list[CompiledNode]) -> list[CompiledNode]:
@@ -332,6 +375,7 @@ def _module_paths(gm: fx.GraphModule) -> dict[str, str]:
     """Each captured node's innermost module path (``nn_module_stack``), as the diagrams name it."""
     paths = {}
     for n in gm.graph.nodes:
-        stack = n.meta.get("nn_module_stack") or {}
+        # a backward node carries the module stack of the forward op it differentiates
+        stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack") or {}
         paths[n.name] = list(stack.values())[-1][0] if stack else ""
     return paths

@@ -21,6 +21,7 @@ _FATE_WORDS = {
     "in-register": "inside the kernel, never stored",
     "emulated": "rounded in the kernel (emulate_precision_casts)",
     "removed": "removed by a graph pass",
+    "eager": "run eagerly (torch.compiler.disable: a graph break)",
 }
 
 
@@ -68,6 +69,10 @@ def diff_lines(flow: CompiledFlow) -> list[str]:
     """The rounding points where the compiled program differs from eager, by node and module."""
     dropped = flow.dropped()
     lines = [f"{len(dropped)} eager rounding point(s) the compiled program drops"]
+    if flow.eager_regions:
+        lines.append(f"{flow.graphs} compiled graph(s), broken by {len(flow.eager_regions)} "
+                     "torch.compiler.disable region(s) run eagerly, rounding as eager: "
+                     + "; ".join(flow.eager_regions))  # fmt: skip
     for n in dropped:
         lines.append(f"  {n.name}  ({n.module or 'top'})  {n.dtype}: eager rounds to {n.dtype}, "
                      f"compiled keeps fp32 in kernel {n.kernel}")  # fmt: skip

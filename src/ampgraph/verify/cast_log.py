@@ -68,6 +68,11 @@ class CastLog(TorchDispatchMode):
     3
     """
 
+    #: A higher-order op (``flex_attention``) comes here whole, after its autocast kernel's casts
+    #: (logged as they pass): it runs with the mode popped, so the casts inside its own
+    #: implementation, which are not autocast's, are not logged.
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.casts: list[LoggedCast] = []
