@@ -5,33 +5,34 @@ between two analyses, or with a what-if change).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from ampgraph.cli.options import (
     device_option,
-    forced,
     format_option,
     model_argument,
     model_options,
+    models_given,
     no_check_option,
     option_model,
     recipe_option,
+    recipes_given,
     report_option,
     resolve_settings,
     seq_len_option,
     setting_options,
-    timeout_seconds,
 )
 from ampgraph.cli.reports import (
     AnalysisOptions,
     analysed,
+    command_request,
     gathers_analysis_options,
     load_reports,
     refuse_model_with_reports,
 )
-from ampgraph.pipeline.request import AnalysisRequest
 from ampgraph.report.escape import terminal
 from ampgraph.review.compare_runs import Side, saved_report
 from ampgraph.settings import PRESETS, Setting
@@ -247,21 +248,21 @@ def diff_command(
     if given is not None:
         if sources:
             raise click.UsageError(
-                f"give the model as A B or with {ctx.meta['ampgraph.model_given'][0]}, not both"
+                f"give the model as A B or with {models_given()[0]}, not both"
             )
         sources = (given,)
     # Each side's recipe is read here, not by resolve_settings (which would give both to each).
-    recipes: tuple[str, ...] = tuple(ctx.meta.pop("ampgraph.recipes", None) or ())
+    recipes = recipes_given()
     if recipes and settings:
         raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
-    tracer = ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER
+    tracer = ctx.params.get("tracer") or DEFAULT_TRACER
     sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
-    request = AnalysisRequest(seq_len=seq_len, check=False, force=forced(),
-                              timeout=timeout_seconds())  # fmt: skip
+    request = command_request(seq_len=seq_len, check=False)  # each side's model and setting below
     if keep_fp32 or move_ops:
         spec, setting = _whatif_side(sources, settings, devices, amp_dtypes, tables, recipes,
                                      keep_fp32)  # fmt: skip
-        result, b = compare_change(spec, setting, request, keep=keep_fp32, moves=move_ops)
+        one = replace(request, model=spec, settings=(setting,))
+        result, b = compare_change(one, keep=keep_fp32, moves=move_ops)
         click.echo(_shown(fmt, FORMATS[fmt](result)))
         if b.check is not None and b.disagreements:
             n = len(b.disagreements)
@@ -338,7 +339,7 @@ def _side_setting(
         return parsed.setting
     name = str(pairs["--setting"][side] or base.get("name") or "amp-fp32")
     amp = str(pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16")
-    return resolve_settings([name], device, amp)[0]
+    return resolve_settings([name], device, amp, recipes=())[0]
 
 
 def _whatif_side(
@@ -366,6 +367,7 @@ def _whatif_side(
         [settings[0] if settings else "amp-fp32"],
         devices[0] if devices else "cuda",
         amp_dtypes[0] if amp_dtypes else "bf16",
+        recipes=(),
     )[0]
     if not setting.autocast:
         change = "to disable" if patterns else "whose lists to change"
