@@ -69,16 +69,44 @@ class AnalysisEnvironment:
     :func:`analysis_environment`, instead of process globals a stage sets for the stages below.
 
     ``stack_traces``: captures record each node's Python stack (audit's source lines read it;
-    symbolising stacks is a sixth of the trace time, so only when asked).
+    symbolising stacks is a sixth of the trace time, so only when asked). ``tables``: the torch
+    release whose autocast lists the annotation reads (None: the installed torch's), entered for
+    the block (:func:`tables_of`, :func:`ampgraph.policy.tables_in_use`: a context variable, so
+    it is this analysis's, not the process's).
 
     >>> current()
-    AnalysisEnvironment(stack_traces=False)
-    >>> with analysis_environment(AnalysisEnvironment(stack_traces=True)):
-    ...     current().stack_traces
-    True
+    AnalysisEnvironment(stack_traces=False, tables=None)
+    >>> from ampgraph.policy import release_in_use
+    >>> with analysis_environment(AnalysisEnvironment(stack_traces=True, tables="2.11")):
+    ...     current().stack_traces, release_in_use()
+    (True, '2.11')
     """
 
     stack_traces: bool = False
+    tables: str | None = None
+
+
+def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
+    """Annotate with the policy tables of torch ``release`` while it lasts (``"2.11"``; None or
+    the installed torch's release: its own). :class:`~ampgraph.errors.SettingError` for a
+    release the history does not reach.
+
+    >>> from ampgraph.policy import lookup
+    >>> with tables_of("2.11"):
+    ...     lookup("cuda", "aten::rms_norm", "")
+    """
+    import ampgraph.policy as P
+    from ampgraph.errors import SettingError
+
+    if release is None:
+        return contextlib.nullcontext()
+    try:
+        name = P.release_name(release)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+    if name == P.ACTIVE_RELEASE:
+        return contextlib.nullcontext()
+    return P.tables_in_use(P.tables_for(name), name)
 
 
 #: The environment of the analysis running in this thread (or asyncio task): a context variable,
@@ -135,7 +163,8 @@ def analysis_environment(environment: AnalysisEnvironment | None = None) -> Iter
         _DEPTH[0] += 1
     token = _CURRENT.set(environment) if environment is not None else None
     try:
-        yield
+        with tables_of(environment.tables if environment is not None else None):
+            yield
     finally:
         if token is not None:
             _CURRENT.reset(token)
@@ -169,4 +198,5 @@ def in_analysis_environment(function: F) -> F:
 
 __all__ = [
     "AnalysisEnvironment", "active", "analysis_environment", "current", "in_analysis_environment",
+    "tables_of",
 ]
