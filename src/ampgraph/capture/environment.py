@@ -16,6 +16,11 @@ What an analysis needs changed in torch is entered here and restored here, on ev
   ``torch._C._select_conv_backend`` (``capture/driverless_29.py``): the registry slot and the
   attribute get their previous values back.
 
+Not entered nor restored here: the two ops of ampgraph's own namespace (``ampgraph::raises``,
+``ampgraph::past_raise``: ``capture/raises.py``, ``capture/reads.py``), registered once, inert (no
+torch kernel changes, nothing but ampgraph's graphs calls them), and kept because the graphs that
+name them outlive an analysis.
+
 Fake tensors cache outputs by inputs' metadata, so the cache is cleared on entry and on exit: no
 output typed by ampgraph's kernels outlives the environment.
 
