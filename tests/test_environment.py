@@ -208,3 +208,23 @@ print(before == after_import, before == after, before != inside, "bfloat16" in b
 
 def test_torch_compile_gives_the_same_graph_before_and_after_an_analysis() -> None:
     assert _run(_COMPILE).split()[-4:] == ["True", "True", "True", "True"]
+
+
+def test_an_analysis_reads_its_own_tables_and_another_thread_the_installed_ones() -> None:
+    """The release an analysis's environment names is this thread's, for the block: another
+    thread at that moment, and this one after, read the installed torch's lists."""
+    import threading
+
+    from ampgraph.capture.environment import AnalysisEnvironment
+    from ampgraph.policy import ACTIVE_RELEASE, lookup, release_in_use
+
+    def seen() -> tuple[str | None, str]:
+        return lookup("cuda", "aten::rms_norm", ""), release_in_use()
+
+    other: list[tuple[str | None, str]] = []
+    with analysis_environment(AnalysisEnvironment(tables="2.11")):
+        assert seen() == (None, "2.11")  # rms_norm joined the fp32 list after 2.11
+        thread = threading.Thread(target=lambda: other.append(seen()))
+        thread.start()
+        thread.join()
+    assert other == [("fp32", ACTIVE_RELEASE)] and seen() == ("fp32", ACTIVE_RELEASE)
