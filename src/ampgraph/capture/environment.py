@@ -31,6 +31,11 @@ tracing (``capture/reads.py``), the virtual GPU's answers (``torchutil.simulated
 what-if's overridden autocast kernels (``review/whatif.py``), cuDNN RNN stand-ins
 (``driverless.cudnn_rnn_stand_ins``).
 
+What the analysis itself runs under (:class:`AnalysisEnvironment`, frozen from its request:
+stack traces, the release of the policy tables) is handed down in context variables, read by
+:func:`current` and :func:`ampgraph.policy.lookup`, never module globals a stage rebinds: an
+analysis in another thread reads its own.
+
 **Re-entrant**: a nested analysis (a what-if inside an analysis, an API call inside the CLI's)
 enters nothing more; the outermost exit restores.
 
