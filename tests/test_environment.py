@@ -1,6 +1,6 @@
 """A library call leaves torch as it found it (issue 46): importing ampgraph changes nothing in
-torch, and analyses of every kind (forward, train, verify, ranges, a what-if) restore what they
-changed (:mod:`ampgraph.capture.environment`).
+torch, and analyses of every kind (forward, train, verify, ranges in memory and streamed, a
+what-if, a forward that raises) restore what they changed (:mod:`ampgraph.capture.environment`).
 
 Each observation runs in a fresh process, so nothing another test did is seen.
 """
@@ -18,11 +18,36 @@ from ampgraph.capture.environment import active, analysis_environment
 
 #: What torch is, as seen by a user's code: the dtypes torch's meta kernels give the ops ampgraph
 #: replaces, every kernel registered for them (``_dispatch_dump``), the Python kernels and meta
-#: table entries (by identity), the functions and flags ampgraph has ever changed.
+#: table entries (by identity), the functions and flags ampgraph has ever changed, ATen's ops
+#: (ampgraph's own, in a namespace of their own, are inert: ``capture/raises.py``),
+#: ``os._exit``, and whether glibc's mmap threshold was fixed (a streamed ranges run used to fix
+#: it for the rest of the process).
 _OBSERVE = r'''
-import json, sys
+import ctypes, json, os, sys
 import torch
 import torch.nn.functional as F
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+
+def malloc_threshold_fixed():
+    """Whether glibc's mmap threshold was fixed (mallopt) rather than rising: after a mapped
+    24 MB block is freed, a rising threshold is past 16 MB and a 16 MB block comes from the heap
+    (extended for it: the trim leaves no free top to serve it from); a fixed one maps it."""
+    libc.free(libc.malloc(24 << 20))
+    libc.malloc_trim(0)
+    mapped = libc.mallinfo2().hblks
+    block = libc.malloc(16 << 20)
+    fixed = libc.mallinfo2().hblks > mapped
+    libc.free(block)
+    libc.malloc_trim(0)
+    return fixed
 
 def observe():
     from torch._C import DispatchKey
@@ -43,6 +68,12 @@ def observe():
         "cuda": [id(getattr(torch.cuda, q)) for q in ("get_device_capability",
             "get_device_properties", "get_device_name", "is_bf16_supported")],
         "autocast_state": [torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")],
+        # ATen's ops (other namespaces grow with the modules an analysis imports: Inductor's
+        # prims; ampgraph's own, ``ampgraph::raises``, with the first raise path).
+        "aten_ops": sorted(n for n in torch._C._dispatch_get_all_op_names()
+                           if n.startswith("aten::")),
+        "os_exit": id(os._exit),
+        "malloc_threshold_fixed": malloc_threshold_fixed(),
     }
     for name in ops:
         op = getattr(torch.ops.aten, name).default if name != "lstm" else torch.ops.aten.lstm.input
@@ -58,8 +89,11 @@ results = {"import": observe() == before}
 from click.testing import CliRunner
 from ampgraph.cli import main
 for name, args in json.loads(sys.argv[1]).items():
-    out = CliRunner().invoke(main, ["--no-cache", "-q", "-j", "1", *args])
-    assert out.exit_code in (0, 1), (name, out.output, out.exception)
+    if isinstance(args, str):  # a library call
+        exec(args, {})
+    else:
+        out = CliRunner().invoke(main, ["--no-cache", "-q", "-j", "1", *args])
+        assert out.exit_code in (0, 1), (name, out.output, out.exception)
     after = observe()
     results[name] = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
 print(json.dumps(results))
@@ -72,6 +106,32 @@ _ANALYSES = {
     "verify": ["verify", "llama-tiny", "-s", "amp-fp32", "--device", "cpu"],
     "ranges": ["ranges", "llama-tiny", "--amp-dtype", "fp16"],
     "what-if": ["diff", "llama-tiny", "-s", "amp-fp32", "--keep-fp32", "*mlp*"],
+    "what-if tables": ["diff", "llama-tiny", "-s", "amp-half", "--tables", "2.11", "--tables",
+                       "2.14"],
+    # One weight at a time from a model folder's safetensors, in this process.
+    "ranges streamed": """
+import json, tempfile
+from pathlib import Path
+import torch
+from safetensors.torch import save_file
+from ampgraph.ranges import value_ranges
+folder = Path(tempfile.mkdtemp())
+(folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 8,
+                                                "n_head": 2, "vocab_size": 16, "n_positions": 8}))
+save_file({"wte.weight": torch.ones(16, 8)}, str(folder / "model.safetensors"))
+result = value_ranges(str(folder), ["amp-fp32"], seq_len=4, weights_dir=folder, stream=True)
+assert "read one weight at a time" in result.weights, result.weights
+""",
+    # A forward that raises in one setting: the capture's ampgraph::raises path.
+    "raise": """
+import torch
+from torch import nn
+from ampgraph.model.build import ModelInputs
+from ampgraph.pipeline.stages import analyze_group
+net = nn.Sequential(nn.GRU(8, 8, batch_first=True))
+reports = analyze_group(ModelInputs("gru", net, (torch.randn(2, 5, 8),)), ["half"])
+assert any(n.op == "ampgraph.raises.default" for n in reports[0].nodes), "no raise path"
+""",
 }
 
 
@@ -148,3 +208,23 @@ print(before == after_import, before == after, before != inside, "bfloat16" in b
 
 def test_torch_compile_gives_the_same_graph_before_and_after_an_analysis() -> None:
     assert _run(_COMPILE).split()[-4:] == ["True", "True", "True", "True"]
+
+
+def test_an_analysis_reads_its_own_tables_and_another_thread_the_installed_ones() -> None:
+    """The release an analysis's environment names is this thread's, for the block: another
+    thread at that moment, and this one after, read the installed torch's lists."""
+    import threading
+
+    from ampgraph.capture.environment import AnalysisEnvironment
+    from ampgraph.policy import ACTIVE_RELEASE, lookup, release_in_use
+
+    def seen() -> tuple[str | None, str]:
+        return lookup("cuda", "aten::rms_norm", ""), release_in_use()
+
+    other: list[tuple[str | None, str]] = []
+    with analysis_environment(AnalysisEnvironment(tables="2.11")):
+        assert seen() == (None, "2.11")  # rms_norm joined the fp32 list after 2.11
+        thread = threading.Thread(target=lambda: other.append(seen()))
+        thread.start()
+        thread.join()
+    assert other == [("fp32", ACTIVE_RELEASE)] and seen() == ("fp32", ACTIVE_RELEASE)

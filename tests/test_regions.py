@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+
 import pytest
 import torch
 from torch import nn
@@ -56,9 +58,10 @@ def test_nested_region_with_another_dtype() -> None:
 
 def test_a_wrong_table_is_caught_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """If layer_norm's entries were missing, the dispatcher check must say so, node by node."""
-    index = dict(P._INDEX)
+    index = dict(P._IN_USE.get().index)
     del index[("cuda", "layer_norm")], index[("cuda", "native_layer_norm")]
-    monkeypatch.setattr(P, "_INDEX", index)
+    wrong = P._InUse(index, P.release_in_use(), next(P._KEYS))
+    monkeypatch.setattr(P, "_IN_USE", contextvars.ContextVar("wrong_tables", default=wrong))
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8))
     rep = analyze(model, Setting.parse("amp-half"), args=(torch.randn(2, 8, dtype=torch.bfloat16),))
     (ln,) = [n for n in rep.nodes if n.op == "aten.layer_norm.default"]

@@ -86,3 +86,41 @@ def test_the_request_reaches_the_forked_workers() -> None:
     assert [r.setting["name"] for r in reports] == ["fp32", "amp-fp32"]
     for report in reports:
         assert report.check is None and "torch 2.11" in report.capture["check_unavailable"]
+
+
+def test_the_command_line_builds_one_request_from_its_parsed_options() -> None:
+    """--tracer, --force, --timeout and --recipe reach the request from click's parsed values,
+    with no function of the command taking them, and nothing left in ``ctx.meta``."""
+    import click
+    from click.testing import CliRunner
+
+    from ampgraph.cli.options import model_argument, setting_options
+    from ampgraph.cli.reports import analysis_request
+
+    @click.command()
+    @model_argument
+    @setting_options
+    @click.pass_context
+    def show(ctx: click.Context, model: str, settings: tuple[str, ...], device: str,
+             amp_dtype: str, seq_len: int) -> None:  # fmt: skip
+        r = analysis_request(model, settings, device, amp_dtype, seq_len)
+        names = [s.name for s in r.settings]
+        click.echo(f"{r.model} {r.traced_by} {r.force} {r.timeout} {names} {dict(ctx.meta)}")
+
+    args = ["llama-tiny", "--tracer", "export", "--force", "--timeout", "30", "--recipe", "hf:bf16"]
+    out = CliRunner().invoke(show, args)
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines()[-1] == "llama-tiny export True 30.0 ['amp-fp32,outputs=fp32'] {}"
+    out = CliRunner().invoke(show, ["--config", "x.json", "-s", "half"])
+    assert out.output.splitlines()[-1].startswith("x.json make-fx False 600.0 ['half']")
+
+
+def test_ranges_and_a_what_if_take_a_request_of_one_model_spec() -> None:
+    from ampgraph.errors import ArgumentError
+    from ampgraph.ranges.spec_run import ranges_of_spec
+    from ampgraph.review.compare_runs import compare_change
+
+    with pytest.raises(ArgumentError, match="model spec"):
+        ranges_of_spec(AnalysisRequest(None, ("amp-fp32",)), print)
+    with pytest.raises(ArgumentError, match="one model spec in one setting"):
+        compare_change(AnalysisRequest("llama-tiny", ("amp-fp32", "amp-half")), keep=["*mlp*"])

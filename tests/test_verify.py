@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+
 import json
 import os
 import subprocess
@@ -232,9 +234,10 @@ def drop_cpu_linear(monkeypatch: pytest.MonkeyPatch) -> None:
     Dropping ``linear`` alone is not enough: a composite op without a policy is annotated through
     its decomposition, where autocast applies ``addmm``'s entry, just as the dispatcher does.
     """
-    index = dict(P._INDEX)
+    index = dict(P._IN_USE.get().index)
     del index[("cpu", "linear")], index[("cpu", "addmm")]
-    monkeypatch.setattr(P, "_INDEX", index)
+    wrong = P._InUse(index, P.release_in_use(), next(P._KEYS))
+    monkeypatch.setattr(P, "_IN_USE", contextvars.ContextVar("wrong_tables", default=wrong))
 
 
 def test_a_wrong_table_is_caught_by_real_execution(monkeypatch: pytest.MonkeyPatch) -> None:

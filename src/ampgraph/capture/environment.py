@@ -16,6 +16,11 @@ What an analysis needs changed in torch is entered here and restored here, on ev
   ``torch._C._select_conv_backend`` (``capture/driverless_29.py``): the registry slot and the
   attribute get their previous values back.
 
+Not entered nor restored here: the two ops of ampgraph's own namespace (``ampgraph::raises``,
+``ampgraph::past_raise``: ``capture/raises.py``, ``capture/reads.py``), registered once, inert (no
+torch kernel changes, nothing but ampgraph's graphs calls them), and kept because the graphs that
+name them outlive an analysis.
+
 Fake tensors cache outputs by inputs' metadata, so the cache is cleared on entry and on exit: no
 output typed by ampgraph's kernels outlives the environment.
 
@@ -25,6 +30,11 @@ as a real run (``capture/raises.py``, ``verify/training.py``), the autocast quer
 tracing (``capture/reads.py``), the virtual GPU's answers (``torchutil.simulated_cuda_amp``), a
 what-if's overridden autocast kernels (``review/whatif.py``), cuDNN RNN stand-ins
 (``driverless.cudnn_rnn_stand_ins``).
+
+What the analysis itself runs under (:class:`AnalysisEnvironment`, frozen from its request:
+stack traces, the release of the policy tables) is handed down in context variables, read by
+:func:`current` and :func:`ampgraph.policy.lookup`, never module globals a stage rebinds: an
+analysis in another thread reads its own.
 
 **Re-entrant**: a nested analysis (a what-if inside an analysis, an API call inside the CLI's)
 enters nothing more; the outermost exit restores.
@@ -69,16 +79,44 @@ class AnalysisEnvironment:
     :func:`analysis_environment`, instead of process globals a stage sets for the stages below.
 
     ``stack_traces``: captures record each node's Python stack (audit's source lines read it;
-    symbolising stacks is a sixth of the trace time, so only when asked).
+    symbolising stacks is a sixth of the trace time, so only when asked). ``tables``: the torch
+    release whose autocast lists the annotation reads (None: the installed torch's), entered for
+    the block (:func:`tables_of`, :func:`ampgraph.policy.tables_in_use`: a context variable, so
+    it is this analysis's, not the process's).
 
     >>> current()
-    AnalysisEnvironment(stack_traces=False)
-    >>> with analysis_environment(AnalysisEnvironment(stack_traces=True)):
-    ...     current().stack_traces
-    True
+    AnalysisEnvironment(stack_traces=False, tables=None)
+    >>> from ampgraph.policy import release_in_use
+    >>> with analysis_environment(AnalysisEnvironment(stack_traces=True, tables="2.11")):
+    ...     current().stack_traces, release_in_use()
+    (True, '2.11')
     """
 
     stack_traces: bool = False
+    tables: str | None = None
+
+
+def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
+    """Annotate with the policy tables of torch ``release`` while it lasts (``"2.11"``; None or
+    the installed torch's release: its own). :class:`~ampgraph.errors.SettingError` for a
+    release the history does not reach.
+
+    >>> from ampgraph.policy import lookup
+    >>> with tables_of("2.11"):
+    ...     lookup("cuda", "aten::rms_norm", "")
+    """
+    import ampgraph.policy as P
+    from ampgraph.errors import SettingError
+
+    if release is None:
+        return contextlib.nullcontext()
+    try:
+        name = P.release_name(release)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+    if name == P.ACTIVE_RELEASE:
+        return contextlib.nullcontext()
+    return P.tables_in_use(P.tables_for(name), name)
 
 
 #: The environment of the analysis running in this thread (or asyncio task): a context variable,
@@ -135,7 +173,8 @@ def analysis_environment(environment: AnalysisEnvironment | None = None) -> Iter
         _DEPTH[0] += 1
     token = _CURRENT.set(environment) if environment is not None else None
     try:
-        yield
+        with tables_of(environment.tables if environment is not None else None):
+            yield
     finally:
         if token is not None:
             _CURRENT.reset(token)
@@ -169,4 +208,5 @@ def in_analysis_environment(function: F) -> F:
 
 __all__ = [
     "AnalysisEnvironment", "active", "analysis_environment", "current", "in_analysis_environment",
+    "tables_of",
 ]

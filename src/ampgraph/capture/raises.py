@@ -26,6 +26,7 @@ Where the forward raises only on export's path (model code that asks
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dis
 import os
 from collections.abc import Iterator
@@ -98,25 +99,35 @@ def module_site(exc: BaseException, module: nn.Module) -> str | None:
 
 _RAISES: list[Any] = []
 #: While true, ``ampgraph::raises`` returns a placeholder instead of raising: the trace records it.
-_RECORDING = [False]
+#: Context variables, not module flags: an analysis in another thread is not in this one's step.
+_RECORDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "ampgraph_recording", default=False
+)
 
 
 def raises_op() -> Any:
     """``ampgraph::raises(tensors, type, message)``: raise the model's error (``type`` a builtin
-    exception's name) whenever it runs, on fake tensors or real ones; defined once."""
+    exception's name) whenever it runs, on fake tensors or real ones; defined once.
+
+    Defined for the process, not for one analysis, and inert: an op of ampgraph's own namespace
+    changes no kernel of torch's and is called only by the graphs ampgraph captured. Those
+    graphs outlive the analysis that made them (the API returns captures that another call
+    annotates, replays and verifies), so an op destroyed with the analysis would leave them
+    naming an op the dispatcher no longer has (``tests/test_environment.py`` observes that no
+    other op of the dispatcher changes)."""
     if not _RAISES:
 
         # It returns a marker and a copy of each tensor it takes: what the forward computes
         # past the raise, it computes from those, so a replay reports it not run.
         @torch.library.custom_op("ampgraph::raises", mutates_args=())
         def raises(tensors: list[torch.Tensor], kind: str, message: str) -> list[torch.Tensor]:
-            if _RECORDING[0]:  # a trace on real values (draft export) runs it too
+            if _RECORDING.get():  # a trace on real values (draft export) runs it too
                 return [torch.empty(0), *(t.clone() for t in tensors)]
             _raise(kind, message)
 
         @raises.register_fake
         def _(tensors: list[torch.Tensor], kind: str, message: str) -> list[torch.Tensor]:
-            if _RECORDING[0]:
+            if _RECORDING.get():
                 return [torch.empty(0), *(torch.empty_like(t) for t in tensors)]
             _raise(kind, message)
 
@@ -175,11 +186,11 @@ def stopping_at_raise(
             leaves, spec = pytree.tree_flatten((args, kwargs))
             own = list(module.parameters())
             at = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
-            _RECORDING[0] = True
+            recording = _RECORDING.set(True)
             try:
                 marker, *copies = raises_op()([*(leaves[i] for i in at), *own], kind, message)
             finally:
-                _RECORDING[0] = False
+                _RECORDING.reset(recording)
             # Past the raise, as a run that had not raised would go on: the call again, on the
             # copies in its parameters' dtype (what a dtype check asks for), so that the modules
             # after it are in the graph, not run (they depend on the raise); else the graph ends.
@@ -225,7 +236,7 @@ def returning_at_stop(call: Any, *args: Any, **kwargs: Any) -> Any:
 
 #: While true (:func:`as_a_real_run`), the traced forward sees ``torch.compiler.is_exporting()``
 #: and ``is_compiling()`` false, as a real run does.
-_REAL_RUN = [False]
+_REAL_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("ampgraph_real_run", default=False)
 
 
 @contextlib.contextmanager
@@ -236,23 +247,23 @@ def as_a_real_run() -> Iterator[None]:
     Autoformer's attention raises on a mask of its input's length after its layers changed the
     length (``Attention mask should be of size (2, 1, 4, 4), but is torch.Size([2, 1, 8, 8])``),
     where a real run has no mask. The capture falls back to this where the export path raises."""
-    previous, _REAL_RUN[0] = _REAL_RUN[0], True
+    token = _REAL_RUN.set(True)
     try:
         yield
     finally:
-        _REAL_RUN[0] = previous
+        _REAL_RUN.reset(token)
 
 
 def on_a_real_run() -> bool:
     """Whether captures now follow a real run's path (:func:`as_a_real_run`)."""
-    return _REAL_RUN[0]
+    return _REAL_RUN.get()
 
 
 def model_call(call: Any, *args: Any, **kwargs: Any) -> Any:
     """The traced forward's call of the model: on a real run's path under :func:`as_a_real_run`,
     and returning where the forward stopped at a Python-level raise
     (:func:`stopping_at_raise`)."""
-    if not _REAL_RUN[0] or not hasattr(torch.compiler, "_is_exporting_flag"):
+    if not _REAL_RUN.get() or not hasattr(torch.compiler, "_is_exporting_flag"):
         return returning_at_stop(call, *args, **kwargs)
     flags = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
     torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = False

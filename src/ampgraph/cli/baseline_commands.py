@@ -14,6 +14,7 @@ from ampgraph.cli.options import (
     format_option,
     model_argument,
     recipe_option,
+    recipes_given,
     resolve_settings,
     seq_len_option,
 )
@@ -58,10 +59,13 @@ def _write_baseline(path: Path, text: str) -> None:
 
 
 def _baseline_report(
-    model: str, settings: list[str], device: str, amp_dtype: str, seq_len: int
-) -> Report:
-    """The report a baseline snapshots: of ``settings``' one, or (none) the --recipe's."""
-    return analysed(analysis_request(model, settings, device, amp_dtype, seq_len, check=False))[0]
+    model: str, settings: list[str], device: str, amp_dtype: str, seq_len: int,
+    recipes: tuple[str, ...],
+) -> Report:  # fmt: skip
+    """The report a baseline snapshots: of ``settings``' one, or (none) the ``recipes``' one."""
+    request = analysis_request(model, settings, device, amp_dtype, seq_len, check=False,
+                               recipes=recipes)  # fmt: skip
+    return analysed(request)[0]
 
 
 @baseline_group.command(name="write")
@@ -86,8 +90,10 @@ def baseline_write(
 
     check_writable(file, "baseline")
     # A --recipe names the setting: the default --setting gives way, a typed one is refused.
-    recipe = bool(ctx.meta.get("ampgraph.recipes")) and not _given(ctx, "setting")
-    report = _baseline_report(model, [] if recipe else [setting], device, amp_dtype, seq_len)
+    recipes = recipes_given()
+    recipe = bool(recipes) and not _given(ctx, "setting")
+    report = _baseline_report(model, [] if recipe else [setting], device, amp_dtype, seq_len,
+                              recipes)  # fmt: skip
     spec = ModelSpec(model) if not isinstance(model, ModelSpec) else model
     text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
                          tracer=spec.tracer)  # fmt: skip
@@ -116,14 +122,12 @@ def _spec_to_check(
     s = base.report.setting
     # MODEL's default (opt-125m) is no model named: only what the command line gives counts.
     named = any(_given(ctx, p) for p in ("model", "config_path", "model_dir", "module_factory"))
-    recipes = ctx.meta.pop("ampgraph.recipes", None)
+    recipes = recipes_given()
     if named or setting is not None or recipes:
         # What the command line names (a recipe's setting on the baseline's device) must be
         # the baseline's own; never the baseline's own name blamed on --setting.
-        ctx.meta["ampgraph.recipes"] = recipes
         names = [setting] if setting is not None else ([] if recipes else [s["name"]])
-        wanted = resolve_settings(names, s["device_type"], s["amp_dtype"])[0]
-        ctx.meta.pop("ampgraph.recipes", None)  # the analysis below is of the baseline's setting
+        wanted = resolve_settings(names, s["device_type"], s["amp_dtype"], recipes)[0]
         refuse_other(base, model if named else base.report.model, wanted.to_dict(), str(file))
     # The command line's model, else the one the baseline names, which is never code; the
     # baseline's tracer unless --tracer says otherwise.
@@ -165,7 +169,9 @@ def baseline_check(
     base = read_baseline(text, str(file))
     s = base.report.setting
     spec = _spec_to_check(ctx, base, model, setting, file)
-    report = _baseline_report(spec, [s["name"]], s["device_type"], s["amp_dtype"], base.seq_len)
+    # Of the baseline's setting, whatever the command line named (checked to be the same).
+    report = _baseline_report(spec, [s["name"]], s["device_type"], s["amp_dtype"], base.seq_len,
+                              recipes=())  # fmt: skip
     result = check_report(base, report)
     if result.equal:
         click.echo(

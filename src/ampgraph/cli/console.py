@@ -45,7 +45,7 @@ def quiet() -> bool:
     if ctx is None:
         return False
     root = ctx.find_root().obj
-    return bool(ctx.meta.get("ampgraph.quiet") or (isinstance(root, dict) and root.get("quiet")))
+    return bool(ctx.params.get("quiet") or (isinstance(root, dict) and root.get("quiet")))
 
 
 def progress(message: str) -> None:

@@ -1,12 +1,16 @@
 """The options the commands share, declared once: the model, the settings, the pass, --format.
 
-Each helper is a decorator (or makes one) that adds its options to a click command; the values
-some options leave in the click context (--force, --timeout, the model options) are read back
-with :func:`forced`, :func:`timeout_seconds` and :func:`root_options`.
+Each helper is a decorator (or makes one) that adds its options to a click command. The options
+every analysis shares (:data:`SHARED`: the model's options, --tracer, --timeout, --quiet, --force,
+--recipe) are not handed to the command's function: click keeps their parsed values in the
+context's ``params``, where the one builder of the request
+(:func:`ampgraph.cli.reports.command_request`) reads them, through :func:`forced`,
+:func:`timeout_seconds` and :func:`recipes_given`; no callback leaves values in ``ctx.meta``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,33 +30,74 @@ from ampgraph.settings import (
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    ctx.meta[f"ampgraph.{param.name}"] = value
-    return value
+#: The options the commands share whose values are the analysis's (or the stage line's), not the
+#: command function's: its wrapper (:func:`_shared`) drops them from its arguments, and they are
+#: read from ``ctx.params``, where click keeps every parsed value.
+SHARED = ("config_path", "model_dir", "module_factory", "tracer", "timeout", "quiet", "force",
+          "recipes")  # fmt: skip
+#: The options that name a model instead of MODEL: label, parameter name, spec kind.
+_MODEL_OPTIONS = (
+    ("--config", "config_path", "config"),
+    ("--model-dir", "model_dir", "dir"),
+    ("--module", "module_factory", "module"),
+)
+
+
+def _shared(f: F) -> F:
+    """``f`` called without the :data:`SHARED` options' values (which stay in ``ctx.params``)."""
+    if getattr(f, "_ampgraph_shared", False):
+        return f
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        for name in SHARED:
+            kwargs.pop(name, None)
+        return f(*args, **kwargs)
+
+    command._ampgraph_shared = True  # type: ignore[attr-defined]
+    return command  # type: ignore[return-value]
+
+
+def _parsed(name: str, default: Any = None) -> Any:
+    """The parsed value of the current command's option ``name`` (``default`` outside a
+    command, or for a command without the option)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return default
+    value = ctx.params.get(name, default)
+    return default if value is None else value
+
+
+def _models_given(ctx: click.Context, value: str | None) -> dict[str, tuple[str, str]]:
+    """Label -> (spec kind, spec) of each model the command line names: MODEL's ``value`` and
+    the options that name one instead."""
+    given = {label: (kind, ctx.params.get(key)) for label, key, kind in _MODEL_OPTIONS}
+    given = {label: kv for label, kv in given.items() if kv[1]}
+    if value is not None:
+        given = {"MODEL": ("auto", value), **given}
+    return given  # type: ignore[return-value]
+
+
+def models_given() -> list[str]:
+    """What the command line names as its model (``MODEL``, ``--config``...), for commands where
+    a model excludes another input (--report): the spec a command receives is opt-125m when
+    nothing is."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    named = ctx.get_parameter_source("model") == ParameterSource.COMMANDLINE
+    return list(_models_given(ctx, ctx.params.get("model") if named else None))
 
 
 def _resolve_model(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     """One :class:`~ampgraph.model.specs.ModelSpec` (a str) from MODEL or the option that names it."""
     from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
 
-    given = {
-        label: (kind, ctx.meta.get(f"ampgraph.{key}"))
-        for label, key, kind in (
-            ("--config", "config_path", "config"),
-            ("--model-dir", "model_dir", "dir"),
-            ("--module", "module_factory", "module"),
-        )
-    }
-    given = {label: kv for label, kv in given.items() if kv[1]}
-    if value is not None:
-        given = {"MODEL": ("auto", value), **given}
+    given = _models_given(ctx, value)
     if len(given) > 1:
         raise click.UsageError(f"give one model, not {' and '.join(given)}", ctx)
-    # What the user named, for commands where a model excludes another input (--report): the
-    # spec returned below is opt-125m when nothing is.
-    ctx.meta["ampgraph.model_given"] = list(given)
     kind, spec = next(iter(given.values()), ("auto", "opt-125m"))
-    return ModelSpec(spec, kind, tracer=ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER)
+    return ModelSpec(spec, kind, tracer=ctx.params.get("tracer") or DEFAULT_TRACER)
 
 
 def model_argument(f: F) -> F:
@@ -67,7 +112,7 @@ def option_model() -> Any:
     or None: for commands whose models are arguments of their own (``diff A B``)."""
     ctx = click.get_current_context()
     spec = _resolve_model(ctx, None, None)  # type: ignore[arg-type]
-    return spec if ctx.meta["ampgraph.model_given"] else None
+    return spec if _models_given(ctx, None) else None
 
 
 def model_options(f: F) -> F:
@@ -76,25 +121,25 @@ def model_options(f: F) -> F:
     from ampgraph.model.specs import DEFAULT_TRACER, TRACERS
 
     # Eager, so that they are known when MODEL's callback combines them whatever their order.
+    f = _shared(f)
     params = [
         click.option(
-            "--config", "config_path", metavar="PATH", is_eager=True, expose_value=False,
-            callback=_remember, help="A Hugging Face config.json to build, instead of MODEL.",
+            "--config", "config_path", metavar="PATH", is_eager=True,
+            help="A Hugging Face config.json to build, instead of MODEL.",
         ),
         click.option(
-            "--model-dir", metavar="DIR", is_eager=True, expose_value=False, callback=_remember,
+            "--model-dir", metavar="DIR", is_eager=True,
             help="A local Hugging Face model folder: its config.json is read, weights never.",
         ),
         click.option(
             "--module", "module_factory", metavar="PKG.MOD:FACTORY", is_eager=True,
-            expose_value=False, callback=_remember,
             help="Any nn.Module: a factory (no arguments; also path/to/file.py:factory) returning "
             "(module, example_inputs) -- a tensor, a tuple of positional inputs or a dict of "
             "keyword inputs; shapes and dtypes are what matter -- or (module, args, kwargs).",
         ),
         click.option(
             "--tracer", type=click.Choice(TRACERS), default=DEFAULT_TRACER, show_default=True,
-            is_eager=True, expose_value=False, callback=_remember,
+            is_eager=True,
             help="Tracer: make-fx, torch.export's graph traced by make_fx and export's own "
             "passes (twice as fast); export, torch.export.export itself (the same graph); "
             "hf-fx, Hugging Face's FX tracer (transformers < 4.50); fx, torch.fx.symbolic_trace "
@@ -110,8 +155,9 @@ def model_options(f: F) -> F:
 
 def quiet_option(f: F) -> F:
     """--quiet: no progress line (also ``ampgraph --quiet COMMAND``, or AMPGRAPH_QUIET=1)."""
+    f = _shared(f)
     return click.option(
-        "--quiet", "-q", is_flag=True, expose_value=False, callback=_remember,
+        "--quiet", "-q", is_flag=True,
         help="No progress line on stderr. It shows only on a terminal, after a second's work, "
         "and goes when the answer comes.",
     )(f)  # fmt: skip
@@ -137,9 +183,10 @@ def timeout_option(f: F) -> F:
     command reads with :func:`timeout_seconds`."""
     from ampgraph.model.usercode import DEFAULT_TIMEOUT
 
+    f = _shared(f)
     return click.option(
         "--timeout", type=Seconds(), default=DEFAULT_TIMEOUT, show_default=True,
-        metavar="SECONDS", expose_value=False, callback=_remember,
+        metavar="SECONDS",
         help="Stop with an error when analysing the model takes longer (a forward that never "
         "returns, whatever it catches: the analysis runs in a process group that is killed); "
         "0: no bound; else 1 to 604800 (a week).",
@@ -152,7 +199,7 @@ def timeout_seconds() -> float | None:
     from ampgraph.model.usercode import DEFAULT_TIMEOUT
 
     ctx = click.get_current_context(silent=True)
-    value = ctx.meta.get("ampgraph.timeout", DEFAULT_TIMEOUT) if ctx is not None else None
+    value = _parsed("timeout", DEFAULT_TIMEOUT) if ctx is not None else None
     return float(value) if value else None
 
 
@@ -212,9 +259,8 @@ def recipe_option(*, sides: bool = False) -> Callable[[F], F]:
         if sides
         else "Instead of --setting, your framework's precision flag"
     )
-    return click.option(
-        "--recipe", "recipes", multiple=True, metavar="FAMILY:VALUE", expose_value=False,
-        callback=_remember,
+    option = click.option(
+        "--recipe", "recipes", multiple=True, metavar="FAMILY:VALUE",
         help=f"{what}, spelled as it spells it: hf:bf16 (Trainer(bf16=True)), accelerate:fp16, "
         "lightning:bf16-mixed, fabric:bf16-true, fsdp2:param_dtype=bf16,reduce_dtype=fp32, "
         "fsdp1:param_dtype=bf16, deepspeed:ds_config.json; torchao:rowwise (FP8, on table, check, "
@@ -222,6 +268,7 @@ def recipe_option(*, sides: bool = False) -> Callable[[F], F]:
         "--device (cuda or cpu) and prints, on stderr, what else it does (input casts, buffers, "
         "gradient and optimizer dtypes). Table: docs/recipes.md.",
     )  # fmt: skip
+    return lambda f: option(_shared(f))
 
 
 def setting_options(f: F) -> F:
@@ -249,13 +296,12 @@ def setting_options(f: F) -> F:
         click.option(
             "--force",
             is_flag=True,
-            expose_value=False,
-            callback=_remember,
             help="Analyse a model beyond what ampgraph refuses: more layers than any published "
             "model, or (verify) more real weights than this machine's free memory.",
         ),
         seq_len_option,
     ]
+    f = _shared(f)
     for option in reversed(options):
         f = option(f)
     return f
@@ -306,11 +352,13 @@ def train_options(pass_: str, loss: str | None, backward_autocast: bool) -> dict
 RECIPE_COMMANDS: dict[str, Callable[[click.Context, tuple[str, ...]], None]] = {}
 
 
-def resolve_settings(names: Sequence[str], device: str, amp_dtype: str) -> list[Setting]:
-    """Setting names from the command line, the settings of its --recipe flags, or the seed's
-    four when neither is given."""
+def resolve_settings(
+    names: Sequence[str], device: str, amp_dtype: str, recipes: Sequence[str] | None = None
+) -> list[Setting]:
+    """Setting names from the command line, the settings of ``recipes`` (None: the command's
+    --recipe flags), or the seed's four when neither is given."""
     ctx = click.get_current_context(silent=True)
-    recipes = ctx.meta.get("ampgraph.recipes") if ctx is not None else None
+    recipes = recipes_given() if recipes is None else tuple(recipes)
     if recipes:
         if names:
             raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
@@ -359,8 +407,12 @@ def _typed(ctx: click.Context | None, name: str) -> bool:
 
 def forced() -> bool:
     """Whether the command was given --force."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.meta.get("ampgraph.force"))
+    return bool(_parsed("force", False))
+
+
+def recipes_given() -> tuple[str, ...]:
+    """The command's --recipe flags, as typed (none: an empty tuple)."""
+    return tuple(_parsed("recipes", ()))
 
 
 def root_options() -> dict[str, Any]:

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ampgraph.cli.console import progress, progress_done
-from ampgraph.cli.options import (
-    forced,
-    format_option,
-    model_argument,
-    resolve_settings,
-    setting_options,
-    timeout_seconds,
-)
+from ampgraph.cli.options import format_option, model_argument, setting_options
+from ampgraph.cli.reports import analysis_request
+
+if TYPE_CHECKING:
+    from ampgraph.pipeline.request import AnalysisRequest
 
 
 def _weights_dir(model: str, random_weights: bool) -> Path | None:
@@ -25,9 +22,10 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
     return path if not random_weights and path.is_dir() else None
 
 
-def _confined_ranges(model: str, settings: list[Any], arguments: dict[str, Any]) -> Any:
-    """:func:`ampgraph.ranges.spec_run.ranges_of_spec` confined (:mod:`ampgraph.pipeline.confine`):
-    its notes on the stage line, its result returned."""
+def _confined_ranges(request: AnalysisRequest, arguments: dict[str, Any]) -> Any:
+    """:func:`ampgraph.ranges.spec_run.ranges_of_spec` of ``request`` confined
+    (:mod:`ampgraph.pipeline.confine`, bounded by ``request.timeout``): its notes on the stage
+    line, its result returned."""
     from ampgraph.pipeline.confine import confine
 
     found: list[Any] = []
@@ -37,7 +35,7 @@ def _confined_ranges(model: str, settings: list[Any], arguments: dict[str, Any])
         # that has imported it cannot fork one that runs it.
         from ampgraph.ranges.spec_run import ranges_of_spec
 
-        ranges_of_spec(model, settings, send, **arguments)
+        ranges_of_spec(request, send, **arguments)
 
     def take(item: tuple[str, Any]) -> None:
         kind, value = item
@@ -46,7 +44,7 @@ def _confined_ranges(model: str, settings: list[Any], arguments: dict[str, Any])
         else:
             found.append(value)
 
-    confine(work, take, name="ranges", timeout=timeout_seconds(),
+    confine(work, take, name="ranges", timeout=request.timeout,
             counted=lambda item: item[0] == "result")  # fmt: skip
     progress_done()
     return found[0]
@@ -125,16 +123,16 @@ def ranges_command(
     """
     if loss is not None and pass_ != "train":
         raise click.UsageError("--loss needs --pass train")
-    resolved = resolve_settings(settings, device, amp_dtype)
-    if show_diff and (len(resolved) != 2 or fmt not in ("text", "json")):
+    request = analysis_request(model, settings, device, amp_dtype, seq_len, check=False,
+                               pass_=pass_, loss=loss)  # fmt: skip
+    if show_diff and (len(request.settings) != 2 or fmt not in ("text", "json")):
         raise click.UsageError("--diff compares two settings (give two -s) in text or json")
     if overlay_dir is not None:
         from ampgraph.report.writing import check_folder_writable
 
         check_folder_writable(overlay_dir, "overlays")  # before the work, not after it
-    arguments = dict(seq_len=seq_len, seed=random_seed, force=forced(), pass_=pass_, loss=loss,
-                     weights_dir=_weights_dir(model, random_weights))  # fmt: skip
-    result = _confined_ranges(model, resolved, arguments)
+    arguments = dict(seed=random_seed, weights_dir=_weights_dir(model, random_weights))
+    result = _confined_ranges(request, arguments)
     # After the work: the formats read ampgraph.ranges' records, whose package imports torch.
     from ampgraph.formats.diff_text import ranges_diff_text
     from ampgraph.formats.json import ranges_diff_json, ranges_json

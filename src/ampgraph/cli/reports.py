@@ -15,6 +15,7 @@ import click
 from ampgraph.cli.console import progress, progress_done
 from ampgraph.cli.options import (
     forced,
+    models_given,
     resolve_settings,
     root_options,
     timeout_seconds,
@@ -28,21 +29,31 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def command_request(**fields: Any) -> AnalysisRequest:
+    """The one place the command line makes an
+    :class:`~ampgraph.pipeline.request.AnalysisRequest`: ``fields`` as the command gives them,
+    and what every analysing command shares, from its parsed options: --force and --timeout
+    (the model's --tracer is in its spec, :func:`~ampgraph.cli.options.model_argument`; the
+    --recipe flags are settings, :func:`analysis_request`)."""
+    from ampgraph.pipeline.request import AnalysisRequest
+
+    return AnalysisRequest(force=forced(), timeout=timeout_seconds(), **fields)
+
+
 def analysis_request(
     model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
     *, check: bool = True, pass_: str = "forward", loss: str | None = None,
     backward_autocast: bool = False, sources: bool = False,
+    recipes: Sequence[str] | None = None,
 ) -> AnalysisRequest:  # fmt: skip
-    """The :class:`~ampgraph.pipeline.request.AnalysisRequest` of the command's options: its
-    settings (:func:`~ampgraph.cli.options.resolve_settings`), pass (a usage error where
-    --loss or --backward-in-autocast come without a backward), --force and --timeout."""
-    from ampgraph.pipeline.request import AnalysisRequest
-
+    """The request of the command's options (:func:`command_request`): its settings (``settings``
+    or the ``recipes``, None: the command's --recipe flags; :func:`~ampgraph.cli.options.
+    resolve_settings`) and pass (a usage error where --loss or --backward-in-autocast come
+    without a backward)."""
     train = train_options(pass_, loss, backward_autocast)
-    return AnalysisRequest(
-        model_spec, tuple(resolve_settings(settings, device, amp_dtype)), seq_len=seq_len,
-        check=check, sources=sources, force=forced(), timeout=timeout_seconds(), **train,
-    )  # fmt: skip
+    resolved = tuple(resolve_settings(settings, device, amp_dtype, recipes))
+    return command_request(model=model_spec, settings=resolved, seq_len=seq_len, check=check,
+                           sources=sources, **train)  # fmt: skip
 
 
 #: The parameters of a command's analysis, which the command receives as one
@@ -133,7 +144,7 @@ def refuse_model_with_reports() -> None:
     from click.core import ParameterSource
 
     ctx = click.get_current_context()
-    models = ctx.meta.get("ampgraph.model_given") or []
+    models = models_given()
     if models:
         raise click.UsageError(
             f"{' and '.join(models)} and --report exclude each other: give a model to analyse, "

@@ -5,6 +5,7 @@ between two analyses, or with a what-if change).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -12,27 +13,27 @@ import click
 from ampgraph.cli.compiled_commands import compile_options, compiled_analysis
 from ampgraph.cli.options import (
     device_option,
-    forced,
     format_option,
     model_argument,
     model_options,
+    models_given,
     no_check_option,
     option_model,
     recipe_option,
+    recipes_given,
     report_option,
     resolve_settings,
     seq_len_option,
     setting_options,
-    timeout_seconds,
 )
 from ampgraph.cli.reports import (
     AnalysisOptions,
     analysed,
+    command_request,
     gathers_analysis_options,
     load_reports,
     refuse_model_with_reports,
 )
-from ampgraph.pipeline.request import AnalysisRequest
 from ampgraph.report.escape import terminal
 from ampgraph.review.compare_runs import Side, saved_report
 from ampgraph.settings import PRESETS, Setting
@@ -259,7 +260,7 @@ def diff_command(
     and module name; the device defaults to cpu, whose Inductor backend plans without a GPU.
     """
     if "inductor" in compile_ or emulate:
-        if keep_fp32 or move_ops or tables or ctx.meta.get("ampgraph.recipes"):
+        if keep_fp32 or move_ops or tables or recipes_given():
             raise click.UsageError("--compile compares eager and compiled: without --keep-fp32, "
                                    "--move-op, --tables or --recipe")  # fmt: skip
         if fmt == "markdown":
@@ -279,25 +280,25 @@ def diff_command(
     if given is not None:
         if sources:
             raise click.UsageError(
-                f"give the model as A B or with {ctx.meta['ampgraph.model_given'][0]}, not both"
+                f"give the model as A B or with {models_given()[0]}, not both"
             )
         sources = (given,)
     # Each side's recipe is read here, not by resolve_settings (which would give both to each).
-    recipes: tuple[str, ...] = tuple(ctx.meta.pop("ampgraph.recipes", None) or ())
+    recipes = recipes_given()
     if recipes and settings:
         raise click.UsageError("give --setting or --recipe, not both (a recipe is a setting)")
     from ampgraph.cli.fp8_settings import fp8_diff, is_fp8_recipe
 
     if any(is_fp8_recipe(r) for r in recipes):  # two FP8 graphs, not two settings' reports
         fp8_diff(ctx, sources, recipes, seq_len, fmt)
-    tracer = ctx.meta.get("ampgraph.tracer") or DEFAULT_TRACER
+    tracer = ctx.params.get("tracer") or DEFAULT_TRACER
     sources = tuple(s if isinstance(s, ModelSpec) else ModelSpec(s, tracer=tracer) for s in sources)
-    request = AnalysisRequest(seq_len=seq_len, check=False, force=forced(),
-                              timeout=timeout_seconds())  # fmt: skip
+    request = command_request(seq_len=seq_len, check=False)  # each side's model and setting below
     if keep_fp32 or move_ops:
         spec, setting = _whatif_side(sources, settings, devices, amp_dtypes, tables, recipes,
                                      keep_fp32)  # fmt: skip
-        result, b = compare_change(spec, setting, request, keep=keep_fp32, moves=move_ops)
+        one = replace(request, model=spec, settings=(setting,))
+        result, b = compare_change(one, keep=keep_fp32, moves=move_ops)
         click.echo(_shown(fmt, FORMATS[fmt](result)))
         if b.check is not None and b.disagreements:
             n = len(b.disagreements)
@@ -374,7 +375,7 @@ def _side_setting(
         return parsed.setting
     name = str(pairs["--setting"][side] or base.get("name") or "amp-fp32")
     amp = str(pairs["--amp-dtype"][side] or base.get("amp_dtype") or "bf16")
-    return resolve_settings([name], device, amp)[0]
+    return resolve_settings([name], device, amp, recipes=())[0]
 
 
 def _whatif_side(
@@ -402,6 +403,7 @@ def _whatif_side(
         [settings[0] if settings else "amp-fp32"],
         devices[0] if devices else "cuda",
         amp_dtypes[0] if amp_dtypes else "bf16",
+        recipes=(),
     )[0]
     if not setting.autocast:
         change = "to disable" if patterns else "whose lists to change"

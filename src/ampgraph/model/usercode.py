@@ -149,7 +149,10 @@ class ModelExited(AnalysisError):
 #: (multiprocessing ends each with it) and ampgraph's own (workers.run_in_fork, cli.exit_now).
 _OWN_EXITS = ("multiprocessing.", "concurrent.", "ampgraph.")
 _real_exit = os._exit
-_refusing = 0  # how many exit_refused blocks are open (inherited by forked children)
+#: How many :func:`exit_refused` blocks are open in any thread (forked children inherit it), so
+#: that ``os._exit`` is the replacement exactly while one is, whatever order threads leave in.
+_OPEN = [0]
+_LOCK = threading.Lock()
 
 
 def _refusing_exit(code: int) -> NoReturn:
@@ -157,7 +160,7 @@ def _refusing_exit(code: int) -> NoReturn:
     model's code calls it, ends the process when one of :data:`_OWN_EXITS` does."""
     frame: FrameType | None = sys._getframe(1)
     caller = frame.f_globals.get("__name__", "") if frame is not None else ""
-    if not _refusing or str(caller).startswith(_OWN_EXITS):
+    if not _OPEN[0] or str(caller).startswith(_OWN_EXITS):  # a reference kept past the block
         _real_exit(code)
     where = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
     raise ModelExited(
@@ -180,15 +183,16 @@ def exit_refused() -> Iterator[None]:
     an analysis process or worker that ends so is an error in its parent instead
     (:func:`ampgraph.pipeline.workers.run_in_fork`, the timeout of :func:`deadline`).
     """
-    global _refusing
-    _refusing += 1
-    os._exit = _refusing_exit
+    with _LOCK:
+        _OPEN[0] += 1
+        os._exit = _refusing_exit
     try:
         yield
     finally:
-        _refusing -= 1
-        if not _refusing:
-            os._exit = _real_exit
+        with _LOCK:
+            _OPEN[0] -= 1
+            if not _OPEN[0]:
+                os._exit = _real_exit
 
 
 # -- the deadline -----------------------------------------------------------------------------

@@ -98,9 +98,9 @@ class AnalysisRequest:
         :func:`ampgraph.capture.environment.analysis_environment`).
 
         >>> AnalysisRequest("opt-125m", ("amp-fp32",), sources=True).environment()
-        AnalysisEnvironment(stack_traces=True)
+        AnalysisEnvironment(stack_traces=True, tables=None)
         """
-        return AnalysisEnvironment(stack_traces=self.sources)
+        return AnalysisEnvironment(stack_traces=self.sources, tables=self.tables)
 
     @property
     def training(self) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampgraph.capture.environment import analysis_environment, in_analysis_environment
+from ampgraph.capture.environment import analysis_environment, in_analysis_environment, tables_of
 from ampgraph import policy as P
 from ampgraph.annotate import cpu_backend
 from ampgraph.annotate.annotator import annotate
@@ -60,26 +60,6 @@ def versions() -> dict[str, str]:
             transformers = None
     out["transformers"] = str(getattr(transformers, "__version__", "not installed"))
     return out
-
-
-def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
-    """Annotate with the policy tables of torch ``release`` while it lasts (``"2.11"``; None or
-    the installed torch's release: its own). :class:`~ampgraph.errors.SettingError` for a
-    release the history does not reach.
-
-    >>> from ampgraph.policy import lookup
-    >>> with tables_of("2.11"):
-    ...     lookup("cuda", "aten::rms_norm", "")
-    """
-    if release is None:
-        return contextlib.nullcontext()
-    try:
-        name = P.release_name(release)
-    except ValueError as exc:
-        raise SettingError(str(exc)) from None
-    if name == P.ACTIVE_RELEASE:
-        return contextlib.nullcontext()
-    return P.tables_in_use(P.tables_for(name), name)
 
 
 def _other_tables() -> str | None:
@@ -341,7 +321,7 @@ def analyze_group(
 def analyze_model(model: ModelInputs, request: AnalysisRequest) -> list[Report]:
     """The reports of ``model`` (traced already, :func:`trace`) in each of the request's
     settings, in order: what :func:`analyze_group` does once it has its request."""
-    with tables_of(request.tables), analysis_environment(request.environment()):
+    with analysis_environment(request.environment()):  # its tables, its stack traces
         return _analyze_sharing(model, request)
 
 
@@ -470,9 +450,16 @@ def trace(model: ModelInputs, tracer: str | None = None) -> ModelInputs:
     return apply_tracer(model, tracer)
 
 
-# The model the forked workers analyse: set before the pool forks, inherited by the children,
-# so nothing large is pickled.
-_WORKER_MODEL: ModelInputs | None = None
+#: In a forked worker only (never in the process that runs the analysis): the model it
+#: analyses, handed to :func:`_start_worker` by the pool's fork, so nothing large is pickled.
+_IN_WORKER: dict[str, ModelInputs] = {}
+
+
+def _start_worker(parent: int, model: ModelInputs) -> None:
+    """A pool worker's start: it dies with ``parent``, and keeps ``model`` for its jobs. The
+    pool forks, so ``model`` reaches the child as the parent's memory, not pickled."""
+    die_with_parent(parent)
+    _IN_WORKER["model"] = model
 
 
 @in_analysis_environment
@@ -481,9 +468,8 @@ def _analyze_in_worker(job: tuple[list[int], AnalysisRequest]) -> list[tuple[int
 
     torch.set_num_threads(1)  # the workers already use every core between them
     indices, request = job
-    assert _WORKER_MODEL is not None
     try:
-        reports = analyze_model(_WORKER_MODEL, request)
+        reports = analyze_model(_IN_WORKER["model"], request)
     except (SystemExit, KeyboardInterrupt) as exc:  # the model's: it would end the worker and
         from ampgraph.model.usercode import exit_error  # lose the task, which the pool awaits
 
@@ -571,17 +557,12 @@ def analyze_in_workers(
             for i, report in zip(job, analyze_model(model, share), strict=True):
                 done(i, report)
         return [r for r in results if r is not None]
-    global _WORKER_MODEL
-    _WORKER_MODEL = model
-    try:
-        import os
+    import os
 
-        with mp.get_context("fork").Pool(
-            workers, initializer=die_with_parent, initargs=(os.getpid(),)
-        ) as pool:
-            for finished in pool.imap_unordered(_analyze_in_worker, jobs):
-                for index, report in finished:
-                    done(index, report)
-    finally:
-        _WORKER_MODEL = None
+    with mp.get_context("fork").Pool(
+        workers, initializer=_start_worker, initargs=(os.getpid(), model)
+    ) as pool:
+        for finished in pool.imap_unordered(_analyze_in_worker, jobs):
+            for index, report in finished:
+                done(index, report)
     return [r for r in results if r is not None]

@@ -26,9 +26,11 @@ True
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import itertools
 from collections.abc import Iterator, Mapping
 from importlib import metadata
-from typing import Final
+from typing import Final, NamedTuple
 
 from ampgraph.policy.categories import (
     BANNED,
@@ -380,14 +382,25 @@ def _index(
     return index
 
 
-#: The lists :func:`lookup` reads: the installed torch's, unless :func:`tables_in_use` says else.
-_INDEX: dict[tuple[str, str], str | None] = _index()
-_RELEASE_IN_USE: str = ACTIVE_RELEASE
-#: Which tables :data:`_INDEX` holds, as a number no other tables ever had in this process (a
-#: cache key in :mod:`ampgraph.annotate.composite`): unlike ``id(_INDEX)``, it needs no index kept
-#: alive after use, so repeated what-ifs do not keep every table they read.
-_GENERATION = [0]
-_TABLES_KEY = 0
+class _InUse(NamedTuple):
+    """The tables :func:`lookup` reads, indexed; the release reports record; and a number no
+    other tables ever had in this process (a cache key in :mod:`ampgraph.annotate.composite`):
+    unlike ``id(index)``, it needs no index kept alive after use, so repeated what-ifs do not
+    keep every table they read."""
+
+    index: dict[tuple[str, str], str | None]
+    release: str
+    key: int
+
+
+#: The tables the analysis running in this thread (or asyncio task) reads: the installed
+#: torch's, unless :func:`tables_in_use` says else. A context variable, not a module global an
+#: analysis rebinds: analyses in two threads each read their own, and nothing outlives the block.
+_IN_USE: contextvars.ContextVar[_InUse] = contextvars.ContextVar(
+    "ampgraph_policy_tables", default=_InUse(_index(), ACTIVE_RELEASE, 0)
+)
+#: Where the numbers of :attr:`_InUse.key` come from (``next`` is atomic under the GIL).
+_KEYS = itertools.count(1)
 
 
 def tables_key() -> int:
@@ -400,7 +413,7 @@ def tables_key() -> int:
     >>> tables_key() == before
     True
     """
-    return _TABLES_KEY
+    return _IN_USE.get().key
 
 
 def release_in_use() -> str:
@@ -409,7 +422,7 @@ def release_in_use() -> str:
     >>> release_in_use() == ACTIVE_RELEASE
     True
     """
-    return _RELEASE_IN_USE
+    return _IN_USE.get().release
 
 
 @contextlib.contextmanager
@@ -426,14 +439,11 @@ def tables_in_use(tables: Tables, release: str) -> Iterator[None]:
     >>> lookup("cuda", "aten::rms_norm", "")
     'fp32'
     """
-    global _INDEX, _RELEASE_IN_USE, _TABLES_KEY
-    previous = _INDEX, _RELEASE_IN_USE, _TABLES_KEY
-    _GENERATION[0] += 1
-    _INDEX, _RELEASE_IN_USE, _TABLES_KEY = _index(tables, ACTIVE_TABLES), release, _GENERATION[0]
+    token = _IN_USE.set(_InUse(_index(tables, ACTIVE_TABLES), release, next(_KEYS)))
     try:
         yield
     finally:
-        _INDEX, _RELEASE_IN_USE, _TABLES_KEY = previous
+        _IN_USE.reset(token)
 
 
 def current_tables() -> dict[str, dict[str, tuple[str, ...]]]:
@@ -443,7 +453,7 @@ def current_tables() -> dict[str, dict[str, tuple[str, ...]]]:
     True
     """
     out: dict[str, dict[str, list[str]]] = {}
-    for (device_type, entry), category in _INDEX.items():
+    for (device_type, entry), category in _IN_USE.get().index.items():
         if category is not None:
             out.setdefault(device_type, {}).setdefault(category, []).append(entry)
     return {d: {c: tuple(e) for c, e in table.items()} for d, table in out.items()}
@@ -499,11 +509,12 @@ def lookup(device_type: str, schema_name: str, overload: str) -> str | None:
     """
     if not schema_name.startswith("aten::"):
         name = f"{schema_name}.{overload}" if overload and overload != "default" else schema_name
-        if (device_type, name) in _INDEX:
-            return _INDEX[(device_type, name)]
+        index = _IN_USE.get().index
+        if (device_type, name) in index:
+            return index[(device_type, name)]
         rule = library_rule(device_type, name)
         return rule.category if rule is not None else None
-    return _INDEX.get((device_type, entry_name(schema_name, overload)))
+    return _IN_USE.get().index.get((device_type, entry_name(schema_name, overload)))
 
 
 def decided(device_type: str, schema_name: str, overload: str) -> bool:
@@ -518,7 +529,7 @@ def decided(device_type: str, schema_name: str, overload: str) -> bool:
         if schema_name.startswith("aten::")
         else (f"{schema_name}.{overload}" if overload and overload != "default" else schema_name)
     )
-    return (device_type, name) in _INDEX
+    return (device_type, name) in _IN_USE.get().index
 
 
 def autocast_kernels(device_type: str) -> dict[str, str]:
@@ -538,6 +549,7 @@ def autocast_kernels(device_type: str) -> dict[str, str]:
     if key is None:
         return {}
     out: dict[str, str] = {}
+    index = _IN_USE.get().index
     entries = registered_entries(device_type) if device_type in ACTIVE_TABLES else set()
     for name in sorted(torch._C._dispatch_get_all_op_names()):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
@@ -545,7 +557,7 @@ def autocast_kernels(device_type: str) -> dict[str, str]:
         base, _, overload = name.partition(".")
         if base.startswith("aten::"):
             entry = entry_name(base, overload)
-            out[name] = _INDEX.get((device_type, entry), OPAQUE) if entry in entries else OPAQUE
+            out[name] = index.get((device_type, entry), OPAQUE) if entry in entries else OPAQUE
         else:
             rule = library_rule(device_type, name)
             out[name] = rule.category if rule is not None else OPAQUE

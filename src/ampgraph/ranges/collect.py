@@ -28,7 +28,7 @@ from ampgraph.annotate.replay import Failed, FakeReplay, op_name
 from ampgraph.capture.regions import REGION_OPS, region_args
 from ampgraph.capture.trace import Capture
 from ampgraph.ranges.data import NodeRange, ValueRange
-from ampgraph.ranges.stream import Lazy
+from ampgraph.ranges.stream import Lazy, return_freed_memory
 from ampgraph.settings import Setting
 from ampgraph.torchutil import autocast_state, dtype_name
 
@@ -238,7 +238,10 @@ class RangeRun(FakeReplay):
                     self._record(n, handle.load(), lazy=True)
 
     def run_node(self, n: fx.Node) -> Any:
+        read_weights = any(isinstance(self.env.get(a), Lazy) for a in n.all_input_nodes)
         value = super().run_node(n)
+        if read_weights:  # the weights made for it are freed now: their pages go back
+            return_freed_memory()
         if n.op == "placeholder" and isinstance(value, Lazy):
             self.lazy[n.name] = value  # recorded where a node first reads it
             return value

@@ -46,9 +46,6 @@ from ampgraph.verify.device import weight_bytes
 from ampgraph.verify.tensors import RANDOM_POOL, random_like
 
 
-#: glibc's ``mallopt`` parameter for the size above which a block is mapped on its own.
-M_MMAP_THRESHOLD = -3
-
 
 class Lazy:
     """A weight not in memory: :meth:`load` makes it (read from its shard, or seeded), anew
@@ -91,14 +88,25 @@ def meta_parameters() -> Iterator[None]:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
-def _return_freed_memory() -> None:
-    """Have glibc's malloc map each large block on its own and unmap it when freed (a fixed
-    ``M_MMAP_THRESHOLD``), from now on in this process. By default the threshold rises to the
-    largest block freed so far (up to 32 MB), and weights freed one after another then stay in
-    malloc's heap: a weight at a time would hold what the largest weights took together, as a
-    limit on the process's data (``ulimit -d``) counts it."""
+def return_freed_memory() -> None:
+    """Give the pages of the weights just dropped back to the system (glibc's ``malloc_trim``;
+    nothing elsewhere): called after each node that read a weight made for it.
+
+    glibc maps a block above its ``M_MMAP_THRESHOLD`` on its own and unmaps it when freed, but
+    the threshold rises to the largest block freed so far (up to 32 MB), and weights freed one
+    after another then stay in malloc's heap, a weight at a time holding what the largest ones
+    took together. Fixing the threshold (``mallopt``) would change the allocator of the whole
+    process for good: glibc has no way back to its rising threshold once it is set. Trimming
+    changes nothing that lasts: it returns the free pages of the heap, and is done.
+
+    >>> return_freed_memory()
+    """
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)  # glibc's own starting value
+        _LIBC.malloc_trim(0)
+
+
+#: The C library (glibc's ``malloc_trim``; on another C library the trim is skipped).
+_LIBC = ctypes.CDLL(None)
 
 
 def _seeded(shape: torch.Size, dtype: torch.dtype, how: str, state: torch.Tensor | None
@@ -155,7 +163,6 @@ def stream_state(
     >>> said                                                         # doctest: +ELLIPSIS
     '1 tensor from 1 safetensors file; seeded (seed 0): ...; read one weight at a time'
     """
-    _return_freed_memory()
     with meta_parameters():
         real = build_real(module)
     built = made_buffers(module, real)
@@ -212,4 +219,7 @@ def can_stream(folder: Path | None) -> bool:
     )
 
 
-__all__ = ["Lazy", "can_stream", "meta_parameters", "should_stream", "stream_state"]
+__all__ = [
+    "Lazy", "can_stream", "meta_parameters", "return_freed_memory", "should_stream",
+    "stream_state",
+]

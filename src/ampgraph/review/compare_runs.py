@@ -133,17 +133,21 @@ def compare_sides(
 
 
 def compare_change(
-    spec: str, setting: Setting, request: AnalysisRequest, *, keep: Sequence[str] = (),
-    moves: Sequence[str] = (),
-) -> tuple[ReportDiff, Report]:  # fmt: skip
-    """``diff --keep-fp32`` / ``--move-op``: ``spec`` in ``setting`` as it is (A) and with the
-    change (B, :func:`ampgraph.review.whatif.preview`), their diff with the notes of what B's
-    findings and check say, and B. The model's code runs in a process group that is killed
-    after ``request.timeout``; never cached: the preview is the point, and a change is no
+    request: AnalysisRequest, *, keep: Sequence[str] = (), moves: Sequence[str] = ()
+) -> tuple[ReportDiff, Report]:
+    """``diff --keep-fp32`` / ``--move-op``: the request's model in its one setting as it is (A)
+    and with the change (B, :func:`ampgraph.review.whatif.preview`), their diff with the notes of
+    what B's findings and check say, and B. The model's code runs in a process group that is
+    killed after ``request.timeout``; never cached: the preview is the point, and a change is no
     model identity."""
+    from ampgraph.errors import ArgumentError
     from ampgraph.model.usercode import model_code, overdue_message
     from ampgraph.pipeline.workers import isolated
     from ampgraph.review.whatif import checked_note, findings_note, preview
+
+    if request.model is None or len(request.settings) != 1:
+        raise ArgumentError("a what-if previews one model spec in one setting")
+    spec, setting = request.model, request.settings[0]
 
     def both() -> tuple[Report, Report]:
         with model_code():  # the model's code is built and traced here
