@@ -529,7 +529,7 @@ class StrictDtypeMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if no_device_kernel(self.device_type, func):
-            raise RuntimeError(dispatcher_refusal(func, args, kwargs))
+            raise RuntimeError(dispatcher_refusal(func, self.device_type))
         check = STRICT_CHECKS.get((self.device_type, func))
         if check is not None:
             # The few checks of keyword-only arguments find them last, as a dict.
