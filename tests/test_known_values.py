@@ -105,3 +105,25 @@ def test_encodec_from_a_tiny_config() -> None:
     result = verify(model, Setting.parse("amp-fp32", device_type="cpu"))
     assert result.ok, result.disagreements
 
+
+class TwoPads(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pad(self.fc(x), (2, 2), mode=self.mode)
+
+
+def test_a_composite_op_is_remembered_with_its_arguments() -> None:
+    """``aten.pad`` decomposes by its mode: "constant" has no autocast policy inside, "reflect"
+    is ``reflection_pad1d``, fp32 in the CPU's autocast. What the annotation remembered of the
+    first (no policy inside) was used for the second: a cast the real run makes went missing
+    (EnCodec's reflect padding, after another model's constant one)."""
+    torch.manual_seed(0)
+    setting = Setting.parse("amp-fp32", device_type="cpu")
+    for mode in ("constant", "reflect"):
+        model = ModelInputs(f"pad-{mode}", TwoPads(mode).eval(), (torch.randn(2, 3, 6),))
+        result = verify(model, setting)
+        assert result.ok, result.disagreements
