@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph import analyze
 from ampgraph.annotate.device_kernels import (
@@ -24,6 +25,8 @@ from ampgraph.annotate.device_kernels import (
     coverage_tables,
     cuda_batch_norm_elementwise,
     cuda_group_norm,
+    dispatcher_refusal,
+    no_device_kernel,
 )
 from ampgraph.annotate.replay import fake_mode
 from ampgraph.annotate.strict import StrictDtypeMode
@@ -350,3 +353,29 @@ def test_torchvision_autocast_wrappers_return_the_inputs_dtype(op: str) -> None:
     node = next(r for r in report.nodes if r.op.startswith(f"torchvision.{op}"))
     assert node.policy == "fp32_output_as_input"
     assert node.outputs == real
+
+
+class _Dispatched(TorchDispatchMode):
+    """Every op that reaches the dispatcher while it lasts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_dispatchers_refusal_is_built_from_its_table_without_running_the_op() -> None:
+    """``aten::mm.dtype`` has no CPU kernel: the message is the real dispatcher's, word for word,
+    and building it dispatches nothing (a call to get it crashed the process once)."""
+    mm_dtype = torch.ops.aten.mm.dtype
+    assert no_device_kernel("cpu", mm_dtype)
+    with _Dispatched() as dispatched:
+        built = dispatcher_refusal(mm_dtype, "cpu")
+    assert dispatched.ops == []
+    one = torch.zeros(1, 1, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError) as real:  # NotImplementedError where torch says so
+        mm_dtype(one, one, torch.float32)
+    assert built == str(real.value)

@@ -52,6 +52,34 @@ def test_fake_grouped_mm_types_as_the_real_kernel(
         assert (fake.dtype, fake.shape) == (real.dtype, real.shape)
 
 
+@pytest.mark.parametrize("width", [3, 4, 6, 8, 12])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_fake_grouped_mm_counts_strides_in_the_operands_own_bytes(
+    width: int, dtype: torch.dtype, device: str
+) -> None:
+    """The 16-byte rule on an expert's input row (transformers' tiny MoE widths): an fp32 row of
+    12 is 48 bytes and runs for real; checked on bf16 stand-ins it was refused, and every MoE
+    type of the zoo lost its graph once the capture took ``F.grouped_mm`` as a real run does."""
+    a = torch.randn(6, width).to(dtype)
+    b = torch.randn(2, width, 8).to(dtype).transpose(-1, -2).contiguous().transpose(-1, -2)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    try:
+        real: torch.Tensor | None = torch._grouped_mm(a, b, offs=offs)
+    except RuntimeError:
+        real = None
+    with fake_mode():
+        try:
+            fake: torch.Tensor | None = torch._grouped_mm(
+                a.to(device), b.to(device), offs=offs.to(device)
+            )
+        except RuntimeError:
+            fake = None
+    assert (real is None) == (fake is None)
+    if real is not None and fake is not None:
+        assert (fake.dtype, fake.shape) == (real.dtype, real.shape)
+
+
 def test_the_replacement_is_registered_for_every_op_it_lists() -> None:
     for name in meta_kernels.REPLACED:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")

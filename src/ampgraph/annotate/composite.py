@@ -98,6 +98,9 @@ class Decomposed:
         key = (
             self.op,
             tuple((t.dtype, device_type_of(t)) for t in tensors),
+            # The other arguments choose the decomposition: F.pad's "constant" mode has no
+            # policy inside, its "reflect" mode is reflection_pad1d, fp32 in CPU autocast.
+            tuple(repr(leaf) for i, leaf in enumerate(leaves) if i not in set(where)),
             tuple(sorted(self.annotator.state.states.items())),
             P.tables_key(),  # the tables in use (tests swap in deliberately wrong ones)
         )

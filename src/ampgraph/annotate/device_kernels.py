@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
 
 from ampgraph.annotate.kernel_dtypes import _NAMES, _read_as
 from ampgraph.compat import torch_minor
@@ -399,24 +398,38 @@ def no_device_kernel(device_type: str, func: Any) -> bool:
     return not torch._C._dispatch_has_computed_kernel_for_dispatch_key(func.name(), key)
 
 
-def dispatcher_refusal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> str:
-    """The real dispatcher's own message for a call with no kernel (``Could not run
-    'aten::mm.dtype' with arguments from the 'CPU' backend. ...``): the call made again on
-    one-element real tensors of the same dtypes, which the dispatcher refuses before any kernel
-    runs. Only the CPU comes here (the CUDA build has every CUDA kernel). One element, not none:
-    for one of the fake-kernel survey's ops a call on zero-size tensors died of a floating point
-    exception, taking the process with it."""
+#: The dispatcher's refusal of a call no kernel takes, word for word as ``OperatorEntry::
+#: reportError`` (``aten/src/ATen/core/dispatch/OperatorEntry.cpp``) writes it: the same text from
+#: torch 1.x to 2.14, around the two lists the registration table gives.
+_REFUSAL = (
+    "Could not run '{name}' with arguments from the '{key}' backend. This could be because the "
+    "operator doesn't exist for this backend, or was omitted during the selective/custom build "
+    "process (if using custom build). If you are a Facebook employee using PyTorch on mobile, "
+    "please visit https://fburl.com/ptmfixes for possible resolutions. '{name}' is only "
+    "available for these backends: [{keys}].\n\n{table}"
+)
 
-    def empty(t: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((1,) * t.dim(), dtype=t.dtype)
 
-    with _disable_current_modes():  # real tensors, not fake ones
-        real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, empty, (args, kwargs or {}))
-        try:
-            func(*real_args, **real_kwargs)
-        except Exception as exc:  # noqa: BLE001 - the refusal is the point
-            return str(exc)
-    return f"Could not run '{func.name()}' with arguments from the device's backend."
+def dispatcher_refusal(func: Any, device_type: str) -> str:
+    """The real dispatcher's own message for a call of ``func`` on ``device_type``, which has no
+    kernel for it (:func:`no_device_kernel`), built from the operator's computed dispatch table
+    (``torch._C._dispatch_dump_table``: every key with a kernel, and where it was registered) as
+    the dispatcher builds it, without running the op: a call made to get the message ran real
+    kernels on made-up tensors, and one of the fake-kernel survey's ops died of a floating point
+    exception on zero-size ones, taking the process with it.
+
+    >>> refusal = dispatcher_refusal(torch.ops.aten.mm.dtype, "cpu")
+    >>> print(refusal.split(" This")[0])
+    Could not run 'aten::mm.dtype' with arguments from the 'CPU' backend.
+    >>> "CUDA: registered at " in refusal
+    True
+    """
+    name = func.name()
+    table = torch._C._dispatch_dump_table(name)
+    # listAllDispatchKeys(): the keys of the computed table, in its order.
+    keys = [line.split(":", 1)[0] for line in table.splitlines() if ":" in line]
+    key = _BACKEND_KEYS.get(device_type, device_type.upper())
+    return _REFUSAL.format(name=name, key=key, keys=", ".join(keys), table=table)
 
 
 __all__ = [

@@ -535,7 +535,7 @@ class StrictDtypeMode(TorchDispatchMode):
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **(kwargs or {}))
         if no_device_kernel(self.device_type, func):
-            raise RuntimeError(dispatcher_refusal(func, args, kwargs))
+            raise RuntimeError(dispatcher_refusal(func, self.device_type))
         check = STRICT_CHECKS.get((self.device_type, func))
         if check is not None:
             # The few checks of keyword-only arguments find them last, as a dict.

@@ -28,6 +28,7 @@ from ampgraph.capture.engines import (
     _no_stack_traces,
     _plain_forward,
 )
+from ampgraph.capture.known_values import follows
 from ampgraph.compat import (
     soft_pending_unbacked,
     unbacked_value_setter,
@@ -127,7 +128,9 @@ def draft_values(
 ) -> tuple[tuple[Any, ...], dict[str, Any], dict[int, torch.Tensor]]:
     """The values a draft run (:func:`_draft_export`) runs ``model`` on: its inputs (meta ones
     made up), and by ``id`` each parameter and buffer's fp32 value (buffers' absolute), seeded,
-    in the run's order; verify runs on them too, so that its sizes are the capture's.
+    in the run's order, except the small integer buffers a capture follows on their own values
+    (:func:`ampgraph.capture.known_values.follows`); verify runs on them too, so that its sizes
+    are the capture's.
 
     >>> len(draft_values(ModelInputs("lin", nn.Linear(2, 2), (torch.ones(1, 2),)))[2])
     2"""
@@ -141,6 +144,9 @@ def draft_values(
     for mod in model.module.modules():  # swapped_tensors' order
         for tensor in (*mod._parameters.values(), *mod._buffers.values()):
             if tensor is None or id(tensor) in made:
+                continue
+            if follows(tensor):  # a size a real run computes from (EnCodec's kernel size)
+                made[id(tensor)] = tensor.detach().clone()
                 continue
             real = _real_like(tensor, generator)
             if real.is_floating_point() and not isinstance(tensor, nn.Parameter):

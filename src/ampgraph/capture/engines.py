@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from ampgraph.capture.environment import current
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.disabled import marking_disabled_regions
+from ampgraph.capture.known_values import KnownValues, remembering
 from ampgraph.capture.raises import model_call
 from ampgraph.capture.reads import TraceReads
 from ampgraph.compat import (
@@ -184,8 +185,10 @@ def _tracing_context(
         if setting is not None and setting.autocast
         else contextlib.nullcontext()
     )
+    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     with (
-        swapped_tensors(model.module, make_param),
+        swapped_tensors(model.module, remembering(make_param, known)),
+        KnownValues(known),  # sizes the model keeps in integer buffers, as a real run has them
         autocast,
         simulated_cuda_amp(setting.device_type if setting is not None else device),
         warnings.catch_warnings(),

@@ -82,9 +82,47 @@ def _grouped_mm(
             "expected m1 and m2 to have the same dtype, but got: "
             f"{_scalar(mat_a.dtype)} != {_scalar(mat_b.dtype)}"
         )
-    # Shapes, offsets and strides as the meta kernel checks and lays them out, on bf16 stand-ins.
-    out = meta_grouped_mm(mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16), offs, bias, None)
+    # The 16-byte stride rule counts the operands' own element size: an fp32 row of 12 is 48
+    # bytes, which the real CPU kernel takes and a bf16 stand-in's 24 would not be.
+    _check_strides("mat_a", mat_a)
+    _check_strides("mat_b", mat_b)
+    # Shapes and offsets as the meta kernel checks and lays them out, on bf16 stand-ins (its
+    # dtype rule takes bf16 only), laid out as the operands are and aligned.
+    a, b = _aligned_bf16(mat_a), _aligned_bf16(mat_b)
+    out = meta_grouped_mm(a, b, offs, bias, None)
     return torch.empty_strided(out.shape, out.stride(), dtype=mat_a.dtype, device=out.device)
+
+
+def _check_strides(name: str, mat: torch.Tensor) -> None:
+    """torch's 16-byte rule for a ``_grouped_mm`` operand's leading stride (``check_valid_strides``
+    of ``torch/_meta_registrations.py``), in the operand's own element size."""
+    stride, end = mat.stride(), mat.dim() - 1
+    alignment = max(1, 16 // mat.element_size())
+    if stride[end - 1] == 1 and stride[end] >= max(1, mat.shape[end - 1]):
+        dim = end
+    elif stride[end] == 1 and stride[end - 1] >= max(1, mat.shape[end]):
+        dim = end - 1
+    else:
+        raise RuntimeError(
+            f"Invalid strides/sizes, got {stride} for strides and {mat.shape} for sizes."
+        )
+    if stride[dim] % alignment:
+        raise RuntimeError(
+            f"Expected {name} stride along {dim} dim to be multiple of 16 bytes, got {stride[dim]}."
+        )
+
+
+def _aligned_bf16(mat: torch.Tensor) -> torch.Tensor:
+    """A bf16 tensor of ``mat``'s shape, its last two dimensions in ``mat``'s order, each
+    matrix's leading stride rounded up to 8 elements (16 bytes)."""
+    transposed = mat.dim() >= 2 and mat.stride(-1) != 1
+    shape = list(mat.shape)
+    if transposed:
+        shape[-1], shape[-2] = shape[-2], shape[-1]
+    rows, cols = shape[-2], shape[-1]
+    padded = torch.empty((*shape[:-1], -(-max(cols, 1) // 8) * 8), dtype=torch.bfloat16,
+                         device=mat.device)[..., :cols]  # fmt: skip
+    return padded.transpose(-1, -2) if transposed else padded
 
 
 def _retyped(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -260,22 +260,54 @@ def on_a_real_run() -> bool:
 
 
 def model_call(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """The traced forward's call of the model: on a real run's path under :func:`as_a_real_run`,
-    and returning where the forward stopped at a Python-level raise
-    (:func:`stopping_at_raise`)."""
-    if not _REAL_RUN.get() or not hasattr(torch.compiler, "_is_exporting_flag"):
+    """The traced forward's call of the model, with ``torch.compiler``'s answers as a real run
+    gives them (:func:`as_eager_runs`), and returning where the forward stopped at a
+    Python-level raise (:func:`stopping_at_raise`)."""
+    with as_eager_runs():
         return returning_at_stop(call, *args, **kwargs)
-    flags = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
-    torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = False
+
+
+@contextlib.contextmanager
+def as_eager_runs() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` false while the model's own code runs, as in an eager
+    run; ``is_exporting()`` as the capture's engine set it, except under :func:`as_a_real_run`.
+
+    Model code asks ``is_compiling()`` (transformers' ``is_torchdynamo_compiling()``,
+    ``torch._dynamo.external_utils.is_compiling()`` and ``torch._utils.is_compiling()`` all read
+    the same flag) to take paths meant for ``torch.compile`` only: transformers' MoE experts call
+    a loop of ``mm`` instead of ``F.grouped_mm`` for non-bf16 weights, BART leaves an absent
+    attention mask absent instead of building one. export and make-fx set the flag, so a capture
+    took those paths and the real run did not: a silent wrong answer (issue 42). The line is
+    here: torch's tracing machinery reads ``is_exporting()`` (fake tensors, functionalization,
+    symbolic shapes, ``cond``), never ``is_compiling()`` on the way of a traced forward, so
+    export's own flag stays; model code that asks ``is_exporting()`` to avoid reading data keeps
+    export's path, as :mod:`ampgraph.verify.training` runs it (where that path raises, the capture
+    follows a real run's, :func:`as_a_real_run`). A forward that then branches on data is
+    followed on real values (:mod:`ampgraph.capture.data_path`), as a real run follows it.
+
+    >>> from torch._export.utils import _compiling_state_context  # what export enters
+    >>> with _compiling_state_context(), as_eager_runs():
+    ...     torch.compiler.is_compiling(), torch.compiler.is_exporting()
+    (False, True)
+    """
+    compiler = torch.compiler
+    if not hasattr(compiler, "_is_exporting_flag"):  # torch without the flags: nothing to set
+        yield
+        return
+    flags = compiler._is_compiling_flag, compiler._is_exporting_flag
+    compiler._is_compiling_flag = False
+    if _REAL_RUN.get():
+        compiler._is_exporting_flag = False
     try:
-        return returning_at_stop(call, *args, **kwargs)
+        yield
     finally:
-        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = flags
+        compiler._is_compiling_flag, compiler._is_exporting_flag = flags
 
 
 __all__ = [
     "Stopped",
     "as_a_real_run",
+    "as_eager_runs",
     "ends_at_a_raise",
     "model_call",
     "module_site",

@@ -38,6 +38,7 @@ from ampgraph.annotate.replay import not_analysable
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
+from ampgraph.capture.known_values import KnownValues, remembering
 from ampgraph.errors import first_line
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
@@ -195,10 +196,12 @@ def eager_hook_lines(
         if setting.autocast
         else contextlib.nullcontext()
     )
+    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     with (
         LeafHooks(module) as hooks,
         cast_outputs(module, setting),  # a recipe's output cast, as the capture traces it
-        swapped_tensors(module, make_param),
+        swapped_tensors(module, remembering(make_param, known)),
+        KnownValues(known),  # sizes kept in integer buffers, as the capture follows them
         silenced("torch._subclasses.fake_tensor"),
         fake,
         # The dtype errors real kernels raise and fake ones skip (strict.STRICT_CHECKS).

@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.capture.draft_export import draft_values
 from ampgraph.capture.grad_params import requires_grad
+from ampgraph.capture.known_values import follows
 from ampgraph.capture.trace import DATA_PATH_METHODS, Capture
 from ampgraph.errors import VerifyError
 from ampgraph.model.build import ModelInputs
@@ -193,6 +194,8 @@ def graph_inputs(
             "pass the same args/kwargs that were traced"
         )
     by_user = dict(zip((p.name for p in user), leaves))
+    # Sizes kept in integer buffers, which the capture followed on their values: the same here.
+    own = {n: t for n, t in model.module.named_buffers(remove_duplicate=False) if follows(t)}
     values: list[Any] = []
     for p in placeholders:
         if p.name in by_user:
@@ -201,6 +204,9 @@ def graph_inputs(
         kind, target = cap.input_kinds.get(p.name, ("parameter", p.name))
         if known is not None and target in known:
             values.append(known[target])
+            continue
+        if kind == "buffer" and target in own:
+            values.append(own[target].detach().to(device))
             continue
         val = p.meta.get("val")
         if not isinstance(val, torch.Tensor):

@@ -14,8 +14,9 @@ compared with the prediction:
    level the joint graph was traced at), in order, with its output dtypes; views and aliases,
    which compute nothing, are left out.
 
-The eager model runs as torch.export ran it while tracing: with ``torch.compiler.is_compiling()``
-and ``is_exporting()`` true. Model code that takes a shortcut only outside export then takes the
+The eager model runs as the capture ran it while tracing: with ``torch.compiler.is_exporting()``
+true and ``is_compiling()`` false (:func:`ampgraph.capture.raises.as_eager_runs`: no path meant
+for ``torch.compile`` only). Model code that takes a shortcut only outside export then takes the
 traced path: transformers drops an all-ones attention mask at run time (a data-dependent branch
 no trace can take) and lets SDPA handle causality and grouped key/value heads itself, which saves
 other tensors. What is verified is the step torch.export captured, run for real.
@@ -86,12 +87,12 @@ class TrainVerifyResult(Verification):
 # -- running the step for real ----------------------------------------------------------------------
 @contextlib.contextmanager
 def as_exported() -> Iterator[None]:
-    """``torch.compiler.is_compiling()`` and ``is_exporting()`` true, as while torch.export traces
-    (torch sets the same two flags; see the module docstring for why)."""
+    """``torch.compiler.is_exporting()`` true and ``is_compiling()`` false, as the capture traces
+    the forward (see the module docstring for why)."""
     from torch import compiler
 
     flags = (compiler._is_compiling_flag, compiler._is_exporting_flag)
-    compiler._is_compiling_flag = compiler._is_exporting_flag = True
+    compiler._is_compiling_flag, compiler._is_exporting_flag = False, True
     try:
         yield
     finally:
