@@ -220,6 +220,10 @@ def _inner_compiles_run_eager() -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(dynamo_config.patch(disable=True))
+        if hasattr(dynamo_config, "error_on_nested_fx_trace"):
+            # With is_compiling() false while the model runs (as in eager, raises.as_eager_runs),
+            # a compiled function called under the tracer would refuse to be traced: inline it.
+            stack.enter_context(dynamo_config.patch(error_on_nested_fx_trace=False))
         flex = sys.modules.get("torch.nn.attention.flex_attention")
         if flex is not None:
             switch = mock.patch.object(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
