@@ -19,12 +19,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "compat", "version"),  # foundation: imports nothing of ampgraph
     ("settings", "torchutil"),  # foundation: what a run is in, torch helpers
     ("report", "arguments"),  # the result as plain data (records, reading, files, summary,
-    # validate); the Python API's arguments, checked once
+    # validate, saved memory, what the backward did); the Python API's arguments, checked once
     ("model",),  # what to analyse: specs, building on meta
     ("policy",),  # autocast's tables as data, read by every stage after it
     ("capture",),  # model -> graph
     ("annotate",),  # graph -> annotated nodes, the dispatcher check
-    ("train",),  # the backward pass, its check, saved-activation memory
+    ("train",),  # the backward pass and its check
     ("compiled",),  # what torch.compile (Inductor) runs: its plan, the generated code
     ("pipeline",),  # one call over the stages above, the cache, workers
     # against real execution (the training step's too): analyses through pipeline; torchao's
