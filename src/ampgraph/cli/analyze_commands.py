@@ -40,7 +40,7 @@ from ampgraph.settings import Setting
     "'Linear,LayerNorm,Embedding'. Default: every leaf module.",
 )
 @format_option(
-    ["text", "json", "markdown"],
+    "table",
     "text: the seed's hook lines; json: the full versioned report; markdown: a table.",
 )
 @no_check_option
@@ -125,7 +125,7 @@ def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
 @model_argument
 @setting_options
 @format_option(
-    ["text", "json", "markdown"],
+    "check",
     "text: a summary line per setting and a line per disagreement; json: each setting's check "
     "and disagreements; markdown: a table for a pull request.",
 )
@@ -198,7 +198,7 @@ def check_command(analysis: AnalysisOptions, fmt: str) -> None:
     help="Folder for the diagrams (created if missing; files in it are replaced atomically).",
 )
 @format_option(
-    ["svg", "png", "pdf", "dot", "html", "explorer"],
+    "diagram",
     "File format; repeat for several. Default: svg. 'dot' (Graphviz source) needs no Graphviz "
     "installed; 'html' is one interactive page for all the settings (offline, pan, zoom, "
     "unfold, search, a node's annotation on a click) and needs no Graphviz either; 'explorer' is "
@@ -330,7 +330,7 @@ def _verification(request: Any, random_seed: int, send: Callable[[tuple[str, Any
     "runs repeat).",
 )
 @format_option(
-    ["text", "json"],
+    "verify",
     "text: a line per setting and per disagreement; json: the record --record writes.",
 )
 @pass_options

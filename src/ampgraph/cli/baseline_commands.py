@@ -138,7 +138,7 @@ def _spec_to_check(
 @click.option("--setting", "-s", "setting", metavar="NAME",
               help="The setting the baseline should be of (default: the baseline's own).")  # fmt: skip
 @recipe_option()
-@format_option(["text", "markdown", "json"], "How to print the diff: as 'ampgraph diff' does.")
+@format_option("baseline-check", "How to print the diff: as 'ampgraph diff' does.")
 @click.option("--update", is_flag=True,
               help="Accept the new flow: rewrite FILE with it (exit 0).")  # fmt: skip
 @click.pass_context

@@ -65,7 +65,7 @@ def _confined_ranges(model: str, settings: list[Any], arguments: dict[str, Any])
     help="Seeded random weights even where a model folder has .safetensors shards.",
 )
 @format_option(
-    ["text", "json", "markdown", "sarif"],
+    "ranges",
     "text: a line per setting and its findings (one screen); json: schema ampgraph.ranges "
     "(docs/schema.md); markdown: tables for a pull request; sarif: SARIF 2.1.0 for code "
     "scanning.",

@@ -41,7 +41,7 @@ from ampgraph.settings import PRESETS, Setting
 @model_argument
 @setting_options
 @format_option(
-    ["text", "json", "markdown", "sarif"],
+    "audit",
     "text: a line per finding and the totals; json: schema ampgraph.review.audit; markdown: a "
     "table for a pull request; sarif: SARIF 2.1.0 for GitHub code scanning.",
 )
@@ -177,7 +177,7 @@ def _shown(fmt: str, text: str) -> str:
 )  # fmt: skip
 @seq_len_option
 @format_option(
-    ["text", "markdown", "json"],
+    "diff",
     "text: a summary and a line per changed node; markdown: a pull-request comment (a summary "
     "table, details collapsed); json: schema ampgraph.review.diff.",
 )
