@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ampgraph.cli.console import progress, progress_done
+from ampgraph.cli.console import progress, progress_done, write_output
 from ampgraph.cli.options import (
     format_option,
     model_argument,
@@ -65,12 +65,6 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
       ampgraph table --pass train -s amp-fp32 --format markdown
       ampgraph table --pass backward --only Linear --backward-in-autocast
     """
-    import json
-
-    from ampgraph.formats.markdown import markdown_table, markdown_train
-    from ampgraph.formats.text import backward_lines, grad_mode_words
-    from ampgraph.report.printed import hook_lines
-
     pass_ = analysis.pass_
     train_options(pass_, analysis.loss, analysis.backward_autocast)  # a usage error first
     classes = [c.strip() for c in only.split(",") if c.strip()] if only else None
@@ -80,28 +74,7 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str) -> None:
     reports = analysed(analysis.request())
     if classes:
         refuse_unknown_classes(classes, reports[0])
-    if fmt == "json":
-        payload: Any = reports[0].to_dict() if len(reports) == 1 else [r.to_dict() for r in reports]
-        click.echo(json.dumps(payload, indent=1))
-        return
-    for i, report in enumerate(reports):
-        if fmt == "markdown":
-            parts = [] if pass_ == "backward" else [markdown_table(report, classes)]
-            if pass_ != "forward":
-                parts.append(markdown_train(report))
-            click.echo(("\n" if i else "") + "\n\n".join(parts))
-            continue
-        if len(reports) > 1:
-            mode = grad_mode_words(report)  # the grad mode traced in, where the report says it
-            click.echo(terminal(f"{'' if i == 0 else chr(10)}# {report.model} "
-                                f"{report.setting['name']}: "
-                                f"{Setting.from_dict(report.setting).title}"
-                                f"{'; ' + mode if mode else ''}"))  # fmt: skip
-        lines = [] if pass_ == "backward" else hook_lines(report, classes)
-        if pass_ != "forward":
-            lines += backward_lines(report, classes)
-        for line in lines:
-            click.echo(terminal(line))  # an escape sequence in a module name is shown, not run
+    write_output("table", fmt, reports, classes=classes, pass_=pass_)
 
 
 def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
@@ -149,36 +122,19 @@ def check_command(analysis: AnalysisOptions, fmt: str) -> None:
       ampgraph check gpt2 --amp-dtype fp16
       ampgraph check --pass train --backward-in-autocast
     """
-    from ampgraph.formats.json import check_record
-    from ampgraph.formats.markdown import check_markdown
-    from ampgraph.formats.text import backward_check_lines, check_summary, disagreement_lines
-
-    failed, pass_ = 0, analysis.pass_
+    pass_ = analysis.pass_
     reports = analysed(analysis.request(), warn_unchecked=False)
     for report in reports:
         if report.check is None:
             raise click.ClickException(
                 (report.capture or {}).get("check_unavailable") or "the check did not run"
             )
-        if pass_ != "backward":
-            failed += len(report.disagreements)
-        if report.backward is not None:
-            failed += len(report.backward.disagreements)
-        if fmt != "text":
-            continue
-        if pass_ != "backward":
-            click.echo(check_summary(report))
-            for line in disagreement_lines(report):
-                click.echo(line)
-        if report.backward is not None:
-            for line in backward_check_lines(report):
-                click.echo(line)
-    if fmt == "json":
-        import json
-
-        click.echo(json.dumps([check_record(r) for r in reports], indent=1))
-    elif fmt == "markdown":
-        click.echo(check_markdown(reports))
+    write_output("check", fmt, reports, pass_=pass_)
+    failed = sum(
+        (len(r.disagreements) if pass_ != "backward" else 0)
+        + (len(r.backward.disagreements) if r.backward is not None else 0)
+        for r in reports
+    )
     if failed:
         raise click.ClickException(
             f"{failed} {'node disagrees' if failed == 1 else 'nodes disagree'} with the dispatcher"
@@ -289,7 +245,7 @@ def render(
         reports = load_reports(report_paths)
     else:
         reports = analysed(analysis.request(), meanwhile=load_renderer)
-    from ampgraph.render import render_files
+    from ampgraph.formats.diagrams import render_files
 
     progress(f"laying out {len(reports)} diagram{'s' if len(reports) != 1 else ''} with dot")
     paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold,
@@ -385,27 +341,18 @@ def verify(
             progress(value)
             return
         progress_done()  # the setting's lines come next
-        for result in value if fmt == "text" else ():
-            click.echo(result.summary_line())
-            for line in result.disagreement_lines() + result.note_lines():
-                click.echo(line)
+        write_output("verify-setting", fmt, value)
         results.extend(value)
 
     confine(lambda send: _verification(request, random_seed, send), take, name="verification",
             timeout=request.timeout, counted=lambda item: item[0] == "step",
             expected=len(request.settings))  # fmt: skip
+    written = None
     if record_path is not None:
-        from ampgraph.verify import write_record
+        from ampgraph.formats.outputs import write_verify_record
 
-        written = write_record(results, record_path)
-        if fmt == "text":
-            click.echo(f"record: {written}")
-    if fmt == "json":
-        import json
-
-        from ampgraph.verify import verify_record
-
-        click.echo(json.dumps(verify_record(results), indent=1))
+        written = write_verify_record(results, record_path)
+    write_output("verify", fmt, results, record=written)
     failed = sum(len(r.disagreements) for r in results)
     if failed:
         raise click.ClickException(
