@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ampgraph.cli.console import write_output
 from ampgraph.cli.options import (
     device_option,
     forced,
@@ -32,7 +33,6 @@ from ampgraph.cli.reports import (
     refuse_model_with_reports,
 )
 from ampgraph.pipeline.request import AnalysisRequest
-from ampgraph.report.escape import terminal
 from ampgraph.review.compare_runs import Side, saved_report
 from ampgraph.settings import PRESETS, Setting
 
@@ -83,10 +83,6 @@ def audit(
       ampgraph ranges -s amp-fp32 --amp-dtype fp16 --format json > ranges.json
       ampgraph audit -s amp-fp32 --amp-dtype fp16 --ranges ranges.json
     """
-    from ampgraph.formats.json import audit_json
-    from ampgraph.formats.markdown import audit_markdown
-    from ampgraph.formats.sarif import audit_sarif, model_file
-    from ampgraph.formats.text import audit_text
     from ampgraph.review import audit as audit_lib
 
     if report_paths:
@@ -103,23 +99,7 @@ def audit(
 
         extra = attach(reports, [load_ranges(p) for p in ranges_paths])
         findings = [f + e for f, e in zip(findings, extra, strict=True)]
-    given = findings if ranges_paths else None
-    if fmt == "json":
-        click.echo(audit_json(reports, given))
-    elif fmt == "sarif":
-        click.echo(audit_sarif(reports, findings=given))
-        unplaced = sorted({
-            r.model for r, found in zip(reports, findings, strict=True)
-            if model_file(r.model) is None and any(f.source is None for f in found)
-        })  # fmt: skip
-        if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
-            click.echo(f"warning: {', '.join(unplaced)}: some results have no source line and "
-                       "the model names no file of model code, so they have logical locations "
-                       "only (see docs/audit.md)", err=True)  # fmt: skip
-    else:
-        show = audit_markdown if fmt == "markdown" else audit_text
-        out = "\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True))
-        click.echo(terminal(out))  # control characters in module names shown, never run
+    write_output("audit", fmt, reports, findings=findings)
     if fail_on != "never":
         failing = sum(len(audit_lib.at_or_above(f, fail_on)) for f in findings)
         if failing:
@@ -155,11 +135,6 @@ def _release(value: str | None) -> str | None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--tables'") from None
     return None if release == ACTIVE_RELEASE else release
-
-
-def _shown(fmt: str, text: str) -> str:
-    """A diff as printed: text and Markdown with terminal controls shown (JSON escapes its own)."""
-    return text if fmt == "json" else terminal(text)
 
 
 @click.command(name="diff")
@@ -241,7 +216,6 @@ def diff_command(
     """
     from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
     from ampgraph.review.compare_runs import compare_change, compare_sides
-    from ampgraph.formats import DIFF_FORMATS as FORMATS
 
     given = option_model()
     if given is not None:
@@ -262,7 +236,7 @@ def diff_command(
         spec, setting = _whatif_side(sources, settings, devices, amp_dtypes, tables, recipes,
                                      keep_fp32)  # fmt: skip
         result, b = compare_change(spec, setting, request, keep=keep_fp32, moves=move_ops)
-        click.echo(_shown(fmt, FORMATS[fmt](result)))
+        write_output("diff", fmt, result)
         if b.check is not None and b.disagreements:
             n = len(b.disagreements)
             raise click.ClickException(
@@ -272,7 +246,7 @@ def diff_command(
     else:
         sides = _sides(sources, settings, devices, amp_dtypes, tables, recipes, tracer)
         result = compare_sides(sides, request, analysed)
-        click.echo(_shown(fmt, FORMATS[fmt](result)))
+        write_output("diff", fmt, result)
     if not result.equal:
         ctx.exit(1)
 
