@@ -25,14 +25,6 @@ it is used.
 
 from __future__ import annotations
 
-from ampgraph.formats import diff_text, json, markdown
 from ampgraph.formats.registry import names, text, write
 
-#: ``ampgraph diff``'s and ``baseline check``'s ``--format`` choices.
-DIFF_FORMATS = {
-    "text": diff_text.diff_text,
-    "markdown": markdown.diff_markdown,
-    "json": json.diff_json,
-}
-
-__all__ = ["DIFF_FORMATS", "names", "text", "write"]
+__all__ = ["names", "text", "write"]
