@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ampgraph.cli.console import progress, progress_done
+from ampgraph.cli.console import progress, progress_done, write_output
 from ampgraph.cli.options import (
     forced,
     format_option,
@@ -17,6 +17,7 @@ from ampgraph.cli.options import (
     setting_options,
     timeout_seconds,
 )
+from ampgraph.formats.registry import names
 
 
 def _weights_dir(model: str, random_weights: bool) -> Path | None:
@@ -126,8 +127,9 @@ def ranges_command(
     if loss is not None and pass_ != "train":
         raise click.UsageError("--loss needs --pass train")
     resolved = resolve_settings(settings, device, amp_dtype)
-    if show_diff and (len(resolved) != 2 or fmt not in ("text", "json")):
-        raise click.UsageError("--diff compares two settings (give two -s) in text or json")
+    if show_diff and (len(resolved) != 2 or fmt not in names("ranges-diff")):
+        raise click.UsageError("--diff compares two settings (give two -s) in "
+                               f"{' or '.join(names('ranges-diff'))}")  # fmt: skip
     if overlay_dir is not None:
         from ampgraph.report.writing import check_folder_writable
 
@@ -136,18 +138,7 @@ def ranges_command(
                      weights_dir=_weights_dir(model, random_weights))  # fmt: skip
     result = _confined_ranges(model, resolved, arguments)
     # After the work: the formats read ampgraph.ranges' records, whose package imports torch.
-    from ampgraph.formats.diff_text import ranges_diff_text
-    from ampgraph.formats.json import ranges_diff_json, ranges_json
-    from ampgraph.formats.markdown import ranges_markdown
-    from ampgraph.formats.sarif import ranges_sarif
-    from ampgraph.formats.text import ranges_text
-    if show_diff:
-        view = ranges_diff_text if fmt == "text" else ranges_diff_json
-        click.echo(view(result), nl=fmt == "json")
-    else:
-        render = {"text": ranges_text, "json": ranges_json, "markdown": ranges_markdown,
-                  "sarif": ranges_sarif}[fmt]  # fmt: skip
-        click.echo(render(result), nl=fmt in ("json", "sarif"))
+    write_output("ranges-diff" if show_diff else "ranges", fmt, result)
     if overlay_dir is not None:
         from ampgraph.render.range_overlay import write_overlays, write_page
 
