@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from ampgraph.cli.console import write_output
 from ampgraph.errors import AmpgraphError
+from ampgraph.formats.registry import names
 
-VIEWS = ("table", "diff", "audit", "json")
+VIEWS = names("compiled")
 
 
 @click.command("compiled")
@@ -27,17 +28,11 @@ def compiled(model: str, setting_name: str, amp_dtype: str, emulate_precision_ca
     """Inductor's plan for MODEL in one setting (its C++ backend, on fake tensors, nothing
     compiled): which 16-bit values are stored as eager stores them, which stay in fp32 inside a
     fused kernel, and so which eager roundings the compiled program drops."""
-    from ampgraph.formats import compiled as text
-
     try:
         flow = _plan(model, setting_name, amp_dtype, emulate_precision_casts, seq_len)
     except AmpgraphError as exc:  # one line, exit 1 (click's own)
         raise click.ClickException(str(exc)) from None
-    if view == "json":
-        click.echo(json.dumps(flow.to_dict(), indent=1))
-        return
-    lines = {"table": text.table_lines, "diff": text.diff_lines, "audit": text.audit_lines}[view]
-    click.echo("\n".join(lines(flow)))
+    write_output("compiled", view, flow)
 
 
 def _plan(model: str, setting_name: str, amp_dtype: str, emulate: bool, seq_len: int) -> Any:
