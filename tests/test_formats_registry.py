@@ -116,3 +116,14 @@ def test_write_puts_the_text_on_its_stream_and_the_warning_on_stderr(capsys) -> 
     registry.write("audit", "sarif", [report], out, findings=[[]])
     assert capsys.readouterr().err == ""
 
+
+def test_the_command_line_writes_no_json_of_its_own() -> None:
+    """Output goes through the formats: no module of ampgraph.cli calls json.dumps."""
+    calls = {
+        path.name
+        for path in CLI.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) in ("json.dumps", "dumps", "json.dump")
+    }
+    assert calls == set()
