@@ -25,9 +25,7 @@ from ampgraph.cli.reports import (
     load_reports,
     refuse_model_with_reports,
 )
-from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
-from ampgraph.settings import Setting
 
 
 @click.command()

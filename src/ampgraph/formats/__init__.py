@@ -25,6 +25,9 @@ it is used.
 
 from __future__ import annotations
 
-from ampgraph.formats.registry import names, text, write
+# The registry's functions, as ``formats.write(kind, fmt, result, out)``; documented there, once.
+from ampgraph.formats.registry import names as names
+from ampgraph.formats.registry import text as text
+from ampgraph.formats.registry import write as write
 
-__all__ = ["names", "text", "write"]
+__all__: list[str] = []
