@@ -34,6 +34,11 @@ MODELS = ("opt-125m", "llama-tiny")
 #: ``diff --keep-fp32``'s pattern for each model: its MLP's output projection.
 KEEP = {"opt-125m": "model.decoder.layers.*.fc2", "llama-tiny": "model.layers.*.mlp.down_proj"}
 
+#: The commands whose ``--help`` is compared (their format choices come from the formats).
+HELPED = (("table",), ("check",), ("render",), ("verify",), ("audit",), ("diff",),
+          ("baseline", "check"), ("ranges",), ("compiled",), ("fp8",), ("fp8-ranges",),
+          ("policy",))  # fmt: skip
+
 #: What a run records that differs from one run to the next by design: masked in ``compare``.
 VOLATILE = re.compile(rb'("(?:date|seconds)": )("[^"]*"|[0-9.e+-]+)')
 
@@ -92,6 +97,8 @@ def commands(model: str) -> list[tuple[str, list[str]]]:
             runs.append((f"policy-{fmt}", ["policy", "--format", fmt]))
             runs.append((f"policy-since-{fmt}", ["policy", "--since", "2.8", "--format", fmt]))
         runs.append(("models", ["models"]))
+        for command in HELPED:  # the --format choices as --help shows them
+            runs.append((f"help-{'-'.join(command)}", [*command, "--help"]))
     return runs
 
 
