@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import io
 from pathlib import Path
 
@@ -78,6 +79,27 @@ def test_every_writer_the_registry_names_exists() -> None:
                 module, _, function = target.partition(":")
                 found = importlib.import_module(f"ampgraph.formats.{module}")
                 assert callable(getattr(found, function, None)), (kind, fmt, target)
+
+
+#: A format's own tuning, with a default no command passes: the Markdown diff's row limit, the
+#: SARIF's file locator.
+OWN = {"limit", "uri"}
+
+
+def _keywords(target: str) -> set[str]:
+    module, _, function = target.partition(":")
+    found = getattr(importlib.import_module(f"ampgraph.formats.{module}"), function)
+    parameters = list(inspect.signature(found).parameters.values())[1:]  # after the result
+    return {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD} - OWN
+
+
+@pytest.mark.parametrize("kind", list(registry.REGISTRY))
+def test_the_writers_of_a_kind_take_the_same_options(kind: str) -> None:
+    """A command passes its options whatever the format: each writer of a kind takes them all
+    (``check --format markdown`` was given ``pass_`` its writer did not take)."""
+    writers = registry.REGISTRY[kind]
+    taken = {f: _keywords(w.target) for f, w in writers.items() if w.target != "outputs:nothing"}
+    assert len({frozenset(k) for k in taken.values()}) == 1, taken
 
 
 def test_the_diagrams_are_the_renderers_formats() -> None:

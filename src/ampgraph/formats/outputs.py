@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ampgraph.formats.markdown import audit_markdown as _audit_markdown
+from ampgraph.formats.markdown import check_markdown as _check_markdown
 from ampgraph.formats.markdown import diff_markdown, markdown_table, markdown_train
 from ampgraph.formats.text import audit_text as _audit_text
 from ampgraph.formats.text import (
@@ -114,6 +115,11 @@ def check_text(reports: Sequence[Report], *, pass_: str = "forward") -> str:
 def check_json(reports: Sequence[Report], *, pass_: str = "forward") -> str:
     """``ampgraph check --format json``: each report's check and disagreements."""
     return json.dumps([check_record(r) for r in reports], indent=1)
+
+
+def check_markdown(reports: Sequence[Report], *, pass_: str = "forward") -> str:
+    """``ampgraph check --format markdown``: one table for a pull request, a row per report."""
+    return _check_markdown(reports)
 
 
 # -- verify ---------------------------------------------------------------------------------------
@@ -218,6 +224,7 @@ __all__ = [
     "baseline_markdown",
     "baseline_text",
     "check_json",
+    "check_markdown",
     "check_text",
     "nothing",
     "table_json",

@@ -67,7 +67,7 @@ REGISTRY: dict[str, dict[str, Writer]] = {
     "check": {
         "text": Writer("outputs:check_text", end=""),
         "json": Writer("outputs:check_json"),
-        "markdown": Writer("markdown:check_markdown"),
+        "markdown": Writer("outputs:check_markdown"),
     },
     # verify's lines of each setting as it comes (text), then the whole run.
     "verify-setting": {"text": Writer("outputs:verify_setting_text", end=""), "json": _NONE},
