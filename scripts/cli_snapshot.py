@@ -11,7 +11,8 @@ Each command's standard output goes to ``NAME.out``, its exit status to ``NAME.r
 command writes (``render``'s diagrams, ``verify --record``, ``baseline write``) under ``NAME.files/``.
 Standard error is kept as ``NAME.err`` but not compared (progress and timing lines). What varies
 from run to run by design, the date and the seconds of a verify record, is masked before comparing.
-``--only PATTERN`` runs the commands whose name holds PATTERN; ``--list`` names them all.
+``--only PATTERN`` runs the commands whose name holds PATTERN, ``--missing`` those not saved yet
+(a run cut short, continued); ``list`` names them all.
 
 The commands run with ``AMPGRAPH_QUIET=1`` under the interpreter running this script
 (``python -m ampgraph``): put the checkout first on ``PYTHONPATH`` and give it a cache folder
@@ -39,8 +40,11 @@ HELPED = (("table",), ("check",), ("render",), ("verify",), ("audit",), ("diff",
           ("baseline", "check"), ("ranges",), ("compiled",), ("fp8",), ("fp8-ranges",),
           ("policy",))  # fmt: skip
 
-#: What a run records that differs from one run to the next by design: masked in ``compare``.
-VOLATILE = re.compile(rb'("(?:date|seconds)": )("[^"]*"|[0-9.e+-]+)')
+#: What a run records that differs from one run to the next by design, masked in ``compare``: a
+#: verify record's date and seconds, a ranges record's seconds per stage.
+VOLATILE = re.compile(
+    rb'("(?:date|seconds|capture_annotate|materialise|run)": )("[^"]*"|[0-9.e+-]+)'
+)
 
 
 def commands(model: str) -> list[tuple[str, list[str]]]:
@@ -102,15 +106,16 @@ def commands(model: str) -> list[tuple[str, list[str]]]:
     return runs
 
 
-def save(folder: Path, only: str | None) -> int:
-    """Run every command (or those whose name holds ``only``) into ``folder``."""
+def save(folder: Path, only: str | None, missing: bool = False) -> int:
+    """Run every command (or those whose name holds ``only``; with ``missing``, those not yet
+    saved in ``folder``) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "AMPGRAPH_QUIET": "1"}
     for model in MODELS:
         base = folder / f"{model}.baseline-write.files" / "base.json"
         for name, argv in commands(model):
             key = f"{model}.{name}"
-            if only and only not in key:
+            if (only and only not in key) or (missing and (folder / f"{key}.rc").exists()):
                 continue
             out = folder / f"{key}.files"
             shutil.rmtree(out, ignore_errors=True)
@@ -162,13 +167,14 @@ def main() -> int:
     s = sub.add_parser("save")
     s.add_argument("folder", type=Path)
     s.add_argument("--only")
+    s.add_argument("--missing", action="store_true", help="only the commands not saved yet")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     sub.add_parser("list")
     args = parser.parse_args()
     if args.what == "save":
-        return save(args.folder, args.only)
+        return save(args.folder, args.only, args.missing)
     if args.what == "compare":
         return compare(args.before, args.after)
     for model in MODELS:

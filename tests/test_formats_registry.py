@@ -132,10 +132,10 @@ def test_write_puts_the_text_on_its_stream_and_the_warning_on_stderr(capsys) -> 
     report = Report("opt-125m", {"name": "amp-fp32"}, {}, {}, [], [])
     finding = Finding("mixed-dtypes", "warning", "add", "aten.add.Tensor", "m", "widened", "cast")
     out = io.StringIO()
-    registry.write("audit", "sarif", [report], out, findings=[[finding]])
+    registry.write("audit", "sarif", [report], out, findings=[[finding]], ranges=False)
     assert out.getvalue().startswith("{") and out.getvalue().endswith("}\n")
     assert capsys.readouterr().err.startswith("warning: opt-125m: some results have no source")
-    registry.write("audit", "sarif", [report], out, findings=[[]])
+    registry.write("audit", "sarif", [report], out, findings=[[]], ranges=False)
     assert capsys.readouterr().err == ""
 
 

@@ -99,7 +99,7 @@ def audit(
 
         extra = attach(reports, [load_ranges(p) for p in ranges_paths])
         findings = [f + e for f, e in zip(findings, extra, strict=True)]
-    write_output("audit", fmt, reports, findings=findings)
+    write_output("audit", fmt, reports, findings=findings, ranges=bool(ranges_paths))
     if fail_on != "never":
         failing = sum(len(audit_lib.at_or_above(f, fail_on)) for f in findings)
         if failing:

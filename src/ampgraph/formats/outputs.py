@@ -29,7 +29,10 @@ from ampgraph.formats.text import (
     disagreement_lines,
     grad_mode_words,
 )
+from ampgraph.formats.json import audit_json as _audit_json
 from ampgraph.formats.json import check_record
+from ampgraph.formats.sarif import audit_sarif as _audit_sarif
+from ampgraph.formats.sarif import unplaced_warning
 from ampgraph.errors import AmpgraphError
 from ampgraph.report.escape import terminal
 from ampgraph.report.printed import hook_lines
@@ -169,14 +172,42 @@ def write_verify_record(
 # -- audit ----------------------------------------------------------------------------------------
 
 
-def audit_text(reports: Sequence[Report], findings: Sequence[Sequence[Finding]]) -> str:
-    """``ampgraph audit``: each report's findings and totals, a blank line between reports."""
+def audit_text(
+    reports: Sequence[Report], *, findings: Sequence[Sequence[Finding]], ranges: bool = False
+) -> str:
+    """``ampgraph audit``: each report's ``findings`` and totals, a blank line between reports;
+    ``ranges``: some come from a ranges run (``--ranges``)."""
     return "\n\n".join(_audit_text(r, f) for r, f in zip(reports, findings, strict=True))
 
 
-def audit_markdown(reports: Sequence[Report], findings: Sequence[Sequence[Finding]]) -> str:
+def audit_markdown(
+    reports: Sequence[Report], *, findings: Sequence[Sequence[Finding]], ranges: bool = False
+) -> str:
     """``ampgraph audit --format markdown``: a table per report."""
     return "\n\n".join(_audit_markdown(r, f) for r, f in zip(reports, findings, strict=True))
+
+
+def audit_json(
+    reports: Sequence[Report], *, findings: Sequence[Sequence[Finding]], ranges: bool = False
+) -> str:
+    """``ampgraph audit --format json``: :func:`ampgraph.formats.json.audit_json`."""
+    return _audit_json(reports, findings if ranges else None)
+
+
+def audit_sarif(
+    reports: Sequence[Report], *, findings: Sequence[Sequence[Finding]], ranges: bool = False
+) -> str:
+    """``ampgraph audit --format sarif``: :func:`ampgraph.formats.sarif.audit_sarif`, whose rules
+    name the ranges run's kinds only where ``ranges`` added findings of them."""
+    return _audit_sarif(reports, findings=findings if ranges else None)
+
+
+def audit_sarif_warning(
+    reports: Sequence[Report], *, findings: Sequence[Sequence[Finding]], ranges: bool = False
+) -> str | None:
+    """The line beside the SARIF where a result points into no file
+    (:func:`ampgraph.formats.sarif.unplaced_warning`)."""
+    return unplaced_warning(reports, findings)
 
 
 # -- baseline check -------------------------------------------------------------------------------
@@ -218,7 +249,10 @@ def baseline_json(
 
 
 __all__ = [
+    "audit_json",
     "audit_markdown",
+    "audit_sarif",
+    "audit_sarif_warning",
     "audit_text",
     "baseline_json",
     "baseline_markdown",

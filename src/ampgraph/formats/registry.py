@@ -74,9 +74,9 @@ REGISTRY: dict[str, dict[str, Writer]] = {
     "verify": {"text": Writer("outputs:verify_text", end=""), "json": Writer("outputs:verify_json")},
     "audit": {
         "text": Writer("outputs:audit_text", shown=True),
-        "json": Writer("json:audit_json"),
+        "json": Writer("outputs:audit_json"),
         "markdown": Writer("outputs:audit_markdown", shown=True),
-        "sarif": Writer("sarif:audit_sarif", warning="sarif:unplaced_warning"),
+        "sarif": Writer("outputs:audit_sarif", warning="outputs:audit_sarif_warning"),
     },
     "diff": {
         "text": Writer("diff_text:diff_text", shown=True),
