@@ -12,13 +12,14 @@ import click
 
 from ampgraph.cli.reports import AnalysisOptions
 from ampgraph.errors import AmpgraphError
+from ampgraph.formats.registry import names
 
 if TYPE_CHECKING:
     from ampgraph.compiled.flow import CompiledFlow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-VIEWS = ("table", "diff", "audit", "json")
+VIEWS = names("compiled")
 
 
 @click.command("compiled")
@@ -42,7 +43,7 @@ def compiled(model: str, setting_name: str, amp_dtype: str, emulate_precision_ca
     """Inductor's plan for MODEL in one setting (its C++ backend, on fake tensors, nothing
     compiled): which 16-bit values are stored as eager stores them, which stay in fp32 inside a
     fused kernel, and so which eager roundings the compiled program drops."""
-    from ampgraph.formats import compiled as text
+    from ampgraph.cli.console import write_output
 
     if pass_ == "train":
         _train(model, setting_name, amp_dtype, emulate_precision_casts, view, seq_len,
@@ -54,11 +55,7 @@ def compiled(model: str, setting_name: str, amp_dtype: str, emulate_precision_ca
         flow = _plan(model, setting_name, amp_dtype, emulate_precision_casts, seq_len)
     except AmpgraphError as exc:  # one line, exit 1 (click's own)
         raise click.ClickException(str(exc)) from None
-    if view == "json":
-        click.echo(json.dumps(flow.to_dict(), indent=1))
-        return
-    lines = {"table": text.table_lines, "diff": text.diff_lines, "audit": text.audit_lines}[view]
-    click.echo("\n".join(lines(flow)))
+    write_output("compiled", view, flow)
 
 
 def _plan(model: str, setting_name: str, amp_dtype: str, emulate: bool, seq_len: int) -> Any:

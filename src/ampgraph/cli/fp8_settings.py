@@ -17,7 +17,8 @@ from typing import Any, NoReturn
 import click
 
 from ampgraph.cli.console import progress, progress_done
-from ampgraph.cli.fp8_commands import _build, _graph_text, _recipe, _state
+from ampgraph.cli.fp8_commands import _build, _recipe, _state
+from ampgraph.formats.fp8 import graph_text
 from ampgraph.cli.options import RECIPE_COMMANDS
 
 #: The setting commands that take a torchao recipe; the others point to ``ampgraph fp8``.
@@ -92,7 +93,7 @@ def _table(graph: Any, phases: tuple[str, ...], fmt: str) -> None:
     elif fmt == "markdown":
         click.echo(gemm_markdown(graph, phases))
     else:
-        click.echo(_graph_text(graph).splitlines()[0])
+        click.echo(graph_text(graph).splitlines()[0])
         click.echo("\n".join(gemm_lines(graph, phases)))
 
 

@@ -1,4 +1,6 @@
-"""The compiled dtype flow as text: a table per node, the eager-vs-compiled diff, audit findings.
+"""The compiled dtype flow as text: a table per node, the eager-vs-compiled diff, audit findings;
+and as JSON (``ampgraph compiled --view``: :func:`table_text`, :func:`diff_text`,
+:func:`audit_text`, :func:`flow_json`).
 
 >>> from ampgraph.compiled.flow import CompiledFlow, CompiledNode
 >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {"emulate_precision_casts": False},
@@ -14,6 +16,9 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow, CompiledNode, Kernel
+import json
+
+from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow
 
 _FATE_WORDS = {
     "stored": "stored in a buffer",
@@ -186,3 +191,21 @@ def check_lines(flow: CompiledFlow, disagreements: Sequence[str]) -> list[str]:
         names = ", ".join(f"{n} ({modules.get(n, '?')})" for n in kernel.nodes) if kernel else ""
         lines.append(f"  {d}" + (f": kernel {kernel.name}, {names}" if names else ""))
     return lines
+def table_text(flow: CompiledFlow) -> str:
+    """``--view table``: :func:`table_lines` as text."""
+    return "\n".join(table_lines(flow))
+
+
+def diff_text(flow: CompiledFlow) -> str:
+    """``--view diff``: :func:`diff_lines` as text."""
+    return "\n".join(diff_lines(flow))
+
+
+def audit_text(flow: CompiledFlow) -> str:
+    """``--view audit``: :func:`audit_lines` as text."""
+    return "\n".join(audit_lines(flow))
+
+
+def flow_json(flow: CompiledFlow) -> str:
+    """``--view json``: the flow's record."""
+    return json.dumps(flow.to_dict(), indent=1)
