@@ -124,4 +124,94 @@ def survival_json(
     return json.dumps(data, indent=1)
 
 
-__all__ = ["fp8_json", "fp8_text", "graph_text", "row_text", "survival_json", "survival_text"]
+# -- --recipe torchao:... on the setting commands and diff (ampgraph.cli.fp8_settings) -----------
+
+
+def table_text(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
+    """``table --recipe torchao:...``: the recipe's line, then each GEMM's."""
+    from ampgraph.fp8.compare import gemm_lines
+
+    return graph_text(graph).splitlines()[0] + "\n" + "\n".join(gemm_lines(graph, tuple(phases)))
+
+
+def table_markdown(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
+    """``table --recipe torchao:... --format markdown``."""
+    from ampgraph.fp8.compare import gemm_markdown
+
+    return gemm_markdown(graph, tuple(phases))
+
+
+def table_json(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
+    """``table --recipe torchao:... --format json``: the FP8 graph's record."""
+    return json.dumps(graph.to_dict(), indent=1)
+
+
+def proof_text(proof: Any, *, recipe: str) -> str:
+    """``check --recipe torchao:...``: whether every GEMM's dtypes agree with the real run."""
+    if not proof.ok:
+        return f"{recipe}: the real CPU run differs: {proof.first_difference()}"
+    raised = bool(proof.real) and proof.real[-1][0] == "raised"
+    return (f"{recipe}: all {len(proof.real) - raised} GEMMs' dtypes agree with a real CPU run "
+            "of torchao's converted model" + (", which raises where predicted" if raised else ""))  # fmt: skip
+
+
+def proof_json(proof: Any, *, recipe: str) -> str:
+    """``check --recipe torchao:... --format json``."""
+    return json.dumps([{"recipe": recipe, "ok": proof.ok, "gemms": len(proof.real),
+                        "first_difference": proof.first_difference()}], indent=1)  # fmt: skip
+
+
+def _findings_lines(found: Sequence[Any], recipe: str, operands: int, bullet: str) -> str:
+    lines = [f"{bullet}{recipe}: {operands} FP8 GEMM operands of the forward, "
+             f"{len(found)} finding{'s' if len(found) != 1 else ''}"]  # fmt: skip
+    lines += [f"{bullet}{severity}: {row.module} {row.operand}: {message}"
+              for severity, row, message in found]  # fmt: skip
+    return "\n".join(lines)
+
+
+def findings_text(found: Sequence[Any], *, recipe: str, operands: int) -> str:
+    """``audit --recipe torchao:...``: (severity, row, message) findings, one a line."""
+    return _findings_lines(found, recipe, operands, "")
+
+
+def findings_markdown(found: Sequence[Any], *, recipe: str, operands: int) -> str:
+    """``audit --recipe torchao:... --format markdown``: the same lines as a list."""
+    return _findings_lines(found, recipe, operands, "- ")
+
+
+def findings_json(found: Sequence[Any], *, recipe: str, operands: int) -> str:
+    """``audit --recipe torchao:... --format json``."""
+    return json.dumps({"recipe": recipe, "findings": [
+        {"severity": s, "module": r.module, "operand": r.operand, "message": m}
+        for s, r, m in found]}, indent=1)  # fmt: skip
+
+
+def _recipes_diff(changes: Sequence[str], a: str, b: str, survival: Sequence[str], bullet: str) -> str:
+    lines = [f"A: {a}", f"B: {b}", *(changes or ["the FP8 graphs are the same"]), *survival]
+    return "\n".join(bullet + line for line in lines)
+
+
+def recipes_diff_text(changes: Sequence[str], *, a: str, b: str, survival: Sequence[str],
+                      equal: bool) -> str:  # fmt: skip
+    """``diff --recipe torchao:A --recipe torchao:B``: the graphs' changes, then the survival's."""
+    return _recipes_diff(changes, a, b, survival, "")
+
+
+def recipes_diff_markdown(changes: Sequence[str], *, a: str, b: str, survival: Sequence[str],
+                          equal: bool) -> str:  # fmt: skip
+    """The same as a Markdown list."""
+    return _recipes_diff(changes, a, b, survival, "- ")
+
+
+def recipes_diff_json(changes: Sequence[str], *, a: str, b: str, survival: Sequence[str],
+                      equal: bool) -> str:  # fmt: skip
+    """``--format json``."""
+    return json.dumps({"a": a, "b": b, "equal": equal, "changes": list(changes),
+                       "survival": list(survival)}, indent=1)  # fmt: skip
+
+
+__all__ = [
+    "findings_json", "findings_markdown", "findings_text", "fp8_json", "fp8_text", "graph_text",
+    "proof_json", "proof_text", "recipes_diff_json", "recipes_diff_markdown", "recipes_diff_text",
+    "row_text", "survival_json", "survival_text", "table_json", "table_markdown", "table_text",
+]  # fmt: skip

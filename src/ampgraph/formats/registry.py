@@ -104,8 +104,47 @@ REGISTRY: dict[str, dict[str, Writer]] = {
         "audit": Writer("compiled:audit_text"),
         "json": Writer("compiled:flow_json"),
     },
+    "compiled-train": {
+        "table": Writer("compiled_train:step_table"),
+        "diff": Writer("compiled_train:step_diff"),
+        "audit": Writer("compiled_train:step_audit"),
+        "json": Writer("compiled_train:step_json"),
+    },
+    # the compile axis of the setting commands (--compile inductor)
+    "compiled-table": {
+        "text": Writer("compiled:flows_table_text"),
+        "json": Writer("compiled:flows_table_json"),
+        "markdown": Writer("compiled:flows_table_markdown"),
+    },
+    "compiled-audit": {
+        "text": Writer("compiled:findings_text"),
+        "json": Writer("compiled:findings_json"),
+    },
+    "compiled-check": {"text": Writer("compiled:check_text"), "json": Writer("compiled:check_json")},
+    "compiled-diff": {"text": Writer("compiled:sides_text"), "json": Writer("compiled:sides_json")},
     "fp8": {"text": Writer("fp8:fp8_text"), "json": Writer("fp8:fp8_json")},
     "fp8-ranges": {"text": Writer("fp8:survival_text"), "json": Writer("fp8:survival_json")},
+    # --recipe torchao:... on the setting commands and diff
+    "fp8-table": {
+        "text": Writer("fp8:table_text"),
+        "json": Writer("fp8:table_json"),
+        "markdown": Writer("fp8:table_markdown"),
+    },
+    "fp8-check": {
+        "text": Writer("fp8:proof_text"),
+        "json": Writer("fp8:proof_json"),
+        "markdown": Writer("fp8:proof_text"),
+    },
+    "fp8-audit": {
+        "text": Writer("fp8:findings_text", shown=True),
+        "json": Writer("fp8:findings_json"),
+        "markdown": Writer("fp8:findings_markdown", shown=True),
+    },
+    "fp8-diff": {
+        "text": Writer("fp8:recipes_diff_text", shown=True),
+        "json": Writer("fp8:recipes_diff_json"),
+        "markdown": Writer("fp8:recipes_diff_markdown", shown=True),
+    },
     "policy": {
         "text": Writer("policy:to_text"),
         "markdown": Writer("policy:to_markdown"),
