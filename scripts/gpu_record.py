@@ -140,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ampgraph.errors import AmpgraphError
     from ampgraph.model.build import load_model
     from ampgraph.settings import seed_matrix
-    from ampgraph.verify import device_name, verify, verify_record, write_record
+    from ampgraph.formats.outputs import write_verify_record
+    from ampgraph.verify import device_name, verify, verify_record
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device here: run this on the GPU machine, or pass --device cpu",
@@ -172,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     record = verify_record(results, **extra)
     record["ok"] = extra["ok"] = record["ok"] and not errors
-    path = write_record(results, record_path(args.out, args.device, name, record["date"]), **extra)
+    path = write_verify_record(results, record_path(args.out, args.device, name, record["date"]), **extra)
     print(markdown(record))
     print(f"\nrecord: {path}", file=sys.stderr)
     return 0 if record["ok"] else 1

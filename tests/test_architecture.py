@@ -19,23 +19,25 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "compat", "version"),  # foundation: imports nothing of ampgraph
     ("settings", "torchutil"),  # foundation: what a run is in, torch helpers
     ("report", "arguments"),  # the result as plain data (records, reading, files, summary,
-    # validate); the Python API's arguments, checked once
+    # validate, saved memory, what the backward did); the Python API's arguments, checked once
     ("model",),  # what to analyse: specs, building on meta
     ("policy",),  # autocast's tables as data, read by every stage after it
     ("capture",),  # model -> graph
     ("annotate",),  # graph -> annotated nodes, the dispatcher check
-    ("train",),  # the backward pass, its check, saved-activation memory
+    ("train",),  # the backward pass and its check
     ("compiled",),  # what torch.compile (Inductor) runs: its plan, the generated code
     ("pipeline",),  # one call over the stages above, the cache, workers
     # against real execution (the training step's too): analyses through pipeline; torchao's
     # FP8 recipes (which Linears convert, the traced FP8 graph, its proof on the real kernels)
     ("verify", "fp8"),
     ("ranges", "review"),  # value ranges; what a reviewer reads (audit, diff, baseline, ...)
-    ("formats",),  # text, Markdown, JSON, SARIF: one module per format
     ("render",),  # records -> Graphviz, torch-free
     ("deepspeed_config",),
     ("recipes",),  # a framework's precision flag
     ("docs", "notebook"),  # the Sphinx directive, Jupyter's display
+    # text, Markdown, JSON, SARIF, one module per format, and the registry every command looks
+    # its output up in (which names the renderer's files and the op reference's formats too)
+    ("formats",),
     ("sphinx", "cli", "explorer"),  # the extension's name, the command line, Model Explorer's
     ("__main__", "ampgraph"),  # ``python -m ampgraph``, the public surface
 )
@@ -148,7 +150,7 @@ def test_an_upward_import_is_caught() -> None:
     graph.add_edge("ampgraph.report.records", "ampgraph.render.graph")
     graph.add_edge("ampgraph.review.diff", "ampgraph.ranges.data")
     assert upward_imports(graph) == [
-        "ampgraph.report.records -> ampgraph.render.graph (layer 2 -> 13)",
+        "ampgraph.report.records -> ampgraph.render.graph (layer 2 -> 12)",
         "ampgraph.review.diff -> ampgraph.ranges.data (layer 11 -> 11)",
     ]
 

@@ -23,8 +23,8 @@ from ampgraph.model.build import ModelInputs
 from ampgraph.report.records import Report
 from ampgraph.settings import Setting
 from ampgraph.train.backward import LossError
-from ampgraph.train.backward_ops import cast_pairs, gradient_origin
-from ampgraph.train.memory import activation_bytes_by_dtype
+from ampgraph.report.backward_ops import cast_pairs, gradient_origin
+from ampgraph.report.memory import activation_bytes_by_dtype
 from ampgraph.verify.training import verify_train
 from tests.conftest import model
 

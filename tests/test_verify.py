@@ -407,11 +407,11 @@ def test_record_path_is_checked_before_the_work(tmp_path: Path) -> None:
 def test_record_is_readable_like_any_document(tmp_path: Path) -> None:
     import os
 
-    from ampgraph.verify import write_record
+    from ampgraph.formats.outputs import write_verify_record
 
     previous = os.umask(0o022)
     try:
-        path = write_record([], tmp_path / "r.json")
+        path = write_verify_record([], tmp_path / "r.json")
     finally:
         os.umask(previous)
     assert path.stat().st_mode & 0o777 == 0o644

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ampgraph.cli.compiled_commands import compile_options, compiled_analysis
-from ampgraph.cli.console import progress, progress_done
+from ampgraph.cli.console import progress, progress_done, write_output
 from ampgraph.cli.options import (
     format_option,
     model_argument,
@@ -26,9 +26,7 @@ from ampgraph.cli.reports import (
     load_reports,
     refuse_model_with_reports,
 )
-from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
-from ampgraph.settings import Setting
 
 
 @click.command()
@@ -41,7 +39,7 @@ from ampgraph.settings import Setting
     "'Linear,LayerNorm,Embedding'. Default: every leaf module.",
 )
 @format_option(
-    ["text", "json", "markdown"],
+    "table",
     "text: the seed's hook lines; json: the full versioned report; markdown: a table.",
 )
 @no_check_option
@@ -69,12 +67,6 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str, compile_: str,
       ampgraph table --pass backward --only Linear --backward-in-autocast
       ampgraph table opt-125m -s half --compile inductor   # each node's fate under compile
     """
-    import json
-
-    from ampgraph.formats.markdown import markdown_table, markdown_train
-    from ampgraph.formats.text import backward_lines, grad_mode_words
-    from ampgraph.report.printed import hook_lines
-
     pass_ = analysis.pass_
     train_options(pass_, analysis.loss, analysis.backward_autocast)  # a usage error first
     if compiled_analysis(analysis, compile_, emulate):
@@ -90,28 +82,7 @@ def table(analysis: AnalysisOptions, only: str | None, fmt: str, compile_: str,
     reports = analysed(analysis.request())
     if classes:
         refuse_unknown_classes(classes, reports[0])
-    if fmt == "json":
-        payload: Any = reports[0].to_dict() if len(reports) == 1 else [r.to_dict() for r in reports]
-        click.echo(json.dumps(payload, indent=1))
-        return
-    for i, report in enumerate(reports):
-        if fmt == "markdown":
-            parts = [] if pass_ == "backward" else [markdown_table(report, classes)]
-            if pass_ != "forward":
-                parts.append(markdown_train(report))
-            click.echo(("\n" if i else "") + "\n\n".join(parts))
-            continue
-        if len(reports) > 1:
-            mode = grad_mode_words(report)  # the grad mode traced in, where the report says it
-            click.echo(terminal(f"{'' if i == 0 else chr(10)}# {report.model} "
-                                f"{report.setting['name']}: "
-                                f"{Setting.from_dict(report.setting).title}"
-                                f"{'; ' + mode if mode else ''}"))  # fmt: skip
-        lines = [] if pass_ == "backward" else hook_lines(report, classes)
-        if pass_ != "forward":
-            lines += backward_lines(report, classes)
-        for line in lines:
-            click.echo(terminal(line))  # an escape sequence in a module name is shown, not run
+    write_output("table", fmt, reports, classes=classes, pass_=pass_)
 
 
 def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
@@ -135,7 +106,7 @@ def refuse_unknown_classes(classes: Sequence[str], report: Report) -> None:
 @model_argument
 @setting_options
 @format_option(
-    ["text", "json", "markdown"],
+    "check",
     "text: a summary line per setting and a line per disagreement; json: each setting's check "
     "and disagreements; markdown: a table for a pull request.",
 )
@@ -170,36 +141,19 @@ def check_command(analysis: AnalysisOptions, fmt: str, compile_: str, emulate: b
         from ampgraph.cli.compiled_commands import compiled_check_command
 
         return compiled_check_command(analysis, fmt, emulate)
-    from ampgraph.formats.json import check_record
-    from ampgraph.formats.markdown import check_markdown
-    from ampgraph.formats.text import backward_check_lines, check_summary, disagreement_lines
-
-    failed, pass_ = 0, analysis.pass_
+    pass_ = analysis.pass_
     reports = analysed(analysis.request(), warn_unchecked=False)
     for report in reports:
         if report.check is None:
             raise click.ClickException(
                 (report.capture or {}).get("check_unavailable") or "the check did not run"
             )
-        if pass_ != "backward":
-            failed += len(report.disagreements)
-        if report.backward is not None:
-            failed += len(report.backward.disagreements)
-        if fmt != "text":
-            continue
-        if pass_ != "backward":
-            click.echo(check_summary(report))
-            for line in disagreement_lines(report):
-                click.echo(line)
-        if report.backward is not None:
-            for line in backward_check_lines(report):
-                click.echo(line)
-    if fmt == "json":
-        import json
-
-        click.echo(json.dumps([check_record(r) for r in reports], indent=1))
-    elif fmt == "markdown":
-        click.echo(check_markdown(reports))
+    write_output("check", fmt, reports, pass_=pass_)
+    failed = sum(
+        (len(r.disagreements) if pass_ != "backward" else 0)
+        + (len(r.backward.disagreements) if r.backward is not None else 0)
+        for r in reports
+    )
     if failed:
         raise click.ClickException(
             f"{failed} {'node disagrees' if failed == 1 else 'nodes disagree'} with the dispatcher"
@@ -219,7 +173,7 @@ def check_command(analysis: AnalysisOptions, fmt: str, compile_: str, emulate: b
     help="Folder for the diagrams (created if missing; files in it are replaced atomically).",
 )
 @format_option(
-    ["svg", "png", "pdf", "dot", "html", "explorer"],
+    "diagram",
     "File format; repeat for several. Default: svg. 'dot' (Graphviz source) needs no Graphviz "
     "installed; 'html' is one interactive page for all the settings (offline, pan, zoom, "
     "unfold, search, a node's annotation on a click) and needs no Graphviz either; 'explorer' is "
@@ -321,7 +275,7 @@ def render(
         reports = load_reports(report_paths)
     else:
         reports = analysed(analysis.request(), meanwhile=load_renderer)
-    from ampgraph.render import render_files
+    from ampgraph.formats.diagrams import render_files
 
     progress(f"laying out {len(reports)} diagram{'s' if len(reports) != 1 else ''} with dot")
     paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold,
@@ -362,7 +316,7 @@ def _verification(request: Any, random_seed: int, send: Callable[[tuple[str, Any
     "runs repeat).",
 )
 @format_option(
-    ["text", "json"],
+    "verify",
     "text: a line per setting and per disagreement; json: the record --record writes.",
 )
 @pass_options
@@ -417,27 +371,18 @@ def verify(
             progress(value)
             return
         progress_done()  # the setting's lines come next
-        for result in value if fmt == "text" else ():
-            click.echo(result.summary_line())
-            for line in result.disagreement_lines() + result.note_lines():
-                click.echo(line)
+        write_output("verify-setting", fmt, value)
         results.extend(value)
 
     confine(lambda send: _verification(request, random_seed, send), take, name="verification",
             timeout=request.timeout, counted=lambda item: item[0] == "step",
             expected=len(request.settings))  # fmt: skip
+    written = None
     if record_path is not None:
-        from ampgraph.verify import write_record
+        from ampgraph.formats.outputs import write_verify_record
 
-        written = write_record(results, record_path)
-        if fmt == "text":
-            click.echo(f"record: {written}")
-    if fmt == "json":
-        import json
-
-        from ampgraph.verify import verify_record
-
-        click.echo(json.dumps(verify_record(results), indent=1))
+        written = write_verify_record(results, record_path)
+    write_output("verify", fmt, results, record=written)
     failed = sum(len(r.disagreements) for r in results)
     if failed:
         raise click.ClickException(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ampgraph.cli.console import write_output
 from ampgraph.cli.options import (
     device_option,
     format_option,
@@ -19,7 +20,6 @@ from ampgraph.cli.options import (
     seq_len_option,
 )
 from ampgraph.cli.reports import analysed, analysis_request
-from ampgraph.report.escape import terminal
 from ampgraph.report.records import Report
 from ampgraph.settings import PRESETS
 
@@ -142,7 +142,7 @@ def _spec_to_check(
 @click.option("--setting", "-s", "setting", metavar="NAME",
               help="The setting the baseline should be of (default: the baseline's own).")  # fmt: skip
 @recipe_option()
-@format_option(["text", "markdown", "json"], "How to print the diff: as 'ampgraph diff' does.")
+@format_option("baseline-check", "How to print the diff: as 'ampgraph diff' does.")
 @click.option("--update", is_flag=True,
               help="Accept the new flow: rewrite FILE with it (exit 0).")  # fmt: skip
 @click.pass_context
@@ -156,7 +156,6 @@ def baseline_check(
     what code runs: a baseline of a --module factory is checked only with that --module given.
     """
     from ampgraph.review.baseline import baseline_text, check_report, read_baseline
-    from ampgraph.formats import DIFF_FORMATS as FORMATS
 
     if not file.exists():
         raise click.ClickException(
@@ -173,18 +172,10 @@ def baseline_check(
     report = _baseline_report(spec, [s["name"]], s["device_type"], s["amp_dtype"], base.seq_len,
                               recipes=())  # fmt: skip
     result = check_report(base, report)
+    write_output("baseline-check", fmt, result, file=str(file), baseline=base, report=report,
+                 update=update)  # fmt: skip
     if result.equal:
-        click.echo(
-            FORMATS[fmt](result)
-            if fmt != "text"  # a pull-request comment says "no changes" too
-            else f"{file}: the dtype flow of {base.title} matches ({len(report.nodes)} graph nodes)"
-            + (f"; {report.capture['stand_in']}" if report.capture.get("stand_in") else "")
-        )
         return
-    click.echo(FORMATS[fmt](result) if fmt == "json" else terminal(FORMATS[fmt](result)))
-    if fmt == "markdown" and not update:
-        click.echo(f"\nAccept the new flow with `ampgraph baseline check {file} --update` and "
-                   "commit the file.")  # fmt: skip
     if update:
         text = baseline_text(report, seq_len=base.seq_len, spec=base.spec,
                              spec_kind=base.spec_kind, tracer=spec.tracer)  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -10,15 +9,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from ampgraph.cli.console import write_output
 from ampgraph.cli.reports import AnalysisOptions
 from ampgraph.errors import AmpgraphError
+from ampgraph.formats.registry import names
 
 if TYPE_CHECKING:
     from ampgraph.compiled.flow import CompiledFlow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-VIEWS = ("table", "diff", "audit", "json")
+VIEWS = names("compiled")
 
 
 @click.command("compiled")
@@ -42,8 +43,6 @@ def compiled(model: str, setting_name: str, amp_dtype: str, emulate_precision_ca
     """Inductor's plan for MODEL in one setting (its C++ backend, on fake tensors, nothing
     compiled): which 16-bit values are stored as eager stores them, which stay in fp32 inside a
     fused kernel, and so which eager roundings the compiled program drops."""
-    from ampgraph.formats import compiled as text
-
     if pass_ == "train":
         _train(model, setting_name, amp_dtype, emulate_precision_casts, view, seq_len,
                backward_pass_autocast)  # fmt: skip
@@ -54,11 +53,7 @@ def compiled(model: str, setting_name: str, amp_dtype: str, emulate_precision_ca
         flow = _plan(model, setting_name, amp_dtype, emulate_precision_casts, seq_len)
     except AmpgraphError as exc:  # one line, exit 1 (click's own)
         raise click.ClickException(str(exc)) from None
-    if view == "json":
-        click.echo(json.dumps(flow.to_dict(), indent=1))
-        return
-    lines = {"table": text.table_lines, "diff": text.diff_lines, "audit": text.audit_lines}[view]
-    click.echo("\n".join(lines(flow)))
+    write_output("compiled", view, flow)
 
 
 def _plan(model: str, setting_name: str, amp_dtype: str, emulate: bool, seq_len: int) -> Any:
@@ -142,15 +137,7 @@ def flows_of(analysis: AnalysisOptions, emulate: bool) -> list[CompiledFlow]:
 
 def compiled_table(analysis: AnalysisOptions, fmt: str, emulate: bool) -> None:
     """``table --compile inductor``: each node's compiled fate and kernel, per setting."""
-    from ampgraph.formats import compiled as text
-
-    flows = flows_of(on_cpu(analysis), emulate)
-    if fmt == "json":
-        payload = [f.to_dict() for f in flows]
-        click.echo(json.dumps(payload[0] if len(payload) == 1 else payload, indent=1))
-        return
-    show = text.table_markdown if fmt == "markdown" else text.table_lines
-    click.echo("\n\n".join("\n".join(show(f)) for f in flows))
+    write_output("compiled-table", fmt, flows_of(on_cpu(analysis), emulate))
 
 
 def compiled_audit(analysis: AnalysisOptions, fmt: str, fail_on: str, emulate: bool) -> None:
@@ -159,8 +146,9 @@ def compiled_audit(analysis: AnalysisOptions, fmt: str, fail_on: str, emulate: b
     from ampgraph.cli.reports import analysed
     from ampgraph.formats import compiled as text
 
-    if fmt not in ("text", "json"):
-        raise click.UsageError("--compile inductor audits as text or json")
+    if fmt not in names("compiled-audit"):
+        raise click.UsageError("--compile inductor audits as "
+                               + " or ".join(names("compiled-audit")))  # fmt: skip
     analysis = on_cpu(analysis)
     flows = flows_of(analysis, emulate)
     emulated = flows if emulate else flows_of(analysis, True)
@@ -170,13 +158,7 @@ def compiled_audit(analysis: AnalysisOptions, fmt: str, fail_on: str, emulate: b
         shapes = {n.name: n.shapes[0] for n in report.nodes if n.shapes and n.shapes[0]}
         found.append(text.audit_lines(flow, None if emulate else em, shapes))
     warnings = sum(1 for lines in found for ln in lines if ln.startswith("warning:"))
-    if fmt == "json":
-        click.echo(json.dumps([{"model": f.model, "setting": f.setting, "header": text.header(f),
-                                "findings": [ln for ln in lines if ln.startswith("warning:")]}
-                               for f, lines in zip(flows, found)], indent=1))  # fmt: skip
-    else:
-        click.echo("\n\n".join("\n".join([text.header(f), *lines])
-                               for f, lines in zip(flows, found)))  # fmt: skip
+    write_output("compiled-audit", fmt, list(zip(flows, found)))
     if fail_on in ("note", "warning") and warnings:
         raise click.ClickException(f"{warnings} finding{'s' if warnings != 1 else ''} at or "
                                    f"above {fail_on}")  # fmt: skip
@@ -186,7 +168,6 @@ def compiled_check_command(analysis: AnalysisOptions, fmt: str, emulate: bool) -
     """``check --compile inductor``: the plan against the C++ code Inductor really generates;
     exit 1 on a disagreement."""
     from ampgraph.cli.console import progress, progress_done
-    from ampgraph.formats import compiled as text
     from ampgraph.pipeline.compiled import compiled_check
 
     try:
@@ -194,12 +175,7 @@ def compiled_check_command(analysis: AnalysisOptions, fmt: str, emulate: bool) -
     except AmpgraphError as exc:
         raise click.ClickException(str(exc)) from None
     progress_done()
-    if fmt == "json":
-        click.echo(json.dumps([{"model": f.model, "setting": f.setting, "header": text.header(f),
-                                "disagreements": found} for f, found in results], indent=1))  # fmt: skip
-    else:
-        for flow, found in results:
-            click.echo("\n".join(text.check_lines(flow, found)))
+    write_output("compiled-check", fmt, results)
     failed = sum(len(found) for _, found in results)
     if failed:
         raise click.ClickException(f"{failed} disagreement{'s' if failed != 1 else ''} between "
@@ -272,22 +248,14 @@ def compiled_diff(
             flows.append(compiled_flows(request, emulate and side == 1)[0])
         except AmpgraphError as exc:
             raise click.ClickException(str(exc)) from None
-    lines = text.sides_diff_lines(labels, flows)
-    equal = lines[0].startswith("0 ")
-    if fmt == "json":
-        click.echo(json.dumps({"a": labels[0], "b": labels[1], "equal": equal,
-                               "differ": lines[1:]}, indent=1))  # fmt: skip
-    else:
-        click.echo("\n".join(lines))
-    return equal
+    write_output("compiled-diff", fmt, flows, labels=labels)
+    return text.sides_diff_lines(labels, flows)[0].startswith("0 ")
 
 
 def _train(model: str, setting_name: str, amp_dtype: str, emulate: bool, view: str, seq_len: int,
            state: str | None) -> None:  # fmt: skip
     """``--pass train``: the plan of the step, and (for diff and audit, where the backward is
     traced under autocast) the backward ops whose dtype differs from eager's AMP recipe's."""
-    from ampgraph.formats import compiled_train as text
-
     try:
         cap = _capture(model, setting_name, amp_dtype, seq_len)
         from ampgraph.compiled.flow import autocast_changes
@@ -301,14 +269,7 @@ def _train(model: str, setting_name: str, amp_dtype: str, emulate: bool, view: s
             changes = autocast_changes(step, against)
     except AmpgraphError as exc:
         raise click.ClickException(str(exc)) from None
-    if view == "json":
-        click.echo(json.dumps(step.to_dict(), indent=1))
-        return
-    if view == "table":
-        click.echo("\n".join(text.table_lines(step)))
-        return
-    lines = text.diff_lines if view == "diff" else text.audit_lines
-    click.echo("\n".join(lines(step, changes, other)))
+    write_output("compiled-train", view, step, changes=changes, other=other)
 
 
 def _capture(model: str, setting_name: str, amp_dtype: str, seq_len: int) -> Any:

@@ -2,7 +2,8 @@
 
 Errors a user can fix (:class:`~ampgraph.errors.AmpgraphError`) become one ``Error: ...`` line
 and exit status 1 (:class:`AmpgraphGroup`); :func:`progress` is the one place a command's progress
-notes are written; :func:`exit_now` ends a process that loaded torch without the interpreter's
+notes are written; :func:`write_output` writes a command's output in its format;
+:func:`exit_now` ends a process that loaded torch without the interpreter's
 teardown.
 """
 
@@ -69,6 +70,18 @@ def progress_done() -> None:
     if _LINE is not None:
         _LINE.close()
         _LINE = None
+
+
+def write_output(kind: str, fmt: str, result: Any, **options: Any) -> None:
+    """``result``, a ``kind`` of :mod:`ampgraph.formats.registry`, in ``fmt`` on standard output
+    (through click, as every command line write), its warning line, where it has one, on
+    standard error: what each command ends with."""
+    from ampgraph.formats import registry
+
+    click.echo(registry.text(kind, fmt, result, **options), nl=False)
+    line = registry.warning(kind, fmt, result, **options)
+    if line is not None:
+        click.echo(line, err=True)
 
 
 def stdout_closed() -> bool:

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from ampgraph.cli.console import progress, progress_done
+from ampgraph.cli.console import progress, progress_done, write_output
+from ampgraph.formats.registry import names
 from ampgraph.cli.options import forced, model_argument, timeout_seconds
 
 RECIPE_HELP = (
@@ -49,31 +50,6 @@ def _state(built: Any, seed: int) -> dict[str, Any]:
     return real_state(built.module, seed)[0]
 
 
-def _graph_text(graph: Any) -> str:
-    lines = [f"recipe {graph.recipe.spelling}: Linears' GEMMs per torchao, the rest under CPU "
-             "bf16 autocast"]
-    for p in graph.plans:
-        where = "FP8 " if p.converted else "bf16"
-        lines.append(f"  {where}  {p.fqn or '(root)'}  [{p.out_features}x{p.in_features}]  "
-                     f"{p.reason}")
-    for phase in ("forward", "backward"):
-        gemms = graph.gemms(phase)
-        if not gemms:
-            continue
-        lines.append(f"{phase}: {len(gemms)} GEMMs")
-        kinds = Counter((g.op, g.dtype_in[-2:] if g.op == "addmm" else g.dtype_in[:2],
-                         g.scaling, g.dtype_out, g.role) for g in gemms)
-        for (op, ins, scaling, out, role), n in kinds.items():
-            how = f" scaled {'/'.join(scaling)}" if scaling else ""
-            raises = ("  <- mixed operand dtypes: the real kernel raises"
-                      if role == "gemm-mixed" else "")
-            lines.append(f"  {n:4d} x {op}({', '.join(ins)}){how} -> {out}{raises}")
-    roles = Counter(n.role for n in graph.nodes)
-    lines.append(f"scale computation {roles['scale']} nodes, operand scaling and clamps "
-                 f"{roles['scaling']}, casts to FP8 {roles['cast-fp8']}, other {roles['other']}")
-    return "\n".join(lines)
-
-
 @click.command("fp8")
 @model_argument
 @click.option("--recipe", "recipe_text", required=True, metavar="torchao:NAME", help=RECIPE_HELP)
@@ -83,7 +59,7 @@ def _graph_text(graph: Any) -> str:
               "(seeded weights) and compare every GEMM's dtypes: exit 1 on a difference.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+@click.option("--format", "fmt", type=click.Choice(names("fp8")), default="text",
               show_default=True)
 @click.option("--dot", "dot_module", metavar="MODULE", default=None,
               help="Print Graphviz source of MODULE's forward nodes instead (torchao's amax, "
@@ -123,27 +99,9 @@ def fp8_command(model: str, recipe_text: str, pass_: str, check: bool, seq_len: 
 
         proof = prove_gemms(graph, built, _state(built, seed), train=pass_ == "train")
     progress_done()
-    if fmt == "json":
-        data = graph.to_dict()
-        if proof is not None:
-            data["check"] = {"ok": proof.ok, "gemms": len(proof.real),
-                             "first_difference": proof.first_difference()}
-        click.echo(json.dumps(data, indent=1))
-    else:
-        click.echo(_graph_text(graph))
-        if proof is not None and proof.ok:
-            raised = proof.real and proof.real[-1][0] == "raised"
-            click.echo(f"check: all {len(proof.real) - raised} GEMMs agree with a real CPU run"
-                       + (", which raises where predicted" if raised else ""))
+    write_output("fp8", fmt, graph, proof=proof)
     if proof is not None and not proof.ok:
         raise click.ClickException(f"the real CPU run differs: {proof.first_difference()}")
-
-
-def _row_text(row: Any) -> str:
-    s = row.survival
-    return (f"  {row.module:<40} {row.operand:<11} {row.fmt} {row.scaling:<10} "
-            f"zeros {s.zero_share:8.4%}  saturated {s.saturated_share:8.4%}  "
-            f"rms error {s.rel_error:.2%}")
 
 
 @click.command("fp8-ranges")
@@ -167,7 +125,7 @@ def _row_text(row: Any) -> str:
               "torchtitan's filter_fqns) to FILE, which --recipe ...,filter_file=FILE reads.")
 @click.option("--max-zero-share", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="--advise keeps a Linear in bf16 when an operand flushes more than this.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+@click.option("--format", "fmt", type=click.Choice(names("fp8-ranges")), default="text",
               show_default=True)
 def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, seed: int,
                        top: int, prove: bool, advise: bool, filter_path: Path | None,
@@ -221,36 +179,9 @@ def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, s
     after = (fp8_ranges.survival_table(built, recipe.with_filter(keep), state, train=train,
                                        operands=operands) if keep else rows)
     progress_done()
-    if fmt == "json":
-        data: dict[str, Any] = {"recipe": recipe.spelling, "pass": pass_, "te_code_ran": False
-                                if te else None,
-                                "operands": [r.to_dict() for r in rows]}
-        if prove:
-            data["proved"] = {"ok": not mismatches, "operands": len(rows)}
-        if advise:
-            data["advice"] = {"filter_fqns": list(keep),
-                              "recipe": recipe.with_filter(keep).spelling,
-                              "after": [r.to_dict() for r in after]}
-        click.echo(json.dumps(data, indent=1))
-    else:
-        if te:
-            from ampgraph.fp8.te import CONVERTED, NOT_IMPORTED
-
-            click.echo(f"{NOT_IMPORTED}; each nn.Linear {CONVERTED}")
-        click.echo(f"recipe {recipe.spelling}: {len(rows)} FP8 GEMM operands, worst first")
-        click.echo("\n".join(_row_text(r) for r in rows[:top]))
-        if prove and not mismatches:
-            click.echo(f"proved: all {len(rows)} operands' counts equal torchao's real "
-                       "conversion of the same tensors")
-        if advise:
-            if not keep:
-                click.echo(f"advice: no operand flushes more than {max_zero_share:.2%}: "
-                           "no filter needed")
-            else:
-                click.echo(f"advice: keep {len(keep)} Linears in bf16 "
-                           f"(recipe {recipe.with_filter(keep).spelling})")
-                click.echo(fp8_ranges.filter_code(keep))
-                click.echo("\n".join(fp8_ranges.diff_tables(rows, after)))
+    write_output("fp8-ranges", fmt, rows, recipe=recipe, top=top,
+                 proved=not mismatches if prove else None, keep=keep if advise else None,
+                 after=after, max_zero_share=max_zero_share, pass_=pass_, te=te)  # fmt: skip
     if mismatches:
         raise click.ClickException("prediction differs from torchao: " + mismatches[0])
 

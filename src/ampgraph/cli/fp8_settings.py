@@ -10,14 +10,13 @@ recipe); each prints what it prints for a setting, of the FP8 graph instead.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from ampgraph.cli.console import progress, progress_done
-from ampgraph.cli.fp8_commands import _build, _graph_text, _recipe, _state
+from ampgraph.cli.console import progress, progress_done, write_output
+from ampgraph.cli.fp8_commands import _build, _recipe, _state
 from ampgraph.cli.options import RECIPE_COMMANDS
 
 #: The setting commands that take a torchao recipe; the others point to ``ampgraph fp8``.
@@ -84,16 +83,8 @@ def run_setting_command(ctx: click.Context, recipes: tuple[str, ...]) -> None:
 
 
 def _table(graph: Any, phases: tuple[str, ...], fmt: str) -> None:
-    from ampgraph.fp8.compare import gemm_lines, gemm_markdown
-
     progress_done()
-    if fmt == "json":
-        click.echo(json.dumps(graph.to_dict(), indent=1))
-    elif fmt == "markdown":
-        click.echo(gemm_markdown(graph, phases))
-    else:
-        click.echo(_graph_text(graph).splitlines()[0])
-        click.echo("\n".join(gemm_lines(graph, phases)))
+    write_output("fp8-table", fmt, graph, phases=phases)
 
 
 def _check(ctx: click.Context, graph: Any, built: Any, train: bool, fmt: str) -> NoReturn:
@@ -102,18 +93,7 @@ def _check(ctx: click.Context, graph: Any, built: Any, train: bool, fmt: str) ->
     progress("running the converted model for real on the CPU")
     proof = prove_gemms(graph, built, _state(built, 0), train=train)
     progress_done()
-    if fmt == "json":
-        click.echo(json.dumps([{"recipe": graph.recipe.spelling, "ok": proof.ok,
-                                "gemms": len(proof.real),
-                                "first_difference": proof.first_difference()}], indent=1))
-    elif proof.ok:
-        raised = bool(proof.real) and proof.real[-1][0] == "raised"
-        click.echo(f"{graph.recipe.spelling}: all {len(proof.real) - raised} GEMMs' dtypes agree "
-                   "with a real CPU run of torchao's converted model"
-                   + (", which raises where predicted" if raised else ""))
-    else:
-        click.echo(f"{graph.recipe.spelling}: the real CPU run differs: "
-                   f"{proof.first_difference()}")
+    write_output("fp8-check", fmt, proof, recipe=graph.recipe.spelling)
     if not proof.ok:
         raise click.ClickException("the FP8 graph disagrees with a real CPU run")
     ctx.exit(0)
@@ -159,16 +139,7 @@ def _audit(ctx: click.Context, recipe: Any, params: dict[str, Any]) -> NoReturn:
     rows = fp8_ranges.survival_table(built, recipe, _state(built, 0))
     found = fp8_ranges.findings(rows)
     progress_done()
-    if params["fmt"] == "json":
-        click.echo(json.dumps({"recipe": recipe.spelling, "findings": [
-            {"severity": s, "module": r.module, "operand": r.operand, "message": m}
-            for s, r, m in found]}, indent=1))
-    else:
-        bullet = "- " if params["fmt"] == "markdown" else ""
-        click.echo(f"{bullet}{recipe.spelling}: {len(rows)} FP8 GEMM operands of the forward, "
-                   f"{len(found)} finding{'s' if len(found) != 1 else ''}")
-        for severity, row, message in found:
-            click.echo(f"{bullet}{severity}: {row.module} {row.operand}: {message}")
+    write_output("fp8-audit", params["fmt"], found, recipe=recipe.spelling, operands=len(rows))
     fail_on = params.get("fail_on", "never")
     failing = [f for f in found if fail_on != "never" and SEVERITY[f[0]] >= SEVERITY[fail_on]]
     if failing:
@@ -204,16 +175,8 @@ def fp8_diff(ctx: click.Context, sources: tuple[Any, ...], recipes: tuple[str, .
     survival = fp8_ranges.diff_tables(*rows)
     differ = bool(changes) or [r.survival for r in rows[0]] != [r.survival for r in rows[1]]
     progress_done()
-    if fmt == "json":
-        click.echo(json.dumps({"a": a.spelling, "b": b.spelling, "equal": not differ,
-                               "changes": changes, "survival": survival}, indent=1))
-    else:
-        bullet = "- " if fmt == "markdown" else ""
-        click.echo(f"{bullet}A: {a.spelling}\n{bullet}B: {b.spelling}")
-        for line in changes or ["the FP8 graphs are the same"]:
-            click.echo(bullet + line)
-        for line in survival:
-            click.echo(bullet + line)
+    write_output("fp8-diff", fmt, changes, a=a.spelling, b=b.spelling, survival=survival,
+                 equal=not differ)  # fmt: skip
     ctx.exit(1 if differ else 0)
 
 

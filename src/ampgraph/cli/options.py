@@ -422,26 +422,28 @@ def root_options() -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {"no_cache": False, "jobs": None}
 
 
-def format_option(choices: Sequence[str], help: str, *, several: bool = False) -> Callable[[F], F]:
-    """--format with the command's ``choices``: one of them, ``fmt`` (default ``text``), or with
-    ``several`` any number, ``formats`` (also ``-f``; render's files, none given: the command's
-    default).
+def format_option(kind: str, help: str, *, several: bool = False) -> Callable[[F], F]:
+    """--format with the formats :mod:`ampgraph.formats.registry` has for ``kind``: one of them,
+    ``fmt`` (default the first), or with ``several`` any number, ``formats`` (also ``-f``;
+    render's files, none given: the command's default).
 
     >>> @click.command()
-    ... @format_option(["text", "json"], "text: lines; json: a report.")
+    ... @format_option("verify", "text: lines; json: a record.")
     ... def show(fmt: str) -> None:
     ...     click.echo(fmt)
     >>> from click.testing import CliRunner
     >>> CliRunner().invoke(show, ["--format", "json"]).output
     'json\\n'
     """
+    from ampgraph.formats.registry import names
+
+    choices = list(names(kind))
     if several:
         return click.option(
-            "--format", "-f", "formats", type=click.Choice(list(choices)), multiple=True,
-            help=help,
+            "--format", "-f", "formats", type=click.Choice(choices), multiple=True, help=help,
         )  # fmt: skip
     return click.option(
-        "--format", "fmt", type=click.Choice(list(choices)), default="text", show_default=True,
+        "--format", "fmt", type=click.Choice(choices), default=choices[0], show_default=True,
         help=help,
     )  # fmt: skip
 

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ampgraph.cli.console import progress, progress_done
+from ampgraph.cli.console import progress, progress_done, write_output
 from ampgraph.cli.options import format_option, model_argument, setting_options
 from ampgraph.cli.reports import analysis_request
+from ampgraph.formats.registry import names
 
 if TYPE_CHECKING:
     from ampgraph.pipeline.request import AnalysisRequest
@@ -63,7 +64,7 @@ def _confined_ranges(request: AnalysisRequest, arguments: dict[str, Any]) -> Any
     help="Seeded random weights even where a model folder has .safetensors shards.",
 )
 @format_option(
-    ["text", "json", "markdown", "sarif"],
+    "ranges",
     "text: a line per setting and its findings (one screen); json: schema ampgraph.ranges "
     "(docs/schema.md); markdown: tables for a pull request; sarif: SARIF 2.1.0 for code "
     "scanning.",
@@ -125,8 +126,9 @@ def ranges_command(
         raise click.UsageError("--loss needs --pass train")
     request = analysis_request(model, settings, device, amp_dtype, seq_len, check=False,
                                pass_=pass_, loss=loss)  # fmt: skip
-    if show_diff and (len(request.settings) != 2 or fmt not in ("text", "json")):
-        raise click.UsageError("--diff compares two settings (give two -s) in text or json")
+    if show_diff and (len(request.settings) != 2 or fmt not in names("ranges-diff")):
+        raise click.UsageError("--diff compares two settings (give two -s) in "
+                               f"{' or '.join(names('ranges-diff'))}")  # fmt: skip
     if overlay_dir is not None:
         from ampgraph.report.writing import check_folder_writable
 
@@ -134,18 +136,7 @@ def ranges_command(
     arguments = dict(seed=random_seed, weights_dir=_weights_dir(model, random_weights))
     result = _confined_ranges(request, arguments)
     # After the work: the formats read ampgraph.ranges' records, whose package imports torch.
-    from ampgraph.formats.diff_text import ranges_diff_text
-    from ampgraph.formats.json import ranges_diff_json, ranges_json
-    from ampgraph.formats.markdown import ranges_markdown
-    from ampgraph.formats.sarif import ranges_sarif
-    from ampgraph.formats.text import ranges_text
-    if show_diff:
-        view = ranges_diff_text if fmt == "text" else ranges_diff_json
-        click.echo(view(result), nl=fmt == "json")
-    else:
-        render = {"text": ranges_text, "json": ranges_json, "markdown": ranges_markdown,
-                  "sarif": ranges_sarif}[fmt]  # fmt: skip
-        click.echo(render(result), nl=fmt in ("json", "sarif"))
+    write_output("ranges-diff" if show_diff else "ranges", fmt, result)
     if overlay_dir is not None:
         from ampgraph.render.range_overlay import write_overlays, write_page
 

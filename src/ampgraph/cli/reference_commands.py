@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from ampgraph.cli.console import write_output
 from ampgraph.cli.options import format_option
 from ampgraph.errors import AmpgraphError
 
@@ -38,7 +39,7 @@ def models() -> None:
     help="Instead, list what changed in the autocast lists after this torch release (2.13).",
 )  # fmt: skip
 @format_option(
-    ["text", "markdown", "json"], "Plain text, a Markdown page, or JSON (schema ampgraph.policy)."
+    "policy", "Plain text, a Markdown page, or JSON (schema ampgraph.policy)."
 )
 @click.option(
     "--import", "imports", multiple=True, metavar="MODULE",
@@ -70,9 +71,10 @@ def policy_command(
         if devices or imports:
             raise click.UsageError("--since lists table changes: give it without --device/--import")
         try:
-            click.echo(reference.changes_text(since, fmt))
+            changes, complete = reference.table_changes(since)
         except AmpgraphError as exc:
             raise click.BadParameter(str(exc), param_hint="--since") from None
+        write_output("policy-changes", fmt, changes, since=since, complete=complete)
         return
     from ampgraph.policy import autocast_device_types
 
@@ -96,7 +98,7 @@ def policy_command(
         )
     else:
         ref = reference.op_reference(wanted, libraries=libraries)
-    click.echo(reference.FORMATS[fmt](ref))
+    write_output("policy", fmt, ref)
     if ref.differences:
         raise click.ClickException(
             f"{ref.differences} difference{'s' if ref.differences != 1 else ''} between "

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ampgraph.cli.compiled_commands import compile_options, compiled_analysis
+from ampgraph.cli.console import write_output
 from ampgraph.cli.options import (
     device_option,
     format_option,
@@ -34,7 +35,6 @@ from ampgraph.cli.reports import (
     load_reports,
     refuse_model_with_reports,
 )
-from ampgraph.report.escape import terminal
 from ampgraph.review.compare_runs import Side, saved_report
 from ampgraph.settings import PRESETS, Setting
 
@@ -43,7 +43,7 @@ from ampgraph.settings import PRESETS, Setting
 @model_argument
 @setting_options
 @format_option(
-    ["text", "json", "markdown", "sarif"],
+    "audit",
     "text: a line per finding and the totals; json: schema ampgraph.review.audit; markdown: a "
     "table for a pull request; sarif: SARIF 2.1.0 for GitHub code scanning.",
 )
@@ -96,10 +96,6 @@ def audit(
         from ampgraph.cli.compiled_commands import compiled_audit
 
         return compiled_audit(analysis, fmt, fail_on, emulate)
-    from ampgraph.formats.json import audit_json
-    from ampgraph.formats.markdown import audit_markdown
-    from ampgraph.formats.sarif import audit_sarif, model_file
-    from ampgraph.formats.text import audit_text
     from ampgraph.review import audit as audit_lib
 
     if report_paths:
@@ -116,23 +112,7 @@ def audit(
 
         extra = attach(reports, [load_ranges(p) for p in ranges_paths])
         findings = [f + e for f, e in zip(findings, extra, strict=True)]
-    given = findings if ranges_paths else None
-    if fmt == "json":
-        click.echo(audit_json(reports, given))
-    elif fmt == "sarif":
-        click.echo(audit_sarif(reports, findings=given))
-        unplaced = sorted({
-            r.model for r, found in zip(reports, findings, strict=True)
-            if model_file(r.model) is None and any(f.source is None for f in found)
-        })  # fmt: skip
-        if unplaced:  # valid SARIF, but GitHub shows only results that point into a file
-            click.echo(f"warning: {', '.join(unplaced)}: some results have no source line and "
-                       "the model names no file of model code, so they have logical locations "
-                       "only (see docs/audit.md)", err=True)  # fmt: skip
-    else:
-        show = audit_markdown if fmt == "markdown" else audit_text
-        out = "\n\n".join(show(r, f) for r, f in zip(reports, findings, strict=True))
-        click.echo(terminal(out))  # control characters in module names shown, never run
+    write_output("audit", fmt, reports, findings=findings, ranges=bool(ranges_paths))
     if fail_on != "never":
         failing = sum(len(audit_lib.at_or_above(f, fail_on)) for f in findings)
         if failing:
@@ -170,11 +150,6 @@ def _release(value: str | None) -> str | None:
     return None if release == ACTIVE_RELEASE else release
 
 
-def _shown(fmt: str, text: str) -> str:
-    """A diff as printed: text and Markdown with terminal controls shown (JSON escapes its own)."""
-    return text if fmt == "json" else terminal(text)
-
-
 @click.command(name="diff")
 @click.argument("sources", nargs=-1, metavar="[A] [B]")
 @click.option(
@@ -190,7 +165,7 @@ def _shown(fmt: str, text: str) -> str:
 )  # fmt: skip
 @seq_len_option
 @format_option(
-    ["text", "markdown", "json"],
+    "diff",
     "text: a summary and a line per changed node; markdown: a pull-request comment (a summary "
     "table, details collapsed); json: schema ampgraph.review.diff.",
 )
@@ -274,7 +249,6 @@ def diff_command(
         ctx.exit(1)
     from ampgraph.model.specs import DEFAULT_TRACER, ModelSpec
     from ampgraph.review.compare_runs import compare_change, compare_sides
-    from ampgraph.formats import DIFF_FORMATS as FORMATS
 
     given = option_model()
     if given is not None:
@@ -299,7 +273,7 @@ def diff_command(
                                      keep_fp32)  # fmt: skip
         one = replace(request, model=spec, settings=(setting,))
         result, b = compare_change(one, keep=keep_fp32, moves=move_ops)
-        click.echo(_shown(fmt, FORMATS[fmt](result)))
+        write_output("diff", fmt, result)
         if b.check is not None and b.disagreements:
             n = len(b.disagreements)
             raise click.ClickException(
@@ -309,7 +283,7 @@ def diff_command(
     else:
         sides = _sides(sources, settings, devices, amp_dtypes, tables, recipes, tracer)
         result = compare_sides(sides, request, analysed)
-        click.echo(_shown(fmt, FORMATS[fmt](result)))
+        write_output("diff", fmt, result)
     if not result.equal:
         ctx.exit(1)
 

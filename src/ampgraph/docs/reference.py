@@ -10,8 +10,8 @@ ampgraph read its rule is a *difference*; a kernel whose rule ampgraph cannot kn
 type it has no tables for, a library's arbitrary kernel) is listed as *opaque*, which is what
 the annotator says at such a node.
 
-:func:`op_reference` imports torch; the formatting functions read only the plain records, so a
-saved JSON reference can be rendered anywhere.
+:func:`op_reference` imports torch; its text, Markdown and JSON are :mod:`ampgraph.formats.policy`'s,
+which read only the plain records, so a saved JSON reference can be shown anywhere.
 
 >>> ref = op_reference(["cuda"])
 >>> entry = ref.device("cuda").entry("aten::layer_norm")
@@ -23,9 +23,7 @@ saved JSON reference can be rendered anywhere.
 
 from __future__ import annotations
 
-import json
 import re
-import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -255,174 +253,12 @@ def table_changes(since: str) -> tuple[list[TableChange], bool]:
     return changes, start >= P._release(P.HISTORY_FROM)
 
 
-# -- formatting (no torch) -----------------------------------------------------------------------
-
-
-def _label(category: str) -> str:
-    return P.CATEGORY_LABEL.get(category, category)
-
-
-def _ordered(entries: list[OpEntry]) -> dict[str, list[OpEntry]]:
-    groups: dict[str, list[OpEntry]] = {c: [] for c in P.CATEGORIES}
-    for e in entries:
-        groups.setdefault(e.category, []).append(e)
-    return {c: es for c, es in groups.items() if es}
-
-
-def _short(op: str) -> str:
-    return op.removeprefix("aten::")
-
-
-def _header(ref: OpReference) -> str:
-    libs = "".join(f", {name} {version}" for name, version in ref.libraries.items())
-    return (
-        f"autocast op reference: torch {ref.torch}{libs}; ampgraph's tables are for torch "
-        f"{ref.tables_release}"
-    )
-
-
-def _device_line(d: DeviceReference) -> str:
-    if not d.entries:
-        return f"{d.device_type} ({d.key}): no op has an autocast kernel in this build"
-    tables = (
-        f"{len(d.differences)} difference{'s' if len(d.differences) != 1 else ''} from "
-        f"ampgraph's tables, read from {P.table_source(d.device_type)}"
-        if d.has_tables
-        else f"ampgraph has no {d.device_type} tables"
-    )
-    opaque = f", {len(d.opaque)} opaque to ampgraph" if d.opaque else ""
-    return (
-        f"{d.device_type} ({d.key}): {len(d.entries)} ops with an autocast kernel; {tables}{opaque}"
-    )
-
-
-def to_text(ref: OpReference) -> str:
-    """The reference as plain text: per device type, the ops of each category, then differences."""
-    lines = [_header(ref)]
-    for d in ref.devices:
-        lines += ["", _device_line(d)]
-        for category, entries in _ordered(d.entries).items():
-            names = ", ".join(
-                _short(e.op) + (f" (to {e.cast_to})" if e.cast_to else "") for e in entries
-            )
-            lines += textwrap.wrap(
-                f"{_label(category)} ({len(entries)}): {names}", 100,
-                initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False,
-            )  # fmt: skip
-        sources: dict[str, list[str]] = {}
-        for e in d.entries:
-            if not e.op.startswith("aten::"):
-                sources.setdefault(e.source, []).append(e.op)
-        for source, ops in sources.items():
-            lines += textwrap.wrap(
-                f"rule of {', '.join(ops)}: {source}", 100,
-                initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False,
-            )  # fmt: skip
-        for x in d.differences:
-            lines.append(f"  difference: {x.op}: {x.kind}: {x.detail}")
-    return "\n".join(lines)
-
-
-#: What each category does to a call, for the Markdown page's legend.
-CATEGORY_MEANING: dict[str, str] = {
-    P.LOWER_PRECISION_FP: "eligible floating inputs are cast to autocast's 16-bit dtype",
-    P.FP32: "eligible floating inputs are cast to fp32",
-    P.FP32_SET_OPT_DTYPE: "called with `dtype=torch.float32` unless the call sets a dtype",
-    P.FP32_APPEND_DTYPE: "redispatched to the overload that takes a dtype, with fp32",
-    P.PROMOTE: "floating inputs are cast to the widest floating dtype among them",
-    P.BANNED: "raises under autocast",
-    P.FP16: "floating inputs are cast to fp16, whatever autocast's dtype (cuDNN's RNN wrapper)",
-    P.FP32_OUTPUT_AS_INPUT: "runs in fp32, outputs cast back to the first input's dtype",
-    P.CAST_INPUTS: "`register_autocast`: floating inputs cast to the registered dtype",
-    P.OPAQUE: "a kernel whose rule ampgraph does not know: not analysed at its node",
-}
-
-
-def to_markdown(ref: OpReference) -> str:
-    """The reference as Markdown, one table per device type (for a documentation page)."""
-    libs = "".join(f", {name} {version}" for name, version in ref.libraries.items())
-    lines = [
-        "# Autocast op reference",
-        "",
-        (
-            f"Read from the dispatcher of torch {ref.torch}{libs} by `ampgraph policy --format "
-            f"markdown`; ampgraph's bundled tables are for torch {ref.tables_release}. Ops "
-            "without an autocast kernel run in their inputs' dtype, and mixed inputs follow type "
-            "promotion."
-        ),
-        "",
-        "| category | what autocast does |",
-        "|---|---|",
-        *(f"| {_label(c)} | {CATEGORY_MEANING[c]} |" for c in P.CATEGORIES),
-    ]
-    for d in ref.devices:
-        lines += [
-            "",
-            f"## {d.device_type} (`{d.key}`)",
-            "",
-            _device_line(d).partition(": ")[2] + ".",
-        ]
-        if not d.entries:
-            continue
-        lines += ["", "| op | category | rule from |", "|---|---|---|"]
-        for category, entries in _ordered(d.entries).items():
-            for e in entries:
-                label = _label(category) + (f" → {e.cast_to}" if e.cast_to else "")
-                lines.append(f"| `{_short(e.op)}` | {label} | {e.source} |")
-        if d.differences:
-            lines += ["", "Differences from ampgraph's tables:", ""]
-            lines += [f"* `{x.op}`: {x.kind}: {x.detail}" for x in d.differences]
-    return "\n".join(lines)
-
-
-def to_json(ref: OpReference) -> str:
-    """The reference as JSON (schema ``ampgraph.policy``, version 1)."""
-    return json.dumps(ref.to_dict(), indent=1)
-
-
-def changes_text(since: str, fmt: str = "text") -> str:
-    """``ampgraph policy --since``: the changes after ``since``, in ``text|markdown|json``."""
-    changes, complete = table_changes(since)
-    note = (
-        ""
-        if complete
-        else f"ampgraph's table history reaches back to torch {P.HISTORY_FROM}: changes between "
-        f"{since} and {P.HISTORY_FROM} are not recorded"
-    )
-    if fmt == "json":
-        data = {"since": since, "tables_release": P.TABLE_TORCH_VERSION, "complete": complete}
-        return json.dumps({**data, "changes": [asdict(c) for c in changes]}, indent=1)
-    head = f"autocast list changes after torch {since} (tables for torch {P.TABLE_TORCH_VERSION})"
-    if fmt == "markdown":
-        lines = [f"# {head[0].upper()}{head[1:]}", ""]
-        if note:
-            lines += [f"> {note}.", ""]
-        lines += ["| release | device | category | op | change |", "|---|---|---|---|---|"]
-        lines += [
-            f"| {c.release} | {c.device_type} | {_label(c.category)} | `{c.op}` | {c.change} |"
-            for c in changes
-        ]
-        return "\n".join(lines)
-    lines = [head + ":"]
-    lines += [f"  {c.release} {c.device_type} {_label(c.category)}: {c.op} {c.change}"
-              for c in changes] or ["  none"]  # fmt: skip
-    if note:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
-
-
-FORMATS = {"text": to_text, "markdown": to_markdown, "json": to_json}
-
 __all__ = [
     "DeviceReference",
     "Difference",
     "OpEntry",
     "OpReference",
     "TableChange",
-    "changes_text",
     "op_reference",
     "table_changes",
-    "to_json",
-    "to_markdown",
-    "to_text",
 ]

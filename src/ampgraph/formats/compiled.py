@@ -1,4 +1,6 @@
-"""The compiled dtype flow as text: a table per node, the eager-vs-compiled diff, audit findings.
+"""The compiled dtype flow as text: a table per node, the eager-vs-compiled diff, audit findings;
+and as JSON (``ampgraph compiled --view``: :func:`table_text`, :func:`diff_text`,
+:func:`audit_text`, :func:`flow_json`).
 
 >>> from ampgraph.compiled.flow import CompiledFlow, CompiledNode
 >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {"emulate_precision_casts": False},
@@ -14,6 +16,9 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow, CompiledNode, Kernel
+import json
+
+from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow
 
 _FATE_WORDS = {
     "stored": "stored in a buffer",
@@ -186,3 +191,75 @@ def check_lines(flow: CompiledFlow, disagreements: Sequence[str]) -> list[str]:
         names = ", ".join(f"{n} ({modules.get(n, '?')})" for n in kernel.nodes) if kernel else ""
         lines.append(f"  {d}" + (f": kernel {kernel.name}, {names}" if names else ""))
     return lines
+def table_text(flow: CompiledFlow) -> str:
+    """``--view table``: :func:`table_lines` as text."""
+    return "\n".join(table_lines(flow))
+
+
+def diff_text(flow: CompiledFlow) -> str:
+    """``--view diff``: :func:`diff_lines` as text."""
+    return "\n".join(diff_lines(flow))
+
+
+def audit_text(flow: CompiledFlow) -> str:
+    """``--view audit``: :func:`audit_lines` as text."""
+    return "\n".join(audit_lines(flow))
+
+
+def flow_json(flow: CompiledFlow) -> str:
+    """``--view json``: the flow's record."""
+    return json.dumps(flow.to_dict(), indent=1)
+
+
+# -- the compile axis of the setting commands: each command's output, per format -----------------
+
+
+def flows_table_text(flows: Sequence[CompiledFlow]) -> str:
+    """``table --compile inductor``: each setting's nodes, their fate and kernel."""
+    return "\n\n".join("\n".join(table_lines(f)) for f in flows)
+
+
+def flows_table_markdown(flows: Sequence[CompiledFlow]) -> str:
+    """``table --compile inductor --format markdown``."""
+    return "\n\n".join("\n".join(table_markdown(f)) for f in flows)
+
+
+def flows_table_json(flows: Sequence[CompiledFlow]) -> str:
+    """``table --compile inductor --format json``: one record, or a list of them."""
+    payload = [f.to_dict() for f in flows]
+    return json.dumps(payload[0] if len(payload) == 1 else payload, indent=1)
+
+
+def findings_text(found: Sequence[tuple[CompiledFlow, Sequence[str]]]) -> str:
+    """``audit --compile inductor``: each setting's header, then its lines."""
+    return "\n\n".join("\n".join([header(f), *lines]) for f, lines in found)
+
+
+def findings_json(found: Sequence[tuple[CompiledFlow, Sequence[str]]]) -> str:
+    """``audit --compile inductor --format json``: each setting's findings."""
+    return json.dumps([{"model": f.model, "setting": f.setting, "header": header(f),
+                        "findings": [ln for ln in lines if ln.startswith("warning:")]}
+                       for f, lines in found], indent=1)  # fmt: skip
+
+
+def check_text(results: Sequence[tuple[CompiledFlow, Sequence[str]]]) -> str:
+    """``check --compile inductor``: :func:`check_lines` of each setting."""
+    return "\n".join("\n".join(check_lines(flow, found)) for flow, found in results)
+
+
+def check_json(results: Sequence[tuple[CompiledFlow, Sequence[str]]]) -> str:
+    """``check --compile inductor --format json``."""
+    return json.dumps([{"model": f.model, "setting": f.setting, "header": header(f),
+                        "disagreements": list(found)} for f, found in results], indent=1)  # fmt: skip
+
+
+def sides_text(flows: Sequence[CompiledFlow | None], *, labels: Sequence[str]) -> str:
+    """``diff --compile A --compile B``: :func:`sides_diff_lines`."""
+    return "\n".join(sides_diff_lines(labels, flows))
+
+
+def sides_json(flows: Sequence[CompiledFlow | None], *, labels: Sequence[str]) -> str:
+    """``diff --compile A --compile B --format json``."""
+    lines = sides_diff_lines(labels, flows)
+    return json.dumps({"a": labels[0], "b": labels[1], "equal": lines[0].startswith("0 "),
+                       "differ": lines[1:]}, indent=1)  # fmt: skip

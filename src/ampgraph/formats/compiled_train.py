@@ -10,6 +10,8 @@ the compiled backward is traced under autocast (backward_pass_autocast=same_as_f
 
 from __future__ import annotations
 
+import json
+
 from ampgraph.compiled.flow import BackwardOp, CompiledTrain
 from ampgraph.formats import compiled as text
 
@@ -72,3 +74,23 @@ def audit_lines(t: CompiledTrain, changes: Changes | None, other: str) -> list[s
             "torch._functorch.config.backward_pass_autocast = 'off'"
         )
     return lines or [f"no finding ({autocast_line(t)})"]
+
+
+def step_table(t: CompiledTrain, *, changes: Changes | None, other: str) -> str:
+    """``ampgraph compiled --pass train``: :func:`table_lines`."""
+    return "\n".join(table_lines(t))
+
+
+def step_diff(t: CompiledTrain, *, changes: Changes | None, other: str) -> str:
+    """``--view diff``: :func:`diff_lines`."""
+    return "\n".join(diff_lines(t, changes, other))
+
+
+def step_audit(t: CompiledTrain, *, changes: Changes | None, other: str) -> str:
+    """``--view audit``: :func:`audit_lines`."""
+    return "\n".join(audit_lines(t, changes, other))
+
+
+def step_json(t: CompiledTrain, *, changes: Changes | None, other: str) -> str:
+    """``--view json``: the step's record."""
+    return json.dumps(t.to_dict(), indent=1)

@@ -50,7 +50,7 @@ from ampgraph.report.records import NodeRecord, Report
 from ampgraph.review.audit import Finding, audit, folded
 from ampgraph.review.diff import ReportDiff
 from ampgraph.settings import caption, short_dtype
-from ampgraph.train.backward_ops import (
+from ampgraph.report.backward_ops import (
     CAST_OP,
     base_name,
     cast_pairs,
@@ -59,7 +59,7 @@ from ampgraph.train.backward_ops import (
     layer_depth,
     sixteen_bit_ops,
 )
-from ampgraph.train.memory import (
+from ampgraph.report.memory import (
     ACTIVATION,
     PARAMETER_COPY,
     activation_bytes_by_dtype,

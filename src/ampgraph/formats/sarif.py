@@ -164,10 +164,31 @@ def ranges_sarif(result: RangesResult) -> str:
     }, indent=1)  # fmt: skip
 
 
+
+def unplaced_warning(
+    reports: Sequence[Report], findings: Sequence[Sequence[Finding]]
+) -> str | None:
+    """The line for standard error beside an audit's SARIF where some results point into no file:
+    valid SARIF, but GitHub shows only results that do; None where every result has a file.
+
+    >>> unplaced_warning([Report("m", {}, {}, {}, [], [])], [[]]) is None
+    True
+    """
+    unplaced = sorted({
+        r.model for r, found in zip(reports, findings, strict=True)
+        if model_file(r.model) is None and any(f.source is None for f in found)
+    })  # fmt: skip
+    if not unplaced:
+        return None
+    return (f"warning: {', '.join(unplaced)}: some results have no source line and the model "
+            "names no file of model code, so they have logical locations only (see "
+            "docs/audit.md)")  # fmt: skip
+
 __all__ = [
     "SARIF_SCHEMA",
     "artifact_uri",
     "audit_sarif",
     "model_file",
     "ranges_sarif",
+    "unplaced_warning",
 ]

@@ -27,14 +27,14 @@ from ampgraph.report.records import Backward, Gradient, NodeRecord, Report
 from ampgraph.review.audit import Finding, audit, fmt_bytes, folded, summary, where
 from ampgraph.review.fold import Fold, Names, fold
 from ampgraph.settings import caption, short_dtype
-from ampgraph.train.backward_ops import (
+from ampgraph.report.backward_ops import (
     base_name,
     gradient_origin,
     is_cast,
     module_order,
     sixteen_bit_ops_of,
 )
-from ampgraph.train.memory import (
+from ampgraph.report.memory import (
     ACTIVATION,
     PARAMETER_COPY,
     activation_bytes_by_dtype,

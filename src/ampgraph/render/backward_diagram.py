@@ -243,7 +243,7 @@ def memory_rows(report: Report) -> list[tuple[str, dict[str, int]]]:
     A layer is a module path up to its first list index (``model.decoder.layers.3``), or the
     whole path of a module outside every list; rows keep the order the forward saved them in.
     """
-    from ampgraph.train.memory import by_module
+    from ampgraph.report.memory import by_module
 
     backward = report.backward
     if backward is None:

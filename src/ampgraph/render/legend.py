@@ -36,7 +36,7 @@ from ampgraph.render.style import (
     dtype_family,
 )
 from ampgraph.settings import short_dtype
-from ampgraph.train.memory import human_bytes
+from ampgraph.report.memory import human_bytes
 
 
 @dataclass(frozen=True)

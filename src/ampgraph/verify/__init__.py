@@ -49,7 +49,6 @@ from ampgraph.verify.results import (
     now,
     verify_record,
     versions,
-    write_record,
 )
 from ampgraph.verify.tensors import draft_tensors, graph_inputs, random_like, real_inputs
 
@@ -138,5 +137,4 @@ __all__ = [
     "resolve_device",
     "verify",
     "verify_record",
-    "write_record",
 ]

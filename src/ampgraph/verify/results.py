@@ -1,4 +1,5 @@
-"""What a verification found: agreement counts, disagreements, and the JSON record.
+"""What a verification found: agreement counts, disagreements, and the JSON record (written to a
+file by :func:`ampgraph.formats.outputs.write_verify_record`).
 
 >>> print(Agreement(354, 354))
 354/354
@@ -7,17 +8,12 @@
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
-from ampgraph.errors import AmpgraphError
 from ampgraph.report.records import Report
-from ampgraph.report.writing import atomic_write
 from ampgraph.settings import Setting, short_dtype
 
 SCHEMA = "ampgraph.verify"
@@ -225,24 +221,6 @@ def verify_record(results: Sequence[VerifyResult], **extra: Any) -> dict[str, An
     return record
 
 
-def write_record(
-    results: Sequence[VerifyResult], path: str | os.PathLike[str], **extra: Any
-) -> Path:
-    """Write :func:`verify_record` as JSON to ``path`` with :func:`~ampgraph.report.writing.atomic_write`
-    (a reader never sees half; a device such as ``/dev/null`` is written through, never replaced).
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(verify_record(results, **extra), indent=1) + "\n"
-    try:
-        atomic_write(target, text.encode())
-    except OSError as exc:
-        raise AmpgraphError(
-            f"cannot write the record to {target}: {exc.strerror or exc}; choose another path"
-        ) from None
-    return target
-
-
 def versions() -> dict[str, str]:
     """The analysis's versions (:func:`ampgraph.pipeline.stages.versions`), Python's and CUDA's."""
     import torch
@@ -268,5 +246,4 @@ __all__ = [
     "Verification",
     "VerifyResult",
     "verify_record",
-    "write_record",
 ]

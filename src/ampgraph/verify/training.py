@@ -50,7 +50,7 @@ from ampgraph.report.records import Report, SavedTensor
 from ampgraph.settings import Setting, short_dtype
 from ampgraph.torchutil import autocast_state, dtype_name, swapped_tensors, torch_dtype
 from ampgraph.train.backward import ParameterCopies
-from ampgraph.train.memory import activation_bytes_by_dtype
+from ampgraph.report.memory import activation_bytes_by_dtype
 from ampgraph.verify.device import check_memory, device_name, resolve_device
 from ampgraph.verify.results import Agreement, Disagreement, Verification, now, versions
 from ampgraph.verify.tensors import random_like, real_inputs

@@ -1,0 +1,151 @@
+"""The one registry of output formats (:mod:`ampgraph.formats.registry`): every command's
+``--format`` choices are its names, every writer it names exists, and the CLI writes no format
+of its own."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import io
+from pathlib import Path
+
+import click
+import pytest
+
+from ampgraph.cli import main
+from ampgraph.formats import registry
+from ampgraph.report.records import Report
+from ampgraph.review.diff import ReportDiff
+
+CLI = Path(registry.__file__).resolve().parent.parent / "cli"
+
+#: Each command (its path under ``ampgraph``), the option that chooses its format, and the kind
+#: of result it writes.
+COMMANDS = {
+    ("table",): ("fmt", "table"),
+    ("check",): ("fmt", "check"),
+    ("verify",): ("fmt", "verify"),
+    ("render",): ("formats", "diagram"),
+    ("audit",): ("fmt", "audit"),
+    ("diff",): ("fmt", "diff"),
+    ("baseline", "check"): ("fmt", "baseline-check"),
+    ("ranges",): ("fmt", "ranges"),
+    ("compiled",): ("view", "compiled"),
+    ("fp8",): ("fmt", "fp8"),
+    ("fp8-ranges",): ("fmt", "fp8-ranges"),
+    ("policy",): ("fmt", "policy"),
+}
+
+
+def _command(path: tuple[str, ...]) -> click.Command:
+    command: click.Command = main
+    for name in path:
+        assert isinstance(command, click.Group)
+        found = command.get_command(click.Context(command), name)
+        assert found is not None, path
+        command = found
+    return command
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=" ".join)
+def test_a_commands_format_choices_are_the_registrys_names(path: tuple[str, ...]) -> None:
+    option, kind = COMMANDS[path]
+    (param,) = [p for p in _command(path).params if p.name == option]
+    assert isinstance(param.type, click.Choice)
+    assert tuple(param.type.choices) == registry.names(kind)
+
+
+def test_every_command_with_a_format_is_known_here() -> None:
+    """A new command with a --format names its kind above, so the test sees it."""
+    seen = set()
+
+    def walk(command: click.Command, path: tuple[str, ...]) -> None:
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                walk(sub, (*path, name))
+        elif any("--format" in p.opts for p in command.params if isinstance(p, click.Option)):
+            seen.add(path)
+
+    walk(main, ())
+    assert seen == {p for p, (option, _) in COMMANDS.items() if option != "view"}
+
+
+def test_every_writer_the_registry_names_exists() -> None:
+    for kind, writers in registry.REGISTRY.items():
+        assert writers, kind
+        for fmt, writer in writers.items():
+            for target in filter(None, (writer.target, writer.warning)):
+                module, _, function = target.partition(":")
+                found = importlib.import_module(f"ampgraph.formats.{module}")
+                assert callable(getattr(found, function, None)), (kind, fmt, target)
+
+
+#: A format's own tuning, with a default no command passes: the Markdown diff's row limit, the
+#: SARIF's file locator.
+OWN = {"limit", "uri"}
+
+
+def _keywords(target: str) -> set[str]:
+    module, _, function = target.partition(":")
+    found = getattr(importlib.import_module(f"ampgraph.formats.{module}"), function)
+    parameters = list(inspect.signature(found).parameters.values())[1:]  # after the result
+    return {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD} - OWN
+
+
+@pytest.mark.parametrize("kind", list(registry.REGISTRY))
+def test_the_writers_of_a_kind_take_the_same_options(kind: str) -> None:
+    """A command passes its options whatever the format: each writer of a kind takes them all
+    (``check --format markdown`` was given ``pass_`` its writer did not take)."""
+    writers = registry.REGISTRY[kind]
+    taken = {f: _keywords(w.target) for f, w in writers.items() if w.target != "outputs:nothing"}
+    assert len({frozenset(k) for k in taken.values()}) == 1, taken
+
+
+def test_the_diagrams_are_the_renderers_formats() -> None:
+    from ampgraph.render.files import FORMATS
+
+    assert registry.names("diagram") == FORMATS
+
+
+def test_the_policy_changes_have_the_references_formats() -> None:
+    """``policy --since`` writes its changes in the format chosen among the reference's."""
+    assert registry.names("policy-changes") == registry.names("policy")
+    assert registry.names("ranges-diff") == tuple(
+        n for n in registry.names("ranges") if n in registry.names("ranges-diff")
+    )
+    assert registry.names("verify-setting") == registry.names("verify")
+
+
+def test_an_unknown_kind_or_format_is_named() -> None:
+    with pytest.raises(KeyError, match="no output kind 'tables'"):
+        registry.names("tables")
+    with pytest.raises(KeyError, match="diff has no format 'sarif': text, markdown, json"):
+        registry.text("diff", "sarif", ReportDiff({}, {}))
+
+
+def test_write_puts_the_text_on_its_stream_and_the_warning_on_stderr(capsys) -> None:
+    """An audit's SARIF of a bundled model (no file of model code, a finding without a source
+    line) says on stderr that GitHub shows its results nowhere; stdout is the SARIF alone."""
+    from ampgraph.review.audit import Finding
+
+    report = Report("opt-125m", {"name": "amp-fp32"}, {}, {}, [], [])
+    finding = Finding("mixed-dtypes", "warning", "add", "aten.add.Tensor", "m", "widened", "cast")
+    out = io.StringIO()
+    registry.write("audit", "sarif", [report], out, findings=[[finding]], ranges=False)
+    assert out.getvalue().startswith("{") and out.getvalue().endswith("}\n")
+    assert capsys.readouterr().err.startswith("warning: opt-125m: some results have no source")
+    registry.write("audit", "sarif", [report], out, findings=[[]], ranges=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_command_line_writes_no_json_of_its_own() -> None:
+    """Output goes through the formats: no module of ampgraph.cli calls json.dumps."""
+    calls = {
+        path.name
+        for path in CLI.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) in ("json.dumps", "dumps", "json.dump")
+    }
+    assert calls == set()
