@@ -68,10 +68,13 @@ def test_fake_grouped_mm_counts_strides_in_the_operands_own_bytes(
         real: torch.Tensor | None = torch._grouped_mm(a, b, offs=offs)
     except RuntimeError:
         real = None
-    with fake_mode():
+    with fake_mode():  # made fake on the device (torch 2.9 without a driver cannot move to it)
+        fa = torch.empty(6, width, dtype=dtype, device=device)
+        fb = torch.empty(2, 8, width, dtype=dtype, device=device).transpose(-1, -2)
+        assert fb.stride() == b.stride()
         try:
             fake: torch.Tensor | None = torch._grouped_mm(
-                a.to(device), b.to(device), offs=offs.to(device)
+                fa, fb, offs=torch.empty(2, dtype=torch.int32, device=device)
             )
         except RuntimeError:
             fake = None
