@@ -65,12 +65,15 @@ def _cell(text: str, limit: int = 300) -> str:
 def _counts(records: dict[str, dict[str, Any]]) -> list[str]:
     tried = [r for r in records.values() if not r.get("no_tester")]
     counts = Counter(status(r) for r in tried)
-    died = counts["does not build"] + counts["timed out"] + counts["crashed"]
+    generic = counts["does not build (generic tester)"]
+    died = counts["does not build"] + generic + counts["timed out"] + counts["crashed"]
     return [
         "| | types |",
         "| --- | --- |",
         f"| run | {len(tried)} |",
         f"| build | {len(tried) - died} |",
+        f"| do not build from their own tester | {counts['does not build']} |",
+        f"| do not build from the generic tester | {generic} |",
         f"| raise in a plain fp32 run too (the tester's config, not a capture) | "
         f"{counts['raises in a plain run']} |",
         f"| analysable | {counts['exact'] + counts['not exact']} |",
