@@ -103,9 +103,15 @@ def model_types() -> list[str]:
     return sorted(MODEL_MAPPING_NAMES)
 
 
-def tester_source(model_type: str, tests_dir: Path) -> str:
+def source_of(model_type: str, tests_dir: Path) -> str:
     """Where ``model_type``'s tiny config comes from: its own test file, transformers' generic
-    causal LM tester, or the zoo's generic tester (``zoo_generic``)."""
+    causal LM tester, or the zoo's generic tester (``zoo_generic``).
+
+    >>> source_of("albert", Path("/nonexistent"))
+    'generic tester (config defaults shrunk, inputs from the forward signature)'
+    >>> source_of("llama", Path("/nonexistent"))
+    'tests/causal_lm_tester.py (CausalLMModelTester)'
+    """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if _on_disk(tests_dir, f"tests.models.{model_type}.test_modeling_{model_type}"):
@@ -151,7 +157,7 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
     tester, else transformers' causal LM one, else the zoo's generic tester."""
     import torch
 
-    source = tester_source(model_type, tests_dir)
+    source = source_of(model_type, tests_dir)
     if source == importlib.import_module("zoo_generic").SOURCE:
         return (*importlib.import_module("zoo_generic").generic(model_type), source)
     torch.manual_seed(0)
@@ -266,7 +272,7 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
         model = make()
     except Exception as exc:  # noqa: BLE001 - a type that does not build is a line on the page
         if "/" not in name:
-            rec["tester"] = tester_source(name, tests_dir)
+            rec["tester"] = source_of(name, tests_dir)
         rec["build_error"] = f"{type(exc).__name__}: {one_line(exc)}"
         rec["seconds"] = round(time.perf_counter() - start, 1)
         return rec
@@ -298,6 +304,11 @@ def _bound(memory_gb: float) -> Any:
     return lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
+def _where(name: str, tests_dir: str) -> dict[str, str]:
+    """The tester a record of a job that did not finish names (none for a beyond model)."""
+    return {} if "/" in name else {"tester": source_of(name, Path(tests_dir))}
+
+
 def job(model_type: str, tests_dir: str, combos: list[str], timeout: float,
         memory_gb: float = 6.0) -> dict[str, Any]:  # fmt: skip
     """One type in its own process, bounded by ``timeout`` seconds and ``memory_gb`` of heap
@@ -312,13 +323,15 @@ def job(model_type: str, tests_dir: str, combos: list[str], timeout: float,
                               preexec_fn=_bound(memory_gb))  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"type": model_type, "timed_out": True, "seconds": round(timeout, 1),
-                "build_error": f"timed out after {timeout:.0f} s"}  # fmt: skip
+                "build_error": f"timed out after {timeout:.0f} s",
+                **_where(model_type, tests_dir)}  # fmt: skip
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
         seconds = round(time.perf_counter() - start, 1)
         return {"type": model_type, "crashed": True, "seconds": seconds,
-                "build_error": f"process ended with {done.returncode}: {tail}"}  # fmt: skip
+                "build_error": f"process ended with {done.returncode}: {tail}",
+                **_where(model_type, tests_dir)}  # fmt: skip
     return json.loads(lines[-1])
 
 

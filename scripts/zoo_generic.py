@@ -226,13 +226,13 @@ def generic(model_type: str) -> tuple[Any, dict[str, Any]]:
     config = tiny_config(model_type)
     model = AutoModel.from_config(config, attn_implementation="eager").eval()
     torch.manual_seed(0)
-    tries, first = inputs_for(model), None
-    for inputs in tries:
+    last: Exception | None = None
+    for inputs in inputs_for(model):
         try:
             with torch.inference_mode():
                 model(**inputs)
-        except Exception as exc:  # noqa: BLE001 - the next try, else the first one's error
-            first = first or exc
+        except Exception as exc:  # noqa: BLE001 - the next try, else the last (fullest) one's
+            last = exc
         else:
             return config, inputs
-    raise first  # type: ignore[misc]
+    raise last  # type: ignore[misc]
