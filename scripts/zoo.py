@@ -430,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                           else model_types())
     if args.skip_done and args.results.exists():
         lines = [json.loads(ln) for ln in args.results.read_text().splitlines() if ln.strip()]
-        done = {r["type"] for r in lines if not r.get("no_tester")}  # a type with no tester then may have one now
+        # A type recorded without a tester then has the generic one now: run it.
+        done = {r["type"] for r in lines if not r.get("no_tester")}
         names = [n for n in names if n not in done]
     run_ray(names, args)
     return 0

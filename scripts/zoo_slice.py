@@ -77,9 +77,9 @@ def model(name: str) -> Any:
 
 def survey(names: Sequence[str], amps: Sequence[str], settings: Sequence[str], device: str,
            limit_s: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """``verify`` of each type (:func:`model`) against ``device``'s real kernels in each setting, as the
-    GPU survey's rows (``case``, ``setting``, ``ok``...), until ``limit_s`` seconds have passed;
-    and the types not reached."""
+    """``verify`` of each type (:func:`model`) against ``device``'s real kernels in each setting,
+    as the GPU survey's rows (``case``, ``setting``, ``ok``...), until ``limit_s`` seconds have
+    passed; and the types not reached."""
     from ampgraph.errors import first_line
     from ampgraph.settings import seed_matrix
     from ampgraph.verify import verify

@@ -3,11 +3,11 @@
 Each model type's tiny config and inputs come from transformers' own tests (its ``*ModelTester``,
 or the generic ``CausalLMModelTester``) or, for a type without one, the zoo's generic tester
 (``scripts/zoo_generic.py``: the config's defaults shrunk, inputs from the forward signature),
-exported by ``scripts/zoo.py --export-slice`` into ``tests/data/zoo_slice.json`` so that the suite needs no transformers checkout. Each is analysed
-and must be exact: every node as the dispatcher says, every hook line as the eager model's own
-forward hooks on fake CUDA tensors running the real autocast kernels, and (one setting) every
-node, module and cast as a real CPU autocast run. Expectations are those oracles' output, never
-ampgraph's own. One setting per type runs in the quick suite; the rest are marked slow.
+exported by ``scripts/zoo.py --export-slice`` into ``tests/data/zoo_slice.json`` so that the
+suite needs no transformers checkout. Each is analysed and must be exact: every node as the
+dispatcher says, every hook line as the eager model's own forward hooks on fake CUDA tensors
+running the real autocast kernels, and (one setting) every node, module and cast as a real CPU
+autocast run. Expectations are those oracles' output, never ampgraph's own. One setting per type runs in the quick suite; the rest are marked slow.
 """
 
 from __future__ import annotations
