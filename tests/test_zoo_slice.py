@@ -7,7 +7,8 @@ exported by ``scripts/zoo.py --export-slice`` into ``tests/data/zoo_slice.json``
 suite needs no transformers checkout. Each is analysed and must be exact: every node as the
 dispatcher says, every hook line as the eager model's own forward hooks on fake CUDA tensors
 running the real autocast kernels, and (one setting) every node, module and cast as a real CPU
-autocast run. Expectations are those oracles' output, never ampgraph's own. One setting per type runs in the quick suite; the rest are marked slow.
+autocast run. Expectations are those oracles' output, never ampgraph's own. One setting per type
+runs in the quick suite; the rest are marked slow.
 """
 
 from __future__ import annotations
