@@ -188,6 +188,8 @@ def classify(text: str) -> str:
     'timed out'
     >>> classify("Expected mat_a stride along 0 dim to be multiple of 16 bytes, got 12.")
     'compile-only branch (grouped_mm)'
+    >>> classify("module e.dropout (Dropout): predicted [e.dropout] in=torch.float32 ...")
+    'module line of an eval-mode Dropout (no node of its own)'
     """
     low = text.lower()
     rules = (
@@ -201,6 +203,9 @@ def classify(text: str) -> str:
         # theirs, the capture lists its line first.
         ("lora_magnitude_vector", "call order of a module that calls modules it is given"),
         ("couldn't swap", "swapped modules"),
+        # verify's module line of an eval-mode Dropout (an identity: no node of its own) where
+        # every node and cast agreed: the line's dtypes, not the computation, part.
+        ("(dropout): predicted", "module line of an eval-mode Dropout (no node of its own)"),
         (".item()", ".item()"),
         ("data-dependent", "value-dependent shapes"),
         ("unbacked", "value-dependent shapes"),
