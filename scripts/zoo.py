@@ -189,7 +189,7 @@ def classify(text: str) -> str:
     >>> classify("Expected mat_a stride along 0 dim to be multiple of 16 bytes, got 12.")
     'compile-only branch (grouped_mm)'
     >>> classify("module e.dropout (Dropout): predicted [e.dropout] in=torch.float32 ...")
-    'module line of an eval-mode Dropout (no node of its own)'
+    'value-dependent branch (an all-ones attention mask)'
     """
     low = text.lower()
     rules = (
@@ -203,9 +203,11 @@ def classify(text: str) -> str:
         # theirs, the capture lists its line first.
         ("lora_magnitude_vector", "call order of a module that calls modules it is given"),
         ("couldn't swap", "swapped modules"),
-        # verify's module line of an eval-mode Dropout (an identity: no node of its own) where
-        # every node and cast agreed: the line's dtypes, not the computation, part.
-        ("(dropout): predicted", "module line of an eval-mode Dropout (no node of its own)"),
+        # verify's line of the Dropout after an attention softmax, every node and cast agreeing:
+        # the real run drops an all-ones attention mask (transformers' mask code reads its
+        # values), so the scores stay bf16, where the capture added the fp32 mask. convbert and
+        # blip are exact with one zero in the mask.
+        ("(dropout): predicted", "value-dependent branch (an all-ones attention mask)"),
         (".item()", ".item()"),
         ("data-dependent", "value-dependent shapes"),
         ("unbacked", "value-dependent shapes"),
