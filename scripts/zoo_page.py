@@ -36,12 +36,14 @@ def load(results: Path) -> dict[str, dict[str, Any]]:
 def mechanism(rec: dict[str, Any]) -> str:
     """Why a type is not exact, as one phrase and the evidence's first line.
 
-    >>> mechanism({"build_error": "LookupError: no tester here", "builds": False})
-    'other: LookupError: no tester here'
+    >>> mechanism({"build_error": "KeyError: 'full_attention'", "builds": False})
+    "KeyError: 'full_attention'"
+    >>> mechanism({"build_error": "timed out after 300 s", "builds": False})
+    'timed out: timed out after 300 s'
     """
     if not rec.get("builds"):
         text = rec.get("build_error", "")
-        return f"{classify(text)}: {text}"
+        return text if classify(text) == "other" else f"{classify(text)}: {text}"
     for combo, cells in rec["cells"].items():
         for name, cell in cells.items():
             if cell.get("failure") and cell.get("plain_run"):
@@ -74,7 +76,8 @@ def _counts(records: dict[str, dict[str, Any]]) -> list[str]:
         "| --- | --- |",
         f"| run | {len(tried)} |",
         f"| build | {len(tried) - died} |",
-        f"| do not build from their own tester | {counts['does not build']} |",
+        f"| do not build from transformers' tester (own or causal LM) | "
+        f"{counts['does not build']} |",
         f"| do not build from the generic tester | {generic} |",
         f"| raise in a plain fp32 run too (the tester's config, not a capture) | "
         f"{counts['raises in a plain run']} |",
@@ -93,7 +96,8 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         mech = mechanism(rec)
         fixed = mech.split(" (")[0].split(":")[0] in FIX_CLASSES
         fix = " (a capture fix after this run addresses it)" if fixed else ""
-        lines.append(f"| {name} | {_cell(rec.get('tester', '-'), 60)} | {status(rec)} | "
+        tester = "generic tester" if _source(rec) == "the generic tester" else rec.get("tester")
+        lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
     exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
     return [*lines, "", f"Exact ({len(exact)}): {', '.join(exact) or 'none'}.", ""]
@@ -149,7 +153,9 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         f"types of `tests/data/zoo_slice.json`: {', '.join(_slice_names())}) runs every one of "
         "the four settings x bf16/fp16 against the dispatcher and the eager hooks, and "
         "`verify --device cpu` in `amp-fp32 bf16`, and requires each to be exact; "
-        "`scripts/zoo.py --all-combos` runs them all on the whole zoo.",
+        "`scripts/zoo.py --all-combos` runs them all on the whole zoo. On a GPU, "
+        "`scripts/gpu_survey.py --zoo` verifies the slice's types against the real CUDA kernels "
+        "(`--zoo TYPE,...`: any model type, one beyond the slice from the generic tester).",
         "",
         "## Every type that is not exact, and why",
         "",
@@ -220,8 +226,11 @@ def _footer(results: Path) -> str:
         "```",
         "",
         "Every model type is one Ray task (`ray.remote`, one CPU each) that runs the type in its "
-        "own process, bounded by `--timeout` seconds; a type that runs past it is recorded as "
-        "timed out. On more machines: `ray start --head` on one, `ray start --address=HEAD:6379` "
+        "own process, bounded by `--timeout` seconds and by a heap of `--memory-gb` (default 6, "
+        "also the memory the task reserves, so Ray places no more tasks than fit); a type that "
+        "runs past the time is recorded as timed out. A local cluster gets `--workers` CPUs "
+        "(default 1) and an 80 MB object store (the records are small). On more machines: "
+        "`ray start --head` on one, `ray start --address=HEAD:6379` "
         "on each of the others (each with ampgraph, its extras and the transformers checkout at "
         "the same path), then pass `--address HEAD:6379`. Results are appended as JSON lines as "
         "each task lands; `--skip-done` resumes a stopped run, and the page is written from "
