@@ -7,7 +7,9 @@ transformers checkout at the installed release, given by ``--tests-dir``) gives 
 and one forward call's inputs (``prepare_config_and_inputs_for_common()``, the tester given a
 dummy ``parent`` test case). A causal LM type whose test file is not in ``--tests-dir`` gets
 transformers' generic ``CausalLMModelTester`` (``tests/causal_lm_tester.py``, the tester most
-decoder models' test files subclass) with its config and base model classes. Each type is then,
+decoder models' test files subclass) with its config and base model classes; any other type gets
+the zoo's generic tester (``zoo_generic``: the config class's defaults shrunk as the testers
+shrink them, inputs from the forward signature), and each record says which. Each type is then,
 in each combination asked (``--combo "amp-fp32 bf16"``, repeatable; ``--all-combos`` for the
 four settings x bf16/fp16): ``check`` (ampgraph's analysis against the CUDA policy on the
 dispatcher, and the eager model's forward hooks, ``matrix_harness.compare``) and
@@ -17,7 +19,7 @@ Each type is one independent job on Ray (``pip install 'ampgraph[zoo]'``): a loc
 default, any cluster by ``--address`` (``ray start --head`` on one machine, ``ray start
 --address=HEAD:6379`` on the others, then ``--address HEAD:6379``). A job runs the type in its
 own process, bounded by ``--timeout`` seconds (a type that runs past it is recorded as timed
-out). Results are appended as JSON lines to ``--results`` as each type finishes, so a page can
+out) and ``--memory-gb`` of heap. Results are appended as JSON lines to ``--results`` as each type finishes, so a page can
 be written from whatever finished:
 
     .venv/bin/python scripts/zoo.py --tests-dir /path/to/transformers/tests --results zoo.jsonl
