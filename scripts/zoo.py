@@ -19,7 +19,8 @@ Each type is one independent job on Ray (``pip install 'ampgraph[zoo]'``): a loc
 default, any cluster by ``--address`` (``ray start --head`` on one machine, ``ray start
 --address=HEAD:6379`` on the others, then ``--address HEAD:6379``). A job runs the type in its
 own process, bounded by ``--timeout`` seconds (a type that runs past it is recorded as timed
-out) and ``--memory-gb`` of heap. Results are appended as JSON lines to ``--results`` as each type finishes, so a page can
+out) and ``--memory-gb`` of heap. Results are appended as JSON lines to ``--results`` as each
+type finishes, so a page can
 be written from whatever finished:
 
     .venv/bin/python scripts/zoo.py --tests-dir /path/to/transformers/tests --results zoo.jsonl
