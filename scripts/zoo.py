@@ -219,6 +219,9 @@ def classify(text: str) -> str:
         ("is_grad_enabled", "grad mode"),
         ("inference_mode", "grad mode"),
         ("out of memory", "out of memory"),
+        # The job's heap bound (--memory-gb): codegen's causal LM tester config keeps its full
+        # size (n_embd 4096, 28 layers: CodeGenConfig does not take the tester's hidden_size).
+        ("can't allocate memory", "the job's heap bound (--memory-gb)"),
         ("not implemented for", "kernel missing on the CPU"),
     )
     return next((m for key, m in rules if key in low), "other")
