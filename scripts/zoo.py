@@ -167,6 +167,10 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
     tester, source = model_tester(model_type, tests_dir)
     config, inputs = tester.prepare_config_and_inputs_for_common()
     inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
+    generic = importlib.import_module("zoo_generic")
+    if source == CAUSAL_LM_SOURCE and generic.full_size(config):  # not tiny: it would not fit
+        return (*generic.generic(model_type), f"{generic.SOURCE}, the causal LM tester's config "
+                "being full size")  # fmt: skip
     return config, inputs, source
 
 
