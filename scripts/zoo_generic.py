@@ -39,8 +39,8 @@ LAYERS = re.compile(r"^(num_|n_)?(hidden_|encoder_|decoder_)?(layers?|depth)$|_l
 CAPS = {"num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
         "num_experts_per_tok": 2, "moe_topk": 2, "n_shared_experts": 1, "n_group": 1,
         "topk_group": 1, "num_conv_pos_embedding_groups": 2, "max_position_embeddings": 512,
-        "num_codevectors_per_group": 8, "num_groups": 1, "window_size": 2, "max_source_positions": 30,
-        "max_target_positions": 40}  # fmt: skip
+        "num_codevectors_per_group": 8, "num_groups": 1, "window_size": 2,
+        "max_source_positions": 30, "max_target_positions": 40}  # fmt: skip
 #: Keys a config derives from others (its ``__init__`` recomputes them from the shrunk ones).
 DERIVED = ("out_features", "out_indices", "stage_names", "transformers_version")
 #: Layer counts that are not the depth of a stack (they index a list that stays as it is).
