@@ -169,8 +169,12 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
     inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
     generic = importlib.import_module("zoo_generic")
     if source == CAUSAL_LM_SOURCE and generic.full_size(config):  # not tiny: it would not fit
-        return (*generic.generic(model_type), f"{generic.SOURCE}, the causal LM tester's config "
-                "being full size")  # fmt: skip
+        source = f"{generic.SOURCE}, the causal LM tester's config being full size"
+        try:
+            return (*generic.generic(model_type), source)
+        except Exception as exc:
+            exc.zoo_source = source  # type: ignore[attr-defined] - the record names its tester
+            raise
     return config, inputs, source
 
 
@@ -289,7 +293,7 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
         model = make()
     except Exception as exc:  # noqa: BLE001 - a type that does not build is a line on the page
         if "/" not in name:
-            rec["tester"] = source_of(name, tests_dir)
+            rec["tester"] = getattr(exc, "zoo_source", None) or source_of(name, tests_dir)
         rec["build_error"] = f"{type(exc).__name__}: {one_line(exc)}"
         rec["seconds"] = round(time.perf_counter() - start, 1)
         return rec
