@@ -94,7 +94,7 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         if rec.get("no_tester") or status(rec) == "exact":
             continue
         mech = mechanism(rec)
-        fixed = mech.split(" (")[0].split(":")[0] in FIX_CLASSES
+        fixed = mech.startswith(FIX_CLASSES)
         fix = " (a capture fix after this run addresses it)" if fixed else ""
         tester = "generic tester" if _source(rec) == "the generic tester" else rec.get("tester")
         lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
