@@ -94,8 +94,9 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         if rec.get("no_tester") or status(rec) == "exact":
             continue
         mech = mechanism(rec)
-        fixed = mech.startswith(FIX_CLASSES)
+        fixed = mech.startswith(FIX_CLASSES) and not rec.get("rerun")
         fix = " (a capture fix after this run addresses it)" if fixed else ""
+        fix += " (rerun after the capture fixes)" if rec.get("rerun") else ""
         tester = "generic tester" if _source(rec) == "the generic tester" else rec.get("tester")
         lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
