@@ -11,7 +11,8 @@ the CPU's kernels, the smoke test CI runs):
   every node, module line and cast of ampgraph's prediction against the real run;
 * **zoo**: the transformers zoo's committed slice (``tests/data/zoo_slice.json``, issue 42): each
   model type rebuilt from its own tests' tiny config, verified as the cases are, as many types
-  as ``--zoo-limit`` allows (with the full survey, or the types ``--zoo`` names);
+  as ``--zoo-limit`` allows (with the full survey, or the types ``--zoo`` names: any transformers
+  model type, one beyond the slice from the zoo's generic tester, ``scripts/zoo_generic.py``);
 * **ops**: the fake-kernel survey's cases (``scripts/fake_kernel_survey.py``: torch's OpInfo
   samples in mixed dtypes), each run on the real device's kernel and on fake tensors of that
   device as ampgraph replays them (``ampgraph.annotate.replay.fake_session``);
@@ -483,7 +484,8 @@ def _names(text: str | None, known: Sequence[str]) -> list[str]:
     names = [n.strip() for n in (text or "").split(",") if n.strip()] or list(known)
     unknown = sorted(set(names) - set(known))
     if unknown:
-        raise SystemExit(f"unknown: {', '.join(unknown)} (known: {', '.join(known)})")
+        shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+        raise SystemExit(f"unknown: {', '.join(unknown)} (known: {shown})")
     return names
 
 
@@ -495,7 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--amp-dtypes", default="bf16,fp16")
     parser.add_argument("--ops", help="comma-separated OpInfo names (default: all); 'none': skip")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds for the ops pass")
-    parser.add_argument("--zoo", help="zoo slice types (default: all, with all the cases; 'none')")
+    parser.add_argument("--zoo", help="zoo types (default: the slice's, with all the cases; "
+                        "'none'; a type beyond the slice: the generic tester)")
     parser.add_argument("--zoo-limit", type=float, default=180.0, help="seconds for the zoo")
     parser.add_argument("--compiled", help="compiled-flow models (default: all, with the full "
                         "survey; 'none'): Inductor's code on the device against ampgraph's plan")
@@ -546,7 +549,14 @@ def _zoo(args: argparse.Namespace, amps: Sequence[str], settings: Sequence[str])
     names with a slice of the cases), as many as ``--zoo-limit`` seconds allow."""
     if args.zoo == "none" or (args.zoo is None and args.cases):
         return []
-    names = _names(args.zoo, list(zoo_slice.load_slice()))
+    slice_names = list(zoo_slice.load_slice())
+    if args.zoo is None:
+        names = slice_names
+    else:  # a type beyond the slice comes from the zoo's generic tester
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        beyond = sorted(set(MODEL_MAPPING_NAMES) - set(slice_names))
+        names = _names(args.zoo, [*slice_names, *beyond])
     rows, unreached = zoo_slice.survey(names, amps, settings, args.device, args.zoo_limit)
     for r in rows:
         print(f"{r['case']} {r['setting']} {SHORT[r['amp_dtype']]}: "

@@ -7,7 +7,9 @@ transformers checkout at the installed release, given by ``--tests-dir``) gives 
 and one forward call's inputs (``prepare_config_and_inputs_for_common()``, the tester given a
 dummy ``parent`` test case). A causal LM type whose test file is not in ``--tests-dir`` gets
 transformers' generic ``CausalLMModelTester`` (``tests/causal_lm_tester.py``, the tester most
-decoder models' test files subclass) with its config and base model classes. Each type is then,
+decoder models' test files subclass) with its config and base model classes; any other type gets
+the zoo's generic tester (``zoo_generic``: the config class's defaults shrunk as the testers
+shrink them, inputs from the forward signature), and each record says which. Each type is then,
 in each combination asked (``--combo "amp-fp32 bf16"``, repeatable; ``--all-combos`` for the
 four settings x bf16/fp16): ``check`` (ampgraph's analysis against the CUDA policy on the
 dispatcher, and the eager model's forward hooks, ``matrix_harness.compare``) and
@@ -17,7 +19,8 @@ Each type is one independent job on Ray (``pip install 'ampgraph[zoo]'``): a loc
 default, any cluster by ``--address`` (``ray start --head`` on one machine, ``ray start
 --address=HEAD:6379`` on the others, then ``--address HEAD:6379``). A job runs the type in its
 own process, bounded by ``--timeout`` seconds (a type that runs past it is recorded as timed
-out). Results are appended as JSON lines to ``--results`` as each type finishes, so a page can
+out) and ``--memory-gb`` of heap. Results are appended as JSON lines to ``--results`` as each
+type finishes, so a page can
 be written from whatever finished:
 
     .venv/bin/python scripts/zoo.py --tests-dir /path/to/transformers/tests --results zoo.jsonl
@@ -49,6 +52,7 @@ from matrix_harness import AMP_DTYPES, SETTINGS, compare, one_line, verify_cpu  
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_COMBOS = ("amp-fp32 bf16",)
+CAUSAL_LM_SOURCE = "tests/causal_lm_tester.py (CausalLMModelTester)"
 #: Input keys a tester returns that are targets, not a forward call's inputs of the base model.
 LABEL_KEYS = ("labels", "start_positions", "end_positions", "next_sentence_label", "mc_labels")
 
@@ -102,9 +106,27 @@ def model_types() -> list[str]:
     return sorted(MODEL_MAPPING_NAMES)
 
 
+def source_of(model_type: str, tests_dir: Path) -> str:
+    """Where ``model_type``'s tiny config comes from: its own test file, transformers' generic
+    causal LM tester, or the zoo's generic tester (``zoo_generic``).
+
+    >>> source_of("albert", Path("/nonexistent"))
+    'generic tester (config defaults shrunk, inputs from the forward signature)'
+    >>> source_of("llama", Path("/nonexistent"))
+    'tests/causal_lm_tester.py (CausalLMModelTester)'
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if _on_disk(tests_dir, f"tests.models.{model_type}.test_modeling_{model_type}"):
+        return f"tests/models/{model_type}/test_modeling_{model_type}.py"
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return CAUSAL_LM_SOURCE
+    return importlib.import_module("zoo_generic").SOURCE
+
+
 def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
     """``model_type``'s tester instance and where it came from (its test file, or transformers'
-    generic causal LM tester)."""
+    generic causal LM tester); LookupError for a type that has neither."""
     module_name = f"tests.models.{model_type}.test_modeling_{model_type}"
     if _on_disk(tests_dir, module_name):
         module = importlib.import_module(module_name)
@@ -130,17 +152,29 @@ def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
         ),
     }
     tester = type(f"{model_type}Tester", (base,), attrs)(_Parent())
-    return tester, "tests/causal_lm_tester.py (CausalLMModelTester)"
+    return tester, CAUSAL_LM_SOURCE
 
 
 def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, Any], str]:
-    """The tiny config, the base model's forward inputs and the tester's source."""
+    """The tiny config, the base model's forward inputs and the tester's source: the type's own
+    tester, else transformers' causal LM one, else the zoo's generic tester."""
     import torch
 
+    source = source_of(model_type, tests_dir)
+    if source == importlib.import_module("zoo_generic").SOURCE:
+        return (*importlib.import_module("zoo_generic").generic(model_type), source)
     torch.manual_seed(0)
     tester, source = model_tester(model_type, tests_dir)
     config, inputs = tester.prepare_config_and_inputs_for_common()
     inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
+    generic = importlib.import_module("zoo_generic")
+    if source == CAUSAL_LM_SOURCE and generic.full_size(config):  # not tiny: it would not fit
+        source = f"{generic.SOURCE}, the causal LM tester's config being full size"
+        try:
+            return (*generic.generic(model_type), source)
+        except Exception as exc:
+            exc.zoo_source = source  # type: ignore[attr-defined] - the record names its tester
+            raise
     return config, inputs, source
 
 
@@ -165,6 +199,8 @@ def classify(text: str) -> str:
     'timed out'
     >>> classify("Expected mat_a stride along 0 dim to be multiple of 16 bytes, got 12.")
     'compile-only branch (grouped_mm)'
+    >>> classify("module e.dropout (Dropout): predicted [e.dropout] in=torch.float32 ...")
+    'value-dependent branch (an all-ones attention mask)'
     """
     low = text.lower()
     rules = (
@@ -178,6 +214,11 @@ def classify(text: str) -> str:
         # theirs, the capture lists its line first.
         ("lora_magnitude_vector", "call order of a module that calls modules it is given"),
         ("couldn't swap", "swapped modules"),
+        # verify's line of the Dropout after an attention softmax, every node and cast agreeing:
+        # the real run drops an all-ones attention mask (transformers' mask code reads its
+        # values), so the scores stay bf16, where the capture added the fp32 mask. convbert and
+        # blip are exact with one zero in the mask.
+        ("(dropout): predicted", "value-dependent branch (an all-ones attention mask)"),
         (".item()", ".item()"),
         ("data-dependent", "value-dependent shapes"),
         ("unbacked", "value-dependent shapes"),
@@ -186,6 +227,9 @@ def classify(text: str) -> str:
         ("is_grad_enabled", "grad mode"),
         ("inference_mode", "grad mode"),
         ("out of memory", "out of memory"),
+        # The job's heap bound (--memory-gb): codegen's causal LM tester config keeps its full
+        # size (n_embd 4096, 28 layers: CodeGenConfig does not take the tester's hidden_size).
+        ("can't allocate memory", "the job's heap bound (--memory-gb)"),
         ("not implemented for", "kernel missing on the CPU"),
     )
     return next((m for key, m in rules if key in low), "other")
@@ -248,6 +292,8 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
         rec.update(where)
         model = make()
     except Exception as exc:  # noqa: BLE001 - a type that does not build is a line on the page
+        if "/" not in name:
+            rec["tester"] = getattr(exc, "zoo_source", None) or source_of(name, tests_dir)
         rec["build_error"] = f"{type(exc).__name__}: {one_line(exc)}"
         rec["seconds"] = round(time.perf_counter() - start, 1)
         return rec
@@ -269,24 +315,44 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
     return rec
 
 
-def job(model_type: str, tests_dir: str, combos: list[str], timeout: float) -> dict[str, Any]:
-    """One type in its own process, bounded by ``timeout`` seconds (what a Ray task runs)."""
+def _bound(memory_gb: float) -> Any:
+    """What a job's process runs before its command: its heap bounded to ``memory_gb`` (a type
+    that needs more raises MemoryError in its own process, instead of a shared machine's memory
+    monitor or OOM killer taking the worker, or another user's process, with it)."""
+    import resource
+
+    limit = int(memory_gb * 2**30)
+    return lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _where(name: str, tests_dir: str) -> dict[str, str]:
+    """The tester a record of a job that did not finish names (none for a beyond model)."""
+    return {} if "/" in name else {"tester": source_of(name, Path(tests_dir))}
+
+
+def job(model_type: str, tests_dir: str, combos: list[str], timeout: float,
+        memory_gb: float = 6.0) -> dict[str, Any]:  # fmt: skip
+    """One type in its own process, bounded by ``timeout`` seconds and ``memory_gb`` of heap
+    (what a Ray task runs)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type,
            "--tests-dir", tests_dir, *[a for c in combos for a in ("--combo", c)]]  # fmt: skip
     path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
     start = time.perf_counter()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              preexec_fn=_bound(memory_gb))  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"type": model_type, "timed_out": True, "seconds": round(timeout, 1),
-                "build_error": f"timed out after {timeout:.0f} s"}  # fmt: skip
+                "build_error": f"timed out after {timeout:.0f} s",
+                **_where(model_type, tests_dir)}  # fmt: skip
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
         seconds = round(time.perf_counter() - start, 1)
         return {"type": model_type, "crashed": True, "seconds": seconds,
-                "build_error": f"process ended with {done.returncode}: {tail}"}  # fmt: skip
+                "build_error": f"process ended with {done.returncode}: {tail}",
+                **_where(model_type, tests_dir)}  # fmt: skip
     return json.loads(lines[-1])
 
 
@@ -296,10 +362,13 @@ def run_ray(names: list[str], args: argparse.Namespace) -> None:
         import ray
     except ImportError:
         sys.exit("Error: the zoo runs on Ray: pip install 'ampgraph[zoo]' (or pip install ray)")
-    ray.init(address=args.address, num_cpus=None if args.address else args.workers,
-             include_dashboard=False, log_to_driver=False)  # fmt: skip
-    remote = ray.remote(num_cpus=1, max_retries=0)(job)
-    pending = {remote.remote(n, str(args.tests_dir), args.combo, args.timeout): n for n in names}
+    local = {} if args.address else {"num_cpus": args.workers, "object_store_memory": 80 * 2**20}
+    # The records are small JSON: a local object store of 80 MB (Ray's floor is 75) leaves the
+    # memory to the jobs; each job reserves its heap bound so Ray places no more than fit.
+    ray.init(address=args.address, include_dashboard=False, log_to_driver=False, **local)
+    remote = ray.remote(num_cpus=1, max_retries=0, memory=int(args.memory_gb * 2**30))(job)
+    pending = {remote.remote(n, str(args.tests_dir), args.combo, args.timeout, args.memory_gb): n
+               for n in names}  # fmt: skip
     with open(args.results, "a") as out:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
@@ -326,7 +395,8 @@ def status(rec: dict[str, Any]) -> str:
     if rec.get("crashed"):
         return "crashed"
     if not rec.get("builds"):
-        return "does not build"
+        generic = rec.get("tester", "").startswith("generic tester")
+        return "does not build (generic tester)" if generic else "does not build"
     cells = [c for combo in rec["cells"].values() for c in combo.values()]
     if any(c.get("plain_run") for c in cells):
         return "raises in a plain run"
@@ -345,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-combos", action="store_true", help="the four settings x bf16/fp16")
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "zoo-results.jsonl")
     parser.add_argument("--address", help="a Ray cluster's address (default: a local one)")
-    parser.add_argument("--workers", type=int, default=2, help="local Ray workers")
+    parser.add_argument("--workers", type=int, default=1, help="local Ray workers")
+    parser.add_argument("--memory-gb", type=float, default=6.0, help="heap bound of each job")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per type")
     parser.add_argument("--skip-done", action="store_true", help="skip types already in --results")
     parser.add_argument("--beyond", action="store_true",
@@ -379,30 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     names = args.type or (list(importlib.import_module("zoo_beyond").MODELS) if args.beyond
                           else model_types())
     if args.skip_done and args.results.exists():
-        done = {json.loads(ln)["type"] for ln in args.results.read_text().splitlines() if ln}
+        lines = [json.loads(ln) for ln in args.results.read_text().splitlines() if ln.strip()]
+        # A type recorded without a tester then has the generic one now: run it.
+        done = {r["type"] for r in lines if not r.get("no_tester")}
         names = [n for n in names if n not in done]
-    names = _without_tester(names, args.tests_dir, args.results)
     run_ray(names, args)
     return 0
-
-
-def has_tester(model_type: str, tests_dir: Path) -> bool:
-    """Whether ``model_type`` has a test file in ``tests_dir`` or the generic causal LM tester."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    module = f"tests.models.{model_type}.test_modeling_{model_type}"
-    return ("/" in model_type or _on_disk(tests_dir, module)
-            or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-
-
-def _without_tester(names: list[str], tests_dir: Path, results: Path) -> list[str]:
-    """``names`` that have a tester; the others recorded at once (no job to run)."""
-    with open(results, "a") as out:
-        for name in names:
-            if not has_tester(name, tests_dir):
-                rec = {"type": name, "no_tester": True, "build_error": "no tester here"}
-                out.write(json.dumps(rec) + "\n")
-    return [n for n in names if has_tester(n, tests_dir)]
 
 
 if __name__ == "__main__":

@@ -16,9 +16,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import ROOT, classify, config_and_inputs, model_types, status  # noqa: E402
 
-#: The mechanisms the capture fix of issue 42 (the ``zoofix`` branch) addresses.
-FIX_CLASSES = ("grad mode", "lines before a raise", "swapped modules", "value-dependent shapes",
-               ".item()")  # fmt: skip
+#: The mechanisms of issue 42 whose capture fixes land after this run (compile-only branches
+#: under make_fx, shapes a real run computes from values, ``.item()``): a row with one of them
+#: says so, and may read differently on a rerun; the grad mode, lines before a raise and swapped
+#: modules fixes were in the code this run ran.
+FIX_CLASSES = ("compile-only branch (grouped_mm)", "value-dependent shapes", ".item()")
 
 
 def load(results: Path) -> dict[str, dict[str, Any]]:
@@ -34,12 +36,14 @@ def load(results: Path) -> dict[str, dict[str, Any]]:
 def mechanism(rec: dict[str, Any]) -> str:
     """Why a type is not exact, as one phrase and the evidence's first line.
 
-    >>> mechanism({"build_error": "LookupError: no tester here", "builds": False})
-    'other: LookupError: no tester here'
+    >>> mechanism({"build_error": "KeyError: 'full_attention'", "builds": False})
+    "KeyError: 'full_attention'"
+    >>> mechanism({"build_error": "timed out after 300 s", "builds": False})
+    'timed out: timed out after 300 s'
     """
     if not rec.get("builds"):
         text = rec.get("build_error", "")
-        return f"{classify(text)}: {text}"
+        return text if classify(text) == "other" else f"{classify(text)}: {text}"
     for combo, cells in rec["cells"].items():
         for name, cell in cells.items():
             if cell.get("failure") and cell.get("plain_run"):
@@ -65,12 +69,16 @@ def _cell(text: str, limit: int = 300) -> str:
 def _counts(records: dict[str, dict[str, Any]]) -> list[str]:
     tried = [r for r in records.values() if not r.get("no_tester")]
     counts = Counter(status(r) for r in tried)
-    died = counts["does not build"] + counts["timed out"] + counts["crashed"]
+    generic = counts["does not build (generic tester)"]
+    died = counts["does not build"] + generic + counts["timed out"] + counts["crashed"]
     return [
         "| | types |",
         "| --- | --- |",
         f"| run | {len(tried)} |",
         f"| build | {len(tried) - died} |",
+        f"| do not build from transformers' tester (own or causal LM) | "
+        f"{counts['does not build']} |",
+        f"| do not build from the generic tester | {generic} |",
         f"| raise in a plain fp32 run too (the tester's config, not a capture) | "
         f"{counts['raises in a plain run']} |",
         f"| analysable | {counts['exact'] + counts['not exact']} |",
@@ -86,12 +94,28 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         if rec.get("no_tester") or status(rec) == "exact":
             continue
         mech = mechanism(rec)
-        fixed = mech.split(" (")[0].split(":")[0] in FIX_CLASSES
-        fix = " (issue 42's capture fix)" if fixed else ""
-        lines.append(f"| {name} | {_cell(rec.get('tester', '-'), 60)} | {status(rec)} | "
+        fixed = mech.startswith(FIX_CLASSES) and not rec.get("rerun")
+        fix = " (a capture fix after this run addresses it)" if fixed else ""
+        fix += " (rerun after the capture fixes)" if rec.get("rerun") else ""
+        tester = "generic tester" if _source(rec) == "the generic tester" else rec.get("tester")
+        lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
     exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
     return [*lines, "", f"Exact ({len(exact)}): {', '.join(exact) or 'none'}.", ""]
+
+
+def _source(rec: dict[str, Any]) -> str:
+    """A record's tester, as one of the three sources."""
+    tester = rec.get("tester", "")
+    if not tester:  # a job that died before it said (last wave's records)
+        return "an unrecorded tester"
+    if tester.startswith("generic"):
+        return "the generic tester"
+    return "the causal LM tester" if "causal_lm_tester" in tester else "its own tester"
+
+
+def _sources(sources: Counter[str]) -> str:
+    return ", ".join(f"{n} from {s}" for s, n in sources.most_common()) or "none yet"
 
 
 def _slice_names() -> list[str]:
@@ -104,7 +128,8 @@ def page(records: dict[str, dict[str, Any]]) -> str:
     beyond = {n: r for n, r in records.items() if "/" in n}
     combos = sorted({c for r in records.values() for c in r.get("cells", {})})
     total = len(set(model_types()) | set(hf))
-    untested = sum(bool(r.get("no_tester")) for r in hf.values())
+    reached = {n for n, r in hf.items() if not r.get("no_tester")}
+    sources = Counter(_source(r) for r in hf.values() if not r.get("no_tester"))
     return "\n".join([
         "# The transformers zoo, as a number",
         "",
@@ -115,8 +140,9 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         "policy, "
         f"real CPU kernels), in {', '.join(f'`{c}`' for c in combos) or 'no combination yet'}.",
         "",
-        f"**{total} model types** have a base model class; {untested} had no tester here (see "
-        f"*How it was made*) and {total - len(hf)} were not reached before the run was stopped.",
+        f"**{total} model types** have a base model class; {len(reached)} were run and "
+        f"{total - len(reached)} were not reached before the run was stopped. Where each "
+        f"type's tiny config came from: {_sources(sources)} (see *How it was made*).",
         "",
         *_counts(hf),
         "",
@@ -128,12 +154,18 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         f"types of `tests/data/zoo_slice.json`: {', '.join(_slice_names())}) runs every one of "
         "the four settings x bf16/fp16 against the dispatcher and the eager hooks, and "
         "`verify --device cpu` in `amp-fp32 bf16`, and requires each to be exact; "
-        "`scripts/zoo.py --all-combos` runs them all on the whole zoo.",
+        "`scripts/zoo.py --all-combos` runs them all on the whole zoo. On a GPU, "
+        "`scripts/gpu_survey.py --zoo` verifies the slice's types against the real CUDA kernels "
+        "(`--zoo TYPE,...`: any model type, one beyond the slice from the generic tester).",
         "",
         "## Every type that is not exact, and why",
         "",
-        f"Mechanisms the capture fix of issue 42 addresses: {', '.join(FIX_CLASSES)}; a type "
-        "whose mechanism is one of them says so.",
+        f"Mechanisms whose capture fixes of issue 42 land after this run: "
+        f"{', '.join(FIX_CLASSES)}; a row with one of them says so (this page's rows are the run's "
+        "findings, from the code it ran). The *tester* column says where the type's config came "
+        "from: its own test file, transformers' causal LM tester, or the zoo's generic tester; a "
+        "type the generic tester cannot build is *does not build (generic tester)*, with the "
+        "error's class.",
         "",
         *_misses(hf),
         "## Beyond transformers: diffusers, peft, timm",
@@ -170,6 +202,18 @@ def _footer(results: Path) -> str:
         "(`AutoModel.from_config`, eager attention) is called with the tester's "
         "`prepare_config_and_inputs_for_common()` inputs, labels dropped.",
         "",
+        "Every other type gets the zoo's generic tester (`scripts/zoo_generic.py`): its config "
+        "class with the defaults shrunk the way the testers shrink them (hidden size 32, 2 "
+        "layers, 4 heads, intermediate 37, vocabulary 99, an image a few patches wide, few "
+        "experts, stage widths and depths cut down; nested text, vision and audio sub-configs "
+        "too, special token ids remapped below the vocabulary), and inputs from the base "
+        "model's forward signature and `main_input_name` (`input_ids`, `pixel_values`, "
+        "`input_values`, `input_features`; `attention_mask`, `decoder_input_ids` for "
+        "encoder-decoders; the other modality beside it for a dual encoder). One plain fp32 "
+        "forward proves the pair; a type it cannot build is counted as *does not build (generic "
+        "tester)* with the error, not dropped. A full transformers checkout replaces it by each "
+        "type's own tester.",
+        "",
         "```bash",
         "pip install 'ampgraph[zoo]'                 # ray and the libraries it builds",
         "git clone https://github.com/huggingface/transformers",
@@ -183,8 +227,11 @@ def _footer(results: Path) -> str:
         "```",
         "",
         "Every model type is one Ray task (`ray.remote`, one CPU each) that runs the type in its "
-        "own process, bounded by `--timeout` seconds; a type that runs past it is recorded as "
-        "timed out. On more machines: `ray start --head` on one, `ray start --address=HEAD:6379` "
+        "own process, bounded by `--timeout` seconds and by a heap of `--memory-gb` (default 6, "
+        "also the memory the task reserves, so Ray places no more tasks than fit); a type that "
+        "runs past the time is recorded as timed out. A local cluster gets `--workers` CPUs "
+        "(default 1) and an 80 MB object store (the records are small). On more machines: "
+        "`ray start --head` on one, `ray start --address=HEAD:6379` "
         "on each of the others (each with ampgraph, its extras and the transformers checkout at "
         "the same path), then pass `--address HEAD:6379`. Results are appended as JSON lines as "
         "each task lands; `--skip-done` resumes a stopped run, and the page is written from "
@@ -196,6 +243,8 @@ def _footer(results: Path) -> str:
 def _tensor(value: Any) -> dict[str, Any]:
     """A tensor as JSON: integer values kept (ids and masks steer a forward), floating ones as
     their shape and dtype only (the suite draws them from seed 0: only the dtype flows)."""
+    if not hasattr(value, "shape"):  # a plain keyword (the generic tester's use_cache=False)
+        return {"value": value}
     out = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
     if not value.is_floating_point():
         out["values"] = value.flatten().tolist()

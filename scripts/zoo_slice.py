@@ -8,12 +8,14 @@ and, for integer inputs, values); no transformers checkout is needed to rebuild 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_generic, beside this file
 SLICE_FILE = ROOT / "tests" / "data" / "zoo_slice.json"
 
 
@@ -29,6 +31,8 @@ def load_slice(path: Path = SLICE_FILE) -> dict[str, dict[str, Any]]:
 def _tensor(spec: dict[str, Any]) -> Any:
     import torch
 
+    if "value" in spec:  # a plain keyword (the generic tester's use_cache=False)
+        return spec["value"]
     dtype = getattr(torch, spec["dtype"])
     if "values" in spec:
         return torch.tensor(spec["values"], dtype=dtype).reshape(spec["shape"])
@@ -52,16 +56,35 @@ def build(name: str, entry: dict[str, Any]) -> Any:
     return ModelInputs(name, model, (), inputs)
 
 
+def model(name: str) -> Any:
+    """``name`` as the survey builds it: from the slice, else a transformers model type from the
+    zoo's generic tester (``zoo_generic``: no transformers checkout needed), as a ``ModelInputs``.
+    """
+    entries = load_slice()
+    if name in entries:
+        return build(name, entries[name])
+    import torch
+
+    from ampgraph.model.build import ModelInputs
+    from transformers import AutoModel
+    from zoo_generic import generic
+
+    config, inputs = generic(name)
+    torch.manual_seed(0)
+    module = AutoModel.from_config(config, attn_implementation="eager").eval()
+    return ModelInputs(name, module, (), inputs)
+
+
 def survey(names: Sequence[str], amps: Sequence[str], settings: Sequence[str], device: str,
            limit_s: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """``verify`` of each slice type against ``device``'s real kernels in each setting, as the
-    GPU survey's rows (``case``, ``setting``, ``ok``...), until ``limit_s`` seconds have passed;
-    and the types not reached."""
+    """``verify`` of each type (:func:`model`) against ``device``'s real kernels in each setting,
+    as the GPU survey's rows (``case``, ``setting``, ``ok``...), until ``limit_s`` seconds have
+    passed; and the types not reached."""
     from ampgraph.errors import first_line
     from ampgraph.settings import seed_matrix
     from ampgraph.verify import verify
 
-    entries, start, rows = load_slice(), time.perf_counter(), []
+    start, rows = time.perf_counter(), []
     for i, name in enumerate(names):
         if time.perf_counter() - start > limit_s:
             return rows, list(names[i:])
@@ -71,7 +94,7 @@ def survey(names: Sequence[str], amps: Sequence[str], settings: Sequence[str], d
                    "setting": setting.name, "ok": False, "summary": "", "disagreements": [],
                    "eager_hooks": [], "error": None}  # fmt: skip
             try:
-                result = verify(build(name, entries[name]), setting, device=device)
+                result = verify(model(name), setting, device=device)
             except Exception as exc:  # noqa: BLE001 - a crash of ampgraph is a finding
                 row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
             else:

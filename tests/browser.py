@@ -202,6 +202,21 @@ class Browser:
         self.close()
 
 
+@contextlib.contextmanager
+def browser_or_skip(*, timeout: float = 60.0) -> Iterator[Browser]:
+    """A :class:`Browser` for a test, which is skipped where no Chromium is installed, and fails
+    there instead where ``AMPGRAPH_REQUIRE_BROWSER=1`` (a machine that must run the browser tests).
+    """
+    import pytest
+
+    if find_chromium() is None:
+        if os.environ.get("AMPGRAPH_REQUIRE_BROWSER") == "1":
+            pytest.fail("Chromium is required here: apt-get install chromium")
+        pytest.skip("no Chromium: apt-get install chromium")
+    with Browser(timeout=timeout) as chromium:
+        yield chromium
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -85,10 +85,11 @@ HOSTILE = """
 
 
 def ampgraph(
-    tmp_path: Path, mode: str, *args: str, popen: bool = False
+    tmp_path: Path, mode: str, *args: str, popen: bool = False, source: str = HOSTILE
 ) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
-    """``python -m ampgraph ARGS`` in a session of its own, on the hostile model in ``mode``."""
-    (tmp_path / "hostile.py").write_text(textwrap.dedent(HOSTILE))
+    """``python -m ampgraph ARGS`` in a session of its own, on the hostile model in ``mode``
+    (``source``: the hostile module's text, this file's HOSTILE unless another test's)."""
+    (tmp_path / "hostile.py").write_text(textwrap.dedent(source))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env.update(AMPGRAPH_CACHE_DIR=str(tmp_path / "cache"), HOSTILE=mode)
     command = [sys.executable, "-m", "ampgraph", *args]

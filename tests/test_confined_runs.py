@@ -28,7 +28,7 @@ from ampgraph.cli import main
 from ampgraph.errors import NotDeterministicError
 from ampgraph.model.build import ModelInputs
 from ampgraph.verify import verify
-from tests.test_confined import gone, needs_proc
+from tests.test_confined import ampgraph, gone, needs_proc
 
 #: One model, whose forward does what HOSTILE says on every call (capture and real runs alike).
 HOSTILE = """
@@ -78,16 +78,14 @@ COMMANDS = {
 }
 
 
-def run(tmp_path: Path, mode: str, command: str, *extra: str) -> tuple[subprocess.Popen[str], str, str]:
-    """``python -m ampgraph COMMAND ... --format json`` in a session of its own; its output."""
-    (tmp_path / "hostile.py").write_text(textwrap.dedent(HOSTILE))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    env.update(AMPGRAPH_CACHE_DIR=str(tmp_path / "cache"), HOSTILE=mode)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ampgraph", *COMMANDS[command], "--format", "json", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-        start_new_session=True,
-    )  # fmt: skip
+def run(
+    tmp_path: Path, mode: str, command: str, *extra: str
+) -> tuple[subprocess.Popen[str], str, str]:
+    """``python -m ampgraph COMMAND ... --format json`` in a session of its own (test_confined's
+    runner, on this file's hostile model); its output."""
+    proc = ampgraph(tmp_path, mode, *COMMANDS[command], "--format", "json", *extra, popen=True,
+                    source=HOSTILE)  # fmt: skip
+    assert isinstance(proc, subprocess.Popen)
     out, err = proc.communicate(timeout=300)
     return proc, out, err
 

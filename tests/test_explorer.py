@@ -26,7 +26,7 @@ from ampgraph.render import render_files
 from ampgraph.render.page_data import node_records
 from ampgraph.report.records import Report
 
-from .browser import Browser, find_chromium
+from .browser import Browser, browser_or_skip
 
 model_explorer = pytest.importorskip("model_explorer", reason="pip install 'ampgraph[explorer]'")
 
@@ -126,11 +126,7 @@ def explorer(*args: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if find_chromium() is None:
-        if os.environ.get("AMPGRAPH_REQUIRE_BROWSER") == "1":
-            pytest.fail("Chromium is required here: apt-get install chromium")
-        pytest.skip("no Chromium: apt-get install chromium")
-    with Browser(timeout=120) as chromium:
+    with browser_or_skip(timeout=120) as chromium:
         yield chromium
 
 

@@ -23,6 +23,8 @@ from ampgraph.model.build import load_model
 from ampgraph.ranges import value_ranges
 from ampgraph.ranges.weights import real_state
 
+from .factories import write_shards
+
 ROOT = Path(__file__).resolve().parent.parent
 #: About 97M parameters: 390 MB of fp32 weights, in 111 shards of one tensor.
 CONFIG = {
@@ -68,9 +70,10 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "config.json").write_text(json.dumps(CONFIG))
     model = load_model(str(folder), seq_len=8)
     gen = torch.Generator().manual_seed(11)
-    for i, (name, p) in enumerate(model.module.named_parameters()):
-        t = torch.randn(p.shape, generator=gen) * 0.05 if p.dim() > 1 else torch.ones(p.shape)
-        save_file({name: t}, str(folder / f"model-{i:05d}.safetensors"))
+    write_shards(folder, (
+        (name, torch.randn(p.shape, generator=gen) * 0.05 if p.dim() > 1 else torch.ones(p.shape))
+        for name, p in model.module.named_parameters()
+    ))  # fmt: skip
     return folder
 
 

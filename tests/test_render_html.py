@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import re
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from ampgraph.render.html import html_page, script_json
 from ampgraph.render.page_data import node_records, signature
 from ampgraph.report.records import Report
 
-from .browser import Browser, find_chromium
+from .browser import Browser, browser_or_skip
 
 #: A module name that would end the data's script element and run code, were it pasted as HTML.
 HOSTILE = '</script><img src=x onerror="pwned=1">'
@@ -62,11 +61,7 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if find_chromium() is None:
-        if os.environ.get("AMPGRAPH_REQUIRE_BROWSER") == "1":
-            pytest.fail("Chromium is required here: apt-get install chromium")
-        pytest.skip("no Chromium: apt-get install chromium")
-    with Browser() as chromium:
+    with browser_or_skip() as chromium:
         yield chromium
 
 

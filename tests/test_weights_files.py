@@ -32,6 +32,7 @@ from ampgraph.ranges.checkpoint import INDEX, load_safetensors
 from ampgraph.ranges.data import RangesError
 from ampgraph.ranges.shards import DTYPES, Shard, safetensors_dtype
 
+from .factories import write_index, write_shards
 from .test_data_files import one_error_line
 
 #: A one-layer Llama small enough to build, run and judge in a second or two.
@@ -262,11 +263,9 @@ def test_a_shape_that_is_not_the_models_is_refused(tmp_path: Path) -> None:
 
 
 def _sharded(folder: Path, lin: nn.Linear) -> dict[str, str]:
-    save_file({"weight": lin.weight.detach()}, str(folder / "model-00001-of-00002.safetensors"))
-    save_file({"bias": lin.bias.detach()}, str(folder / "model-00002-of-00002.safetensors"))
-    weight_map = {"weight": "model-00001-of-00002.safetensors",
-                  "bias": "model-00002-of-00002.safetensors"}  # fmt: skip
-    (folder / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    tensors = [("weight", lin.weight.detach()), ("bias", lin.bias.detach())]
+    weight_map = write_shards(folder, tensors, count=2)
+    write_index(folder, weight_map)
     return weight_map
 
 

@@ -1,12 +1,14 @@
 """A slice of the transformers zoo (scripts/zoo.py, docs/zoo.md) in the suite (issue 42).
 
 Each model type's tiny config and inputs come from transformers' own tests (its ``*ModelTester``,
-or the generic ``CausalLMModelTester``), exported by ``scripts/zoo.py --export-slice`` into
-``tests/data/zoo_slice.json`` so that the suite needs no transformers checkout. Each is analysed
-and must be exact: every node as the dispatcher says, every hook line as the eager model's own
-forward hooks on fake CUDA tensors running the real autocast kernels, and (one setting) every
-node, module and cast as a real CPU autocast run. Expectations are those oracles' output, never
-ampgraph's own. One setting per type runs in the quick suite; the rest are marked slow.
+or the generic ``CausalLMModelTester``) or, for a type without one, the zoo's generic tester
+(``scripts/zoo_generic.py``: the config's defaults shrunk, inputs from the forward signature),
+exported by ``scripts/zoo.py --export-slice`` into ``tests/data/zoo_slice.json`` so that the
+suite needs no transformers checkout. Each is analysed and must be exact: every node as the
+dispatcher says, every hook line as the eager model's own forward hooks on fake CUDA tensors
+running the real autocast kernels, and (one setting) every node, module and cast as a real CPU
+autocast run. Expectations are those oracles' output, never ampgraph's own. One setting per type
+runs in the quick suite; the rest are marked slow.
 """
 
 from __future__ import annotations
@@ -45,10 +47,13 @@ def _cases() -> list[object]:
 
 
 def test_the_slice_is_transformers_own_testers() -> None:
-    """Every entry names the tester it came from, and the config is a real tiny one."""
+    """Every entry names the tester it came from (its own, transformers' causal LM one, or the
+    zoo's generic tester: both kinds are in the slice), and the config is a real tiny one."""
     assert len(SLICE) >= 4
+    sources = {entry["tester"].split(" ")[0] for entry in SLICE.values()}
+    assert "generic" in sources and any(s.startswith("tests/") for s in sources), sources
     for name, entry in SLICE.items():
-        assert entry["tester"].startswith("tests/"), name
+        assert entry["tester"].startswith(("tests/", "generic tester")), name
         assert entry["config"]["model_type"] == name
         assert build(name).module.num_parameters() < 200_000, name
 
@@ -76,4 +81,19 @@ def test_zoo_type_verifies_on_the_cpu(name: str) -> None:
     result = verify(build(name), setting, device="cpu")
     counts = result.agreement()
     assert counts["nodes"].total > 0
+    assert not result.disagreements, result.disagreement_lines()[:3]
+
+
+def test_a_type_beyond_the_slice_comes_from_the_generic_tester() -> None:
+    """The GPU survey's ``--zoo`` takes any model type: one not in the slice is built by the zoo's
+    generic tester (no transformers checkout), tiny, and verifies on the CPU's real kernels."""
+    from ampgraph.verify import verify
+
+    assert "beit" not in SLICE
+    model = ZOO_SLICE.model("beit")
+    assert model.module.config.hidden_size == 32 and model.module.num_parameters() < 200_000
+    assert sorted(model.kwargs) == ["pixel_values"]
+    setting = Setting.parse("amp-fp32", device_type="cpu", amp_dtype="bf16")
+    result = verify(model, setting, device="cpu")
+    assert result.agreement()["nodes"].total > 0
     assert not result.disagreements, result.disagreement_lines()[:3]
