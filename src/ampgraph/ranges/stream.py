@@ -95,14 +95,37 @@ def return_freed_memory() -> None:
     glibc maps a block above its ``M_MMAP_THRESHOLD`` on its own and unmaps it when freed, but
     the threshold rises to the largest block freed so far (up to 32 MB), and weights freed one
     after another then stay in malloc's heap, a weight at a time holding what the largest ones
-    took together. Fixing the threshold (``mallopt``) would change the allocator of the whole
-    process for good: glibc has no way back to its rising threshold once it is set. Trimming
-    changes nothing that lasts: it returns the free pages of the heap, and is done.
+    took together. Trimming returns the free pages of the heap and changes nothing that lasts,
+    which is enough where memory is counted as resident pages. A limit on the process's data
+    (``ulimit -d``, ``RLIMIT_DATA``) counts the heap's extent instead, which holes left between
+    live blocks keep wide, so there (a process set up for the run: a batch job, a test's child)
+    the threshold is fixed (``mallopt``), the one way glibc unmaps each block when freed; it
+    lasts for the process, since glibc has no way back to its rising threshold. A process
+    without such a limit (a notebook) is left as it was.
 
     >>> return_freed_memory()
     """
     with contextlib.suppress(OSError, AttributeError):
         _LIBC.malloc_trim(0)
+
+
+def _map_blocks_where_data_limited() -> None:
+    """Fix glibc's threshold where the process's data is limited (:func:`return_freed_memory`
+    says why), before the first weight is made."""
+    with contextlib.suppress(OSError, AttributeError):
+        if _data_limited():
+            _LIBC.mallopt(M_MMAP_THRESHOLD, 128 * 1024)  # glibc's own starting value
+
+
+#: glibc's ``mallopt`` parameter for the size above which a block is mapped on its own.
+M_MMAP_THRESHOLD = -3
+
+
+def _data_limited() -> bool:
+    import resource
+
+    return any(resource.getrlimit(r)[0] != resource.RLIM_INFINITY
+               for r in (resource.RLIMIT_DATA, resource.RLIMIT_AS))  # fmt: skip
 
 
 #: The C library (glibc's ``malloc_trim``; on another C library the trim is skipped).
@@ -163,6 +186,7 @@ def stream_state(
     >>> said                                                         # doctest: +ELLIPSIS
     '1 tensor from 1 safetensors file; seeded (seed 0): ...; read one weight at a time'
     """
+    _map_blocks_where_data_limited()
     with meta_parameters():
         real = build_real(module)
     built = made_buffers(module, real)
