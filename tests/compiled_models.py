@@ -88,3 +88,21 @@ class Fp32Region(nn.Module):
 def fp32_region() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     return Fp32Region(), torch.randn(32, 64)
+
+
+class ScaledSoftmax(nn.Module):
+    """A Linear under autocast (a bf16 output), then ``softmax(y * 1.5)``: Inductor's pattern
+    matcher folds the scale into the softmax (``_softmax``'s replacement in its joint-graph
+    passes), so the multiply has no lowered value of its own; eager rounds it to bf16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.f(x) * 1.5, dim=-1)
+
+
+def scaled_softmax() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return ScaledSoftmax().eval(), torch.randn(32, 64)

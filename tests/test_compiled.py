@@ -135,3 +135,27 @@ def test_the_reader_reads_triton_kernels_as_it_reads_cpp_ones() -> None:
     # tmp2 re-rounds a value loaded from a bf16 pointer (a no-op); tmp7 is only stored; tmp4
     # is rounded and computed on: one rounding in registers
     assert (k.conversions, k.read_inside) == (2, 1)
+
+
+def test_a_node_a_pattern_replacement_folds_away_is_placed_and_its_dropped_rounding_shown() -> None:
+    """``softmax(y * 1.5)``: Inductor's ``mul_softmax_pattern`` rewrites it as
+    ``(y - max(y)) * 1.5`` in fp32 inside the softmax kernel, so the multiply has no lowered value
+    of its own; the plan still places it in that kernel, and its bf16 rounding is dropped."""
+    module, x, c = _capture("scaled_softmax")
+    outs = []
+    for emulate in (False, True):
+        flow = plan(c, emulate_precision_casts=emulate)
+        assert flow.unmapped == [] and [n.name for n in flow.dropped()] == ["mul"]
+        assert flow.node("mul").kernel == flow.node("softmax").kernel
+        out, code = generated.compile_for_real(
+            c, generated.real_inputs(c, module, (x,)), emulate_precision_casts=emulate
+        )
+        assert generated.disagreements(flow, generated.read_code(code)) == []
+        outs.append(out[0].float())
+    with torch.autocast("cpu", torch.bfloat16):
+        eager = module(x).float()
+        unrounded = torch.softmax(module.f(x).float() * 1.5, dim=-1)  # the scale kept in fp32
+    # the rewritten math is no node emulate_precision_casts could round: the same program
+    assert torch.equal(outs[0], outs[1])
+    assert ((outs[0] - eager).abs() > ULP * eager.abs() + FP32_BOUND).any()
+    assert ((outs[0] - unrounded).abs() <= ULP * unrounded.abs() + FP32_BOUND).all()

@@ -108,7 +108,8 @@ class CompiledFlow:
     nodes: list[CompiledNode] = field(default_factory=list)
     casts: list[CompiledCast] = field(default_factory=list)
     kernels: list[Kernel] = field(default_factory=list)
-    #: ampgraph nodes Inductor lowered to nothing it records (views folded into an index).
+    #: ampgraph nodes Inductor lowered to nothing it records (views folded into an index) and
+    #: that no recorded pattern replacement folded into a kernel: the views and diff name them.
     unmapped: list[str] = field(default_factory=list)
     #: How many graphs Inductor compiles (more than one where the model breaks the graph; their
     #: kernels are named ``g0.op3``, ``g1.op0``, ...).

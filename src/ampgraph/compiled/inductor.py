@@ -134,20 +134,41 @@ def recording() -> Iterator[list[tuple[Any, dict[fx.Node, Any]]]]:
         yield made
 
 
+@contextlib.contextmanager
+def replacements() -> Iterator[list[tuple[list[fx.Node], list[fx.Node]]]]:
+    """Record each pattern replacement Inductor makes (its ``ReplacementPatternEntry``, which
+    every ``Match.replace_by_example`` goes through): the matched nodes and the nodes put in their
+    place. A replacement of several nodes gives its new nodes no ``from_node`` (only its output
+    inherits the match's output's), so a matched node folded into the new math, such as the
+    scale of ``softmax(x * s)`` (``joint_graph.mul_softmax_pattern``), is known only from here."""
+    from torch._inductor.pattern_matcher import ReplacementPatternEntry
+
+    made: list[tuple[list[fx.Node], list[fx.Node]]] = []
+    replace = ReplacementPatternEntry.replace_with_graph
+
+    def record(match: Any, *args: Any, **kwargs: Any) -> list[fx.Node]:
+        added = replace(match, *args, **kwargs)
+        made.append((list(match.nodes), list(added)))
+        return added
+
+    with mock.patch.object(ReplacementPatternEntry, "replace_with_graph", staticmethod(record)):
+        yield made
+
+
 def _lower(
     capture: Capture, emulate: bool, gm: fx.GraphModule, inputs: list[Any]
-) -> tuple[Any, dict[fx.Node, Any]]:
-    """Run Inductor on ``gm`` up to generated source; the GraphLowering and every node's lowered
-    value."""
+) -> tuple[Any, dict[fx.Node, Any], list[tuple[list[fx.Node], list[fx.Node]]]]:
+    """Run Inductor on ``gm`` up to generated source; the GraphLowering, every node's lowered
+    value and the pattern replacements made on the way (:func:`replacements`)."""
     from torch._inductor import compile_fx
 
-    with inductor_setting(capture, emulate), recording() as made:
+    with inductor_setting(capture, emulate), recording() as made, replacements() as replaced:
         try:
             compile_fx.compile_fx(gm, inputs)
         except Exception as exc:  # noqa: BLE001 - Inductor wraps ours in InductorError
             if not made:
                 raise CompiledPlanError(f"Inductor could not lower the graph: {exc}") from exc
-    return made[0]
+    return (*made[0], replaced)
 
 
 def _root_name(node: fx.Node, names: set[str]) -> str | None:
@@ -284,10 +305,10 @@ def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> Compiled
     from ampgraph.compiled import breaks
 
     def plan_one(capture: Capture, gm: fx.GraphModule, inputs: list[Any]) -> CompiledFlow:
-        graph, values = _lower(capture, emulate_precision_casts, gm, inputs)
+        graph, values, replaced = _lower(capture, emulate_precision_casts, gm, inputs)
         names = {n.name for n in gm.graph.nodes if n.op == "call_function"}
         owner = {n: r for n in values if (r := _root_name(n, names)) is not None}
-        return build_flow(gm, graph, values, owner, capture, emulate_precision_casts)
+        return build_flow(gm, graph, values, owner, capture, emulate_precision_casts, replaced)
 
     gm = capture.graph_module
     if breaks.has_breaks(gm):
@@ -300,10 +321,13 @@ def plan(capture: Capture, *, emulate_precision_casts: bool = False) -> Compiled
 def build_flow(
     gm: fx.GraphModule, graph: Any, values: dict[fx.Node, Any], owner: dict[fx.Node, str],
     capture: Capture, emulate_precision_casts: bool,
+    replaced: list[tuple[list[fx.Node], list[fx.Node]]] | None = None,
 ) -> CompiledFlow:  # fmt: skip
     """The flow of ``gm``'s nodes from a lowering (``graph``, each lowered FX node's value) and
     ``owner``, the ``gm`` node each lowered node computes part of (the last one gives its value).
-    ``gm`` is the captured graph for a forward plan, the lowered graph itself for a backward."""
+    ``gm`` is the captured graph for a forward plan, the lowered graph itself for a backward.
+    ``replaced``: Inductor's pattern replacements (:func:`replacements`); a node one folds away
+    is placed in the kernel that computes the replacement (:func:`_absorbed`)."""
     names = {n.name for n in gm.graph.nodes if n.op == "call_function"}
     modules = _module_paths(gm)
     rank = {n.name: i for i, n in enumerate(gm.graph.nodes)}
@@ -322,13 +346,40 @@ def build_flow(
         nodes.append(CompiledNode(node.name, modules.get(node.name, ""),
                                   dtype_name(n.meta["val"].dtype), fate, kernel, buf,
                                   computes(node)))  # fmt: skip
+    folded = _absorbed(gm, set(last), replaced or [], values, where, names)
+    nodes += [CompiledNode(node.name, modules.get(node.name, ""),
+                           dtype_name(node.meta["val"].dtype), "in-register", k, None,
+                           computes(node)) for node, k in folded]  # fmt: skip
     nodes = _mark_unrounded_reads(gm, nodes)
     casts = [_cast(n, owner[n], values[n], removed, where) for n in values
              if n in owner and n.target is torch.ops.prims.convert_element_type.default]  # fmt: skip
-    unmapped = sorted(names - set(last))
+    unmapped = sorted(names - set(last) - {node.name for node, _ in folded})
     return CompiledFlow(capture.model_name, capture.setting.name, torch.__version__,
                         BACKENDS[capture.setting.device_type], options(emulate_precision_casts),
                         nodes, casts, kernels, unmapped)  # fmt: skip
+
+
+def _absorbed(
+    gm: fx.GraphModule, mapped: set[str], replaced: list[tuple[list[fx.Node], list[fx.Node]]],
+    values: dict[fx.Node, Any], where: dict[Any, str], names: set[str],
+) -> list[tuple[fx.Node, str]]:
+    """The captured nodes with no lowered value that a pattern replacement matched, each with the
+    kernel computing the replacement's last lowered node: their math is folded into that kernel's
+    registers (never stored; ``emulate_precision_casts`` marks lowered nodes, and the value eager
+    rounds is no node of the rewritten graph, so it is not rounded either). A node no recorded
+    replacement explains stays unmapped."""
+    order = {n: i for i, n in enumerate(values)}
+    kernel_of: dict[str, str] = {}
+    for matched, added in replaced:
+        lowered = sorted((n for n in added if n in order and n in where), key=order.__getitem__)
+        if not lowered:
+            continue
+        for m in matched:
+            root = _root_name(m, names)
+            if root is not None and root not in mapped:
+                kernel_of.setdefault(root, where[lowered[-1]])
+    return [(n, kernel_of[n.name]) for n in gm.graph.nodes
+            if n.name in kernel_of and isinstance(n.meta.get("val"), torch.Tensor)]  # fmt: skip
 
 
 def _eager_nodes(members: list[fx.Node]) -> list[CompiledNode]:

@@ -49,7 +49,20 @@ def table_lines(flow: CompiledFlow) -> list[str]:
                      f"{_FATE_WORDS[n.fate]}  [{n.module or '(top)'}]{mark}")  # fmt: skip
     lines.append(f"{len(flow.kernels)} kernels: " + ", ".join(
         f"{k.name} {k.kind}" + (f" {k.call}" if k.call else "") for k in flow.kernels))  # fmt: skip
-    return lines
+    return lines + unmapped_lines(flow)
+
+
+def unmapped_lines(flow: CompiledFlow) -> list[str]:
+    """A line naming the captured nodes the plan could not place in any kernel (their fate, so
+    whether their rounding is dropped, is unknown), or none.
+
+    >>> unmapped_lines(CompiledFlow("m", "amp", "2", "cpp", {}, unmapped=["mul"]))
+    ['1 node(s) unmapped (no lowered value found, fate unknown): mul']
+    """
+    if not flow.unmapped:
+        return []
+    return [f"{len(flow.unmapped)} node(s) unmapped (no lowered value found, fate unknown): "
+            + ", ".join(flow.unmapped)]
 
 
 def table_markdown(flow: CompiledFlow) -> list[str]:
@@ -86,7 +99,7 @@ def diff_lines(flow: CompiledFlow) -> list[str]:
     if removed:
         lines.append(f"{len(removed)} cast(s) to 16 bits that fusion leaves unperformed: "
                      + ", ".join(f"{c.node} of {c.owner}" for c in removed))  # fmt: skip
-    return lines
+    return lines + unmapped_lines(flow)
 
 
 #: Bytes of one element of a 16-bit dtype.
