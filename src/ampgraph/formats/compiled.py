@@ -11,14 +11,13 @@ and as JSON (``ampgraph compiled --view``: :func:`table_text`, :func:`diff_text`
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 
 from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow, CompiledNode, Kernel
-import json
-
-from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow
+from ampgraph.report.escape import code_span
 
 _FATE_WORDS = {
     "stored": "stored in a buffer",
@@ -73,13 +72,17 @@ def table_markdown(flow: CompiledFlow) -> list[str]:
     ...                  [CompiledNode("gelu", "mlp", "bfloat16", "in-register", "op4")])
     >>> table_markdown(f)[-1]
     "| `gelu` | `mlp` | bfloat16 | op4 | inside the kernel, never stored **(eager's rounding dropped)** |"
+    >>> odd = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {},  # a module's name in its cell
+    ...                    [CompiledNode("gelu", "a|b`c", "bfloat16", "stored", "op4")])
+    >>> table_markdown(odd)[-1].split(" | ")[1]
+    '``a\\\\|b`c``'
     """
     lines = [f"**{header(flow)}**", "", "| node | module | dtype | kernel | compiled |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for n in flow.nodes:
         fate = _FATE_WORDS[n.fate] + (" **(eager's rounding dropped)**" if n.drops_rounding else "")
-        lines.append(f"| `{n.name}` | `{n.module or '(top)'}` | {n.dtype} | {n.kernel or '-'} | "
-                     f"{fate} |")  # fmt: skip
+        lines.append(f"| {code_span(n.name)} | {code_span(n.module or '(top)')} | {n.dtype} | "
+                     f"{n.kernel or '-'} | {fate} |")  # fmt: skip
     return lines
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ampgraph.fp8.graph import Fp8Graph, Fp8Node
+from ampgraph.report.escape import code_span
 
 
 def _operands(g: Fp8Node) -> str:
@@ -56,7 +57,7 @@ def gemm_markdown(graph: Fp8Graph, phases: tuple[str, ...] = ("forward", "backwa
     rows = ["| module | pass | GEMM | operands | output |", "| --- | --- | --- | --- | --- |"]
     for phase in phases:
         for i, g in enumerate(graph.gemms(phase)):
-            where = f"`{g.module}`" if phase == "forward" else f"GEMM {i}"
+            where = code_span(g.module) if phase == "forward" else f"GEMM {i}"
             rows.append(f"| {where} | {phase} | `{g.op}` | {_operands(g)} | {g.dtype_out} |")
     return "\n".join(rows)
 
