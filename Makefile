@@ -23,7 +23,7 @@ FLOOR_TRANSFORMERS_SPEC ?= transformers==5.24.0
 FLOOR_VISION_SPEC ?= torchvision==0.24.1
 FLOOR_VENV ?= .venv-floor
 FLOOR_TESTS ?= tests/test_compat.py src/ampgraph/compat.py tests/test_compat_fake_cuda.py \
-  src/ampgraph/capture/driverless_29.py tests/test_policy.py \
+  src/ampgraph/capture/driverless_29.py src/ampgraph/capture/elf_symbols.py tests/test_policy.py \
   tests/test_capture_engines.py tests/test_tracers.py tests/test_meta_kernels.py \
   tests/test_autocast_kernels.py tests/test_single_ops.py tests/test_seed_notebook.py \
   tests/test_verify.py tests/test_cli.py

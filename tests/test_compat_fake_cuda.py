@@ -8,14 +8,18 @@ parameter that requires grad, which no ``pytest.raises`` could catch.
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 from ampgraph import compat
-from ampgraph.capture import driverless_29
+from ampgraph.capture import driverless_29, elf_symbols
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or not torch.version.cuda,
@@ -107,3 +111,99 @@ with fake_mode():
     print(torch.nn.functional.conv2d(x.float(), w.float(), torch.empty(4, device="cuda")).dtype)
 """)
     assert out.split() == ["_ConvBackend.Slow2d", "torch.bfloat16"]
+
+
+_ON_2_9 = pytest.mark.skipif(
+    not compat.fake_cuda_needs_help(), reason="the driverless guard is built on torch 2.9 only"
+)
+_LIBC10 = Path(torch.__file__).parent / "lib" / "libc10.so"
+
+
+def _registry() -> ctypes.Array[ctypes.c_size_t]:
+    """libc10's device-guard registry, one C++ object address per device type."""
+    libc10 = ctypes.CDLL(str(_LIBC10))
+    first = ctypes.c_size_t.in_dll(libc10, "_ZN3c104impl26device_guard_impl_registryE")
+    return (ctypes.c_size_t * 15).from_address(ctypes.addressof(first))
+
+
+def _guard(device_type: int) -> tuple[int, list[int], bytes]:
+    """The registered guard's vtable address point, its 23 slots and its class's RTTI name."""
+    vtable = ctypes.c_size_t.from_address(_registry()[device_type]).value
+    type_info = ctypes.c_size_t.from_address(vtable - 8).value
+    name = ctypes.string_at(ctypes.c_size_t.from_address(type_info + 8).value)
+    return vtable, list((ctypes.c_size_t * 23).from_address(vtable)), name
+
+
+@_ON_2_9
+def test_the_slots_used_hold_what_the_libraries_symbol_tables_name_them() -> None:
+    """Each slot the guard is built from is read back by name from the library that holds it
+    (libc10_cuda's CUDAGuardImpl, libtorch_cpu's NoOpDeviceGuardImpl<Meta>), with the size of
+    each vtable; two slots swapped, another class's table, a table off by one slot or a copy
+    outside the library are refused, each for what is wrong with it."""
+    cuda, meta = _guard(1), _guard(14)
+    assert driverless_29.vtable_problem(*cuda) is None
+    assert driverless_29.vtable_problem(*meta) is None
+    vtable, slots, name = meta
+    for first, second, member in ((1, 14, "11deviceCountEv"), (2, 3, "9setDeviceENS_6DeviceE")):
+        swapped = list(slots)
+        swapped[first], swapped[second] = swapped[second], swapped[first]
+        why = driverless_29.vtable_problem(vtable, swapped, name)
+        assert why is not None and why.startswith(f"slot {first} holds ") and member in why
+    copy = (ctypes.c_size_t * 25)(0, 0, *slots)
+    for table, held, said in (
+        (cuda[0], slots, name),  # CUDA's table, said to be meta's
+        (vtable + 8, [*slots[1:], 0], name),  # meta's, read one slot on
+        (ctypes.addressof(copy) + 16, slots, name),  # the same words, not in a library
+    ):
+        assert driverless_29.vtable_problem(table, held, said) == (
+            f"no vtable of {name.decode()} with 23 slots at {table:#x}"
+        )
+
+
+@_ON_2_9
+def test_a_layout_the_library_does_not_have_is_refused_with_nothing_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shim built for a header with deviceCount and exchangeDevice the other way round finds
+    the library disagrees: one warning saying what to install (once per process), and the
+    registry, ``torch._C`` and the stand-ins as they were."""
+    members = dict(driverless_29._MEMBERS)
+    members[1], members[14] = members[14], members[1]
+    monkeypatch.setattr(driverless_29, "_MEMBERS", members)
+    monkeypatch.setattr(driverless_29, "_WHY", {})
+    driverless_29._guards_problem.cache_clear()
+    before = (_registry()[1], torch._C._select_conv_backend)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            undos = [driverless_29.install(), driverless_29.install()]
+        assert len(caught) == 1 and issubclass(caught[0].category, compat.UnsupportedVersionWarning)
+        assert "(slot 1 holds " in str(caught[0].message)
+        assert str(caught[0].message).endswith("pip install 'torch>=2.10'")
+        assert (_registry()[1], torch._C._select_conv_backend) == before
+        assert driverless_29.STAND_INS == {}
+        assert (driverless_29.problem() or "").startswith("slot 1 holds ")
+        for undo in undos:
+            undo()
+    finally:
+        monkeypatch.undo()
+        driverless_29._guards_problem.cache_clear()
+    assert driverless_29.problem() is None  # the layout the library has
+
+
+def test_a_library_without_a_symbol_table_cannot_name_a_slot(tmp_path: Path) -> None:
+    """A stripped build (no ``.symtab``, emulated by marking that section unused in a copy of
+    libc10.so) answers LookupError, which the check reports as its refusal; the library as
+    shipped has its table."""
+    data = bytearray(_LIBC10.read_bytes())
+    (offset,) = struct.unpack_from("<Q", data, 0x28)
+    size, count = struct.unpack_from("<HH", data, 0x3A)
+    types = [offset + i * size + 4 for i in range(count)]  # each section header's sh_type
+    symtab = [at for at in types if struct.unpack_from("<I", data, at)[0] == 2]  # SHT_SYMTAB
+    assert len(symtab) == 1
+    struct.pack_into("<I", data, symtab[0], 0)  # SHT_NULL: what strip leaves of it
+    stripped = tmp_path / "libc10.so"
+    stripped.write_bytes(data)
+    assert elf_symbols.symbols_in(str(_LIBC10), [0]) == {}
+    with pytest.raises(LookupError, match="has no symbol table"):
+        elf_symbols.symbols_in(str(stripped), [0])

@@ -33,22 +33,52 @@ driver, and models stop on them (``compat.fake_cuda_needs_help`` names the relea
   properties; 2.10 takes them as unsupported, and so does the replacement (the same backend
   and memory format as 2.10 for 2d, 3d, 1d, transposed and depthwise calls in fp32, bf16, fp16).
 
-**Why it stays, and what it checks.** Users of torch 2.9 on a CUDA build without a GPU (a CI
-runner, a laptop: the machines ampgraph is for) need the CUDA settings, the default ones; refusing
-2.9 there would leave them only the CPU settings, and the meta replay of a CPU-only build types
-trace-time reads less exactly (DESIGN.md fact 5). So the shim stays, inside an analysis only
-(:mod:`ampgraph.capture.environment` enters it and puts the registry slot and
-``torch._C._select_conv_backend`` back on exit), and checks each assumption against what the
-libraries contain before it writes anything: the registry symbol is exported; the two guards'
-RTTI names are CUDA's and meta's (so the vtables are those of the classes whose 2.9 header
-fixes the slot positions: the shim runs on 2.9 alone, whose wheels share that header); the
-machine is x86-64 Linux; and ``CUDAGuardImpl::type`` is ``mov eax, 1; ret``. The slot positions
-themselves cannot be read back: libc10 and libc10_cuda export no symbol for those member
-functions (``dladdr`` names none, checked on 2.9.1). Where any check fails, nothing is changed
-and one warning says to install ``torch>=2.10``. What remains outside C++'s rules is the call of that two-instruction function
-through ``getDevice``'s and ``exchangeDevice``'s slots: under the x86-64 System V ABI, the only
-one torch 2.9's Linux wheels are built for, a ``Device`` (two bytes) is returned in ``ax`` and an
-ignored argument costs nothing, so each call returns ``cuda:0`` as 2.10's ``FakeGuardImpl`` does.
+**Why it stays.** Users of torch 2.9 on a CUDA build without a GPU (a CI runner, a laptop: the
+machines ampgraph is for, often pinned to the torch of the GPU image they train with) need the
+CUDA settings, the default ones; refusing 2.9 there would leave them only the CPU settings, and
+the meta replay of a CPU-only build types trace-time reads less exactly (DESIGN.md fact 5). It
+runs inside an analysis only (:mod:`ampgraph.capture.environment` enters it and puts the
+registry slot and ``torch._C._select_conv_backend`` back on exit), and since every assumption
+below is read back from the loaded libraries, a library it does not fit is refused, not guessed.
+
+**What it checks**, before it writes anything (:func:`problem` says which check failed; the
+answer is the libraries', so it is asked once per process):
+
+* the machine is x86-64 Linux (the two ABIs below); ``libc10.so`` exports the registry, and
+  CUDA and meta have guards in it;
+* the two guards' RTTI names are ``c10::cuda::impl::CUDAGuardImpl`` and
+  ``c10::impl::NoOpDeviceGuardImpl<Meta>``;
+* **the slot positions and the size of each vtable, by name**
+  (:func:`vtable_problem`): ``dladdr`` names only exported symbols and these member functions
+  are local, but the libraries' full symbol tables (``.symtab``, which torch's Linux wheels
+  keep; :mod:`~ampgraph.capture.elf_symbols` reads them) name the table each guard points to
+  ``_ZTV`` + its class, 200 bytes long (two header words and 23 slots: the copy is the whole
+  table and no more), and slots 0, 1, 2 and 14 the class's own ``type``, ``exchangeDevice``,
+  ``getDevice`` and ``deviceCount``. A library without a symbol table is refused;
+* ``CUDAGuardImpl::type``'s machine code is ``mov eax, 1; ret`` (six bytes);
+* CUDA's ``deviceCount``, called through its own signature on CUDA's own guard, answers what
+  ``torch.cuda.device_count()`` does (0).
+
+Where any check fails, nothing is changed and one warning says to install ``torch>=2.10``.
+
+**What remains outside C++'s rules**, and what defines it instead: the Itanium C++ ABI and the
+x86-64 System V ABI (those of torch 2.9's Linux wheels; the machine is checked above), with the
+machine code checked above. (1) The guard is an object C++ never constructed: one vtable pointer, to a
+copy of meta's table. Under the Itanium ABI an object of a polymorphic class without data
+members is its vtable pointer, and a virtual call loads its slot from the table that pointer
+points to; neither guard class has data members, so no function reads more of ``this``
+(``CUDAGuardImpl::type`` reads nothing, ``deviceCount`` jumps to ``c10::cuda::device_count``).
+(2) ``CUDAGuardImpl::type`` (``DeviceType type() const``) sits in the ``getDevice`` and
+``exchangeDevice(Device)`` slots: C++ calls a call through another function type undefined, but
+what runs is the six bytes checked, which set ``eax`` to 1 whatever ``rdi`` and ``rsi`` hold, and
+the System V ABI returns a ``Device`` (two bytes, trivially copyable) in ``ax``: ``{CUDA, 0}``,
+what 2.10's ``FakeGuardImpl<CUDA>`` answers. The alternatives were weighed: torch 2.9 binds no
+way to set a device guard from Python (2.10 added ``torch._C._ensureCUDADeviceGuardSet``);
+``ctypes`` callbacks of the exact signatures would enter Python from whichever C++ thread asks
+the guard, taking the GIL inside C++ code that may hold its own locks (a deadlock where the
+GIL's holder waits for one), where six checked bytes neither leave C++ nor lock; a C++
+extension built at analysis time would need a compiler and torch's headers on the user's
+machine.
 
 Only where needed: torch older than 2.10, a CUDA build, and no CUDA device (the guard's own
 count). With a GPU, or on any other release, :func:`install` does nothing. Backward on fake CUDA
@@ -61,25 +91,36 @@ tensors fails on 2.10 too (``hasPrimaryContext``); ampgraph differentiates on me
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import torch
 
+from ampgraph.capture import elf_symbols
+from ampgraph.capture.elf_symbols import Symbol
 from ampgraph.compat import UnsupportedVersionWarning, fake_cuda_needs_help
 
 aten = torch.ops.aten
 
 #: ``c10::DeviceType`` values (``c10/core/DeviceType.h``) of the registry slots read here.
 _CUDA, _META = 1, 14
-#: Slots of ``DeviceGuardImplInterface``'s vtable (declaration order,
-#: ``c10/core/impl/DeviceGuardImplInterface.h`` of 2.9): type, exchangeDevice, getDevice, deviceCount.
+#: Slots of ``DeviceGuardImplInterface``'s vtable (declaration order, ``c10/core/impl/
+#: DeviceGuardImplInterface.h`` of 2.9): type, exchangeDevice, getDevice, deviceCount.
 _TYPE, _EXCHANGE_DEVICE, _GET_DEVICE, _DEVICE_COUNT = 0, 1, 2, 14
 _SLOTS: Final = 23  # 21 virtual functions, and the destructor's two entries
+#: The member function each slot used here must hold: its name as the Itanium ABI mangles it,
+#: after ``_ZNK`` and the class's nested name (in ``NS_6DeviceE``, ``S_`` is ``c10::``).
+_MEMBERS: Final = {
+    _TYPE: "4typeEv",
+    _EXCHANGE_DEVICE: "14exchangeDeviceENS_6DeviceE",
+    _GET_DEVICE: "9getDeviceEv",
+    _DEVICE_COUNT: "11deviceCountEv",
+}
 #: RTTI names (``typeid(...).name()``) of the two guards the new one is made from.
 _CUDA_GUARD: Final = b"N3c104cuda4impl13CUDAGuardImplE"
 _META_GUARD: Final = b"N3c104impl19NoOpDeviceGuardImplILNS_10DeviceTypeE14EEE"
@@ -87,11 +128,64 @@ _META_GUARD: Final = b"N3c104impl19NoOpDeviceGuardImplILNS_10DeviceTypeE14EEE"
 #: returned in ``ax``) that is ``cuda:0``.
 _RETURNS_CUDA_0: Final = bytes.fromhex("b801000000c3")
 
+
 def _vtable(obj: int) -> tuple[int, bytes]:
     """The vtable address of the C++ object at ``obj`` and its class's RTTI name."""
     vtable = ctypes.c_void_p.from_address(obj).value or 0
     type_info = ctypes.c_void_p.from_address(vtable - 8).value or 0
     return vtable, ctypes.string_at(ctypes.c_void_p.from_address(type_info + 8).value or 0)
+
+
+def _slots(vtable: int) -> list[int]:
+    """The function addresses in the vtable at ``vtable`` (its address point)."""
+    return list((ctypes.c_size_t * _SLOTS).from_address(vtable))
+
+
+def vtable_problem(vtable: int, slots: Sequence[int], rtti: bytes) -> str | None:
+    """Why ``slots`` are not what the shim takes the vtable of the class ``rtti`` names to be
+    (None: they are), by the symbol table of the library that holds them
+    (:mod:`~ampgraph.capture.elf_symbols`): the table at ``vtable`` is that class's vtable
+    (``_ZTV`` + ``rtti``) of two header words and :data:`_SLOTS` slots, and slots 0, 1, 2 and 14
+    hold the class's own ``type``, ``exchangeDevice``, ``getDevice`` and ``deviceCount``. Reads
+    only; ``slots`` may be a copy (the tests give it a doctored one).
+
+    >>> vtable_problem(0, [0] * 23, _CUDA_GUARD)
+    'no vtable of N3c104cuda4impl13CUDAGuardImplE with 23 slots at 0x0'
+    """
+    cls = rtti.decode()
+    try:
+        found = elf_symbols.symbols_at([vtable - 16, *(slots[slot] for slot in _MEMBERS)])
+    except LookupError as exc:
+        return str(exc)
+    if Symbol(f"_ZTV{cls}", (_SLOTS + 2) * 8) not in found.get(vtable - 16, []):
+        return f"no vtable of {cls} with {_SLOTS} slots at {vtable:#x}"
+    for slot, member in _MEMBERS.items():
+        want = f"_ZNK{cls[1:-1]}{member}"
+        held = [symbol.name for symbol in found.get(slots[slot], [])]
+        if want not in held:
+            return f"slot {slot} holds {', '.join(held) or 'no named function'}, not {want}"
+    return None
+
+
+@functools.cache
+def _guards_problem(cuda_guard: int, meta_guard: int) -> str | None:
+    """Why the registered guards are not those the new guard can be built from (None: they
+    are), asked once per pair of objects (the answer is the libraries')."""
+    cuda_vtable, cuda_name = _vtable(cuda_guard)
+    meta_vtable, meta_name = _vtable(meta_guard)
+    if cuda_name != _CUDA_GUARD or meta_name != _META_GUARD:
+        return f"unexpected device guards ({cuda_name!r}, {meta_name!r})"
+    for vtable, name in ((cuda_vtable, cuda_name), (meta_vtable, meta_name)):
+        if (why := vtable_problem(vtable, _slots(vtable), name)) is not None:
+            return why
+    cuda = _slots(cuda_vtable)
+    if ctypes.string_at(cuda[_TYPE], len(_RETURNS_CUDA_0)) != _RETURNS_CUDA_0:
+        return "CUDAGuardImpl::type() is not the code this relies on"
+    # Its own signature (``DeviceIndex deviceCount() const noexcept``) on its own object.
+    count = ctypes.CFUNCTYPE(ctypes.c_int8, ctypes.c_void_p)(cuda[_DEVICE_COUNT])(cuda_guard)
+    if count != torch.cuda.device_count():
+        return f"CUDAGuardImpl::deviceCount() is {count}, not {torch.cuda.device_count()}"
+    return None
 
 
 def _install_cuda_guard(kept: list[Any]) -> tuple[str | None, Callable[[], None]]:
@@ -107,15 +201,12 @@ def _install_cuda_guard(kept: list[Any]) -> tuple[str | None, Callable[[], None]
     registry = (ctypes.c_void_p * (_META + 1)).from_address(ctypes.addressof(first))
     if not registry[_CUDA] or not registry[_META]:
         return "no CUDA or meta device guard registered (a CPU-only build of torch?)", _nothing
-    cuda_vtable, cuda_name = _vtable(registry[_CUDA])
-    meta_vtable, meta_name = _vtable(registry[_META])
-    if cuda_name != _CUDA_GUARD or meta_name != _META_GUARD:
-        return f"unexpected device guards ({cuda_name!r}, {meta_name!r})", _nothing
-    cuda = (ctypes.c_void_p * _SLOTS).from_address(cuda_vtable)
-    if ctypes.string_at(cuda[_TYPE], len(_RETURNS_CUDA_0)) != _RETURNS_CUDA_0:
-        return "CUDAGuardImpl::type() is not the code this relies on", _nothing
+    if (why := _guards_problem(registry[_CUDA], registry[_META])) is not None:
+        return why, _nothing
+    cuda = _slots(_vtable(registry[_CUDA])[0])
+    meta_vtable = _vtable(registry[_META])[0]
     # The meta guard's vtable with its two header words (offset to top, RTTI), then CUDA's answers.
-    table = (ctypes.c_void_p * (_SLOTS + 2)).from_buffer_copy(
+    table = (ctypes.c_size_t * (_SLOTS + 2)).from_buffer_copy(
         ctypes.string_at(meta_vtable - 16, (_SLOTS + 2) * 8)
     )
     for slot in (_TYPE, _EXCHANGE_DEVICE, _GET_DEVICE):
@@ -244,4 +335,4 @@ def problem() -> str | None:
     return why
 
 
-__all__ = ["STAND_INS", "install", "needed", "problem"]
+__all__ = ["STAND_INS", "install", "needed", "problem", "vtable_problem"]
