@@ -62,7 +62,9 @@ def _model(through_transformers: bool, padded: bool) -> ModelInputs:
 
 @pytest.mark.parametrize("through_transformers", [False, True], ids=["mask.all", "transformers"])
 @pytest.mark.parametrize("padded", [False, True], ids=["all-ones", "one-padded"])
-def test_the_mask_is_dropped_as_a_real_run_drops_it(through_transformers: bool, padded: bool) -> None:
+def test_the_mask_is_dropped_as_a_real_run_drops_it(
+    through_transformers: bool, padded: bool
+) -> None:
     model = _model(through_transformers, padded)
     setting = Setting.parse("amp-fp32")
     report = analyze(model, setting)
