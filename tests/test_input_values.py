@@ -88,3 +88,5 @@ def test_nothing_is_left_in_transformers() -> None:
     with real_run_answers(KnownValues({})):
         assert masking_utils.is_torchdynamo_exporting is not before[1]
     assert (import_utils.is_fake_tensor, masking_utils.is_torchdynamo_exporting) == before
+    analyze(_model(True, False), Setting.parse("amp-fp32"))  # a whole analysis leaves none
+    assert (import_utils.is_fake_tensor, masking_utils.is_torchdynamo_exporting) == before
