@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,47 @@ def test_key_depends_on_the_analysis_code(monkeypatch) -> None:
     monkeypatch.setattr(cache, "source_digest", lambda: "another")
     assert cache.cache_key(ident, {"setting": "fp32"}) != base
     assert len(cache.environment()["source"]) == len("another")
+
+
+def test_the_key_hashes_the_analysis_code_not_the_command_line_nor_the_writers(
+    tmp_path: Path,
+) -> None:
+    """Issue 46: a copy of the installed package, its files edited one at a time. An edit of the
+    command line, a format's writer or the renderer (which only ask for or present a report)
+    keeps the digest, so no cached analysis is lost to it; an edit of the capture, the
+    annotation, the policy tables' data, the pipeline or the records changes it, as does a new
+    analysis module."""
+    package = Path(cache.__file__).resolve().parent.parent
+    copy = tmp_path / "ampgraph"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    base = cache.source_digest(copy)
+    assert base == cache.source_digest(package) == cache.environment()["source"]
+
+    def edited(relative: str, text: str = "\n# edited\n") -> str:
+        path = copy / relative
+        before = path.read_bytes() if path.exists() else None
+        with path.open("a") as f:
+            f.write(text)
+        try:
+            return cache.source_digest(copy)
+        finally:
+            if before is None:
+                path.unlink()
+            else:
+                path.write_bytes(before)
+
+    presenting = ["cli/__init__.py", "cli/analyze_commands.py", "cli/options.py",
+                  "formats/json.py", "formats/markdown.py", "render/dot.py", "docs/reference.py",
+                  "cli/new_command.py"]  # fmt: skip
+    for relative in presenting:
+        assert edited(relative) == base, relative
+    analysing = ["capture/trace.py", "annotate/annotator.py", "policy/__init__.py",
+                 "pipeline/stages.py", "pipeline/request.py", "report/records.py",
+                 "settings.py", "train/backward.py", "capture/new_capture.py"]  # fmt: skip
+    for relative in analysing:
+        assert edited(relative) != base, relative
+    assert edited("policy/kernel_coverage.json", " ") != base  # the tables' data
+    assert cache.source_digest(copy) == base  # every edit undone
 
 
 def test_clear_and_info(tmp_path: Path, monkeypatch) -> None:

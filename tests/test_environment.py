@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -228,3 +229,85 @@ def test_an_analysis_reads_its_own_tables_and_another_thread_the_installed_ones(
         thread.start()
         thread.join()
     assert other == [("fp32", ACTIVE_RELEASE)] and seen() == ("fp32", ACTIVE_RELEASE)
+
+
+def test_the_real_run_is_the_requests_environment_handed_down() -> None:
+    """What a real run may do (seed, weights, --force, one weight at a time) is the request's
+    frozen environment: ``ranges_of_spec`` passes none of it as an argument, and ``value_ranges``
+    reads the seed it was handed (its values change with it), an explicit argument winning."""
+    from pathlib import Path
+
+    from ampgraph.capture.environment import AnalysisEnvironment, RealRun, current
+    from ampgraph.pipeline.request import AnalysisRequest
+    from ampgraph.ranges import value_ranges
+    from ampgraph.ranges.spec_run import ranges_of_spec
+    from ampgraph.settings import Setting
+
+    request = AnalysisRequest("llama-tiny", (Setting.parse("amp-fp32", amp_dtype="fp16"),),
+                              seq_len=4, seed=3, force=True, weights_dir="w", stream=False)
+    assert request.environment().real_run == RealRun(3, True, Path("w"), False)
+    assert current().real_run == RealRun()  # nothing left behind by building it
+
+    def ranges(**given: object) -> tuple[int, list[object]]:
+        result = value_ranges("llama-tiny", request.settings, seq_len=4, **given)
+        return result.seed, [(n.name, n.outputs) for n in result.nodes]
+
+    items: list[tuple[str, object]] = []
+    ranges_of_spec(replace(request, force=False, weights_dir=None, stream=None), items.append)
+    spec_run = items[-1][1]
+    seeded = ranges(seed=3)
+    assert (spec_run.seed, [(n.name, n.outputs) for n in spec_run.nodes]) == seeded
+    assert ranges()[1] != seeded[1]  # the seed changes the values: the comparison can fail
+    with analysis_environment(AnalysisEnvironment(real_run=RealRun(seed=3))):
+        assert ranges() == seeded and ranges(seed=0)[0] == 0
+
+
+def _module_state() -> dict[tuple[str, str], object]:
+    """Every global of every ampgraph module: its identity, and a container's contents (their
+    identities), so that rebinding a global or filling a module-level list, dict or set shows."""
+    state: dict[tuple[str, str], object] = {}
+    for name, module in list(sys.modules.items()):
+        if name != "ampgraph" and not name.startswith("ampgraph."):
+            continue
+        for attr, value in list(vars(module).items()):
+            if attr.startswith("__"):
+                continue
+            inside: object = None
+            if isinstance(value, dict):
+                inside = frozenset((id(k), id(v)) for k, v in list(value.items()))
+            elif isinstance(value, (list, set)):
+                inside = frozenset(map(id, list(value)))
+            state[(name, attr)] = (id(value), inside)
+    return state
+
+
+def test_no_module_state_changes_with_an_analysis() -> None:
+    """Forward, train, a what-if with moved tables, another release's tables, ranges and verify
+    leave every module global of ampgraph as they found it (after a first round, which imports
+    what they use and fills the caches of the process's facts)."""
+    from ampgraph.capture.environment import AnalysisEnvironment
+    from ampgraph.model.build import ModelInputs
+    from ampgraph.pipeline.stages import analyze
+    from ampgraph.ranges import value_ranges
+    from ampgraph.review.whatif import preview_moves
+    from ampgraph.verify import verify
+
+    def analyses(moves: str) -> None:
+        # The pad is a composite op with no policy inside, which the annotation remembers.
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ConstantPad1d(1, 0.0),
+                                  torch.nn.LayerNorm(10), torch.nn.Linear(10, 4))  # fmt: skip
+        model = ModelInputs("net", net, (torch.randn(2, 8),))
+        analyze(model, "autocast=on,device=cpu")
+        analyze(model, "autocast=on,device=cpu", pass_="train")
+        preview_moves(model, "autocast=on,device=cpu", [moves], check=False)
+        with analysis_environment(AnalysisEnvironment(tables="2.11")):
+            analyze(model, "amp-fp32")
+        value_ranges(model, ["amp-fp32"], device_type="cpu", amp_dtype="fp16")
+        verify(model, "autocast=on,device=cpu")
+
+    analyses("linear=fp32")
+    before = _module_state()
+    analyses("layer_norm=lower_precision_fp")
+    after = _module_state()
+    changed = sorted(key for key in before if key in after and before[key] != after[key])
+    assert changed == []

@@ -65,10 +65,6 @@ def is_composite(op: torch._ops.OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
 
-#: (op, tensor signature, autocast state) whose decomposition reaches no autocast policy.
-_NO_POLICY_INSIDE: set[Any] = set()
-
-
 class Decomposed:
     """Autocast inside a CompositeImplicitAutograd op without a policy, at any depth.
 
@@ -102,9 +98,12 @@ class Decomposed:
             # policy inside, its "reflect" mode is reflection_pad1d, fp32 in CPU autocast.
             tuple(repr(leaf) for i, leaf in enumerate(leaves) if i not in set(where)),
             tuple(sorted(self.annotator.state.states.items())),
-            P.tables_key(),  # the tables in use (tests swap in deliberately wrong ones)
         )
-        if key in _NO_POLICY_INSIDE:
+        # (op, tensor signature, other arguments, autocast state) whose decomposition reaches no
+        # autocast policy, remembered with the tables in use (a what-if's, tests' deliberately
+        # wrong ones), not in the module: it goes when they do.
+        no_policy_inside = P.tables_memo()
+        if key in no_policy_inside:
             return op(*args, **kwargs)
 
         def call_op(*ts: torch.Tensor) -> Any:
@@ -130,7 +129,7 @@ class Decomposed:
             value = fallback.call(op, args, kwargs)
             self.applied, self.casts = fallback.applied, fallback.casts
             if not self.applied:
-                _NO_POLICY_INSIDE.add(key)
+                no_policy_inside.add(key)
             return value
         parent = self.annotator
         child = parent.child(gm, f"{parent.prefix}{self.node.name}.")
@@ -151,7 +150,7 @@ class Decomposed:
                 ]
             self.casts += rec.casts
         if not self.applied:
-            _NO_POLICY_INSIDE.add(key)
+            no_policy_inside.add(key)
         return value
 
 

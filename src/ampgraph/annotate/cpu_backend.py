@@ -25,6 +25,7 @@ with AVX-512 take the slow kernels for bf16 too, which proves that branch on rea
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
@@ -57,15 +58,19 @@ def _machine() -> tuple[bool, bool, bool]:
     )
 
 
-#: An assumed machine in force (tests), else None for the machine at hand.
-_ASSUMED: list[OneDnn] = []
+#: An assumed machine in force (tests), else None for the machine at hand. A context variable,
+#: not a module list: an analysis in another thread predicts for the machine it is told of.
+_ASSUMED: contextvars.ContextVar[OneDnn | None] = contextvars.ContextVar(
+    "ampgraph_assumed_onednn", default=None
+)
 
 
 def onednn() -> OneDnn:
     """oneDNN on this machine now (``torch.backends.mkldnn.enabled`` is read each time, since
     ``torch.backends.mkldnn.flags(enabled=False)`` turns it off for a while)."""
-    if _ASSUMED:
-        return _ASSUMED[-1]
+    assumed_now = _ASSUMED.get()
+    if assumed_now is not None:
+        return assumed_now
     built, bf16, fp16 = _machine()
     return OneDnn(enabled=built and bool(torch.backends.mkldnn.enabled), bf16=bf16, fp16=fp16)
 
@@ -73,11 +78,11 @@ def onednn() -> OneDnn:
 @contextlib.contextmanager
 def assumed(support: OneDnn) -> Iterator[OneDnn]:
     """Predict for a machine whose oneDNN does ``support`` while the block lasts."""
-    _ASSUMED.append(support)
+    token = _ASSUMED.set(support)
     try:
         yield support
     finally:
-        _ASSUMED.pop()
+        _ASSUMED.reset(token)
 
 
 def takes_low_precision(dtype: torch.dtype) -> bool:

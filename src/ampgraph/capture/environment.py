@@ -35,9 +35,31 @@ what-if's overridden autocast kernels (``review/whatif.py``), cuDNN RNN stand-in
 (``driverless.cudnn_rnn_stand_ins``).
 
 What the analysis itself runs under (:class:`AnalysisEnvironment`, frozen from its request:
-stack traces, the release of the policy tables) is handed down in context variables, read by
-:func:`current` and :func:`ampgraph.policy.lookup`, never module globals a stage rebinds: an
-analysis in another thread reads its own.
+stack traces, the release of the policy tables, and what its real run is allowed and chosen to
+do, :class:`RealRun`) is handed down in context variables, read by :func:`current` and
+:func:`ampgraph.policy.lookup`, never module globals a stage rebinds: an analysis in another
+thread reads its own.
+
+**Module state that stays, on purpose** (every other module-level value of the package is a
+constant, a table of data, or a cache of a fact of the process, ``functools.cache``: torch's
+build, the CPU, a kernel's registration). Each is process-wide because what it tracks is:
+
+* ``_DEPTH``, ``_UNDO`` and ``_LOCK`` here: torch's dispatcher is one per process, so the count of
+  analyses inside it and the way back out are too;
+* ``ampgraph.model.usercode``'s count of open blocks that refuse ``os._exit`` (``os._exit`` is one
+  per process, replaced while any block is open, in any thread);
+* ``ampgraph.capture.raises._RAISES`` and ``ampgraph.capture.reads._PAST_RAISE``: the two inert
+  ops of ampgraph's namespace, registered once (below);
+* ``ampgraph.capture.driverless_29._WHY``: why torch 2.9's device guard cannot be installed, asked
+  once and said once, since the answer is the library's, not the analysis's; and its
+  ``STAND_INS``, filled and emptied with the torch changes above (entered here, process-wide);
+* ``ampgraph.pipeline.stages._IN_WORKER``: set only in a forked worker, the model its fork
+  handed it; never in the process that runs the analysis;
+* the command line's stage line (``ampgraph.cli.console``): the terminal's, not an analysis's.
+
+What a what-if or another release's tables let the annotation learn about composite ops is kept
+with those tables (:func:`ampgraph.policy.tables_memo`), so it goes when they do: memory does not
+grow with repeated what-ifs (``bench/whatif_memory.py``).
 
 **Re-entrant**: a nested analysis (a what-if inside an analysis, an API call inside the CLI's)
 enters nothing more; the outermost exit restores.
@@ -71,8 +93,40 @@ import contextvars
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """What the real run of an analysis (``verify``'s, ``ranges``' reference run: real kernels on
+    the CPU, or CUDA on a GPU) is allowed and chosen to do in each of its settings: one value
+    built from the request, instead of arguments handed from setting to setting.
+
+    ``seed``: the random weights' and inputs' seed where the model has no weights of its own (an
+    integer of 64 bits at most). ``force``: allowed past the memory checks (weights beyond the
+    device's free memory). ``weights_dir``: a folder of ``*.safetensors`` shards whose weights
+    ``ranges`` reads instead of seeded ones. ``stream``: ``ranges`` reads those weights one at a
+    time (True), all at once (False), or where they do not fit in memory (None).
+
+    >>> RealRun(seed=3).seed, RealRun().stream
+    (3, None)
+    """
+
+    seed: int = 0
+    force: bool = False
+    weights_dir: Path | None = None
+    stream: bool | None = None
+
+    def given(self, **overrides: Any) -> RealRun:
+        """This real run with each override that is not None (a Python API's keyword arguments:
+        None, the default, leaves the environment's choice).
+
+        >>> RealRun(seed=3, force=True).given(seed=None, force=False)
+        RealRun(seed=3, force=False, weights_dir=None, stream=None)
+        """
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -85,10 +139,12 @@ class AnalysisEnvironment:
     symbolising stacks is a sixth of the trace time, so only when asked). ``tables``: the torch
     release whose autocast lists the annotation reads (None: the installed torch's), entered for
     the block (:func:`tables_of`, :func:`ampgraph.policy.tables_in_use`: a context variable, so
-    it is this analysis's, not the process's).
+    it is this analysis's, not the process's). ``real_run``: what ``verify``'s and ``ranges``'
+    real runs may do (:class:`RealRun`), read by them with :func:`current`.
 
-    >>> current()
-    AnalysisEnvironment(stack_traces=False, tables=None)
+    >>> current()                                              # doctest: +NORMALIZE_WHITESPACE
+    AnalysisEnvironment(stack_traces=False, tables=None,
+        real_run=RealRun(seed=0, force=False, weights_dir=None, stream=None))
     >>> from ampgraph.policy import release_in_use
     >>> with analysis_environment(AnalysisEnvironment(stack_traces=True, tables="2.11")):
     ...     current().stack_traces, release_in_use()
@@ -97,6 +153,16 @@ class AnalysisEnvironment:
 
     stack_traces: bool = False
     tables: str | None = None
+    real_run: RealRun = RealRun()
+
+    def run_given(self, **overrides: Any) -> AnalysisEnvironment:
+        """This environment with its real run's choices overridden where given
+        (:meth:`RealRun.given`).
+
+        >>> AnalysisEnvironment().run_given(seed=7).real_run.seed
+        7
+        """
+        return replace(self, real_run=self.real_run.given(**overrides))
 
 
 def tables_of(release: str | None) -> contextlib.AbstractContextManager[None]:
@@ -210,6 +276,6 @@ def in_analysis_environment(function: F) -> F:
 
 
 __all__ = [
-    "AnalysisEnvironment", "active", "analysis_environment", "current", "in_analysis_environment",
-    "tables_of",
+    "AnalysisEnvironment", "RealRun", "active", "analysis_environment", "current",
+    "in_analysis_environment", "tables_of",
 ]

@@ -285,13 +285,13 @@ def render(
         click.echo(str(path))
 
 
-def _verification(request: Any, random_seed: int, send: Callable[[tuple[str, Any]], None]) -> None:
+def _verification(request: Any, send: Callable[[tuple[str, Any]], None]) -> None:
     """``verify``'s work, in the confined process: ampgraph.verify is imported there, as it
     imports torch, and a process that has imported torch cannot fork one that runs it
     (:mod:`ampgraph.pipeline.confine`)."""
     from ampgraph.verify.spec_run import produce
 
-    produce(request, random_seed, send)
+    produce(request, send)
 
 
 @click.command()
@@ -360,7 +360,7 @@ def verify(
     from ampgraph.pipeline.confine import confine
     from ampgraph.report.writing import check_writable
 
-    request = analysis.request()
+    request = analysis.request(seed=random_seed)
     if record_path is not None:
         check_writable(Path(record_path), "record")  # before the work, not after it
     results: list[Any] = []
@@ -374,7 +374,7 @@ def verify(
         write_output("verify-setting", fmt, value)
         results.extend(value)
 
-    confine(lambda send: _verification(request, random_seed, send), take, name="verification",
+    confine(lambda send: _verification(request, send), take, name="verification",
             timeout=request.timeout, counted=lambda item: item[0] == "step",
             expected=len(request.settings))  # fmt: skip
     written = None

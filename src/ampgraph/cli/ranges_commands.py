@@ -23,7 +23,7 @@ def _weights_dir(model: str, random_weights: bool) -> Path | None:
     return path if not random_weights and path.is_dir() else None
 
 
-def _confined_ranges(request: AnalysisRequest, arguments: dict[str, Any]) -> Any:
+def _confined_ranges(request: AnalysisRequest) -> Any:
     """:func:`ampgraph.ranges.spec_run.ranges_of_spec` of ``request`` confined
     (:mod:`ampgraph.pipeline.confine`, bounded by ``request.timeout``): its notes on the stage
     line, its result returned."""
@@ -36,7 +36,7 @@ def _confined_ranges(request: AnalysisRequest, arguments: dict[str, Any]) -> Any
         # that has imported it cannot fork one that runs it.
         from ampgraph.ranges.spec_run import ranges_of_spec
 
-        ranges_of_spec(request, send, **arguments)
+        ranges_of_spec(request, send)
 
     def take(item: tuple[str, Any]) -> None:
         kind, value = item
@@ -125,7 +125,8 @@ def ranges_command(
     if loss is not None and pass_ != "train":
         raise click.UsageError("--loss needs --pass train")
     request = analysis_request(model, settings, device, amp_dtype, seq_len, check=False,
-                               pass_=pass_, loss=loss)  # fmt: skip
+                               pass_=pass_, loss=loss, seed=random_seed,
+                               weights_dir=_weights_dir(model, random_weights))  # fmt: skip
     if show_diff and (len(request.settings) != 2 or fmt not in names("ranges-diff")):
         raise click.UsageError("--diff compares two settings (give two -s) in "
                                f"{' or '.join(names('ranges-diff'))}")  # fmt: skip
@@ -133,8 +134,7 @@ def ranges_command(
         from ampgraph.report.writing import check_folder_writable
 
         check_folder_writable(overlay_dir, "overlays")  # before the work, not after it
-    arguments = dict(seed=random_seed, weights_dir=_weights_dir(model, random_weights))
-    result = _confined_ranges(request, arguments)
+    result = _confined_ranges(request)
     # After the work: the formats read ampgraph.ranges' records, whose package imports torch.
     write_output("ranges-diff" if show_diff else "ranges", fmt, result)
     if overlay_dir is not None:

@@ -44,16 +44,17 @@ def analysis_request(
     model_spec: str, settings: Sequence[str], device: str, amp_dtype: str, seq_len: int,
     *, check: bool = True, pass_: str = "forward", loss: str | None = None,
     backward_autocast: bool = False, sources: bool = False,
-    recipes: Sequence[str] | None = None,
+    recipes: Sequence[str] | None = None, **real_run: Any,
 ) -> AnalysisRequest:  # fmt: skip
     """The request of the command's options (:func:`command_request`): its settings (``settings``
     or the ``recipes``, None: the command's --recipe flags; :func:`~ampgraph.cli.options.
     resolve_settings`) and pass (a usage error where --loss or --backward-in-autocast come
-    without a backward)."""
+    without a backward); ``real_run``: what a real run chooses (``seed``, ``weights_dir``:
+    :class:`~ampgraph.capture.environment.RealRun`)."""
     train = train_options(pass_, loss, backward_autocast)
     resolved = tuple(resolve_settings(settings, device, amp_dtype, recipes))
     return command_request(model=model_spec, settings=resolved, seq_len=seq_len, check=check,
-                           sources=sources, **train)  # fmt: skip
+                           sources=sources, **train, **real_run)  # fmt: skip
 
 
 #: The parameters of a command's analysis, which the command receives as one
@@ -79,12 +80,12 @@ class AnalysisOptions:
     loss: str | None = None
     backward_autocast: bool = False
 
-    def request(self, *, sources: bool = False) -> AnalysisRequest:
-        """The request these options make (:func:`analysis_request`)."""
+    def request(self, *, sources: bool = False, seed: int = 0) -> AnalysisRequest:
+        """The request these options make (:func:`analysis_request`); ``seed``: its real run's."""
         return analysis_request(
             self.model, self.settings, self.device, self.amp_dtype, self.seq_len,
             check=not self.no_check, pass_=self.pass_, loss=self.loss,
-            backward_autocast=self.backward_autocast, sources=sources,
+            backward_autocast=self.backward_autocast, sources=sources, seed=seed,
         )  # fmt: skip
 
 

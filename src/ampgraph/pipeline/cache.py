@@ -85,17 +85,23 @@ def _installed(dist: str) -> tuple[str, str]:
     return str(found.version), str(Path(str(found.locate_file(""))).resolve())
 
 
-#: Code that draws, publishes or reads reports but never changes one: left out of the digest, so
-#: that editing a diagram's style, the Sphinx directive or a finding's wording keeps every cached
-#: analysis.
+#: Code that draws, publishes, reads or asks for reports but never changes one: left out of the
+#: digest, so that editing a diagram's style, a format's writer, the command line, the Sphinx
+#: directive or a finding's wording keeps every cached analysis. The command line and the
+#: directive only build the request (:class:`~ampgraph.pipeline.request.AnalysisRequest`), which
+#: is in the key by its fields; what a setting or a recipe means is decided in ``settings.py`` and
+#: ``recipes.py``, which are hashed. Everything else is hashed: the analysis code and its data
+#: (capture, annotate, the policy tables, the pipeline, the records a report is made of...), so a
+#: module added anywhere else counts too.
 PRESENTATION = frozenset({
-    "render", "formats", "docs/directive.py", "review/audit.py", "review/diff.py",
-    "review/baseline.py",
+    "cli", "formats", "render", "docs", "explorer", "notebook.py", "sphinx.py", "__main__.py",
+    "review/audit.py", "review/diff.py", "review/baseline.py",
 })  # fmt: skip
 
 
-def source_digest() -> str:
-    """A hash of the analysis code itself (every module but :data:`PRESENTATION`).
+def source_digest(package: Path | None = None) -> str:
+    """A hash of the analysis code itself: every module and data file of ``package`` (None:
+    the installed ampgraph's) but :data:`PRESENTATION`.
 
     The version number alone would serve a stale analysis to anyone running from a source tree
     or an editable install between releases; hashing ~200 kB of source takes about a millisecond.
@@ -103,7 +109,7 @@ def source_digest() -> str:
     >>> len(source_digest())
     16
     """
-    package = Path(__file__).resolve().parent.parent
+    package = package or Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*")):
         relative = path.relative_to(package)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import ampgraph.arguments as arguments
-from ampgraph.capture.environment import AnalysisEnvironment
+from ampgraph.capture.environment import AnalysisEnvironment, RealRun
 from ampgraph.errors import SettingError
 from ampgraph.model.specs import DEFAULT_TRACER, spec_tracer
 from ampgraph.report.records import PASSES
@@ -41,8 +42,10 @@ class AnalysisRequest:
     its backward inside the autocast context. ``check`` runs the dispatcher check; ``tables``
     annotates with another torch release's policy tables; ``sources`` keeps each node's place
     in the model's code; ``tracer`` is the tracer (None: the spec's own). ``force`` analyses a
-    model beyond what ampgraph refuses; ``timeout`` bounds the analysis in seconds (None: no
-    bound).
+    model beyond what ampgraph refuses, and runs one for real beyond its memory checks;
+    ``timeout`` bounds the analysis in seconds (None: no bound). ``seed``, ``weights_dir`` and
+    ``stream`` are what a real run (``verify``, ``ranges``) chooses:
+    :class:`~ampgraph.capture.environment.RealRun`; no report of the dispatcher's depends on them.
 
     >>> AnalysisRequest("opt", ("fp32",), pass_="sideways")
     Traceback (most recent call last):
@@ -62,6 +65,9 @@ class AnalysisRequest:
     tracer: str | None = None
     force: bool = False
     timeout: float | None = None
+    seed: int = 0
+    weights_dir: Path | None = None
+    stream: bool | None = None
 
     def __post_init__(self) -> None:
         if self.pass_ not in PASSES:
@@ -72,6 +78,8 @@ class AnalysisRequest:
         object.__setattr__(self, "settings", parsed)
         object.__setattr__(self, "seq_len", arguments.integer("seq_len", self.seq_len, minimum=1))
         object.__setattr__(self, "timeout", arguments.timeout(self.timeout))
+        object.__setattr__(self, "seed", arguments.seed(self.seed))
+        object.__setattr__(self, "weights_dir", arguments.path("weights_dir", self.weights_dir))
 
     @classmethod
     def of(cls, model: str | None = None, settings: Sequence[Setting | str] | None = None,
@@ -97,10 +105,15 @@ class AnalysisRequest:
         """What the stages run under for this request (handed down by
         :func:`ampgraph.capture.environment.analysis_environment`).
 
-        >>> AnalysisRequest("opt-125m", ("amp-fp32",), sources=True).environment()
-        AnalysisEnvironment(stack_traces=True, tables=None)
+        >>> AnalysisRequest("opt-125m", ("amp-fp32",), sources=True, seed=2).environment()
+        ...                                                    # doctest: +NORMALIZE_WHITESPACE
+        AnalysisEnvironment(stack_traces=True, tables=None,
+            real_run=RealRun(seed=2, force=False, weights_dir=None, stream=None))
         """
-        return AnalysisEnvironment(stack_traces=self.sources, tables=self.tables)
+        real_run = RealRun(seed=self.seed, force=self.force, weights_dir=self.weights_dir,
+                           stream=self.stream)  # fmt: skip
+        return AnalysisEnvironment(stack_traces=self.sources, tables=self.tables,
+                                   real_run=real_run)  # fmt: skip
 
     @property
     def training(self) -> bool:

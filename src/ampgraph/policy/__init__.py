@@ -30,7 +30,8 @@ import contextvars
 import itertools
 from collections.abc import Iterator, Mapping
 from importlib import metadata
-from typing import Final, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from ampgraph.policy.categories import (
     BANNED,
@@ -382,15 +383,17 @@ def _index(
     return index
 
 
-class _InUse(NamedTuple):
-    """The tables :func:`lookup` reads, indexed; the release reports record; and a number no
-    other tables ever had in this process (a cache key in :mod:`ampgraph.annotate.composite`):
-    unlike ``id(index)``, it needs no index kept alive after use, so repeated what-ifs do not
-    keep every table they read."""
+@dataclass(frozen=True)
+class _InUse:
+    """The tables :func:`lookup` reads, indexed; the release reports record; a number no other
+    tables ever had in this process (unlike ``id(index)``, it needs no index kept alive after
+    use); and what the annotation learnt under these tables (:func:`tables_memo`), which goes
+    when they do, so repeated what-ifs keep nothing of the tables they read."""
 
     index: dict[tuple[str, str], str | None]
     release: str
     key: int
+    memo: set[Any] = field(default_factory=set, compare=False, repr=False)
 
 
 #: The tables the analysis running in this thread (or asyncio task) reads: the installed
@@ -414,6 +417,21 @@ def tables_key() -> int:
     True
     """
     return _IN_USE.get().key
+
+
+def tables_memo() -> set[Any]:
+    """What the annotation remembers of the tables :func:`lookup` reads now (composite ops whose
+    decomposition reaches no policy: :mod:`ampgraph.annotate.composite`): kept with the tables,
+    so it lives while they are in use (the installed torch's: the process) and no longer.
+
+    >>> with tables_in_use(tables_for("2.11"), "2.11"):
+    ...     tables_memo().add("seen")
+    ...     "seen" in tables_memo()
+    True
+    >>> "seen" in tables_memo()
+    False
+    """
+    return _IN_USE.get().memo
 
 
 def release_in_use() -> str:

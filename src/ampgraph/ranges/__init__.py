@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ampgraph.capture.environment import in_analysis_environment
+from ampgraph.capture.environment import analysis_environment, current
 from ampgraph.capture.casts import cast_floating
 from ampgraph.capture.trace import Capture, capture
 from ampgraph.model.build import ModelInputs
@@ -181,17 +181,16 @@ def _model_of(model: Any, *, seq_len: int, force: bool) -> ModelInputs:
                         f"load_model() returns, not {type(model).__name__}")  # fmt: skip
 
 
-@in_analysis_environment
 def value_ranges(
     model: ModelInputs | str,
     settings: Sequence[Setting | str] | Setting | str,
     *,
     device_type: str = "cuda",
     amp_dtype: str = "bf16",
-    seed: int = 0,
+    seed: int | None = None,
     weights_dir: Path | str | None = None,
     seq_len: int = 8,
-    force: bool = False,
+    force: bool | None = None,
     progress: Progress = None,
     pass_: str = "forward",
     loss: str | int | None = None,
@@ -209,20 +208,40 @@ def value_ranges(
     backward for real too, and judges each gradient in its dtype (:mod:`ampgraph.ranges.gradients`).
     ``stream`` runs one weight at a time from ``weights_dir``'s shards (:mod:`ampgraph.ranges.
     stream`; by default, None, where the fp32 weights do not fit in memory): the same results.
+
+    ``seed``, ``weights_dir``, ``force`` and ``stream`` left None are the analysis environment's
+    (:class:`~ampgraph.capture.environment.RealRun`: the request's, where
+    :func:`ampgraph.ranges.spec_run.ranges_of_spec` runs it; seed 0, no folder, not forced and
+    streamed where needed outside one); given, they are this run's.
     """
     import ampgraph.arguments as arguments
-    from ampgraph.version import __version__
 
     arguments.integer("seq_len", seq_len, minimum=1)  # checked whatever the model is
     if pass_ not in ("forward", "train"):
         raise RangesError(f"unknown pass {pass_!r} for ranges: use forward or train")
     parsed = list(arguments.settings(settings, device_type=device_type, amp_dtype=amp_dtype))
-    seed, weights_dir = arguments.seed(seed), arguments.path("weights_dir", weights_dir)
-    model = _model_of(model, seq_len=seq_len, force=force)
-    streaming = should_stream(model.module, weights_dir, train=pass_ == "train", force=force,
-                              asked=stream)  # fmt: skip
+    environment = current().run_given(
+        seed=None if seed is None else arguments.seed(seed), force=force, stream=stream,
+        weights_dir=arguments.path("weights_dir", weights_dir),
+    )  # fmt: skip
+    with analysis_environment(environment):
+        return _value_ranges(model, parsed, seq_len, progress, pass_, loss)
+
+
+def _value_ranges(
+    model: ModelInputs | str, parsed: list[Setting], seq_len: int, progress: Progress,
+    pass_: str, loss: str | int | None,
+) -> RangesResult:  # fmt: skip
+    """:func:`value_ranges` once its arguments are checked, inside its environment, whose
+    :class:`~ampgraph.capture.environment.RealRun` says what the real run may do."""
+    from ampgraph.version import __version__
+
+    run = current().real_run
+    model = _model_of(model, seq_len=seq_len, force=run.force)
+    streaming = should_stream(model.module, run.weights_dir, train=pass_ == "train",
+                              force=run.force, asked=run.stream)  # fmt: skip
     if not streaming:
-        check_memory(model.module, model.name, force=force, gradients=pass_ == "train")
+        check_memory(model.module, model.name, force=run.force, gradients=pass_ == "train")
     seconds: dict[str, float] = {}
     training, analysis = pass_ == "train", {"pass_": pass_, "loss": loss}
     t0 = time.perf_counter()
@@ -241,7 +260,7 @@ def value_ranges(
     modules = {r.name: r.module for r in ref_report.nodes}
     kinds = {r.name: r.kind for r in ref_report.nodes}
     measured, grads, source = _reference_run(
-        ref_cap, model, (seed, weights_dir, streaming), modules, kinds, (pass_, loss),
+        ref_cap, model, (run.seed, run.weights_dir, streaming), modules, kinds, (pass_, loss),
         progress, seconds,
     )  # fmt: skip
 
@@ -251,7 +270,7 @@ def value_ranges(
     result = RangesResult(
         model=model.name,
         weights=source,
-        seed=seed,
+        seed=run.seed,
         reference=reference.to_dict(),
         nodes=ordered,
         settings=verdicts,

@@ -17,7 +17,6 @@ as ``verify``'s.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ampgraph.errors import ArgumentError
@@ -29,18 +28,15 @@ if TYPE_CHECKING:
 Item = tuple[str, Any]
 
 
-def ranges_of_spec(
-    request: AnalysisRequest,
-    send: Callable[[Item], None],
-    *,
-    seed: int = 0,
-    weights_dir: Path | None = None,
-) -> None:
+def ranges_of_spec(request: AnalysisRequest, send: Callable[[Item], None]) -> None:
     """Build the model ``request`` names (as :func:`ampgraph.pipeline.run.prepare` does) and send
     its :func:`~ampgraph.ranges.value_ranges` in the request's settings, of its pass (forward or
-    train, with its loss), with a progress note before each stage; ``seed`` and ``weights_dir``
-    are :func:`~ampgraph.ranges.value_ranges`'s. The model's own code runs in
+    train, with its loss), with a progress note before each stage. What the real run may do (its
+    seed, the weights' folder, whether they are read one at a time, --force) is the request's
+    environment (:meth:`~ampgraph.pipeline.request.AnalysisRequest.environment`), entered here
+    and read by :func:`~ampgraph.ranges.value_ranges`. The model's own code runs in
     :func:`ampgraph.model.usercode.model_code` (its prints on standard error)."""
+    from ampgraph.capture.environment import analysis_environment
     from ampgraph.model.usercode import model_code
     from ampgraph.pipeline.run import prepare
     from ampgraph.ranges import value_ranges
@@ -51,13 +47,11 @@ def ranges_of_spec(
     def note(text: str) -> None:
         send(("progress", text))
 
-    force = request.force
-    with model_code():
-        built = prepare(request.model, seq_len=request.seq_len, force=force, progress=note)
-        result = value_ranges(
-            built, list(request.settings), seed=seed, force=force, progress=note,
-            weights_dir=weights_dir, pass_=request.pass_, loss=request.loss,
-        )  # fmt: skip
+    with analysis_environment(request.environment()), model_code():
+        built = prepare(request.model, seq_len=request.seq_len, force=request.force,
+                        progress=note)  # fmt: skip
+        result = value_ranges(built, list(request.settings), progress=note,
+                              pass_=request.pass_, loss=request.loss)  # fmt: skip
     send(("result", result))
 
 

@@ -32,6 +32,7 @@ import time
 import torch
 
 from ampgraph.capture.casts import cast_floating
+from ampgraph.capture.environment import current
 from ampgraph.capture.trace import capture
 from ampgraph.errors import NoDeviceError, VerifyError
 from ampgraph.model.build import ModelInputs
@@ -58,8 +59,8 @@ def verify(
     setting: Setting | str,
     *,
     device: str | torch.device | None = None,
-    random_seed: int = 0,
-    force: bool = False,
+    random_seed: int | None = None,
+    force: bool | None = None,
 ) -> VerifyResult:
     """Verify the annotation of ``model`` in ``setting`` against real execution.
 
@@ -67,7 +68,9 @@ def verify(
     of the setting's device type, whose autocast policy tables the annotation used. The weights
     are random, from ``random_seed`` (values never change a dtype). Raises
     :class:`NoDeviceError` for ``cuda`` on a machine without one; refuses weights beyond the
-    device's free memory unless ``force``.
+    device's free memory unless ``force``. ``random_seed`` and ``force`` left None are the
+    analysis environment's (:class:`~ampgraph.capture.environment.RealRun`: the request's, where
+    :func:`ampgraph.verify.spec_run.verify_spec` runs it; 0 and False outside one).
 
     >>> import torch
     >>> from ampgraph.model.build import ModelInputs
@@ -78,8 +81,9 @@ def verify(
     """
     if isinstance(setting, str):
         setting = Setting.parse(setting)
+    real_run = current().real_run.given(seed=random_seed, force=force)
     dev = resolve_device(setting, device)
-    check_memory(model, setting, dev, force=force)
+    check_memory(model, setting, dev, force=real_run.force)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     cap = capture(model, setting)
@@ -87,10 +91,10 @@ def verify(
     seconds["capture_annotate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    gen = torch.Generator(device=dev).manual_seed(random_seed)
+    gen = torch.Generator(device=dev).manual_seed(real_run.seed)
     # The inputs as the setting's recipe hands them to the forward (its input_dtype).
     # A graph traced along a data path: the draft run's values, so that the sizes are its own.
-    draft = draft_tensors(cap, model, dev, random_seed)
+    draft = draft_tensors(cap, model, dev, real_run.seed)
     args, kwargs = cast_floating(real_inputs(model, dev, gen, draft), setting.input_dtype)
     values = graph_inputs(cap, model, args, kwargs, dev, gen, draft.tensors if draft else None)
     seconds["materialise"] = time.perf_counter() - t0

@@ -334,17 +334,21 @@ def verify_train(
     setting: Setting | str,
     *,
     device: str | torch.device | None = None,
-    random_seed: int = 0,
-    force: bool = False,
+    random_seed: int | None = None,
+    force: bool | None = None,
     loss: str | int | None = None,
     backward_autocast: bool = False,
 ) -> TrainVerifyResult:
-    """Verify the training-step analysis of ``model`` in ``setting`` against a real step."""
+    """Verify the training-step analysis of ``model`` in ``setting`` against a real step;
+    ``random_seed`` and ``force`` left None are the analysis environment's, as
+    :func:`ampgraph.verify.verify`'s."""
+    from ampgraph.capture.environment import current
     from ampgraph.pipeline.stages import analyze
 
     setting = Setting.parse(setting)
+    real_run = current().real_run.given(seed=random_seed, force=force)
     dev = resolve_device(setting, device)
-    check_memory(model, setting, dev, force=force)
+    check_memory(model, setting, dev, force=real_run.force)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     report = analyze(
@@ -359,7 +363,7 @@ def verify_train(
     try:
         real = run_step(
             model, setting, report.backward.loss["output"], dev,
-            backward_autocast=backward_autocast, random_seed=random_seed,
+            backward_autocast=backward_autocast, random_seed=real_run.seed,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - the model's own error: predicted, or a finding
         if not skipped:
