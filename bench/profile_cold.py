@@ -99,6 +99,7 @@ def main() -> None:
         with phases.phase("import ampgraph's analysis"):
             from ampgraph.capture import reads
             from ampgraph.model.build import architecture_for
+            from ampgraph.pipeline import sharing
             from ampgraph.pipeline import stages as analysis
             from ampgraph.render import files
         with phases.phase("import the model's code (transformers)"):
@@ -118,8 +119,8 @@ def main() -> None:
     settings = [Setting.parse(s) for s in args.setting] if args.setting else seed_matrix()
     phases.wrap(analysis, "capture", "capture")
     phases.wrap(analysis, "annotate", "annotate")
-    phases.wrap(analysis, "annotate_observing", "annotate (+ proof a graph is shared)")
-    phases.wrap(reads, "serves", "annotate (+ proof a graph is shared)")
+    phases.wrap(sharing, "annotate_observing", "annotate (+ proof a graph is shared)")
+    phases.wrap(reads, "why_not_shared", "annotate (+ proof a graph is shared)")
     phases.wrap(analysis, "run_check", "check (dispatcher)")
     phases.wrap(analysis, "module_calls", "module view")
     if args.pass_ != "forward":
