@@ -89,6 +89,9 @@ REGISTRY: dict[str, dict[str, Writer]] = {
         "markdown": Writer("outputs:baseline_markdown", end=""),
         "json": Writer("outputs:baseline_json", end=""),
     },
+    # the file ``baseline write`` (and ``check --update``) writes, and the line saying so
+    "baseline": {"json": Writer("json:baseline_file", end="")},
+    "baseline-written": {"text": Writer("listing:baseline_written_text", end="")},
     "ranges": {
         "text": Writer("text:ranges_text", end=""),
         "json": Writer("json:ranges_json"),
