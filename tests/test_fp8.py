@@ -284,7 +284,7 @@ def test_setting_commands_take_a_torchao_recipe(tmp_path: Path) -> None:
     assert code == 0, out
     model = _outlier_model()
     graph = trace_fp8(model, parse_fp8_recipe("torchao:rowwise,filter_fqns=head"))
-    from ampgraph.fp8.compare import gemm_lines
+    from ampgraph.formats.fp8 import gemm_lines
 
     assert out.splitlines()[1:] == gemm_lines(graph, ("forward",))
     assert "[head] forward addmm(bf16, bf16) -> bf16" in out

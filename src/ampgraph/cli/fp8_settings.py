@@ -172,7 +172,7 @@ def fp8_diff(ctx: click.Context, sources: tuple[Any, ...], recipes: tuple[str, .
     changes = compare(*graphs)
     state = _state(built, 0)
     rows = [fp8_ranges.survival_table(built, r, state) for r in (a, b)]
-    differ = bool(changes) or [r.survival for r in rows[0]] != [r.survival for r in rows[1]]
+    differ = not changes.equal or [r.survival for r in rows[0]] != [r.survival for r in rows[1]]
     progress_done()
     write_output("fp8-diff", fmt, changes, a=a.spelling, b=b.spelling, survival=(rows[0], rows[1]),
                  equal=not differ)  # fmt: skip

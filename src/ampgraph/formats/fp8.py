@@ -14,7 +14,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ampgraph.report.escape import code_span
+
 if TYPE_CHECKING:  # annotations only: the fp8 and ranges packages import torch
+    from ampgraph.fp8.compare import Fp8Changes, Gemm
     from ampgraph.fp8.graph import Fp8Graph, FlowStep, ModuleFlow
     from ampgraph.fp8.proof import GemmProof
     from ampgraph.fp8.recipes import Fp8Recipe
@@ -201,18 +204,70 @@ def survival_json(
 # -- --recipe torchao:... on the setting commands and diff (ampgraph.cli.fp8_settings) -----------
 
 
+def _operands(g: Gemm) -> str:
+    """``e4m3 tensorwise, e4m3 tensorwise`` for a ``_scaled_mm``; the matrices' dtypes else."""
+    if g.scaling:
+        return ", ".join(f"{d} {s}" for d, s in zip(g.operands, g.scaling, strict=False))
+    return ", ".join(g.operands)
+
+
+def gemm_text(g: Gemm) -> str:
+    """One GEMM (:class:`ampgraph.fp8.compare.Gemm`) as a line: ``op(operands) -> out``, and a
+    mixed pair's fate.
+
+    >>> from types import SimpleNamespace as NS
+    >>> gemm_text(NS(op="mm", operands=("bf16", "fp32"), scaling=(), out="fp32", mixed=True))
+    'mm(bf16, fp32) -> fp32  <- mixed operand dtypes: the real kernel raises'
+    """
+    raises = "  <- mixed operand dtypes: the real kernel raises" if g.mixed else ""
+    return f"{g.op}({_operands(g)}) -> {g.out}{raises}"
+
+
+def gemm_lines(graph: Fp8Graph, phases: Sequence[str] = ("forward", "backward")) -> list[str]:
+    """One line per GEMM of ``phases``, in graph order, as forward hooks print a module call.
+    The backward's GEMMs run outside any module's call: they are listed by position."""
+    from ampgraph.fp8.compare import gemm_of
+
+    lines = []
+    for phase in phases:
+        for i, g in enumerate(graph.gemms(phase)):
+            where = g.module if phase == "forward" else f"backward GEMM {i}"
+            lines.append(f"[{where}] {phase} {gemm_text(gemm_of(g))}")
+    return lines
+
+
 def table_text(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
     """``table --recipe torchao:...``: the recipe's line, then each GEMM's."""
-    from ampgraph.fp8.compare import gemm_lines
-
     return graph_text(graph).splitlines()[0] + "\n" + "\n".join(gemm_lines(graph, tuple(phases)))
 
 
 def table_markdown(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
-    """``table --recipe torchao:... --format markdown``."""
-    from ampgraph.fp8.compare import gemm_markdown
+    """``table --recipe torchao:... --format markdown``: the GEMMs as a table (module, pass,
+    op, operands, output)."""
+    from ampgraph.fp8.compare import gemm_of
 
-    return gemm_markdown(graph, tuple(phases))
+    rows = ["| module | pass | GEMM | operands | output |", "| --- | --- | --- | --- | --- |"]
+    for phase in phases:
+        for i, g in enumerate(graph.gemms(phase)):
+            where = code_span(g.module) if phase == "forward" else f"GEMM {i}"
+            rows.append(f"| {where} | {phase} | `{g.op}` | {_operands(gemm_of(g))} | "
+                        f"{g.dtype_out} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def change_lines(changes: Fp8Changes) -> list[str]:
+    """What changes between two recipes' graphs (:func:`ampgraph.fp8.compare.compare`), a line
+    each: a Linear that changes side (and why), a module whose forward GEMMs change, a kind of
+    backward GEMM whose count changes. Empty: the graphs are the same."""
+    side = ("FP8", "bf16")
+    lines = [f"{c.fqn}: {side[not c.converted[0]]} -> {side[not c.converted[1]]} ({c.reason})"
+             for c in changes.sides]  # fmt: skip
+    for module, was, now in changes.forward:
+        shown = ["; ".join(gemm_text(g) for g in gemms) or "-" for gemms in (was, now)]
+        lines.append(f"[{module}] forward: {shown[0]} => {shown[1]}")
+    lines += [f"backward: {n_a} -> {n_b} x {gemm_text(kind)}"
+              for kind, n_a, n_b in changes.backward]  # fmt: skip
+    return lines
 
 
 def table_json(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
@@ -264,34 +319,34 @@ def findings_json(found: Sequence[Any], *, recipe: str, operands: int) -> str:
 Tables = tuple["Sequence[OperandRow]", "Sequence[OperandRow]"]
 
 
-def _recipes_diff(changes: Sequence[str], a: str, b: str, survival: Tables, bullet: str) -> str:
-    lines = [f"A: {a}", f"B: {b}", *(changes or ["the FP8 graphs are the same"]),
+def _recipes_diff(changes: Fp8Changes, a: str, b: str, survival: Tables, bullet: str) -> str:
+    lines = [f"A: {a}", f"B: {b}", *(change_lines(changes) or ["the FP8 graphs are the same"]),
              *survival_changes(*survival)]  # fmt: skip
     return "\n".join(bullet + line for line in lines)
 
 
-def recipes_diff_text(changes: Sequence[str], *, a: str, b: str, survival: Tables,
+def recipes_diff_text(changes: Fp8Changes, *, a: str, b: str, survival: Tables,
                       equal: bool) -> str:  # fmt: skip
     """``diff --recipe torchao:A --recipe torchao:B``: the graphs' changes, then the survival's
     (:func:`survival_changes`, A's operands against B's)."""
     return _recipes_diff(changes, a, b, survival, "")
 
 
-def recipes_diff_markdown(changes: Sequence[str], *, a: str, b: str, survival: Tables,
+def recipes_diff_markdown(changes: Fp8Changes, *, a: str, b: str, survival: Tables,
                           equal: bool) -> str:  # fmt: skip
     """The same as a Markdown list."""
     return _recipes_diff(changes, a, b, survival, "- ")
 
 
-def recipes_diff_json(changes: Sequence[str], *, a: str, b: str, survival: Tables,
+def recipes_diff_json(changes: Fp8Changes, *, a: str, b: str, survival: Tables,
                       equal: bool) -> str:  # fmt: skip
     """``--format json``."""
-    return json.dumps({"a": a, "b": b, "equal": equal, "changes": list(changes),
+    return json.dumps({"a": a, "b": b, "equal": equal, "changes": change_lines(changes),
                        "survival": survival_changes(*survival)}, indent=1)  # fmt: skip
 
 
 __all__ = [
-    "filter_code", "findings_json", "findings_markdown", "findings_text", "flow_dot", "fp8_json",
+    "change_lines", "gemm_lines", "gemm_text", "filter_code", "findings_json", "findings_markdown", "findings_text", "flow_dot", "fp8_json",
     "fp8_text", "graph_text", "survival_changes",
     "proof_json", "proof_text", "recipes_diff_json", "recipes_diff_markdown", "recipes_diff_text",
     "row_text", "survival_json", "survival_text", "table_json", "table_markdown", "table_text",
