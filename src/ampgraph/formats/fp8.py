@@ -106,7 +106,7 @@ def survival_text(
     return "\n".join(lines)
 
 
-def filter_code(keep: Sequence[str], **options: Any) -> str:
+def filter_code(keep: Sequence[str]) -> str:
     """The advisor's filter (``fp8-ranges --advise``; ``--write-filter`` writes it to a file) as
     torchao's ``module_filter_fn`` and torchtitan's ``filter_fqns``; no line end.
 
@@ -346,8 +346,9 @@ def recipes_diff_json(changes: Fp8Changes, *, a: str, b: str, survival: Tables,
 
 
 __all__ = [
-    "change_lines", "gemm_lines", "gemm_text", "filter_code", "findings_json", "findings_markdown", "findings_text", "flow_dot", "fp8_json",
-    "fp8_text", "graph_text", "survival_changes",
-    "proof_json", "proof_text", "recipes_diff_json", "recipes_diff_markdown", "recipes_diff_text",
-    "row_text", "survival_json", "survival_text", "table_json", "table_markdown", "table_text",
+    "change_lines", "filter_code", "findings_json", "findings_markdown", "findings_text",
+    "flow_dot", "fp8_json", "fp8_text", "gemm_lines", "gemm_text", "graph_text", "proof_json",
+    "proof_text", "recipes_diff_json", "recipes_diff_markdown", "recipes_diff_text", "row_text",
+    "survival_changes", "survival_json", "survival_text", "table_json", "table_markdown",
+    "table_text",
 ]  # fmt: skip

@@ -53,7 +53,8 @@ def summary_line(result: Verification) -> str:
 def disagreement_line(d: Disagreement) -> str:
     """``  node linear (aten.linear.default, fc1): predicted bf16, observed fp32``."""
     where = f"{d.op}, {d.module}" if d.module else d.op
-    return f"  {d.kind} {d.node or '(root)'} ({where}): predicted {d.predicted}, observed {d.observed}"
+    return (f"  {d.kind} {d.node or '(root)'} ({where}): predicted {d.predicted}, "
+            f"observed {d.observed}")  # fmt: skip
 
 
 def disagreement_lines(result: Verification) -> list[str]:

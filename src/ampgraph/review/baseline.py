@@ -279,7 +279,8 @@ def spec_to_check(baseline: Baseline, where: str) -> ModelSpec:
 
     >>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,
     ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
-    >>> base = read_baseline(json.dumps(baseline_record(Report("llama-tiny", setting, {}, {}, [], []))))
+    >>> record = baseline_record(Report("llama-tiny", setting, {}, {}, [], []))
+    >>> base = read_baseline(json.dumps(record))
     >>> spec = spec_to_check(base, "b.json")
     >>> spec, spec.kind
     ('llama-tiny', 'bundled')
