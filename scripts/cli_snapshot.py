@@ -79,6 +79,9 @@ def commands(model: str) -> list[tuple[str, list[str]]]:
                                        "--record", "{out}/record.json"]))
         runs.append((f"verify-train-{fmt}", ["verify", m, "--device", "cpu", "-s", "amp-fp32",
                                              "--pass", "train", "--format", fmt]))
+    for fmt in ("text", "json"):  # the overlays' paths: after the text, or on stderr
+        runs.append((f"ranges-overlay-{fmt}", ["ranges", m, "-s", "amp-fp32", "--amp-dtype",
+                                               "fp16", "--format", fmt, "--overlay", "{out}"]))
     runs.append(("render-dot", ["render", m, "--format", "dot", "--out", "{out}"]))
     runs.append(("render-train-dot", ["render", m, "-s", "amp-fp32", "--pass", "train",
                                       "--format", "dot", "--out", "{out}"]))
