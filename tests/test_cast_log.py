@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from ampgraph.formats.verify import disagreement_lines
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
 from ampgraph.verify import verify
@@ -45,7 +46,7 @@ def test_an_ops_own_copy_into_another_dtype_is_not_autocasts() -> None:
     for name in ("amp-half", "amp-fp32", "half"):
         model = ModelInputs("copy-into", CopyInto().eval(), (torch.randn(2, 8),))
         result = verify(model, Setting.parse(name, device_type="cpu"), device="cpu")
-        assert result.ok, result.disagreement_lines()
+        assert result.ok, disagreement_lines(result)
 
 
 def _casts(text: str) -> list[tuple[str, str, str]]:

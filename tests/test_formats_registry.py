@@ -139,13 +139,115 @@ def test_write_puts_the_text_on_its_stream_and_the_warning_on_stderr(capsys) -> 
     assert capsys.readouterr().err == ""
 
 
-def test_the_command_line_writes_no_json_of_its_own() -> None:
-    """Output goes through the formats: no module of ampgraph.cli calls json.dumps."""
-    calls = {
-        path.name
-        for path in CLI.glob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Call)
-        and ast.unparse(node.func) in ("json.dumps", "dumps", "json.dump")
+#: Calls that write output or make a format's text themselves: printing, JSON, files, Graphviz.
+WRITING = {"json.dumps", "json.dump", "dumps", "sys.stdout.write", "atomic_write",
+           "run_dot", "lay_out"}  # fmt: skip
+#: Methods that write a file whatever they are called on.
+WRITING_METHODS = {"write_text", "write_bytes"}
+#: Names under which a command holds its output format.
+FORMAT_NAMES = {"fmt", "format", "params['fmt']", "params.get('fmt')"}
+
+
+def _writes(call: ast.Call, function: str) -> bool:
+    name = ast.unparse(call.func)
+    if name in WRITING or name.rpartition(".")[2] in WRITING_METHODS:
+        return True
+    # Standard output is the result's: only write_output prints it. Standard error takes
+    # errors and notes.
+    if name == "click.echo":
+        to_stderr = any(k.arg == "err" and isinstance(k.value, ast.Constant) and k.value.value
+                        for k in call.keywords)  # fmt: skip
+        return not to_stderr and function != "write_output"
+    if name == "print":
+        return not any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr"
+                       for k in call.keywords)  # fmt: skip
+    return False
+
+
+def _chooses_a_format(node: ast.Compare, parents: dict[ast.AST, ast.AST]) -> bool:
+    """A comparison of the output format with a name, other than a usage error's test (``if fmt
+    == "markdown": raise UsageError(...)``): choosing what to write by format is the registry's."""
+    sides = [node.left, *node.comparators]
+    if not any(ast.unparse(side) in FORMAT_NAMES for side in sides):
+        return False
+    child, parent = node, parents.get(node)
+    while parent is not None and not (isinstance(parent, ast.If) and child is parent.test):
+        child, parent = parent, parents.get(parent)
+    refused = isinstance(parent, ast.If) and [type(s) for s in parent.body] == [ast.Raise]
+    return not refused
+
+
+def formatting_outside_the_registry(source: str) -> list[str]:
+    """Each place in ``source`` (a module of ampgraph.cli) that writes output or picks a format
+    itself rather than through :mod:`ampgraph.formats.registry`: printing (``click.echo`` to
+    standard output outside ``write_output``, ``print``), JSON, written files, Graphviz layouts,
+    and branches on the format other than usage errors."""
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def function_of(node: ast.AST) -> str:
+        while node in parents:
+            node = parents[node]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return node.name
+        return ""
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _writes(node, function_of(node)):
+            found.append(f"{node.lineno}: {ast.unparse(node.func)}")
+        elif isinstance(node, ast.Compare) and _chooses_a_format(node, parents):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_command_line_writes_no_output_of_its_own() -> None:
+    """Output goes through the formats: no module of ampgraph.cli prints a result but through
+    ``console.write_output``, makes JSON, writes a file or lays out a diagram, or branches on
+    the format but to refuse a combination of options."""
+    found = {
+        path.name: formatting_outside_the_registry(path.read_text())
+        for path in sorted(CLI.glob("*.py"))
     }
-    assert calls == set()
+    assert {name: places for name, places in found.items() if places} == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import json\ndef f(r):\n    click.echo(json.dumps(r))\n",
+        "def f(p):\n    click.echo(f'{p}: written')\n",
+        "def f(r):\n    print(r)\n",
+        "def f(p, text):\n    p.write_text(text)\n",
+        "def f(p, source):\n    atomic_write(p, source.encode())\n",
+        "def f(fmt, s):\n    if fmt == 'dot':\n        return s\n    return run(s)\n",
+        "def f(fmt, s):\n    return s if fmt != 'text' else ''\n",
+        "def f(params):\n    if params['fmt'] in ('json', 'sarif'):\n        g()\n",
+    ],
+)
+def test_formatting_in_the_command_line_is_caught(source: str) -> None:
+    assert formatting_outside_the_registry(source) != []
+
+
+def test_errors_usage_refusals_and_write_output_are_not_formatting() -> None:
+    source = (
+        "def write_output(kind, fmt, result):\n    click.echo(registry.text(kind, fmt, result))\n"
+        "def f(fmt, classes):\n    click.echo('note: traced on the CPU', err=True)\n"
+        "    print('Error: no such file', file=sys.stderr)\n"
+        "    if classes and fmt == 'json':\n        raise click.UsageError('--only is text')\n"
+        "    write_output('table', fmt, classes)\n"
+    )
+    assert formatting_outside_the_registry(source) == []
+
+
+def test_the_formats_import_no_torch() -> None:
+    """Every format module (the registry imports them when a command writes) is torch-free: it
+    lays out records, and a warm run that writes from the cache never loads torch."""
+    import subprocess
+    import sys
+
+    modules = sorted(p.stem for p in CLI.parent.joinpath("formats").glob("*.py"))
+    code = (f"import sys\nfor m in {modules!r}: __import__('ampgraph.formats.' + m)\n"
+            "print('torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

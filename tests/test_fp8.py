@@ -111,9 +111,12 @@ def test_outlier_survival_worst_first_advice_and_diff() -> None:
     assert keep[0] == "blocks.0.fc2"
     after = fp8_ranges.survival_table(model, recipe.with_filter(keep), state)
     assert not {r.module for r in after} & set(keep)
-    assert fp8_ranges.diff_tables(rows, after)[-1].endswith(f"-> {len({r.module for r in after})}")
+    from ampgraph.formats.fp8 import survival_changes
+    from ampgraph.formats.registry import text
+
+    assert survival_changes(rows, after)[-1].endswith(f"-> {len({r.module for r in after})}")
     namespace: dict[str, object] = {}
-    exec(fp8_ranges.filter_code(keep), namespace)  # the advisor's code runs as written
+    exec(text("fp8-filter", "python", keep), namespace)  # the advisor's code runs as written
     assert namespace["keep_fp8"](None, "blocks.0.fc2") is False  # type: ignore[operator]
 
 
@@ -281,7 +284,7 @@ def test_setting_commands_take_a_torchao_recipe(tmp_path: Path) -> None:
     assert code == 0, out
     model = _outlier_model()
     graph = trace_fp8(model, parse_fp8_recipe("torchao:rowwise,filter_fqns=head"))
-    from ampgraph.fp8.compare import gemm_lines
+    from ampgraph.formats.fp8 import gemm_lines
 
     assert out.splitlines()[1:] == gemm_lines(graph, ("forward",))
     assert "[head] forward addmm(bf16, bf16) -> bf16" in out
@@ -329,10 +332,11 @@ def test_recipe_option_points_to_the_fp8_commands() -> None:
 def test_flow_dot_is_one_linears_torchao_nodes() -> None:
     import shutil
 
-    from ampgraph.fp8.graph import flow_dot
+    from ampgraph.formats.registry import text
+    from ampgraph.fp8.graph import module_flow
 
     graph = trace_fp8(_mlp()[0], parse_fp8_recipe("torchao:tensorwise"))
-    source = flow_dot(graph, "2")
+    source = text("fp8-dot", "dot", module_flow(graph, "2"))
     assert source.count('label="_scaled_mm') == 1 and source.count("e4m3") >= 2
     assert "abs" in source and "reciprocal" in source and "#a8dadc" in source  # scale nodes
     if shutil.which("dot"):

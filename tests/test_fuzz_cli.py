@@ -178,14 +178,14 @@ def test_baseline_files(
     and the code it names never runs (the spec, under every kind, names a file that would leave
     MARKER)."""
     from ampgraph.report.records import NodeRecord, Report
-    from ampgraph.review.baseline import baseline_text
+    from ampgraph.formats.json import baseline_file
 
     monkeypatch.chdir(tmp_path)  # relative specs find the hostile file, and nothing else
     (tmp_path / "hostile_model.py").write_text(HOSTILE_FACTORY)
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_TINY))
     setting = {"name": "amp-fp32", "device_type": "cuda", "autocast": True,
                "amp_dtype": "bfloat16", "param_dtype": "float32"}  # fmt: skip
-    good = json.loads(baseline_text(Report(
+    good = json.loads(baseline_file(Report(
         "llama-tiny", setting, {}, {}, [NodeRecord("r", "aten.relu", "op", outputs=["float32"])], []
     )))  # fmt: skip
     path = tmp_path / "baseline.json"

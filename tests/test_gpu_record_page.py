@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from ampgraph.formats.verify import disagreement_lines, summary_line
 from ampgraph.capture.trace import capture
 from ampgraph.model.build import ModelInputs
 from ampgraph.pipeline.stages import analyze_capture
@@ -96,4 +97,4 @@ def test_seed_ops_verify_on_the_cpu(name: str) -> None:
     module, inputs = seed_ops.seed_ops()
     torch.manual_seed(0)
     result = verify(ModelInputs("seed_ops", module, inputs), Setting.parse(name, device_type="cpu"))
-    assert result.ok, "\n".join([result.summary_line(), *result.disagreement_lines()])
+    assert result.ok, "\n".join([summary_line(result), *disagreement_lines(result)])

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ampgraph.formats.verify import disagreement_lines
 from ampgraph import analyze
 from ampgraph.annotate.kernel_dtypes import CPU_MIXED, RealCpuDtypes
 from ampgraph.model.build import ModelInputs
@@ -134,4 +135,4 @@ def test_a_group_norms_training_step_on_the_cpu_is_the_real_one() -> None:
     stats = [t for t in bw.saved if t.module == "gn" and t.shape == [2, 2]]
     assert [t.dtype for t in stats] == ["float32", "float32"]
     real = verify_train(m, "autocast=on,device=cpu")
-    assert real.ok, real.disagreement_lines()[:5]
+    assert real.ok, disagreement_lines(real)[:5]

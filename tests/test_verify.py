@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from ampgraph.formats.verify import disagreement_lines, summary_line
 from ampgraph import Setting
 from ampgraph import policy as P
 from ampgraph.cli import main
@@ -49,7 +50,7 @@ def casts_of(result: VerifyResult, op: str) -> list[tuple[str, str, str]]:
 
 
 def assert_agrees(result: VerifyResult) -> None:
-    assert result.ok, "\n".join([result.summary_line(), *result.disagreement_lines()])
+    assert result.ok, "\n".join([summary_line(result), *disagreement_lines(result)])
 
 
 # -- models ----------------------------------------------------------------------------------------

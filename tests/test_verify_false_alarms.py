@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ampgraph.formats.verify import disagreement_lines, summary_line
 from ampgraph.capture.trace import capture
 from ampgraph.model.build import ModelInputs
 from ampgraph.pipeline.stages import analyze_capture
@@ -64,7 +65,7 @@ def cpu(name: str) -> Setting:
 
 
 def summary(result: VerifyResult) -> str:
-    return "\n".join([result.summary_line(), *result.disagreement_lines()])
+    return "\n".join([summary_line(result), *disagreement_lines(result)])
 
 
 # -- casts inside a composite op -----------------------------------------------------------------

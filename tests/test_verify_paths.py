@@ -17,6 +17,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from ampgraph.formats.verify import disagreement_lines, note_lines, summary_line
 from ampgraph.cli import main
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
@@ -62,7 +63,7 @@ def test_verify_runs_on_the_draft_runs_values_and_compares_in_full() -> None:
     would leave it)."""
     result = verify(keep_all(), cpu("fp32"))
     assert result.report is not None and result.report.capture["method"] == "export-data-path"
-    assert result.ok, result.disagreement_lines()
+    assert result.ok, disagreement_lines(result)
     assert result.nodes.not_comparable == 0 and not result.nodes.why
     assert result.nodes.agree == result.nodes.total > 0
     assert (result.modules.agree, result.modules.total) == (2, 2)
@@ -75,15 +76,15 @@ def test_a_real_run_off_the_captured_path_is_not_comparable_never_a_disagreement
     """Another seed's values (fp32), or the setting's own precision on the draft's values
     (amp-fp32: a bf16 threshold keeps fewer): the real run leaves the captured path."""
     result = verify(keep_all(), cpu(name), random_seed=seed)
-    assert result.ok, result.disagreement_lines()
+    assert result.ok, disagreement_lines(result)
     # The real run's branch differs: the nodes past the assertion are set apart, with why.
     assert result.nodes.not_comparable > 0 and result.nodes.agree == result.nodes.total > 0
     (why,) = result.nodes.why
     assert "leaves the captured path" in why and "in the capture's draft run" in why
     # [fc] ran before the branch and is compared; [head] runs on the other path.
     assert (result.modules.agree, result.modules.total, result.modules.not_comparable) == (1, 1, 1)
-    assert "not comparable), " in result.summary_line()
-    assert result.note_lines()[0].startswith("  nodes not comparable: the real run leaves")
+    assert "not comparable), " in summary_line(result)
+    assert note_lines(result)[0].startswith("  nodes not comparable: the real run leaves")
     entry = json.loads(json.dumps(verify_record([result])))["results"][0]
     assert entry["ok"] is True and entry["agreement"]["nodes"]["not_comparable"] > 0
 
@@ -105,7 +106,7 @@ def test_a_branch_decided_otherwise_inside_a_region_sets_the_region_apart_too() 
     torch.manual_seed(0)
     model = ModelInputs("keep-in-region", KeepInRegion(), (torch.randn(4, 8),))
     result = verify(model, cpu("amp-fp32"))
-    assert result.ok, result.disagreement_lines()
+    assert result.ok, disagreement_lines(result)
     assert result.nodes.not_comparable > 0
     (why,) = result.nodes.why
     assert "leaves the captured path at " in why and "._assert_scalar" in why  # in the body
@@ -124,11 +125,11 @@ def test_nodes_not_analysed_are_counted_apart_not_as_disagreements(
     model = ModelInputs("delays", DelayWeights(), (torch.randn(2, 8, 8),))
     result = verify(model, cpu("amp-fp32"))
     assert result.report is not None and result.report.capture["method"] == "draft-export"
-    assert result.ok, result.disagreement_lines()
+    assert result.ok, disagreement_lines(result)
     assert result.nodes.not_analysed > 0 and result.nodes.agree == result.nodes.total > 0
     # [v] is compared; [out], which the real run prints past the cut, is not analysed.
     assert (result.modules.agree, result.modules.total, result.modules.not_analysed) == (1, 1, 1)
-    line = result.summary_line()
+    line = summary_line(result)
     assert "not analysed)" in line and line.endswith("; 0 disagreements")
 
 
@@ -170,7 +171,7 @@ def test_a_call_past_an_unhinted_size_is_not_analysed_though_part_of_it_was(name
     result = verify(ModelInputs("per-class", PerClass(), (torch.randn(4, 8),)), cpu(name))
     assert result.report is not None
     assert any("unhinted" in (r.not_analysed or "") for r in result.report.nodes)
-    assert result.ok, result.disagreement_lines()
+    assert result.ok, disagreement_lines(result)
     assert result.nodes.not_analysed > 0 and result.nodes.agree == result.nodes.total > 0
     assert (result.modules.agree, result.modules.total, result.modules.not_analysed) == (1, 1, 1)
 

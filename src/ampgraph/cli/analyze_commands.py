@@ -281,8 +281,7 @@ def render(
     paths = render_files(reports, out_dir, formats=formats, view=view, fold=not unfold,
                          theme=theme, pass_=analysis.pass_)  # fmt: skip
     progress_done()
-    for path in paths:
-        click.echo(str(path))
+    write_output("paths", "text", paths)
 
 
 def _verification(request: Any, send: Callable[[tuple[str, Any]], None]) -> None:

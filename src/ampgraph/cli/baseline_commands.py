@@ -5,7 +5,7 @@ gate) that it still holds.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -46,12 +46,13 @@ def baseline_group() -> None:
     """
 
 
-def _write_baseline(path: Path, text: str) -> None:
-    """Write a baseline atomically; a folder that takes no files is one ``Error:`` line."""
-    from ampgraph.report.writing import atomic_write
+def _write_baseline(path: Path, report: Report, **header: Any) -> None:
+    """Write the baseline of ``report`` (:func:`ampgraph.formats.json.baseline_file`, ``header``
+    its options) atomically; a folder that takes no files is one ``Error:`` line."""
+    from ampgraph.formats.registry import write_file
 
     try:
-        atomic_write(path, text.encode())
+        write_file("baseline", "json", report, path, **header)
     except OSError as exc:
         raise click.ClickException(
             f"cannot write the baseline to {path}: {exc.strerror or exc}; choose another path"
@@ -86,8 +87,6 @@ def baseline_write(
     """Write the dtype flow of MODEL (default OPT-125M) in one setting (or --recipe) to FILE."""
     from ampgraph.model.specs import ModelSpec
     from ampgraph.report.writing import check_writable
-    from ampgraph.review.baseline import baseline_text
-
     check_writable(file, "baseline")
     # A --recipe names the setting: the default --setting gives way, a typed one is refused.
     recipes = recipes_given()
@@ -95,12 +94,9 @@ def baseline_write(
     report = _baseline_report(model, [] if recipe else [setting], device, amp_dtype, seq_len,
                               recipes)  # fmt: skip
     spec = ModelSpec(model) if not isinstance(model, ModelSpec) else model
-    text = baseline_text(report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
-                         tracer=spec.tracer)  # fmt: skip
-    _write_baseline(file, text)
-    click.echo(
-        f"{file}: {len(report.nodes)} graph nodes of {report.model} {report.setting['name']}"
-    )
+    _write_baseline(file, report, seq_len=seq_len, spec=str(spec), spec_kind=spec.kind,
+                    tracer=spec.tracer)  # fmt: skip
+    write_output("baseline-written", "text", report, file=file)
 
 
 def _given(ctx: click.Context, name: str) -> bool:
@@ -155,7 +151,7 @@ def baseline_check(
     FILE; a model or setting given must be the baseline's own. FILE is data and never decides
     what code runs: a baseline of a --module factory is checked only with that --module given.
     """
-    from ampgraph.review.baseline import baseline_text, check_report, read_baseline
+    from ampgraph.review.baseline import check_report, read_baseline
 
     if not file.exists():
         raise click.ClickException(
@@ -177,9 +173,8 @@ def baseline_check(
     if result.equal:
         return
     if update:
-        text = baseline_text(report, seq_len=base.seq_len, spec=base.spec,
-                             spec_kind=base.spec_kind, tracer=spec.tracer)  # fmt: skip
-        _write_baseline(file, text)
+        _write_baseline(file, report, seq_len=base.seq_len, spec=base.spec,
+                        spec_kind=base.spec_kind, tracer=spec.tracer)  # fmt: skip
         click.echo(f"{file}: updated to the new flow", err=True)
         return
     raise click.ClickException(

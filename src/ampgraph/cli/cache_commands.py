@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ampgraph.cli.console import write_output
+
 
 @click.group(name="cache")
 def cache_group() -> None:
@@ -24,13 +26,9 @@ def cache_info() -> None:
     """Show where the cache is, how big it is, and how big it may grow."""
     from ampgraph.pipeline import cache
 
-    root, entries, size = cache.info()
     limit, source = cache.bound()
-    click.echo(f"{root}: {entries} entr{'y' if entries == 1 else 'ies'}, {size / 1e6:.1f} MB "
-               f"of at most {limit / 1e6:.1f} MB ({source})")  # fmt: skip
-    note = cache.disk_note(limit)
-    if note:
-        click.echo(note)
+    write_output("cache-info", "text", cache.info(), limit=limit, source=source,
+                 note=cache.disk_note(limit))  # fmt: skip
 
 
 @cache_group.command(name="clear")
@@ -42,6 +40,4 @@ def cache_clear() -> None:
     """
     from ampgraph.pipeline import cache
 
-    removed, freed = cache.clear()
-    click.echo(f"removed {removed} file{'s' if removed != 1 else ''} ({freed / 1e6:.1f} MB) "
-               f"from {cache.cache_dir()}")  # fmt: skip
+    write_output("cache-clear", "text", cache.clear(), folder=cache.cache_dir())

@@ -189,8 +189,8 @@ def compiled_render(
     """``render --compile inductor``: one overlay figure per setting, each kernel a frame."""
     from ampgraph.cli.reports import analysed
     from ampgraph.render.compiled_overlay import compiled_dot
-    from ampgraph.render.files import check_formats, diagram_stem, run_dot
-    from ampgraph.report.writing import atomic_write
+    from ampgraph.formats.diagrams import write_sources
+    from ampgraph.render.files import check_formats, diagram_stem
 
     wrong = [f for f in formats if f not in ("svg", "png", "pdf", "dot")]
     if wrong:
@@ -204,10 +204,8 @@ def compiled_render(
         source = compiled_dot(report, flow, theme)
         stem = diagram_stem(report, view="ops", fold=True, theme=theme) + "-inductor"
         stem += "-emulated" if emulate else ""
-        for fmt in formats:
-            path = out_dir / f"{stem}.{fmt}"
-            atomic_write(path, source.encode() if fmt == "dot" else run_dot(source, fmt))
-            click.echo(str(path))
+        for path in write_sources(source, out_dir / stem, formats):
+            write_output("paths", "text", [path])
 
 
 def compiled_diff(

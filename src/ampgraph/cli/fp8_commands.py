@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +83,13 @@ def fp8_command(model: str, recipe_text: str, pass_: str, check: bool, seq_len: 
     built = _build(model, seq_len)
     graph = trace_fp8(built, recipe, train=pass_ == "train")
     if dot_module is not None:
-        from ampgraph.fp8.graph import flow_dot
+        from ampgraph.fp8.graph import module_flow
 
         if not any(n.module == dot_module for n in graph.nodes):
             raise click.BadParameter(f"no forward node of module {dot_module!r}",
                                      param_hint="'--dot'")
         progress_done()
-        click.echo(flow_dot(graph, dot_module), nl=False)
+        write_output("fp8-dot", "dot", module_flow(graph, dot_module))
         return
     proof = None
     if check:
@@ -173,9 +171,9 @@ def fp8_ranges_command(model: str, recipe_text: str, pass_: str, seq_len: int, s
                                   f"torchao {real}")
     keep = fp8_ranges.advise(rows, max_zero_share=max_zero_share) if advise else ()
     if filter_path is not None:
-        from ampgraph.report.writing import atomic_write
+        from ampgraph.formats.registry import write_file
 
-        atomic_write(filter_path, (fp8_ranges.filter_code(keep) + "\n").encode())
+        write_file("fp8-filter", "python", keep, filter_path)
     after = (fp8_ranges.survival_table(built, recipe.with_filter(keep), state, train=train,
                                        operands=operands) if keep else rows)
     progress_done()

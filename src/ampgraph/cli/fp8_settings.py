@@ -102,9 +102,10 @@ def _check(ctx: click.Context, graph: Any, built: Any, train: bool, fmt: str) ->
 def _render(model: str, graph: Any, params: dict[str, Any]) -> None:
     """One flow diagram per FP8 Linear (``ampgraph fp8 --dot``'s), in each format asked."""
     from ampgraph.errors import RenderError
-    from ampgraph.fp8.graph import flow_dot
-    from ampgraph.render.files import run_dot, safe_name
-    from ampgraph.report.writing import atomic_write
+    from ampgraph.formats.diagrams import write_sources
+    from ampgraph.formats.registry import text
+    from ampgraph.fp8.graph import module_flow
+    from ampgraph.render.files import safe_name
 
     formats = params.get("formats") or ("svg",)
     if {"html", "explorer"} & set(formats):
@@ -118,11 +119,10 @@ def _render(model: str, graph: Any, params: dict[str, Any]) -> None:
         for plan in graph.plans:
             if not plan.converted or plan.fqn not in done:
                 continue
-            source = flow_dot(graph, plan.fqn)
-            for fmt in formats:
-                path = out / f"{safe_name(model)}-fp8-{safe_name(plan.fqn)}.{fmt}"
-                atomic_write(path, source.encode() if fmt == "dot" else run_dot(source, fmt))
-                click.echo(str(path))
+            source = text("fp8-dot", "dot", module_flow(graph, plan.fqn))
+            stem = out / f"{safe_name(model)}-fp8-{safe_name(plan.fqn)}"
+            for path in write_sources(source, stem, formats):
+                write_output("paths", "text", [path])
     except RenderError as exc:
         raise click.ClickException(str(exc)) from None
     progress_done()
@@ -172,10 +172,9 @@ def fp8_diff(ctx: click.Context, sources: tuple[Any, ...], recipes: tuple[str, .
     changes = compare(*graphs)
     state = _state(built, 0)
     rows = [fp8_ranges.survival_table(built, r, state) for r in (a, b)]
-    survival = fp8_ranges.diff_tables(*rows)
-    differ = bool(changes) or [r.survival for r in rows[0]] != [r.survival for r in rows[1]]
+    differ = not changes.equal or [r.survival for r in rows[0]] != [r.survival for r in rows[1]]
     progress_done()
-    write_output("fp8-diff", fmt, changes, a=a.spelling, b=b.spelling, survival=survival,
+    write_output("fp8-diff", fmt, changes, a=a.spelling, b=b.spelling, survival=(rows[0], rows[1]),
                  equal=not differ)  # fmt: skip
     ctx.exit(1 if differ else 0)
 

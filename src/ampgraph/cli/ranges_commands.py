@@ -140,8 +140,9 @@ def ranges_command(
     if overlay_dir is not None:
         from ampgraph.render.range_overlay import write_overlays, write_page
 
-        for path in [*write_overlays(result, overlay_dir), write_page(result, overlay_dir)]:
-            click.echo(f"overlay: {path}", err=fmt != "text")  # stdout stays the JSON alone
+        # On stdout after the text; on stderr beside JSON, which stays alone on stdout.
+        write_output("overlays", fmt,
+                     [*write_overlays(result, overlay_dir), write_page(result, overlay_dir)])
     if fail_on == "error" and not result.ok:
         raise click.ClickException(str(result.failure()))
 

@@ -21,11 +21,7 @@ def models() -> None:
     """
     from ampgraph.model.build import DEFAULT_MODEL, catalogue
 
-    click.echo(f"{'name':<18} {'architecture':<28} {'layers':>6} {'params':>7}  origin")
-    for entry in catalogue():
-        mark = " (default)" if entry.name == DEFAULT_MODEL else ""
-        click.echo(f"{entry.name:<18} {entry.architecture:<28} {entry.layers:>6} "
-                   f"{entry.params_text:>7}  {entry.origin}{mark}")  # fmt: skip
+    write_output("models", "text", catalogue(), default=DEFAULT_MODEL)
 
 
 @click.command(name="policy")

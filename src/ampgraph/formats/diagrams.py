@@ -9,7 +9,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,4 +30,23 @@ def render_files(
     return render(list(reports), out_dir, formats=tuple(formats), **options)  # type: ignore[no-any-return]
 
 
-__all__ = ["FORMATS", "render_files"]
+def write_sources(source: str, stem: Path, formats: Sequence[str]) -> Iterator[Path]:
+    """Graphviz ``source`` (a diagram made beside the report's: ``render --compile inductor``'s
+    overlay, an FP8 Linear's flow) written to ``stem.FORMAT`` in each of ``formats``: the source
+    as it is for dot, laid out by Graphviz's ``dot`` otherwise; each path as it is written.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as out:
+    ...     [p.name for p in write_sources("digraph {}", Path(out) / "a.b", ["dot"])]
+    ['a.b.dot']
+    """
+    from ampgraph.render.files import run_dot
+    from ampgraph.report.writing import atomic_write
+
+    for fmt in formats:
+        path = stem.parent / f"{stem.name}.{fmt}"
+        atomic_write(path, source.encode() if fmt == "dot" else run_dot(source, fmt))
+        yield path
+
+
+__all__ = ["FORMATS", "render_files", "write_sources"]

@@ -14,8 +14,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ampgraph.report.escape import code_span
+
 if TYPE_CHECKING:  # annotations only: the fp8 and ranges packages import torch
-    from ampgraph.fp8.graph import Fp8Graph
+    from ampgraph.fp8.compare import Fp8Changes, Gemm
+    from ampgraph.fp8.graph import Fp8Graph, FlowStep, ModuleFlow
     from ampgraph.fp8.proof import GemmProof
     from ampgraph.fp8.recipes import Fp8Recipe
     from ampgraph.ranges.fp8 import OperandRow
@@ -83,8 +86,6 @@ def survival_text(
     """``ampgraph fp8-ranges``: the ``top`` worst operands; the proof where it holds (``proved``
     None: not asked); with ``keep`` (None: not asked) the advice, its filter and the survival
     before against after it."""
-    from ampgraph.ranges import fp8 as fp8_ranges
-
     lines = []
     if te:  # TransformerEngine's rules, read from its source: say that no TE code ran
         from ampgraph.fp8.te import CONVERTED, NOT_IMPORTED
@@ -101,8 +102,84 @@ def survival_text(
     elif keep is not None:
         lines += [f"advice: keep {len(keep)} Linears in bf16 "
                   f"(recipe {recipe.with_filter(keep).spelling})",
-                  fp8_ranges.filter_code(keep), "\n".join(fp8_ranges.diff_tables(rows, after))]  # fmt: skip
+                  filter_code(keep), "\n".join(survival_changes(rows, after))]  # fmt: skip
     return "\n".join(lines)
+
+
+def filter_code(keep: Sequence[str]) -> str:
+    """The advisor's filter (``fp8-ranges --advise``; ``--write-filter`` writes it to a file) as
+    torchao's ``module_filter_fn`` and torchtitan's ``filter_fqns``; no line end.
+
+    >>> print(filter_code(["lm_head"]).splitlines()[1])
+    KEEP_BF16 = ['lm_head']
+    """
+    return "\n".join([
+        "# torchao: convert_to_float8_training(model, config=..., module_filter_fn=keep_fp8)",
+        f"KEEP_BF16 = {list(keep)!r}",
+        "def keep_fp8(mod, fqn):",
+        "    return not any(f in fqn for f in KEEP_BF16)",
+        # JSON strings are TOML basic strings: a name with a quote stays one string.
+        "# torchtitan (job config, float8 section): filter_fqns = " + json.dumps(list(keep)),
+    ])
+
+
+def survival_changes(before: Sequence[OperandRow], after: Sequence[OperandRow]) -> list[str]:
+    """What a filter (or another recipe) changes: per Linear kept in bf16, its values no longer
+    flushed; then the values flushed and the FP8 Linears, before against after.
+
+    >>> from types import SimpleNamespace as NS
+    >>> s = NS(zeros=3, nonzero=64, zero_share=3 / 64)
+    >>> row = NS(module="fc1", operand="input", fmt="e4m3", survival=s)
+    >>> print("\\n".join(survival_changes([row], [])))
+    fc1 input: 3 of 64 flushed (4.69%) in e4m3 -> bf16 (filtered)
+    values flushed to zero in FP8 GEMM operands: 3 -> 0; FP8 Linears 1 -> 0
+    """
+    kept = {r.module for r in before} - {r.module for r in after}
+    lines = [f"{r.module} {r.operand}: {r.survival.zeros} of {r.survival.nonzero} flushed "
+             f"({r.survival.zero_share:.2%}) in {r.fmt} -> bf16 (filtered)"
+             for r in before if r.module in kept]  # fmt: skip
+    total = [sum(r.survival.zeros for r in rows) for rows in (before, after)]
+    lines.append(f"values flushed to zero in FP8 GEMM operands: {total[0]} -> {total[1]}; "
+                 f"FP8 Linears {len({r.module for r in before})} -> "
+                 f"{len({r.module for r in after})}")  # fmt: skip
+    return lines
+
+
+#: ``fp8 --dot``'s fill of each node role (the rest light grey).
+FLOW_COLOURS = {"gemm-fp8": "#f4a261", "cast-fp8": "#e9c46a", "scale": "#a8dadc",
+                "scaling": "#d8e2dc", "gemm-bf16": "#90be6d", "gemm-mixed": "#e63946"}  # fmt: skip
+
+
+def _flow_label(step: FlowStep) -> str:
+    return f"{step.op}\\n{step.dtype}" if step.dtype else step.op
+
+
+def flow_dot(flow: ModuleFlow) -> str:
+    """``ampgraph fp8 --dot``: Graphviz source of one module's forward nodes
+    (:func:`ampgraph.fp8.graph.module_flow`), coloured by role, the nodes they read from outside
+    it as dashed boxes; its line end included.
+
+    >>> from types import SimpleNamespace as NS
+    >>> x = NS(name="x", op="x", dtype="bf16", role="", inputs=())
+    >>> amax = NS(name="amax", op="amax", dtype="fp32", role="scale", inputs=("x",))
+    >>> print(flow_dot(NS(module="fc1", steps=(amax,), sources={"x": x})).splitlines()[2])
+      "amax" [label="amax\\nfp32", fillcolor="#a8dadc"];
+    """
+    # The module's name stays out of the source: add_module accepts any string, quotes too.
+    lines = ["digraph fp8 {", "  rankdir=TB; node [shape=box, style=filled, "
+             'fontname="Helvetica", fontsize=10, fillcolor="#ffffff"];']
+    names = {step.name for step in flow.steps}
+    outer: set[str] = set()
+    for step in flow.steps:
+        fill = FLOW_COLOURS.get(step.role, "#eeeeee")
+        lines.append(f'  "{step.name}" [label="{_flow_label(step)}", fillcolor="{fill}"];')
+        for a in step.inputs:
+            if a not in names and a not in outer:
+                outer.add(a)
+                lines.append(f'  "{a}" [label="{_flow_label(flow.sources[a])}", style=dashed];')
+            lines.append(f'  "{a}" -> "{step.name}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def survival_json(
@@ -127,18 +204,70 @@ def survival_json(
 # -- --recipe torchao:... on the setting commands and diff (ampgraph.cli.fp8_settings) -----------
 
 
+def _operands(g: Gemm) -> str:
+    """``e4m3 tensorwise, e4m3 tensorwise`` for a ``_scaled_mm``; the matrices' dtypes else."""
+    if g.scaling:
+        return ", ".join(f"{d} {s}" for d, s in zip(g.operands, g.scaling, strict=False))
+    return ", ".join(g.operands)
+
+
+def gemm_text(g: Gemm) -> str:
+    """One GEMM (:class:`ampgraph.fp8.compare.Gemm`) as a line: ``op(operands) -> out``, and a
+    mixed pair's fate.
+
+    >>> from types import SimpleNamespace as NS
+    >>> gemm_text(NS(op="mm", operands=("bf16", "fp32"), scaling=(), out="fp32", mixed=True))
+    'mm(bf16, fp32) -> fp32  <- mixed operand dtypes: the real kernel raises'
+    """
+    raises = "  <- mixed operand dtypes: the real kernel raises" if g.mixed else ""
+    return f"{g.op}({_operands(g)}) -> {g.out}{raises}"
+
+
+def gemm_lines(graph: Fp8Graph, phases: Sequence[str] = ("forward", "backward")) -> list[str]:
+    """One line per GEMM of ``phases``, in graph order, as forward hooks print a module call.
+    The backward's GEMMs run outside any module's call: they are listed by position."""
+    from ampgraph.fp8.compare import gemm_of
+
+    lines = []
+    for phase in phases:
+        for i, g in enumerate(graph.gemms(phase)):
+            where = g.module if phase == "forward" else f"backward GEMM {i}"
+            lines.append(f"[{where}] {phase} {gemm_text(gemm_of(g))}")
+    return lines
+
+
 def table_text(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
     """``table --recipe torchao:...``: the recipe's line, then each GEMM's."""
-    from ampgraph.fp8.compare import gemm_lines
-
     return graph_text(graph).splitlines()[0] + "\n" + "\n".join(gemm_lines(graph, tuple(phases)))
 
 
 def table_markdown(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
-    """``table --recipe torchao:... --format markdown``."""
-    from ampgraph.fp8.compare import gemm_markdown
+    """``table --recipe torchao:... --format markdown``: the GEMMs as a table (module, pass,
+    op, operands, output)."""
+    from ampgraph.fp8.compare import gemm_of
 
-    return gemm_markdown(graph, tuple(phases))
+    rows = ["| module | pass | GEMM | operands | output |", "| --- | --- | --- | --- | --- |"]
+    for phase in phases:
+        for i, g in enumerate(graph.gemms(phase)):
+            where = code_span(g.module) if phase == "forward" else f"GEMM {i}"
+            rows.append(f"| {where} | {phase} | `{g.op}` | {_operands(gemm_of(g))} | "
+                        f"{g.dtype_out} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def change_lines(changes: Fp8Changes) -> list[str]:
+    """What changes between two recipes' graphs (:func:`ampgraph.fp8.compare.compare`), a line
+    each: a Linear that changes side (and why), a module whose forward GEMMs change, a kind of
+    backward GEMM whose count changes. Empty: the graphs are the same."""
+    side = ("FP8", "bf16")
+    lines = [f"{c.fqn}: {side[not c.converted[0]]} -> {side[not c.converted[1]]} ({c.reason})"
+             for c in changes.sides]  # fmt: skip
+    for module, was, now in changes.forward:
+        shown = ["; ".join(gemm_text(g) for g in gemms) or "-" for gemms in (was, now)]
+        lines.append(f"[{module}] forward: {shown[0]} => {shown[1]}")
+    lines += [f"backward: {n_a} -> {n_b} x {gemm_text(kind)}"
+              for kind, n_a, n_b in changes.backward]  # fmt: skip
+    return lines
 
 
 def table_json(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
@@ -186,32 +315,40 @@ def findings_json(found: Sequence[Any], *, recipe: str, operands: int) -> str:
         for s, r, m in found]}, indent=1)  # fmt: skip
 
 
-def _recipes_diff(changes: Sequence[str], a: str, b: str, survival: Sequence[str], bullet: str) -> str:
-    lines = [f"A: {a}", f"B: {b}", *(changes or ["the FP8 graphs are the same"]), *survival]
+#: ``diff --recipe torchao:A --recipe torchao:B``'s survival: each recipe's operand rows.
+Tables = tuple["Sequence[OperandRow]", "Sequence[OperandRow]"]
+
+
+def _recipes_diff(changes: Fp8Changes, a: str, b: str, survival: Tables, bullet: str) -> str:
+    lines = [f"A: {a}", f"B: {b}", *(change_lines(changes) or ["the FP8 graphs are the same"]),
+             *survival_changes(*survival)]  # fmt: skip
     return "\n".join(bullet + line for line in lines)
 
 
-def recipes_diff_text(changes: Sequence[str], *, a: str, b: str, survival: Sequence[str],
+def recipes_diff_text(changes: Fp8Changes, *, a: str, b: str, survival: Tables,
                       equal: bool) -> str:  # fmt: skip
-    """``diff --recipe torchao:A --recipe torchao:B``: the graphs' changes, then the survival's."""
+    """``diff --recipe torchao:A --recipe torchao:B``: the graphs' changes, then the survival's
+    (:func:`survival_changes`, A's operands against B's)."""
     return _recipes_diff(changes, a, b, survival, "")
 
 
-def recipes_diff_markdown(changes: Sequence[str], *, a: str, b: str, survival: Sequence[str],
+def recipes_diff_markdown(changes: Fp8Changes, *, a: str, b: str, survival: Tables,
                           equal: bool) -> str:  # fmt: skip
     """The same as a Markdown list."""
     return _recipes_diff(changes, a, b, survival, "- ")
 
 
-def recipes_diff_json(changes: Sequence[str], *, a: str, b: str, survival: Sequence[str],
+def recipes_diff_json(changes: Fp8Changes, *, a: str, b: str, survival: Tables,
                       equal: bool) -> str:  # fmt: skip
     """``--format json``."""
-    return json.dumps({"a": a, "b": b, "equal": equal, "changes": list(changes),
-                       "survival": list(survival)}, indent=1)  # fmt: skip
+    return json.dumps({"a": a, "b": b, "equal": equal, "changes": change_lines(changes),
+                       "survival": survival_changes(*survival)}, indent=1)  # fmt: skip
 
 
 __all__ = [
-    "findings_json", "findings_markdown", "findings_text", "fp8_json", "fp8_text", "graph_text",
-    "proof_json", "proof_text", "recipes_diff_json", "recipes_diff_markdown", "recipes_diff_text",
-    "row_text", "survival_json", "survival_text", "table_json", "table_markdown", "table_text",
+    "change_lines", "filter_code", "findings_json", "findings_markdown", "findings_text",
+    "flow_dot", "fp8_json", "fp8_text", "gemm_lines", "gemm_text", "graph_text", "proof_json",
+    "proof_text", "recipes_diff_json", "recipes_diff_markdown", "recipes_diff_text", "row_text",
+    "survival_changes", "survival_json", "survival_text", "table_json", "table_markdown",
+    "table_text",
 ]  # fmt: skip

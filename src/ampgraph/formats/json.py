@@ -2,7 +2,8 @@
 (docs/schema.md): the dispatcher check's record (:func:`check_record`), an audit
 (:func:`audit_json`, schema ``ampgraph.audit``), a value-ranges run (:func:`ranges_json`,
 :func:`ranges_diff_json`, schema ``ampgraph.ranges``) and a diff (:func:`diff_json`, schema
-``ampgraph.diff``). A report's own JSON is :meth:`ampgraph.report.records.Report.to_json`.
+``ampgraph.diff``), and a baseline's file (:func:`baseline_file`, schema
+``ampgraph.baseline``). A report's own JSON is :meth:`ampgraph.report.records.Report.to_json`.
 Torch-free.
 
 >>> from ampgraph.review.diff import ReportDiff
@@ -16,8 +17,10 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ampgraph.model.specs import DEFAULT_TRACER
 from ampgraph.report.records import Report
 from ampgraph.review.audit import Finding, audit, finding_groups, summary
+from ampgraph.review.baseline import baseline_record
 from ampgraph.review.diff import ReportDiff
 from ampgraph.review.diff import folded as folded_changes
 
@@ -112,8 +115,35 @@ def diff_json(d: ReportDiff) -> str:
     return json.dumps(data, indent=1)
 
 
+def baseline_file(
+    report: Report,
+    *,
+    seq_len: int = 8,
+    spec: str | None = None,
+    spec_kind: str = "auto",
+    tracer: str = DEFAULT_TRACER,
+) -> str:
+    """The baseline of ``report``'s forward pass, as ``ampgraph baseline write`` writes it (its
+    record: :func:`ampgraph.review.baseline.baseline_record`, which says what the options
+    are): JSON for git, a header field a line, then one line per node, so that one changed op
+    is one changed line in review; its line end included.
+
+    >>> r = Report("m", {"name": "fp32"}, {}, {}, [], [])
+    >>> print(baseline_file(r).splitlines()[1])
+     "schema": "ampgraph.baseline",
+    """
+    record = baseline_record(report, seq_len=seq_len, spec=spec, spec_kind=spec_kind,
+                             tracer=tracer)  # fmt: skip
+    head = {k: v for k, v in record.items() if k != "nodes"}
+    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    nodes = [f" {json.dumps(n)}" for n in record["nodes"]]
+    lines += [' "nodes": ['] + [",\n".join(nodes)] * bool(nodes) + [" ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
 __all__ = [
     "audit_json",
+    "baseline_file",
     "check_record",
     "diff_json",
     "ranges_diff_json",

@@ -130,10 +130,9 @@ def check_markdown(reports: Sequence[Report], *, pass_: str = "forward") -> str:
 
 def verify_setting_text(results: Sequence[Verification]) -> str:
     """``ampgraph verify``'s lines of the results of one setting, printed as they come."""
-    out = []
-    for result in results:
-        out += [result.summary_line(), *result.disagreement_lines(), *result.note_lines()]
-    return _lines(out)
+    from ampgraph.formats.verify import result_lines
+
+    return _lines([line for result in results for line in result_lines(result)])
 
 
 def verify_text(results: Sequence[Verification], *, record: Path | None = None) -> str:

@@ -23,6 +23,7 @@ import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from ampgraph.formats.diagrams import FORMATS
@@ -88,6 +89,9 @@ REGISTRY: dict[str, dict[str, Writer]] = {
         "markdown": Writer("outputs:baseline_markdown", end=""),
         "json": Writer("outputs:baseline_json", end=""),
     },
+    # the file ``baseline write`` (and ``check --update``) writes, and the line saying so
+    "baseline": {"json": Writer("json:baseline_file", end="")},
+    "baseline-written": {"text": Writer("listing:baseline_written_text", end="")},
     "ranges": {
         "text": Writer("text:ranges_text", end=""),
         "json": Writer("json:ranges_json"),
@@ -123,7 +127,11 @@ REGISTRY: dict[str, dict[str, Writer]] = {
     "compiled-check": {"text": Writer("compiled:check_text"), "json": Writer("compiled:check_json")},
     "compiled-diff": {"text": Writer("compiled:sides_text"), "json": Writer("compiled:sides_json")},
     "fp8": {"text": Writer("fp8:fp8_text"), "json": Writer("fp8:fp8_json")},
+    # fp8 --dot's module flow (and each FP8 Linear's diagram of render --recipe torchao:...)
+    "fp8-dot": {"dot": Writer("fp8:flow_dot", end="")},
     "fp8-ranges": {"text": Writer("fp8:survival_text"), "json": Writer("fp8:survival_json")},
+    # the file fp8-ranges --advise --write-filter writes
+    "fp8-filter": {"python": Writer("fp8:filter_code")},
     # --recipe torchao:... on the setting commands and diff
     "fp8-table": {
         "text": Writer("fp8:table_text"),
@@ -154,6 +162,19 @@ REGISTRY: dict[str, dict[str, Writer]] = {
         "text": Writer("policy:changes_text"),
         "markdown": Writer("policy:changes_markdown"),
         "json": Writer("policy:changes_json"),
+    },
+    "models": {"text": Writer("listing:models_text", end="")},
+    "cache-info": {"text": Writer("listing:cache_info_text", end="")},
+    "cache-clear": {"text": Writer("listing:cache_clear_text", end="")},
+    # the files a command wrote (render's diagrams), one a line
+    "paths": {"text": Writer("listing:paths_text", end="")},
+    # ranges --overlay's files, after the ranges' output: on stdout beside text, on stderr
+    # beside a format a program reads
+    "overlays": {
+        "text": Writer("listing:overlays_text", end=""),
+        "json": Writer("outputs:nothing", end="", warning="listing:overlays_note"),
+        "markdown": Writer("outputs:nothing", end="", warning="listing:overlays_note"),
+        "sarif": Writer("outputs:nothing", end="", warning="listing:overlays_note"),
     },
 }
 
@@ -198,6 +219,15 @@ def warning(kind: str, fmt: str, result: Any, **options: Any) -> str | None:
     return None if target is None else _load(target)(result, **options)  # type: ignore[no-any-return]
 
 
+def write_file(kind: str, fmt: str, result: Any, path: Path, **options: Any) -> None:
+    """Write ``result`` (a ``kind``) in ``fmt`` to the file ``path``, atomically
+    (:func:`~ampgraph.report.writing.atomic_write`: a reader never sees half of it); an
+    :class:`OSError` where it cannot be written."""
+    from ampgraph.report.writing import atomic_write
+
+    atomic_write(path, text(kind, fmt, result, **options).encode())
+
+
 def write(kind: str, fmt: str, result: Any, out: TextIO | None = None, **options: Any) -> None:
     """Write ``result`` (a ``kind``) in ``fmt`` to ``out`` (standard output by default), and its
     warning line, where it has one, to standard error."""
@@ -207,4 +237,6 @@ def write(kind: str, fmt: str, result: Any, out: TextIO | None = None, **options
         sys.stderr.write(line + "\n")
 
 
-__all__ = ["FILES", "REGISTRY", "Writer", "names", "text", "warning", "write", "writer"]
+__all__ = [
+    "FILES", "REGISTRY", "Writer", "names", "text", "warning", "write", "write_file", "writer",
+]  # fmt: skip

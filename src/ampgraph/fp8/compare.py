@@ -1,70 +1,68 @@
-"""An FP8 graph as a table of its GEMMs, and what changes between two recipes' graphs.
-
-What ``ampgraph table`` / ``ampgraph diff`` print under ``--recipe torchao:...``: the same
-:class:`~ampgraph.fp8.graph.Fp8Graph` that ``ampgraph fp8`` prints, one line per matrix product
-(its module, its operands' formats and scalings, its output), and between two recipes (a recipe
-before and after the advisor's filter) which Linears changed side and which GEMMs changed.
+"""What changes between two recipes' FP8 graphs (a recipe before and after the advisor's
+filter, or two recipes), as records: which Linears change side, which modules' forward GEMMs
+change, and the backward's GEMMs by kind. ``ampgraph diff --recipe torchao:A --recipe
+torchao:B`` prints them (:func:`ampgraph.formats.fp8.change_lines`), as ``ampgraph table
+--recipe torchao:...`` prints each GEMM (:func:`ampgraph.formats.fp8.gemm_lines`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from ampgraph.fp8.graph import Fp8Graph, Fp8Node
-from ampgraph.report.escape import code_span
 
 
-def _operands(g: Fp8Node) -> str:
-    """``e4m3 tensorwise, e4m3 tensorwise`` for a ``_scaled_mm``; the matrices' dtypes else."""
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM as a table row or a diff shows it: its op, its matrix operands (their dtypes,
+    and each one's scaling for a ``_scaled_mm``), its output dtype, and whether its operands'
+    dtypes are a mixed pair, on which the real kernel raises. Two GEMMs that show the same are
+    equal."""
+
+    op: str
+    operands: tuple[str, ...]
+    scaling: tuple[str, ...]
+    out: str
+    mixed: bool
+
+
+def gemm_of(g: Fp8Node) -> Gemm:
+    """``g`` as :class:`Gemm`: a ``_scaled_mm``'s first two inputs (the matrices; scales
+    follow), the last two of any other GEMM (``addmm``'s bias comes first)."""
     if g.op == "_scaled_mm":
-        return ", ".join(f"{d} {s}" for d, s in zip(g.dtype_in[:2], g.scaling, strict=False))
-    return ", ".join(g.dtype_in[-2:])
+        pairs = list(zip(g.dtype_in[:2], g.scaling, strict=False))
+        return Gemm(g.op, tuple(d for d, _ in pairs), tuple(s for _, s in pairs), g.dtype_out,
+                    g.role == "gemm-mixed")  # fmt: skip
+    return Gemm(g.op, tuple(g.dtype_in[-2:]), (), g.dtype_out, g.role == "gemm-mixed")
 
 
-def gemm_text(g: Fp8Node) -> str:
-    """One GEMM as a line: ``op(operands) -> out``, and a mixed pair's fate."""
-    raises = "  <- mixed operand dtypes: the real kernel raises" if g.role == "gemm-mixed" else ""
-    return f"{g.op}({_operands(g)}) -> {g.dtype_out}{raises}"
+@dataclass(frozen=True)
+class SideChange:
+    """A Linear converted to FP8 on one side and kept in bf16 on the other; ``reason`` is B's."""
+
+    fqn: str
+    converted: tuple[bool, bool]
+    reason: str
 
 
-def gemm_lines(graph: Fp8Graph, phases: tuple[str, ...] = ("forward", "backward")) -> list[str]:
-    """One line per GEMM of ``phases``, in graph order, as forward hooks print a module call.
+@dataclass(frozen=True)
+class Fp8Changes:
+    """What changes from graph A to graph B (:func:`compare`): the Linears that change side,
+    each module whose forward GEMMs change (A's, then B's), and each kind of backward GEMM
+    whose count changes (A's count, B's)."""
 
-    The backward's GEMMs run outside any module's call: they are listed by position.
+    sides: tuple[SideChange, ...]
+    forward: tuple[tuple[str, tuple[Gemm, ...], tuple[Gemm, ...]], ...]
+    backward: tuple[tuple[Gemm, int, int], ...]
 
-    >>> import torch
-    >>> from torch import nn
-    >>> from ampgraph.fp8.graph import trace_fp8
-    >>> from ampgraph.fp8.recipes import parse_fp8_recipe
-    >>> from ampgraph.model.build import ModelInputs
-    >>> m = ModelInputs("mlp", nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 16)),
-    ...                 (torch.randn(8, 32),))
-    >>> g = trace_fp8(m, parse_fp8_recipe("torchao:rowwise,filter_fqns=1"))
-    >>> print("\\n".join(gemm_lines(g)))
-    [0] forward _scaled_mm(e4m3 rowwise, e4m3 rowwise) -> bf16
-    [1] forward addmm(bf16, bf16) -> bf16
-    """
-    lines = []
-    for phase in phases:
-        for i, g in enumerate(graph.gemms(phase)):
-            where = g.module if phase == "forward" else f"backward GEMM {i}"
-            lines.append(f"[{where}] {phase} {gemm_text(g)}")
-    return lines
+    @property
+    def equal(self) -> bool:
+        return not (self.sides or self.forward or self.backward)
 
 
-def gemm_markdown(graph: Fp8Graph, phases: tuple[str, ...] = ("forward", "backward")) -> str:
-    """The GEMMs as a Markdown table (module, pass, op, operands, output)."""
-    rows = ["| module | pass | GEMM | operands | output |", "| --- | --- | --- | --- | --- |"]
-    for phase in phases:
-        for i, g in enumerate(graph.gemms(phase)):
-            where = code_span(g.module) if phase == "forward" else f"GEMM {i}"
-            rows.append(f"| {where} | {phase} | `{g.op}` | {_operands(g)} | {g.dtype_out} |")
-    return "\n".join(rows)
-
-
-def compare(a: Fp8Graph, b: Fp8Graph) -> list[str]:
-    """What changes from ``a`` to ``b``: each Linear that changes side (FP8 or bf16, and why),
-    each module whose forward GEMMs change, and the backward's GEMMs by kind. Empty: equal.
+def compare(a: Fp8Graph, b: Fp8Graph) -> Fp8Changes:
+    """What changes from ``a`` to ``b``.
 
     >>> import torch
     >>> from torch import nn
@@ -75,27 +73,29 @@ def compare(a: Fp8Graph, b: Fp8Graph) -> list[str]:
     ...                 (torch.randn(8, 32),))
     >>> before = trace_fp8(m, parse_fp8_recipe("torchao:tensorwise"))
     >>> after = trace_fp8(m, parse_fp8_recipe("torchao:tensorwise,filter_fqns=1"))
-    >>> print("\\n".join(compare(before, after)))
-    1: FP8 -> bf16 (filtered by name (matches '1'))
-    [1] forward: _scaled_mm(e4m3 tensorwise, e4m3 tensorwise) -> bf16 => addmm(bf16, bf16) -> bf16
+    >>> changes = compare(before, after)
+    >>> changes.sides
+    (SideChange(fqn='1', converted=(True, False), reason="filtered by name (matches '1')"),)
+    >>> [(module, [g.op for g in was], [g.op for g in now]) for module, was, now in changes.forward]
+    [('1', ['_scaled_mm'], ['addmm'])]
     """
-    lines = []
     plans_b = {p.fqn: p for p in b.plans}
-    for p in a.plans:
-        q = plans_b.get(p.fqn)
-        if q is not None and q.converted != p.converted:
-            side = ("FP8", "bf16")
-            lines.append(f"{p.fqn}: {side[not p.converted]} -> {side[not q.converted]} "
-                         f"({q.reason})")
-    forward = {}
+    sides = tuple(
+        SideChange(p.fqn, (p.converted, q.converted), q.reason)
+        for p in a.plans
+        if (q := plans_b.get(p.fqn)) is not None and q.converted != p.converted
+    )
+    forward: dict[str, tuple[list[Gemm], list[Gemm]]] = {}
     for side, graph in enumerate((a, b)):
         for g in graph.gemms("forward"):
-            forward.setdefault(g.module, ([], []))[side].append(gemm_text(g))
-    for module, (was, now) in forward.items():
-        if was != now:
-            lines.append(f"[{module}] forward: {'; '.join(was) or '-'} => {'; '.join(now) or '-'}")
-    kinds = [Counter(gemm_text(g) for g in graph.gemms("backward")) for graph in (a, b)]
-    for kind in dict.fromkeys([*kinds[0], *kinds[1]]):
-        if kinds[0][kind] != kinds[1][kind]:
-            lines.append(f"backward: {kinds[0][kind]} -> {kinds[1][kind]} x {kind}")
-    return lines
+            forward.setdefault(g.module, ([], []))[side].append(gemm_of(g))
+    kinds = [Counter(gemm_of(g) for g in graph.gemms("backward")) for graph in (a, b)]
+    return Fp8Changes(
+        sides,
+        tuple((m, tuple(was), tuple(now)) for m, (was, now) in forward.items() if was != now),
+        tuple((k, kinds[0][k], kinds[1][k]) for k in dict.fromkeys([*kinds[0], *kinds[1]])
+              if kinds[0][k] != kinds[1][k]),
+    )  # fmt: skip
+
+
+__all__ = ["Fp8Changes", "Gemm", "SideChange", "compare", "gemm_of"]

@@ -286,34 +286,52 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
     return Fp8Graph(recipe, plans, annotate(gm), gm)
 
 
-def _label(n: fx.Node) -> str:
+@dataclass(frozen=True)
+class FlowStep:
+    """One node of a module's forward flow (``ampgraph fp8 --dot`` draws it): its op (a node
+    that is no call, its name), the dtype it makes (empty where it makes no tensor), its role,
+    and the nodes it reads."""
+
+    name: str
+    op: str
+    dtype: str
+    role: str
+    inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModuleFlow:
+    """One module's forward nodes in graph order (torchao's amax, scale arithmetic, casts to FP8
+    and ``_scaled_mm``), and the nodes outside it they read, by name
+    (:func:`ampgraph.formats.fp8.flow_dot` draws them)."""
+
+    module: str
+    steps: tuple[FlowStep, ...]
+    sources: dict[str, FlowStep]
+
+
+def _step(n: fx.Node, roles: dict[str, str]) -> FlowStep:
     val = n.meta.get("val")
     dtype = short(val.dtype) if isinstance(val, torch.Tensor) else ""
     op = getattr(n.target, "_opname", str(n.target)) if n.op == "call_function" else n.name
-    return f"{op}\\n{dtype}" if dtype else op
+    return FlowStep(n.name, op, dtype, roles.get(n.name, ""),
+                    tuple(a.name for a in n.all_input_nodes))  # fmt: skip
 
 
-def flow_dot(graph: Fp8Graph, module: str) -> str:
-    """Graphviz source of one module's forward nodes (its inputs as plain boxes): torchao's
-    amax, scale arithmetic, casts to FP8 and ``_scaled_mm``, coloured by role."""
-    colour = {"gemm-fp8": "#f4a261", "cast-fp8": "#e9c46a", "scale": "#a8dadc",
-              "scaling": "#d8e2dc",
-              "gemm-bf16": "#90be6d", "gemm-mixed": "#e63946"}
+def module_flow(graph: Fp8Graph, module: str) -> ModuleFlow:
+    """The forward nodes ``module``'s call added, and what they read from outside it.
+
+    >>> from ampgraph.fp8.recipes import parse_fp8_recipe
+    >>> from ampgraph.model.build import ModelInputs
+    >>> mlp = ModelInputs("mlp", nn.Sequential(nn.Linear(32, 32)), (torch.randn(16, 32),))
+    >>> flow = module_flow(trace_fp8(mlp, parse_fp8_recipe("torchao:tensorwise")), "0")
+    >>> [s.op for s in flow.steps if s.role == "gemm-fp8"], len(flow.sources) > 0
+    (['_scaled_mm'], True)
+    """
     roles = {n.name: n.role for n in graph.nodes}
     inside = [n for n in graph.graph.graph.nodes if n.meta.get("fp8_module") == module
-              and n.op == "call_function"]
+              and n.op == "call_function"]  # fmt: skip
     names = {n.name for n in inside}
-    # The module's name stays out of the source: add_module accepts any string, quotes too.
-    lines = ["digraph fp8 {", "  rankdir=TB; node [shape=box, style=filled, "
-             'fontname="Helvetica", fontsize=10, fillcolor="#ffffff"];']
-    outer = set()
-    for n in inside:
-        fill = colour.get(roles.get(n.name, ""), "#eeeeee")
-        lines.append(f'  "{n.name}" [label="{_label(n)}", fillcolor="{fill}"];')
-        for a in n.all_input_nodes:
-            if a.name not in names and a.name not in outer:
-                outer.add(a.name)
-                lines.append(f'  "{a.name}" [label="{_label(a)}", style=dashed];')
-            lines.append(f'  "{a.name}" -> "{n.name}";')
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    sources = {a.name: _step(a, roles) for n in inside for a in n.all_input_nodes
+               if a.name not in names}  # fmt: skip
+    return ModuleFlow(module, tuple(_step(n, roles) for n in inside), sources)

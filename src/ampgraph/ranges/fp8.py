@@ -21,7 +21,6 @@ counts the same on torchao's real conversion of the same tensors.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -415,32 +414,3 @@ def findings(rows: Sequence[OperandRow], *, max_zero_share: float = 0.01
             out.append(("warning", r, f"{s.zero_share:.2%} of its non-zero values flush to zero "
                         f"in {r.fmt} ({r.scaling} scaling): {fix}"))
     return sorted(out, key=lambda f: f[0] != "error")
-
-
-def filter_code(fqns: Sequence[str]) -> str:
-    """The advisor's filter as torchao's ``module_filter_fn`` and torchtitan's ``filter_fqns``.
-
-    >>> print(filter_code(["lm_head"]).splitlines()[1])
-    KEEP_BF16 = ['lm_head']
-    """
-    return "\n".join([
-        "# torchao: convert_to_float8_training(model, config=..., module_filter_fn=keep_fp8)",
-        f"KEEP_BF16 = {list(fqns)!r}",
-        "def keep_fp8(mod, fqn):",
-        "    return not any(f in fqn for f in KEEP_BF16)",
-        # JSON strings are TOML basic strings: a name with a quote stays one string.
-        "# torchtitan (job config, float8 section): filter_fqns = " + json.dumps(list(fqns)),
-    ])
-
-
-def diff_tables(before: Sequence[OperandRow], after: Sequence[OperandRow]) -> list[str]:
-    """What the filter changes: per Linear kept in bf16, its values no longer flushed."""
-    kept = {r.module for r in before} - {r.module for r in after}
-    lines = [f"{r.module} {r.operand}: {r.survival.zeros} of {r.survival.nonzero} flushed "
-             f"({r.survival.zero_share:.2%}) in {r.fmt} -> bf16 (filtered)"
-             for r in before if r.module in kept]
-    total = [sum(r.survival.zeros for r in rows) for rows in (before, after)]
-    lines.append(f"values flushed to zero in FP8 GEMM operands: {total[0]} -> {total[1]}; "
-                 f"FP8 Linears {len({r.module for r in before})} -> "
-                 f"{len({r.module for r in after})}")
-    return lines

@@ -7,6 +7,7 @@ casts (by input position), output dtypes, promotion, error. Node names are left 
 they are positions in one graph (``linear_3``), and one inserted op would rename every later node
 of its kind, so a one-op change would touch dozens of lines in review.
 
+The file's text is :func:`ampgraph.formats.json.baseline_file`'s, of :func:`baseline_record`.
 ``ampgraph baseline check FILE`` analyses the model again and diffs the baseline against it
 (:func:`check_report`); ``--update`` accepts the new flow, as snapshot-testing tools do.
 
@@ -21,10 +22,10 @@ on the command line.
 ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
 >>> r = Report("m", setting, {}, {}, [NodeRecord("r", "aten.relu", "op", module="act",
 ...            outputs=["float32"])], [])
->>> text = baseline_text(r)
->>> print(text.splitlines()[-3])
- {"module": "act", "op": "aten.relu", "out": ["float32"]}
->>> check_report(read_baseline(text), r).equal
+>>> record = baseline_record(r)
+>>> record["nodes"]
+[{'module': 'act', 'op': 'aten.relu', 'out': ['float32']}]
+>>> check_report(read_baseline(json.dumps(record)), r).equal
 True
 """
 
@@ -107,24 +108,25 @@ def _node_line(rec: NodeRecord) -> dict[str, Any]:
     return line
 
 
-def baseline_text(
+def baseline_record(
     report: Report,
     *,
     seq_len: int = 8,
     spec: str | None = None,
     spec_kind: str = "auto",
     tracer: str = DEFAULT_TRACER,
-) -> str:
-    """The baseline of ``report``'s forward pass: JSON with one line per node, ending in a newline.
+) -> dict[str, Any]:
+    """The baseline of ``report``'s forward pass as data: the header, then ``nodes``, one record
+    per node (:func:`ampgraph.formats.json.baseline_file` writes it, a line per node).
 
     ``spec`` (its ``spec_kind`` and ``tracer``) is what ``baseline check`` analyses again; by
     default the report's model name, which is the spec of a bundled model.
 
     >>> from ampgraph.report.records import Report
-    >>> json.loads(baseline_text(Report("m", {"name": "fp32"}, {}, {}, [], [])))["schema"]
+    >>> baseline_record(Report("m", {"name": "fp32"}, {}, {}, [], []))["schema"]
     'ampgraph.baseline'
     """
-    head = {
+    record: dict[str, Any] = {
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
         "model": report.model,
@@ -137,11 +139,9 @@ def baseline_text(
         "method": (report.capture or {}).get("method"),
     }
     if (report.capture or {}).get("stand_in"):  # xpu/mps predicted: the file says so
-        head["stand_in"] = report.capture["stand_in"]
-    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
-    nodes = [f" {json.dumps(_node_line(rec))}" for rec in report.nodes]
-    lines += [' "nodes": ['] + [",\n".join(nodes)] * bool(nodes) + [" ]", "}"]
-    return "\n".join(lines) + "\n"
+        record["stand_in"] = report.capture["stand_in"]
+    record["nodes"] = [_node_line(rec) for rec in report.nodes]
+    return record
 
 
 def _record(i: int, data: dict[str, Any]) -> NodeRecord:
@@ -279,7 +279,8 @@ def spec_to_check(baseline: Baseline, where: str) -> ModelSpec:
 
     >>> setting = {"name": "fp32", "device_type": "cuda", "autocast": False,
     ...            "amp_dtype": "bfloat16", "param_dtype": "float32"}
-    >>> base = read_baseline(baseline_text(Report("llama-tiny", setting, {}, {}, [], [])))
+    >>> record = baseline_record(Report("llama-tiny", setting, {}, {}, [], []))
+    >>> base = read_baseline(json.dumps(record))
     >>> spec = spec_to_check(base, "b.json")
     >>> spec, spec.kind
     ('llama-tiny', 'bundled')
@@ -317,9 +318,9 @@ def refuse_other(baseline: Baseline, model: str, setting: dict[str, Any], where:
 
     >>> s = {"name": "fp32", "device_type": "cuda", "autocast": False,
     ...      "amp_dtype": "bfloat16", "param_dtype": "float32"}
-    >>> b = read_baseline(baseline_text(Report("m", s, {}, {}, [], [])))
+    >>> b = read_baseline(json.dumps(baseline_record(Report("m", s, {}, {}, [], []))))
     >>> refuse_other(b, "m", s, "b.json")
-    >>> opt = read_baseline(baseline_text(Report("opt-125m", s, {}, {}, [], [])))
+    >>> opt = read_baseline(json.dumps(baseline_record(Report("opt-125m", s, {}, {}, [], []))))
     >>> refuse_other(opt, "OPT", s, "b.json")  # an alias names the same model
     >>> refuse_other(b, "gpt2", s, "b.json")
     Traceback (most recent call last):
@@ -348,7 +349,7 @@ def check_report(baseline: Baseline, report: Report) -> ReportDiff:
 __all__ = [
     "Baseline",
     "BaselineError",
-    "baseline_text",
+    "baseline_record",
     "check_report",
     "read_baseline",
     "refuse_other",

@@ -76,7 +76,8 @@ def verify(
     >>> from ampgraph.model.build import ModelInputs
     >>> lin = ModelInputs("linear", torch.nn.Linear(16, 16), (torch.randn(1, 16),))
     >>> r = verify(lin, "autocast=on,device=cpu")
-    >>> print(r.summary_line())                                            # doctest: +ELLIPSIS
+    >>> from ampgraph.formats.verify import summary_line
+    >>> print(summary_line(r))                                             # doctest: +ELLIPSIS
     linear amp-fp32 (cpu bf16) on ...: nodes 2/2, modules 1/1, casts 3/3 agree; 0 disagreements
     """
     if isinstance(setting, str):

@@ -1,8 +1,9 @@
 """What a verification found: agreement counts, disagreements, and the JSON record (written to a
-file by :func:`ampgraph.formats.outputs.write_verify_record`).
+file by :func:`ampgraph.formats.outputs.write_verify_record`; the text a person reads is
+:mod:`ampgraph.formats.verify`'s).
 
->>> print(Agreement(354, 354))
-354/354
+>>> Agreement(354, 354).to_dict()
+{'agree': 354, 'total': 354}
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class Agreement:
     could not be compared: *not analysed* (ampgraph honestly could not follow the forward
     there: no prediction) and *not comparable* (the real run left the captured path), with why.
 
-    >>> print(Agreement(5, 5, not_analysed=2).aside())
-     (2 not analysed)
+    >>> Agreement(5, 5, not_analysed=2).to_dict()
+    {'agree': 5, 'total': 5, 'not_analysed': 2}
     """
 
     agree: int
@@ -36,19 +37,6 @@ class Agreement:
     not_analysed: int = 0
     not_comparable: int = 0
     why: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        return f"{self.agree}/{self.total}"
-
-    def aside(self) -> str:
-        """`` (337 not analysed, 189 not comparable)`` after the counts; empty when none."""
-        parts = [
-            f"{n} {what}"
-            for n, what in ((self.not_analysed, "not analysed"),
-                            (self.not_comparable, "not comparable"))
-            if n
-        ]  # fmt: skip
-        return f" ({', '.join(parts)})" if parts else ""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"agree": self.agree, "total": self.total}
@@ -71,14 +59,6 @@ class Disagreement:
     predicted: str
     observed: str
     module: str | None = None
-
-    def line(self) -> str:
-        """``  node linear (aten.linear.default, fc1): predicted bf16, observed fp32``."""
-        where = f"{self.op}, {self.module}" if self.module else self.op
-        return (
-            f"  {self.kind} {self.node or '(root)'} ({where}): predicted {self.predicted}, "
-            f"observed {self.observed}"
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +90,8 @@ class Verification:
 
     #: What the JSON record calls the agreement counts.
     AGREEMENT_KEY: ClassVar[str] = "agreement"
+    #: What was run: the forward (:class:`VerifyResult`) or the training step.
+    pass_: ClassVar[str] = "forward"
 
     @property
     def ok(self) -> bool:
@@ -118,34 +100,6 @@ class Verification:
     def agreement(self) -> dict[str, Agreement]:
         """The agreement counts by name, in the order the summary line and the record give them."""
         raise NotImplementedError
-
-    def what(self) -> str:
-        """What was run, after the setting in the summary line (``" train"``); empty for the
-        forward."""
-        return ""
-
-    def summary_line(self) -> str:
-        """``opt-125m amp-fp32 (cpu bf16) on <device>: nodes 354/354, ... 0 disagreements``."""
-        n = len(self.disagreements)
-        counts = ", ".join(
-            f"{k.replace('_', ' ')} {a}{a.aside()}" for k, a in self.agreement().items()
-        )
-        return (
-            f"{self.model} {self.setting.name} ({self.setting.device_type} "
-            f"{short_dtype(self.setting.amp_dtype)}){self.what()} on {self.device_name}: "
-            f"{counts} agree; {n} disagreement{'s' if n != 1 else ''}"
-        )
-
-    def disagreement_lines(self) -> list[str]:
-        return [d.line() for d in self.disagreements]
-
-    def note_lines(self) -> list[str]:
-        """Why some items were not compared, a line each (``  not comparable: ...``)."""
-        return [
-            f"  {k.replace('_', ' ')} not comparable: {why}"
-            for k, a in self.agreement().items()
-            for why in a.why
-        ]
 
     def _header(self) -> dict[str, Any]:
         """The record's first fields, before ``model``."""

@@ -25,7 +25,8 @@ other tensors. What is verified is the step torch.export captured, run for real.
 >>> from ampgraph.model.build import ModelInputs
 >>> mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
 >>> r = verify_train(ModelInputs("mlp", mlp, (torch.randn(2, 8),)), "autocast=on,device=cpu")
->>> print(r.summary_line())                                              # doctest: +ELLIPSIS
+>>> from ampgraph.formats.verify import summary_line
+>>> print(summary_line(r))                                               # doctest: +ELLIPSIS
 mlp amp-fp32 (cpu bf16) train on ...: gradients 4/4, saved 4/4, memory 1/1, backward ops .../... agree; 0 disagreements
 """
 
@@ -68,6 +69,7 @@ class TrainVerifyResult(Verification):
 
     #: Training-step records have called their counts ``figures`` from the start.
     AGREEMENT_KEY: ClassVar[str] = "figures"
+    pass_: ClassVar[str] = "train"
 
     def agreement(self) -> dict[str, Agreement]:
         return {
@@ -76,9 +78,6 @@ class TrainVerifyResult(Verification):
             "memory": self.memory,
             "backward_ops": self.backward_ops,
         }
-
-    def what(self) -> str:
-        return " train" + (" backward in autocast" if self.backward_autocast else "")
 
     def _run(self) -> dict[str, Any]:
         return {"pass": "train", "backward_autocast": self.backward_autocast}
