@@ -8,6 +8,7 @@ appended to the file replaces their lines).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -96,7 +97,10 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         mech = mechanism(rec)
         fixed = mech.startswith(FIX_CLASSES) and not rec.get("rerun")
         fix = " (a capture fix after this run addresses it)" if fixed else ""
-        fix += " (rerun after the capture fixes)" if rec.get("rerun") else ""
+        rerun = rec.get("rerun")
+        if rerun:  # True: the capture fixes' rerun; a string: that rerun's reason
+            fix += f" (rerun: {rerun})" if isinstance(rerun, str) else (
+                " (rerun after the capture fixes)")
         tester = "generic tester" if _source(rec) == "the generic tester" else rec.get("tester")
         lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
@@ -185,8 +189,24 @@ def write_page(results: Path, out: Path, note: str = "") -> None:
     hf = [r for r in records.values() if "/" not in r["type"] and "tester" in r]
     sources = Counter(r["tester"] for r in hf)
     used = "; ".join(f"{n} from `{s}`" for s, n in sorted(sources.items(), key=lambda x: -x[1]))
-    this_run = f"**This run.** Testers: {used or 'none'}. {note}".strip()
+    this_run = f"**This run.** Testers: {used or 'none'}. {own_note(note)}".strip()
     out.write_text(page(records) + _footer(results) + "\n" + this_run + "\n")
+
+
+#: The sentence :func:`write_page` writes itself (backticked testers may hold dots).
+TESTERS = re.compile(r"\*\*This run\.\*\* Testers: (?:[^`]|`[^`]*`)*?\.(?:\s+|$)")
+
+
+def own_note(note: str) -> str:
+    """``note`` without the testers sentence the page writes itself: a note carried over from
+    the last page's paragraph repeated it.
+
+    >>> own_note("**This run.** Testers: 2 from `a.py`; 1 from `b`. Run on one machine.")
+    'Run on one machine.'
+    >>> own_note("Run on one machine.")
+    'Run on one machine.'
+    """
+    return TESTERS.sub("", note).strip()
 
 
 def _footer(results: Path) -> str:
