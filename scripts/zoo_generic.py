@@ -204,7 +204,9 @@ def _per_layer_list(key: str, value: list[Any], d: dict[str, Any], counts: set[i
 
 
 def _ints(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if not isinstance(value, list) or not value:
+        return False
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 def _rope(d: dict[str, Any]) -> None:
