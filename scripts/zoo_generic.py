@@ -78,6 +78,10 @@ HEAD_DIM_DEFAULT = 'getattr(config, "head_dim", config.hidden_size // config.num
 
 
 def _scalar(key: str, value: int, d: dict[str, Any], widths: set[int]) -> int:
+    if value <= 0:  # a part the config turns off (GLM-5's DSA layers: no rotary dims) stays off
+        return value
+    if key == "window_size" and "spatial_merge_size" in d:  # in pixels: a few merged patches
+        return value
     if key in KV_HEADS:  # as many as the query heads stays so (a config may require it)
         heads = d.get("num_attention_heads", d.get("n_head"))
         return SMALL_HEADS if value == heads else 1 if value == 1 else 2
@@ -189,6 +193,11 @@ def shrink(
             out[key] = value
     _image(out)
     _rope(out)
+    if "prediction_length" in out and out["prediction_length"] is None:
+        out["prediction_length"] = 4  # a forecaster's horizon, which it has no default of
+        context = out.get("context_length") or 4
+        if isinstance(out.get("label_length"), int):  # the decoder's start, within the context
+            out["label_length"] = min(out["label_length"], context)
     if out.get("head_dim", 0) is None and _reads(out.get("model_type"), HEAD_DIM_DEFAULT):
         out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]  # None is not absent
     return out
@@ -328,10 +337,21 @@ def _patches(config: Any) -> tuple[Any, Any]:
     return flat, grid
 
 
+def _past(config: Any) -> Any:
+    """A forecaster's history: ``(batch, context + the largest lag[, input size])``."""
+    import torch
+
+    context = _find(config, "context_length") or _find(config, "prediction_length") or 4
+    length = context + max(_find(config, "lags_sequence") or [0])
+    size = _find(config, "input_size") or 1
+    return torch.rand(BATCH, length, *([size] if size > 1 else []))
+
+
 def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> dict[str, Any]:
     """The arguments the forward requires beyond ``inputs``, built from the config and the main
     input's shape: a mask of the main input (``input_features_mask``...), layout boxes
-    (``bbox``: ``(batch, seq, 4)`` corners, ordered), learned queries (``query_embeds``)."""
+    (``bbox``: ``(batch, seq, 4)`` corners, ordered), learned queries (``query_embeds``), the
+    encoder output a cross-attention reads, a forecaster's time features and future values."""
     import torch
 
     shape = inputs[main].shape
@@ -344,6 +364,16 @@ def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> di
         elif name == "bbox":
             corners = torch.randint(0, 500, (*shape[:2], 2, (_find(config, "dim_bbox") or 4) // 2))
             out[name] = torch.cat([corners.min(2).values, corners.max(2).values + 1], dim=-1)
+        elif name in ("past_time_features", "future_time_features"):
+            length = shape[1] if name.startswith("past") else _find(config, "prediction_length")
+            features = _find(config, "num_time_features")
+            out[name] = torch.rand(shape[0], length, 1 if features is None else features)
+        elif name == "future_values" and main == "past_values":  # the decoder's teacher values
+            out[name] = torch.rand(shape[0], _find(config, "prediction_length"), *shape[2:])
+        elif name == "encoder_hidden_states" and _find(config, "encoder_hidden_size"):
+            # a cross-attending module (BLIP-2's Q-Former) reads another encoder's output
+            width = _find(config, "encoder_hidden_size")
+            out[name] = torch.rand(shape[0], SEQ, width)
         elif name == "query_embeds" and p.default is p.empty:
             queries = _find(config, "num_query_tokens") or 4
             out[name] = torch.rand(shape[0], queries, _find(config, "hidden_size") or 32)
@@ -367,6 +397,7 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         "pixel_values": lambda: _pixels(config),
         "input_values": lambda: torch.rand(BATCH, 4000),
         "input_features": lambda: _features(config),
+        "past_values": lambda: _past(config),
     }
     if "grid_thw" in params:  # a vision encoder of packed patches (qwen-VL, GLM-4V...)
         flat, grid = _patches(config)
@@ -388,6 +419,8 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         tries.append({**inputs, other: makers[other]()})
     if main == "input_values":
         tries.append({main: inputs[main][:, None]})
+    if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
+        tries.append({**inputs, main: inputs[main].transpose(1, 2)})
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
     return tries

@@ -86,3 +86,23 @@ def test_an_expert_width_has_16_byte_strides() -> None:
     moe = GENERIC.shrink({"num_experts": 64, "moe_intermediate_size": 1408}, {})
     assert moe["moe_intermediate_size"] * 4 % 16 == 0
     assert GENERIC.shrink({"intermediate_size": 3072}, {})["intermediate_size"] == 37
+
+
+def test_a_forecaster_gets_a_horizon_and_its_history() -> None:
+    """A time-series model has no default horizon (``prediction_length``): the shrunk config sets
+    one, and the inputs are a history as long as its context and largest lag, with the time
+    features and the future values its forward requires."""
+    config, inputs = GENERIC.generic("autoformer")
+    assert config.prediction_length == 4 and config.label_length <= config.context_length
+    past = inputs["past_values"].shape[1]
+    assert past == config.context_length + max(config.lags_sequence)
+    assert tuple(inputs["future_values"].shape) == (2, config.prediction_length)
+
+
+def test_a_disabled_part_stays_disabled() -> None:
+    """A width a config sets to 0 (GLM-5's DSA layers have no rotary dimensions, which its
+    validator requires) is not shrunk to a tester's size."""
+    assert GENERIC.shrink({"qk_rope_head_dim": 0, "head_dim": 128}, {}) == {
+        "qk_rope_head_dim": 0, "head_dim": 8}
+    config, _ = GENERIC.generic("glm5_next_text")
+    assert config.num_hidden_layers == 2
