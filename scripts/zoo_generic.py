@@ -12,20 +12,28 @@ the error's class, never dropped.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 SOURCE = "generic tester (config defaults shrunk, inputs from the forward signature)"
-BATCH, SEQ, VOCAB = 2, 7, 99
+BATCH, SEQ, VOCAB, SMALL_HEADS = 2, 7, 99, 4
 #: Scalar keys and the value a tester gives them (the shapes of ``BertModelTester`` and kin).
+#: The model's own width under its many names (what ``full_size`` measures)...
+WIDTH = ("hidden_size", "d_model", "n_embd", "n_embed", "embed_dim", "dim", "hidden_dim",
+         "word_embed_proj_dim", "embedding_size", "emb_dim", "d_embed", "text_embed_dim",
+         "vision_embed_dim", "encoder_hidden_size", "encoder_embed_dim", "decoder_embed_dim",
+         "decoder_hidden_size")  # fmt: skip
+#: ...and inner widths shrunk the same, which a tiny model may keep large: low-rank projections
+#: (DeepSeek's ``q_lora_rank`` of 1536 on a hidden size of 32 is a small model still).
+INNER = ("projection_dim", "proj_dim", "proj_codevector_dim", "codevector_dim",
+         "classifier_proj_size", "output_hidden_size", "projector_hidden_size", "hidden_channels",
+         "kv_lora_rank", "q_lora_rank")  # fmt: skip
 SMALL = {
-    32: ("hidden_size", "d_model", "n_embd", "n_embed", "embed_dim", "dim", "hidden_dim",
-         "word_embed_proj_dim", "projection_dim", "proj_dim", "embedding_size", "emb_dim",
-         "d_embed", "text_embed_dim", "vision_embed_dim", "encoder_hidden_size",
-         "proj_codevector_dim", "codevector_dim", "classifier_proj_size", "output_hidden_size",
-         "projector_hidden_size", "hidden_channels", "kv_lora_rank", "q_lora_rank",
-         "encoder_embed_dim", "decoder_embed_dim", "decoder_hidden_size"),
+    32: WIDTH + INNER,
     37: ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "d_ff",
          "moe_intermediate_size", "shared_expert_intermediate_size", "ff_dim", "mlp_dim",
          "intermediate_dim", "expert_intermediate_size", "decoder_intermediate_size"),
@@ -41,6 +49,8 @@ CAPS = {"num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_nu
         "topk_group": 1, "num_conv_pos_embedding_groups": 2, "max_position_embeddings": 512,
         "num_codevectors_per_group": 8, "num_groups": 1, "window_size": 2,
         "max_source_positions": 30, "max_target_positions": 40}  # fmt: skip
+#: Expert counts: a config with more than one expert is a mixture of experts.
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 #: Keys a config derives from others (its ``__init__`` recomputes them from the shrunk ones).
 DERIVED = ("out_features", "out_indices", "stage_names", "transformers_version")
 #: Layer counts that are not the depth of a stack (they index a list that stays as it is).
@@ -50,9 +60,33 @@ LIST_WIDTH = ("hidden_sizes", "embed_dims", "dims", "channels", "conv_dim", "tdn
 LIST_DEPTH = ("depths", "num_layers", "layers")
 
 
-def _scalar(key: str, value: int) -> int:
-    if key in ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"):
-        return 1 if value == 1 else 2
+#: Heads of an attention that has as many key/value heads as query heads, when it does.
+KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+#: A key that names a width of another name (``codebook_dim``, ``out_hidden_size``,
+#: ``condition_dim``...): one whose default is a shrunk width's default is tied to it (a config
+#: validates ``codebook_dim == hidden_size``, a projector maps one model's width to another's).
+DIM_LIKE = re.compile(r"dim|hidden|size|channels|features|width")
+NOT_DIM = re.compile(r"vocab|position|image|patch|kernel|stride|window|chunk|length|bucket|"
+                     r"sampl|rate|max_|num_|mel|group|batch|_len|frame|hop|fft|seq|codebook_size|"
+                     r"cache|sliding|token|label|type|head|expert|layer|intermediate|ff")
+
+
+#: Code that takes a multimodal rotary section absent from the config at a full-size default.
+MROPE_DEFAULT = 'get("mrope_section", ['
+#: Code that takes a head size absent from the config as hidden // heads, and None as it is.
+HEAD_DIM_DEFAULT = 'getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)'
+
+
+def _scalar(key: str, value: int, d: dict[str, Any], widths: set[int]) -> int:
+    if value <= 0:  # a part the config turns off (GLM-5's DSA layers: no rotary dims) stays off
+        return value
+    if key == "window_size" and "spatial_merge_size" in d:  # in pixels: a few merged patches
+        return value
+    if key in KV_HEADS:  # as many as the query heads stays so (a config may require it)
+        heads = d.get("num_attention_heads", d.get("n_head"))
+        return SMALL_HEADS if value == heads else 1 if value == 1 else 2
+    if key in SMALL[37] and any(isinstance(d.get(k), int) and d[k] > 1 for k in EXPERTS):
+        return 48  # an expert's width: grouped_mm wants 16-byte strides, which 37 floats miss
     for small, keys in SMALL.items():
         if key in keys:
             return small
@@ -60,10 +94,12 @@ def _scalar(key: str, value: int) -> int:
         return min(value, CAPS[key])
     if LAYERS.search(key) and key not in NOT_DEPTH:
         return min(value, 2)
+    if value in widths and DIM_LIKE.search(key) and not NOT_DIM.search(key):
+        return 32  # a width under another name, tied to the shrunk one
     return value
 
 
-def _list(key: str, value: list[Any]) -> list[Any]:
+def _list(key: str, value: list[Any], widths: set[int] = frozenset()) -> list[Any]:
     if not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return value
     if key in LIST_WIDTH:  # channel widths: divided by one factor, so their ratios hold
@@ -73,8 +109,10 @@ def _list(key: str, value: list[Any]) -> list[Any]:
         return [1] * len(value)
     if key in ("num_heads", "num_attention_heads", "attention_heads"):  # per stage
         return [max(1, v // min(value)) for v in value]
-    if key == "mrope_section":  # must sum to half the (now 8) head dimension
-        return ([2, 1, 1] + [0] * len(value))[: len(value)]
+    if value[-1] in widths and value[-1] >= 32 and DIM_LIKE.search(key):
+        # stage widths ending at the model's width (EfficientLoFTR's out_features): the last
+        # one is tied to the shrunk width, the others keep their ratios to it
+        return [max(1, v * 32 // value[-1]) for v in value]
     return value
 
 
@@ -89,22 +127,52 @@ def _image(d: dict[str, Any]) -> None:
         d["image_size"] = [side, side]
 
 
-def shrink(d: dict[str, Any], ids: dict[int, int]) -> dict[str, Any]:
+def _per_layer(value: list[Any], layers: int) -> list[Any]:
+    """A per-layer list cut to ``layers``, each kind of layer kept (``layer_types``
+    ``[sliding x5, full, ...]`` -> ``[sliding, full]``: a model may require every kind it names,
+    such as a rotary embedding per layer type)."""
+    kinds = list(dict.fromkeys(map(repr, value)))
+    if len(kinds) > layers:
+        return value[:layers]
+    firsts = [value[[repr(v) for v in value].index(k)] for k in kinds]
+    return firsts + [value[0]] * (layers - len(firsts))
+
+
+def _widths(d: dict[str, Any]) -> set[int]:
+    """The defaults of every width :func:`shrink` sets to 32, in ``d`` and its sub-configs."""
+    found = {v for k, v in d.items() if k in SMALL[32] and isinstance(v, int) and v > 32}
+    for v in d.values():
+        if isinstance(v, dict) and "model_type" in v:
+            found |= _widths(v)
+    return found
+
+
+def shrink(
+    d: dict[str, Any], ids: dict[int, int], widths: set[int] | None = None
+) -> dict[str, Any]:
     """``d`` (a config's ``to_dict()``) shrunk, its sub-configs too; token ids past the new
-    vocabulary mapped (consistently, through ``ids``) to distinct ones below it.
+    vocabulary mapped (consistently, through ``ids``) to distinct ones below it; keys tied to a
+    width (equal to its default) following it; per-layer lists and dicts cut to the new depth.
 
     >>> out = shrink({"hidden_size": 768, "num_hidden_layers": 12, "layer_types": ["a"] * 12,
     ...               "vocab_size": 32000, "pad_token_id": 31999}, {})
     >>> out["hidden_size"], out["num_hidden_layers"], out["layer_types"], out["pad_token_id"]
     (32, 2, ['a', 'a'], 98)
+    >>> out = shrink({"hidden_size": 512, "codebook_dim": 512, "num_attention_heads": 8,
+    ...               "num_key_value_heads": 8, "num_hidden_layers": 4,
+    ...               "layer_types": ["s", "s", "s", "f"], "per_layer_config": {"03": {}}}, {})
+    >>> out["codebook_dim"], out["num_key_value_heads"], out["layer_types"], out["per_layer_config"]
+    (32, 4, ['s', 'f'], {})
     """
+    widths = _widths(d) if widths is None else widths
+    counts = {v for k, v in d.items() if isinstance(v, int) and not isinstance(v, bool)
+              and LAYERS.search(k) and k not in NOT_DEPTH and v > 2}  # fmt: skip
     out: dict[str, Any] = {}
-    layers = d.get("num_hidden_layers")
     for key, value in d.items():
-        if key in DERIVED:
-            continue
+        if key in DERIVED and not (key == "out_features" and _ints(value)):
+            continue  # stage names, recomputed (a list of widths is not derived)
         if isinstance(value, dict) and "model_type" in value:
-            out[key] = shrink(value, ids)
+            out[key] = shrink(value, ids, widths)
         elif isinstance(value, bool):
             out[key] = value
         elif key.endswith(("_token_id", "_token_index")):
@@ -112,17 +180,72 @@ def shrink(d: dict[str, Any], ids: dict[int, int]) -> dict[str, Any]:
         elif key == "vocab_size" and isinstance(value, int):
             out[key] = VOCAB
         elif isinstance(value, int):
-            out[key] = _scalar(key, value)
-        elif isinstance(value, list) and layers and len(value) == layers and key != "depths":
-            out[key] = value[:2]  # per-layer lists (layer_types...) follow the layer count
+            out[key] = _scalar(key, value, d, widths)
+        elif isinstance(value, list) and _per_layer_list(key, value, d, counts):
+            out[key] = value[:2] if _ints(value) else _per_layer(value, 2)  # follow the depth
         elif isinstance(value, list):
-            out[key] = _list(key, value)
+            out[key] = _list(key, value, widths)
+        elif isinstance(value, dict) and "layer" in key and all(str(k).isdigit() for k in value):
+            out[key] = {k: v for k, v in value.items() if int(k) < 2}  # per layer index
         elif isinstance(value, dict):
             out[key] = {k: _list(k, v) if isinstance(v, list) else v for k, v in value.items()}
         else:
             out[key] = value
     _image(out)
+    _rope(out)
+    if "prediction_length" in out and out["prediction_length"] is None:
+        out["prediction_length"] = 4  # a forecaster's horizon, which it has no default of
+        context = out.get("context_length") or 4
+        if isinstance(out.get("label_length"), int):  # the decoder's start, within the context
+            out["label_length"] = min(out["label_length"], context)
+    if out.get("head_dim", 0) is None and _reads(out.get("model_type"), HEAD_DIM_DEFAULT):
+        out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]  # None is not absent
     return out
+
+
+def _per_layer_list(key: str, value: list[Any], d: dict[str, Any], counts: set[int]) -> bool:
+    """Whether ``value`` has one entry per layer: as long as ``num_hidden_layers``, or a list
+    of layer kinds (not numbers: a per-stage list of heads is as long as a stage count) as long
+    as another depth (GPT-Neo's ``attention_layers`` and ``num_layers``)."""
+    if key in LIST_DEPTH or not value:
+        return False
+    return len(value) == d.get("num_hidden_layers") or (len(value) in counts and not _ints(value))
+
+
+def _ints(value: Any) -> bool:
+    if not isinstance(value, list) or not value:
+        return False
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _rope(d: dict[str, Any]) -> None:
+    """A multimodal rotary section (``mrope_section``: the rotary dimensions split among time,
+    height and width) that sums to the shrunk head's rotary half, set where the model's code
+    reads one it would otherwise take at its full-size default ([8, 12, 12])."""
+    rope = d.get("rope_parameters")
+    if not isinstance(rope, dict) or not _reads(d.get("model_type"), MROPE_DEFAULT):
+        return
+    heads = d.get("num_attention_heads") or SMALL_HEADS
+    head = d.get("head_dim") or (d.get("hidden_size") or 32) // heads
+    for params in [rope, *(v for v in rope.values() if isinstance(v, dict))]:
+        if "rope_type" not in params:
+            continue
+        factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0
+        half = int(head * factor) // 2
+        params["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
+
+
+@functools.lru_cache
+def _reads(model_type: Any, key: str) -> bool:
+    """Whether ``model_type``'s modeling code names ``key``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        return False
+    module = sys.modules[CONFIG_MAPPING[model_type].__module__]
+    config_file = Path(module.__file__)
+    path = config_file.with_name(config_file.name.replace("configuration_", "modeling_"))
+    return path.is_file() and key in path.read_text()
 
 
 def _token(value: Any, ids: dict[int, int]) -> Any:
@@ -134,19 +257,23 @@ def _token(value: Any, ids: dict[int, int]) -> Any:
 
 
 def full_size(config: Any) -> bool:
-    """Whether ``config`` is not a tiny one: a hidden width past 1024 or more than 8 layers (the
-    causal LM tester sets ``hidden_size``..., which a config that names them otherwise, such as
-    CodeGen's ``n_embd``, leaves at its full default).
+    """Whether ``config`` is not a tiny one: the model's own width (:data:`WIDTH`) past 1024 or
+    more than 8 layers. The causal LM tester sets ``hidden_size``, the layer count, heads and
+    intermediate sizes, which a config that names them otherwise, such as CodeGen's ``n_embd``,
+    leaves at its full default; what it leaves at default beside a tiny width (DeepSeek-V2's
+    ``q_lora_rank`` of 1536, a low-rank projection of a 32-wide model) is not full size.
 
-    >>> from transformers import CodeGenConfig
+    >>> from transformers import CodeGenConfig, DeepseekV2Config
     >>> full_size(CodeGenConfig()), full_size(CodeGenConfig(n_embd=32, n_layer=2))
     (True, False)
+    >>> full_size(DeepseekV2Config(hidden_size=32, num_hidden_layers=2, q_lora_rank=1536))
+    False
     """
     return _full(config.to_dict())
 
 
 def _full(d: dict[str, Any]) -> bool:
-    wide = any(isinstance(d.get(k), int) and d[k] > 1024 for k in SMALL[32])
+    wide = any(isinstance(d.get(k), int) and d[k] > 1024 for k in WIDTH)
     deep = any(isinstance(v, int) and not isinstance(v, bool) and v > 8
                for k, v in d.items() if LAYERS.search(k) and k not in NOT_DEPTH)  # fmt: skip
     subs = (v for v in d.values() if isinstance(v, dict) and "model_type" in v)
@@ -195,11 +322,70 @@ def _features(config: Any) -> Any:
     return torch.rand(BATCH, 40, width)
 
 
+def _patches(config: Any) -> tuple[Any, Any]:
+    """A qwen-VL-style vision encoder's input: one image's flattened patches ``(t*h*w, channels
+    * temporal patch * patch * patch)`` and its ``grid_thw`` ``[[t, h, w]]``, ``h`` and ``w``
+    two spatial merges wide (the encoder merges ``m x m`` patches into one token)."""
+    import torch
+
+    merge = _find(config, "spatial_merge_size") or 2
+    temporal = _find(config, "temporal_patch_size") or 1
+    patch = _find(config, "patch_size") or 14
+    channels = _find(config, "in_channels") or _find(config, "num_channels") or 3
+    grid = torch.tensor([[1, 2 * merge, 2 * merge]])
+    flat = torch.rand(4 * merge * merge, channels * temporal * patch * patch)
+    return flat, grid
+
+
+def _past(config: Any) -> Any:
+    """A forecaster's history: ``(batch, context + the largest lag[, input size])``."""
+    import torch
+
+    context = _find(config, "context_length") or _find(config, "prediction_length") or 4
+    length = context + max(_find(config, "lags_sequence") or [0])
+    size = _find(config, "input_size") or 1
+    return torch.rand(BATCH, length, *([size] if size > 1 else []))
+
+
+def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> dict[str, Any]:
+    """The arguments the forward requires beyond ``inputs``, built from the config and the main
+    input's shape: a mask of the main input (``input_features_mask``...), layout boxes
+    (``bbox``: ``(batch, seq, 4)`` corners, ordered), learned queries (``query_embeds``), the
+    encoder output a cross-attention reads, a forecaster's time features and future values."""
+    import torch
+
+    shape = inputs[main].shape
+    out: dict[str, Any] = {}
+    for name, p in params.items():
+        if name in inputs or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if name == f"{main}_mask" or (name.endswith("_mask") and p.default is p.empty):
+            out[name] = torch.ones(shape[:2], dtype=torch.long)
+        elif name == "bbox":
+            corners = torch.randint(0, 500, (*shape[:2], 2, (_find(config, "dim_bbox") or 4) // 2))
+            out[name] = torch.cat([corners.min(2).values, corners.max(2).values + 1], dim=-1)
+        elif name in ("past_time_features", "future_time_features"):
+            length = shape[1] if name.startswith("past") else _find(config, "prediction_length")
+            features = _find(config, "num_time_features")
+            out[name] = torch.rand(shape[0], length, 1 if features is None else features)
+        elif name == "future_values" and main == "past_values":  # the decoder's teacher values
+            out[name] = torch.rand(shape[0], _find(config, "prediction_length"), *shape[2:])
+        elif name == "encoder_hidden_states" and _find(config, "encoder_hidden_size"):
+            # a cross-attending module (BLIP-2's Q-Former) reads another encoder's output
+            width = _find(config, "encoder_hidden_size")
+            out[name] = torch.rand(shape[0], SEQ, width)
+        elif name == "query_embeds" and p.default is p.empty:
+            queries = _find(config, "num_query_tokens") or 4
+            out[name] = torch.rand(shape[0], queries, _find(config, "hidden_size") or 32)
+    return out
+
+
 def inputs_for(model: Any) -> list[dict[str, Any]]:
     """Forward calls' inputs for ``model``, from its signature and ``main_input_name``, in the
-    order tried: the main input alone; with the other modality beside it (a dual encoder such as
-    CLIP wants both); audio as one channel ``(batch, 1, samples)`` (a codec's convolutions);
-    with ``use_cache=False`` (a hybrid cache that raises on a first call)."""
+    order tried: the main input alone (with what the forward requires beside it:
+    :func:`_required`); with the other modality beside it (a dual encoder such as CLIP wants
+    both); audio as one channel ``(batch, 1, samples)`` (a codec's convolutions); with
+    ``use_cache=False`` (a hybrid cache that raises on a first call)."""
     import torch
 
     config = model.config
@@ -211,7 +397,12 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         "pixel_values": lambda: _pixels(config),
         "input_values": lambda: torch.rand(BATCH, 4000),
         "input_features": lambda: _features(config),
+        "past_values": lambda: _past(config),
     }
+    if "grid_thw" in params:  # a vision encoder of packed patches (qwen-VL, GLM-4V...)
+        flat, grid = _patches(config)
+        first = next(iter(params))
+        return [{first: flat, "grid_thw": grid}]
     main = getattr(model, "main_input_name", "input_ids")
     main = main if main in params else next((k for k in makers if k in params), main)
     if main not in makers:
@@ -221,12 +412,15 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         inputs["attention_mask"] = torch.ones(inputs[main].shape[:2], dtype=torch.long)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids[:, :5]
+    inputs.update(_required(params, config, inputs, main))
     tries = [inputs]
     other = {"input_ids": "pixel_values", "pixel_values": "input_ids"}.get(main)
     if other in params:
         tries.append({**inputs, other: makers[other]()})
     if main == "input_values":
         tries.append({main: inputs[main][:, None]})
+    if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
+        tries.append({**inputs, main: inputs[main].transpose(1, 2)})
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
     return tries

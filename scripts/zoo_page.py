@@ -8,6 +8,7 @@ appended to the file replaces their lines).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -96,7 +97,10 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         mech = mechanism(rec)
         fixed = mech.startswith(FIX_CLASSES) and not rec.get("rerun")
         fix = " (a capture fix after this run addresses it)" if fixed else ""
-        fix += " (rerun after the capture fixes)" if rec.get("rerun") else ""
+        rerun = rec.get("rerun")
+        if rerun:  # True: the capture fixes' rerun; a string: that rerun's reason
+            fix += f" (rerun: {rerun})" if isinstance(rerun, str) else (
+                " (rerun after the capture fixes)")
         tester = "generic tester" if _source(rec) == "the generic tester" else rec.get("tester")
         lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
@@ -185,8 +189,24 @@ def write_page(results: Path, out: Path, note: str = "") -> None:
     hf = [r for r in records.values() if "/" not in r["type"] and "tester" in r]
     sources = Counter(r["tester"] for r in hf)
     used = "; ".join(f"{n} from `{s}`" for s, n in sorted(sources.items(), key=lambda x: -x[1]))
-    this_run = f"**This run.** Testers: {used or 'none'}. {note}".strip()
+    this_run = f"**This run.** Testers: {used or 'none'}. {own_note(note)}".strip()
     out.write_text(page(records) + _footer(results) + "\n" + this_run + "\n")
+
+
+#: The sentence :func:`write_page` writes itself (backticked testers may hold dots).
+TESTERS = re.compile(r"\*\*This run\.\*\* Testers: (?:[^`]|`[^`]*`)*?\.(?:\s+|$)")
+
+
+def own_note(note: str) -> str:
+    """``note`` without the testers sentence the page writes itself: a note carried over from
+    the last page's paragraph repeated it.
+
+    >>> own_note("**This run.** Testers: 2 from `a.py`; 1 from `b`. Run on one machine.")
+    'Run on one machine.'
+    >>> own_note("Run on one machine.")
+    'Run on one machine.'
+    """
+    return TESTERS.sub("", note).strip()
 
 
 def _footer(results: Path) -> str:
@@ -206,10 +226,18 @@ def _footer(results: Path) -> str:
         "class with the defaults shrunk the way the testers shrink them (hidden size 32, 2 "
         "layers, 4 heads, intermediate 37, vocabulary 99, an image a few patches wide, few "
         "experts, stage widths and depths cut down; nested text, vision and audio sub-configs "
-        "too, special token ids remapped below the vocabulary), and inputs from the base "
-        "model's forward signature and `main_input_name` (`input_ids`, `pixel_values`, "
-        "`input_values`, `input_features`; `attention_mask`, `decoder_input_ids` for "
-        "encoder-decoders; the other modality beside it for a dual encoder). One plain fp32 "
+        "too, special token ids remapped below the vocabulary), its fields kept consistent "
+        "(a width under another name, such as `codebook_dim` or `out_hidden_size`, follows "
+        "the width it defaults to; as many key/value heads as heads stays so; per-layer lists "
+        "and dicts follow the depth, one layer of each kind kept; a multimodal rotary section "
+        "sums to the shrunk head's; an expert's width has 16-byte strides), and inputs from "
+        "the base model's forward signature and `main_input_name` (`input_ids`, "
+        "`pixel_values`, `input_values`, `input_features`; `attention_mask`, "
+        "`decoder_input_ids` for encoder-decoders; the other modality beside it for a dual "
+        "encoder; a packed-patch vision encoder's patches and `grid_thw`; a required mask of "
+        "the main input, `bbox`, `query_embeds`). A causal LM type whose "
+        "`CausalLMModelTester` config is full size (the model's own width or depth, which a "
+        "config naming them otherwise keeps) or does not build gets it too. One plain fp32 "
         "forward proves the pair; a type it cannot build is counted as *does not build (generic "
         "tester)* with the error, not dropped. A full transformers checkout replaces it by each "
         "type's own tester.",
