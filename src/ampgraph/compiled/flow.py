@@ -54,6 +54,10 @@ class CompiledNode:
     #: on it (directly or through views and copies that are never stored). A value that reaches
     #: only a store in its dtype is rounded there once, as eager rounds it.
     read_unrounded: bool = True
+    #: Whether an Inductor pattern replacement absorbed it (``softmax(x * s)``'s scale): its math
+    #: is in the replacement's kernel, but the value eager rounds is no node of the rewritten
+    #: graph, so ``emulate_precision_casts``, which rounds nodes, cannot round it.
+    folded: bool = False
 
     @property
     def rounds_in_kernel(self) -> bool:

@@ -25,7 +25,7 @@ from ampgraph.compiled.flow import CompiledFlow
 from ampgraph.pipeline.request import AnalysisRequest
 
 #: Bump when the plan's records change in a way the environment does not capture.
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 
 
 def plan_requests(request: AnalysisRequest, emulate: bool) -> list[dict[str, Any] | None]:
