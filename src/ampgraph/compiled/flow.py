@@ -146,6 +146,24 @@ class CompiledFlow:
         )  # fmt: skip
 
 
+def differing_roundings(
+    a: CompiledFlow | None, b: CompiledFlow | None
+) -> list[tuple[int, CompiledNode]]:  # fmt: skip
+    """The eager roundings one side drops and the other keeps, matched by module and node name,
+    each with the side that drops it (0 for ``a``); a side None is eager, which drops none. The
+    two sides are equal where this is empty.
+
+    >>> f = CompiledFlow("m", "s", "t", "cpp", {},
+    ...                  [CompiledNode("gelu", "", "bfloat16", "in-register")])
+    >>> [(side, n.name) for side, n in differing_roundings(None, f)], differing_roundings(f, f)
+    ([(1, 'gelu')], [])
+    """
+    dropped = [{(n.module, n.name): n for n in f.dropped()} if f else {} for f in (a, b)]
+    return [(0, n) if key in dropped[0] else (1, n)
+            for key, n in {**dropped[0], **dropped[1]}.items()
+            if (key in dropped[0]) != (key in dropped[1])]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Gradient:
     """A trainable input's gradient as the compiled backward returns it."""

@@ -16,7 +16,9 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
-from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow, CompiledNode, Kernel
+from ampgraph.compiled.flow import (
+    LOW_PRECISION, CompiledFlow, CompiledNode, Kernel, differing_roundings,
+)
 from ampgraph.report.escape import code_span
 
 _FATE_WORDS = {
@@ -202,12 +204,9 @@ def sides_diff_lines(labels: Sequence[str], flows: Sequence[CompiledFlow | None]
     >>> sides_diff_lines(["A eager", "B inductor"], [None, f])[1]
     '  gelu  (mlp)  bfloat16: A eager rounds it, B inductor keeps fp32 in kernel op4'
     """
-    dropped = [{(n.module, n.name): n for n in f.dropped()} if f else {} for f in flows]
-    keys = [k for k in {**dropped[0], **dropped[1]} if (k in dropped[0]) != (k in dropped[1])]
-    lines = [f"{len(keys)} rounding point(s) differ between {labels[0]} and {labels[1]}"]
-    for key in keys:
-        side = 0 if key in dropped[0] else 1
-        n = dropped[side][key]
+    differ = differing_roundings(flows[0], flows[1])
+    lines = [f"{len(differ)} rounding point(s) differ between {labels[0]} and {labels[1]}"]
+    for side, n in differ:
         lines.append(f"  {n.name}  ({n.module or 'top'})  {n.dtype}: {labels[1 - side]} rounds "
                      f"it, {labels[side]} keeps fp32 in kernel {n.kernel}")  # fmt: skip
     return lines
@@ -307,5 +306,6 @@ def sides_text(flows: Sequence[CompiledFlow | None], *, labels: Sequence[str]) -
 def sides_json(flows: Sequence[CompiledFlow | None], *, labels: Sequence[str]) -> str:
     """``diff --compile A --compile B --format json``."""
     lines = sides_diff_lines(labels, flows)
-    return json.dumps({"a": labels[0], "b": labels[1], "equal": lines[0].startswith("0 "),
+    return json.dumps({"a": labels[0], "b": labels[1],
+                       "equal": not differing_roundings(flows[0], flows[1]),
                        "differ": lines[1:]}, indent=1)  # fmt: skip
