@@ -44,22 +44,24 @@ def gemm_lines(graph: Fp8Graph, phases: tuple[str, ...] = ("forward", "backward"
     [0] forward _scaled_mm(e4m3 rowwise, e4m3 rowwise) -> bf16
     [1] forward addmm(bf16, bf16) -> bf16
     """
-    lines = []
-    for phase in phases:
-        for i, g in enumerate(graph.gemms(phase)):
-            where = g.module if phase == "forward" else f"backward GEMM {i}"
-            lines.append(f"[{where}] {phase} {gemm_text(g)}")
-    return lines
+    return [f"[{g.module if at is None else f'{phase} {at}'}] {phase} {gemm_text(g)}"
+            for phase, at, g in _walk(graph, phases)]  # fmt: skip
 
 
 def gemm_markdown(graph: Fp8Graph, phases: tuple[str, ...] = ("forward", "backward")) -> str:
     """The GEMMs as a Markdown table (module, pass, op, operands, output)."""
     rows = ["| module | pass | GEMM | operands | output |", "| --- | --- | --- | --- | --- |"]
-    for phase in phases:
-        for i, g in enumerate(graph.gemms(phase)):
-            where = code_span(g.module) if phase == "forward" else f"GEMM {i}"
-            rows.append(f"| {where} | {phase} | `{g.op}` | {_operands(g)} | {g.dtype_out} |")
+    rows += [f"| {code_span(g.module) if at is None else at} | {phase} | `{g.op}` | "
+             f"{_operands(g)} | {g.dtype_out} |" for phase, at, g in _walk(graph, phases)]  # fmt: skip
     return "\n".join(rows)
+
+
+def _walk(graph: Fp8Graph, phases: tuple[str, ...]) -> list[tuple[str, str | None, Fp8Node]]:
+    """Each GEMM of ``phases`` in graph order with its phase and where it is: None for a forward
+    GEMM, which its module names; ``GEMM i`` for the backward's, which run outside any module's
+    call and are known by position."""
+    return [(phase, None if phase == "forward" else f"GEMM {i}", g)
+            for phase in phases for i, g in enumerate(graph.gemms(phase))]  # fmt: skip
 
 
 def compare(a: Fp8Graph, b: Fp8Graph) -> list[str]:
