@@ -106,3 +106,21 @@ class ScaledSoftmax(nn.Module):
 def scaled_softmax() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     return ScaledSoftmax().eval(), torch.randn(32, 64)
+
+
+class GeluScaledSoftmax(nn.Module):
+    """``softmax(gelu(y) * 1.5)``: one kernel drops two bf16 roundings, the gelu's (a node that
+    ``emulate_precision_casts`` rounds) and the multiply's (folded into the softmax by the
+    pattern replacement of :class:`ScaledSoftmax`, which emulation cannot round)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(nn.functional.gelu(self.f(x)) * 1.5, dim=-1)
+
+
+def gelu_scaled_softmax() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return GeluScaledSoftmax().eval(), torch.randn(32, 64)

@@ -13,12 +13,16 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ampgraph import Report, Setting
 from ampgraph.model.build import ModelInputs, load_model
 from ampgraph.pipeline.stages import analyze
+
+if TYPE_CHECKING:
+    from tests.browser import Browser
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +126,17 @@ def seed_hook_blocks() -> dict[str, list[str]]:
         elif current is not None and line.startswith("["):
             current.append(line)
     return blocks
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """A headless Chromium for one test module (``tests/browser.py``): the tests that use it
+    skip where none is installed, and fail there under ``AMPGRAPH_REQUIRE_BROWSER=1``. Its
+    timeout fits the slowest page (Model Explorer lays its graph out in a worker)."""
+    from tests.browser import browser_or_skip
+
+    with browser_or_skip(timeout=120) as chromium:
+        yield chromium
 
 
 @pytest.fixture

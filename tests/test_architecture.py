@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),  # what to analyse: specs, building on meta
     ("policy",),  # autocast's tables as data, read by every stage after it
     ("capture",),  # model -> graph
-    ("annotate",),  # graph -> annotated nodes, the dispatcher check
+    ("annotate",),  # graph -> annotated nodes (their reasons' words), the dispatcher check
     ("train",),  # the backward pass and its check
     ("compiled",),  # what torch.compile (Inductor) runs: its plan, the generated code
     ("pipeline",),  # one call over the stages above, the cache, workers
@@ -224,6 +224,9 @@ def test_the_loader_and_the_shared_autocast_rules_stay_where_they_belong() -> No
     # The dispatcher check shares nothing with the annotator's reading of the policy.
     assert not nx.has_path(graph, "ampgraph.annotate.check", "ampgraph.policy.rules")
     assert not nx.has_path(graph, "ampgraph.annotate.check", "ampgraph.annotate.annotator")
+    # The words of a record's reason sit below the annotator that picks them, never above it.
+    assert graph.has_edge("ampgraph.annotate.annotator", "ampgraph.annotate.reasons")
+    assert not nx.has_path(graph, "ampgraph.annotate.reasons", "ampgraph.annotate.annotator")
 
 
 def test_torch_free_modules_import_no_torch() -> None:

@@ -78,6 +78,32 @@ def test_audit_gives_a_finding_per_kernel_with_remedies_and_their_cost(gelu) -> 
                 "warning")[0] == 1  # fmt: skip
 
 
+def test_audit_offers_emulation_only_for_the_roundings_it_restores() -> None:
+    """``softmax(gelu(y) * 1.5)``: one kernel drops the gelu's rounding, which the plan made with
+    ``emulate_precision_casts`` restores, and the multiply's, folded away by a pattern replacement,
+    which it does not: the finding offers emulation for the first only, the barrier for both."""
+    module, x = compiled_models.gelu_scaled_softmax()
+    c = capture(ModelInputs("gelu_scaled_softmax", module, (x,)), AMP)
+    plain, emulated = plan(c), plan(c, emulate_precision_casts=True)
+    kept = [n.name for n in emulated.dropped()]
+    restored = [n.name for n in plain.dropped() if n.name not in kept]
+    assert restored and kept and all(plain.node(n).folded for n in kept)  # type: ignore[union-attr]
+    spec = "tests.compiled_models:gelu_scaled_softmax"
+    code, out = _run("audit", spec, "-s", "amp-fp32", "--compile", "inductor")
+    assert code == 0, out
+    [finding] = [ln for ln in out.splitlines() if ln.startswith("warning:")]
+    offered = ", ".join(f"{n} (top)" for n in restored)
+    assert f"emulate_precision_casts = True for {offered} only" in finding
+    assert f"cannot restore {', '.join(f'{n} (top)' for n in kept)}:" in finding
+    assert "graph_break" in finding
+    # with emulation on, what is left is the folded rounding: the barrier is all it is offered
+    code, out = _run("audit", spec, "-s", "amp-fp32", "--compile", "inductor",
+                     "--emulate-precision-casts")  # fmt: skip
+    [finding] = [ln for ln in out.splitlines() if ln.startswith("warning:")]
+    assert code == 0 and "emulate_precision_casts = True" not in finding, out
+    assert "cannot restore" in finding and "graph_break" in finding
+
+
 def test_check_holds_the_plan_against_the_generated_cpp() -> None:
     code, out = _run("check", GELU, "-s", "amp-fp32", "--compile", "inductor")
     assert code == 0 and "agrees with the C++ code Inductor generated" in out, out

@@ -13,16 +13,14 @@ failure.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .browser import Browser, find_chromium, serve
+from .browser import Browser, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -97,16 +95,6 @@ def site() -> Path:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return HTML
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if find_chromium() is None:
-        if os.environ.get("AMPGRAPH_REQUIRE_BROWSER") == "1":
-            pytest.fail("Chromium is required here: apt-get install chromium")
-        pytest.skip("no Chromium: apt-get install chromium")
-    with Browser() as chromium:
-        yield chromium
 
 
 def gallery_models() -> list[str]:

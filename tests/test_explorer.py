@@ -26,7 +26,7 @@ from ampgraph.render import render_files
 from ampgraph.render.page_data import node_records
 from ampgraph.report.records import Report
 
-from .browser import Browser, browser_or_skip
+from .browser import Browser
 
 model_explorer = pytest.importorskip("model_explorer", reason="pip install 'ampgraph[explorer]'")
 
@@ -122,12 +122,6 @@ def explorer(*args: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with browser_or_skip(timeout=120) as chromium:
-        yield chromium
 
 
 def shown(browser: Browser, url: str, *want: str, seconds: float = 120) -> str:

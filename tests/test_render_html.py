@@ -9,7 +9,6 @@ import functools
 import re
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from ampgraph.render.html import html_page, script_json
 from ampgraph.render.page_data import node_records, signature
 from ampgraph.report.records import Report
 
-from .browser import Browser, browser_or_skip
+from .browser import Browser
 
 #: A module name that would end the data's script element and run code, were it pasted as HTML.
 HOSTILE = '</script><img src=x onerror="pwned=1">'
@@ -57,12 +56,6 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("page") / "page.html"
     path.write_text(html_page(list(reports())), encoding="utf-8")
     return path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with browser_or_skip() as chromium:
-        yield chromium
 
 
 def opened(browser: Browser, page: Path) -> None:

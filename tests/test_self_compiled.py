@@ -5,11 +5,17 @@ as it runs and its annotation held against a real CPU run under autocast (``veri
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from ampgraph.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _verify(factory: str) -> str:
@@ -42,6 +48,28 @@ def test_flex_attention_is_one_node_with_autocasts_casts_checked_on_the_real_cpu
     assert " 0 disagreements" in out and "casts 0/" not in out
     flex = next(n for n in _nodes("flex_fp32").values() if n["op"] == "higher_order.flex_attention")
     assert flex["check"]["agree"] and len(flex["casts"]) == 3
+
+
+def test_a_model_importing_flex_attention_inside_its_forward_is_captured() -> None:
+    """In a fresh process nothing has imported flex's module when the capture starts: the model's
+    own import runs under the trace, and the capture sets flex's switch as the module is executed
+    (before, Dynamo refused to compile inside the trace). Checked against a real CPU run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    spec = "tests.late_flex_models:late_flex"
+    code = ("import sys, ampgraph.cli, tests.late_flex_models; "
+            "print('torch.nn.attention.flex_attention' in sys.modules)")
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                           cwd=ROOT, check=True)  # fmt: skip
+    assert probe.stdout.strip() == "False"  # the import the capture meets is the model's own
+    run = subprocess.run([sys.executable, "-m", "ampgraph", "-q", "verify", "--device", "cpu",
+                          "-s", "amp-fp32", spec], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600, check=False)  # fmt: skip
+    assert run.returncode == 0 and " 0 disagreements" in run.stdout, run.stdout + run.stderr
+    table = subprocess.run([sys.executable, "-m", "ampgraph", "-q", "table", "-s",
+                            "amp-fp32,device=cpu", "--format", "json", spec], capture_output=True,
+                           text=True, env=env, cwd=ROOT, timeout=600, check=True)  # fmt: skip
+    ops = [n["op"] for n in json.loads(table.stdout)["nodes"]]
+    assert ops.count("higher_order.flex_attention") == 1
 
 
 def test_a_disabled_region_is_a_graph_break_in_the_compiled_plan_as_in_dynamo() -> None:

@@ -36,6 +36,7 @@ from ampgraph.capture.environment import in_analysis_environment
 from ampgraph import policy as P
 from ampgraph.annotate import hops
 from ampgraph.annotate.composite import Decomposed, InnerAutocast, is_composite
+from ampgraph.annotate.reasons import casts_said, no_policy_reason, opaque_reason
 from ampgraph.annotate.replay import (
     Failed,
     FakeReplay,
@@ -371,7 +372,8 @@ class AutocastAnnotator(FakeReplay):
         it makes, the callable that runs, and why (the record's reason)."""
         name = op._schema.name.removeprefix("aten::")
         if category is None:
-            return args, kwargs, [], op, self._no_policy_reason(op)
+            enabled = self.state.states[self.setting.device_type][0]
+            return args, kwargs, [], op, no_policy_reason(op, enabled, self.setting.device_type)
         lower = self.state.states[device_type][1]
         if category == P.BANNED:
             raise RuntimeError(P.BANNED_MESSAGE)
@@ -400,7 +402,7 @@ class AutocastAnnotator(FakeReplay):
             unknown = f"({name} input)"
             new_args, new_kwargs, casts = self._cast_all(args, kwargs, to, device_type, n, unknown)
             verb = {P.PROMOTE: "promotes to"}.get(category, "runs")
-            why = f"autocast {verb} {name} in {short_dtype(dtype_name(to))}: {_casts_said(casts)}"
+            why = f"autocast {verb} {name} in {short_dtype(dtype_name(to))}: {casts_said(casts)}"
             return new_args, new_kwargs, casts, op, why
         if category == P.FP32_SET_OPT_DTYPE:
             if not rules.is_eligible(rules.first_argument(args, kwargs), device_type):
@@ -420,19 +422,6 @@ class AutocastAnnotator(FakeReplay):
         )
         return args, new_kwargs, [], target, why
 
-    def _no_policy_reason(self, op: torch._ops.OpOverload) -> str:
-        """Why an op without a policy runs as it does: autocast is off, or has no entry for it."""
-        enabled = self.state.states[self.setting.device_type][0]
-        if not enabled:
-            return "autocast off here: runs as called"
-        if op.namespace != "aten":
-            # Not ATen's lists' silence: nobody registered a kernel (register_autocast).
-            return (
-                f"no autocast rule for {op.name()} on {self.setting.device_type}: runs in "
-                "its inputs' dtype and returns what its kernel returns"
-            )
-        return "no autocast policy: runs in its inputs' dtype"
-
     def _library_casts(
         self,
         op: torch._ops.OpOverload,
@@ -451,7 +440,7 @@ class AutocastAnnotator(FakeReplay):
         )
         why = (
             f"register_autocast's kernel runs {op.name()} with autocast off after casting its "
-            f"floating inputs to {short_dtype(rule.cast_to)}: {_casts_said(casts)}"
+            f"floating inputs to {short_dtype(rule.cast_to)}: {casts_said(casts)}"
         )
         return new_args, new_kwargs, casts, op, why
 
@@ -482,7 +471,7 @@ class AutocastAnnotator(FakeReplay):
 
         why = (
             f"{op.name()}'s autocast wrapper runs it in fp32 and returns "
-            f"{short_dtype(dtype_name(back))}" + (f": {_casts_said(casts)}" if casts else "")
+            f"{short_dtype(dtype_name(back))}" + (f": {casts_said(casts)}" if casts else "")
         )
         return new_args, new_kwargs, casts, run_and_cast_back, why
 
@@ -540,32 +529,6 @@ class AutocastAnnotator(FakeReplay):
         (:class:`ampgraph.train.joint_annotator.JointAnnotator`), which marks the cast in its
         graph and caches a parameter's as autocast's ``cached_cast`` does."""
         return torch.ops.aten._to_copy.default(t, dtype=to)
-
-
-def opaque_reason(op: torch._ops.OpOverload, device_type: str) -> str:
-    """Why a node whose op has an autocast kernel of unknown rule is not analysed."""
-    if op.namespace == "aten":
-        return (
-            f"opaque autocast kernel: ATen registers an autocast kernel for {op.name()} on "
-            f"{device_type} that ampgraph's tables (torch {P.release_in_use()}) lack; its dtypes "
-            "are what that kernel returned, not a prediction"
-        )
-    rule = P.library_rule(device_type, op.name())
-    where = f": {rule.source}" if rule is not None else ""
-    return (
-        f"opaque autocast kernel: {op.name()} has an autocast kernel on {device_type} whose rule "
-        f"ampgraph does not know{where}; its dtypes are what that kernel returned, not a "
-        "prediction"
-    )
-
-
-def _casts_said(casts: list[Cast]) -> str:
-    """``casts a bf16->fp32, b bf16->fp32``, or ``no cast needed``: a reason's list of casts."""
-    if not casts:
-        return "no cast needed"
-    return "casts " + ", ".join(
-        f"{c.node} {short_dtype(c.from_dtype)}->{short_dtype(c.to_dtype)}" for c in casts
-    )
 
 
 def _first(items: list[str | None]) -> str | None:

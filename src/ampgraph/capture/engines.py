@@ -233,8 +233,9 @@ def _inner_compiles_run_eager() -> Iterator[None]:
     inside ``make_fx``'s trace and fail. ``flex_attention`` compiles with ``fullgraph=True``,
     which refuses to run uncompiled: its own switch (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``)
     calls the higher-order op directly instead, which the tracer records as one node. The switch
-    is set where the model has imported flex_attention (importing it here costs most of a second
-    for every model); one that imports it inside its forward meets Dynamo's refusal."""
+    is set where the model has imported flex_attention, and as it is imported where the model
+    imports it while it runs (inside its forward): importing it here for every model would
+    change what every capture runs beside, for the few that call it."""
     from torch._dynamo import config as dynamo_config
 
     with contextlib.ExitStack() as stack:
@@ -243,11 +244,64 @@ def _inner_compiles_run_eager() -> Iterator[None]:
             # With is_compiling() false while the model runs (as in eager, raises.as_eager_runs),
             # a compiled function called under the tracer would refuse to be traced: inline it.
             stack.enter_context(dynamo_config.patch(error_on_nested_fx_trace=False))
-        flex = sys.modules.get("torch.nn.attention.flex_attention")
-        if flex is not None:
-            switch = mock.patch.object(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
-            stack.enter_context(switch)
+        stack.enter_context(_flex_compile_off())
         yield
+
+
+_FLEX = "torch.nn.attention.flex_attention"
+_FLEX_SWITCH = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+
+
+@contextlib.contextmanager
+def _flex_compile_off() -> Iterator[None]:
+    """``flex_attention``'s switch on while the model runs (:func:`_inner_compiles_run_eager`):
+    set on the module where it is imported, else by a finder first on ``sys.meta_path`` as the
+    module is first executed, and off again after, as an imported one's is."""
+    flex = sys.modules.get(_FLEX)
+    if flex is not None:
+        with mock.patch.object(flex, _FLEX_SWITCH, True):
+            yield
+        return
+    finder = _SwitchOnImport()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        flex = sys.modules.get(_FLEX)
+        if flex is not None:  # imported while the model ran: as after an ordinary import
+            setattr(flex, _FLEX_SWITCH, False)
+
+
+class _SwitchOnImport:
+    """A meta-path finder that finds flex's module as the finders after it do, and sets its
+    switch once the module's code has run (the module reads it when ``flex_attention`` is
+    called, not when it is imported)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _FLEX:
+            return None
+        import importlib.machinery as machinery
+
+        later = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
+        for finder in later:
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
+        # A file loader is made for the one spec it loads: wrapping it touches no other module.
+        files = (machinery.SourceFileLoader, machinery.SourcelessFileLoader)
+        if not isinstance(spec.loader, files):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            setattr(module, _FLEX_SWITCH, True)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # its own loader
+        return spec
 
 
 def _export(

@@ -215,7 +215,7 @@ def compiled_diff(
     """``diff --compile A --compile B``: the rounding points that differ between the two sides
     (eager drops none), by node and module name; whether they are equal."""
     from ampgraph.cli.options import forced, resolve_settings, timeout_seconds
-    from ampgraph.formats import compiled as text
+    from ampgraph.compiled.flow import differing_roundings
     from ampgraph.pipeline.request import AnalysisRequest
 
     if len(sources) > 1 or max(map(len, (compiles, settings, devices, amp_dtypes))) > 2:
@@ -247,7 +247,7 @@ def compiled_diff(
         except AmpgraphError as exc:
             raise click.ClickException(str(exc)) from None
     write_output("compiled-diff", fmt, flows, labels=labels)
-    return text.sides_diff_lines(labels, flows)[0].startswith("0 ")
+    return not differing_roundings(flows[0], flows[1])
 
 
 def _train(model: str, setting_name: str, amp_dtype: str, emulate: bool, view: str, seq_len: int,

@@ -54,6 +54,10 @@ class CompiledNode:
     #: on it (directly or through views and copies that are never stored). A value that reaches
     #: only a store in its dtype is rounded there once, as eager rounds it.
     read_unrounded: bool = True
+    #: Whether an Inductor pattern replacement absorbed it (``softmax(x * s)``'s scale): its math
+    #: is in the replacement's kernel, but the value eager rounds is no node of the rewritten
+    #: graph, so ``emulate_precision_casts``, which rounds nodes, cannot round it.
+    folded: bool = False
 
     @property
     def rounds_in_kernel(self) -> bool:
@@ -140,6 +144,24 @@ class CompiledFlow:
             [CompiledCast(**c) for c in data["casts"]], k, list(data.get("unmapped", [])),
             data.get("graphs", 1), list(data.get("eager_regions", [])),
         )  # fmt: skip
+
+
+def differing_roundings(
+    a: CompiledFlow | None, b: CompiledFlow | None
+) -> list[tuple[int, CompiledNode]]:  # fmt: skip
+    """The eager roundings one side drops and the other keeps, matched by module and node name,
+    each with the side that drops it (0 for ``a``); a side None is eager, which drops none. The
+    two sides are equal where this is empty.
+
+    >>> f = CompiledFlow("m", "s", "t", "cpp", {},
+    ...                  [CompiledNode("gelu", "", "bfloat16", "in-register")])
+    >>> [(side, n.name) for side, n in differing_roundings(None, f)], differing_roundings(f, f)
+    ([(1, 'gelu')], [])
+    """
+    dropped = [{(n.module, n.name): n for n in f.dropped()} if f else {} for f in (a, b)]
+    return [(0, n) if key in dropped[0] else (1, n)
+            for key, n in {**dropped[0], **dropped[1]}.items()
+            if (key in dropped[0]) != (key in dropped[1])]  # fmt: skip
 
 
 @dataclass(frozen=True)

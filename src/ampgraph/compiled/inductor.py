@@ -349,7 +349,7 @@ def build_flow(
     folded = _absorbed(gm, set(last), replaced or [], values, where, names)
     nodes += [CompiledNode(node.name, modules.get(node.name, ""),
                            dtype_name(node.meta["val"].dtype), "in-register", k, None,
-                           computes(node)) for node, k in folded]  # fmt: skip
+                           computes(node), folded=True) for node, k in folded]  # fmt: skip
     nodes = _mark_unrounded_reads(gm, nodes)
     casts = [_cast(n, owner[n], values[n], removed, where) for n in values
              if n in owner and n.target is torch.ops.prims.convert_element_type.default]  # fmt: skip

@@ -16,7 +16,9 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
-from ampgraph.compiled.flow import LOW_PRECISION, CompiledFlow, CompiledNode, Kernel
+from ampgraph.compiled.flow import (
+    LOW_PRECISION, CompiledFlow, CompiledNode, Kernel, differing_roundings,
+)
 from ampgraph.report.escape import code_span
 
 _FATE_WORDS = {
@@ -137,9 +139,18 @@ def audit_lines(
     flow: CompiledFlow, emulated: CompiledFlow | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> list[str]:  # fmt: skip
-    """A finding per kernel whose compiled numerics differ from eager, with the two ways to get
+    """A finding per kernel whose compiled numerics differ from eager, with the ways to get
     eager's numbers and their cost: ``emulated`` is the plan made with ``emulate_precision_casts``
-    (its kernels and stores), ``shapes`` each node's output shape (the bytes a barrier stores)."""
+    (its kernels and stores), ``shapes`` each node's output shape (the bytes a barrier stores).
+    A rounding a pattern replacement folded away is not offered emulation, which cannot restore it.
+
+    >>> from ampgraph.compiled.flow import CompiledNode
+    >>> f = CompiledFlow("m", "amp-fp32", "2.14.1", "cpp", {},
+    ...                  [CompiledNode("mul", "", "bfloat16", "in-register", "op2", folded=True)],
+    ...                  kernels=[Kernel("op2", "reduction", ("softmax",), ())])
+    >>> "emulate_precision_casts cannot restore mul (top)" in audit_lines(f)[0]
+    True
+    """
     lines = []
     for k in flow.kernels:
         nodes = [n for n in flow.nodes if n.kernel == k.name and n.drops_rounding]
@@ -149,17 +160,38 @@ def audit_lines(
         size = _region_bytes(nodes, shapes or {})
         stored = (f"{size} bytes written and read back" if size is not None
                   else "the values written and read back")  # fmt: skip
+        barrier = (
+            "an autocast barrier: end the fused region after each value (torch.compiler.disable "
+            "on the op, or torch._dynamo.graph_break(); torch 2.14's Inductor has no barrier op "
+            f"of its own), cost: {len(nodes)} more stored 16-bit buffer(s) ({stored}), up to "
+            f"{len(nodes)} more kernel(s), and a graph break's return to Python each"
+        )  # fmt: skip
         lines.append(
             f"warning: kernel {k.name} ({k.kind}) keeps {len(nodes)} {nodes[0].dtype} value(s) in "
             f"fp32 that eager rounds: {names}. Compiled output differs from eager by 16-bit "
-            "roundings. For eager's numbers: (1) torch._inductor.config.emulate_precision_casts "
-            f"= True, cost: {_emulation_cost(flow, emulated, k)}; (2) an autocast barrier: end "
-            "the fused region after each value (torch.compiler.disable on the op, or "
-            "torch._dynamo.graph_break(); torch 2.14's Inductor has no barrier op of its own), "
-            f"cost: {len(nodes)} more stored 16-bit buffer(s) ({stored}), up to {len(nodes)} "
-            "more kernel(s), and a graph break's return to Python each"
+            f"roundings. For eager's numbers: {_remedies(flow, emulated, k, nodes, barrier)}"
         )
     return lines or [f"no kernel drops an eager rounding ({header(flow)})"]
+
+
+def _remedies(
+    flow: CompiledFlow, emulated: CompiledFlow | None, k: Kernel, nodes: list[CompiledNode],
+    barrier: str,
+) -> str:  # fmt: skip
+    """The remedies of one finding: emulation only for the roundings it restores, since a value a
+    pattern replacement folded into the kernel's math is no node it could round."""
+    folded = [f"{n.name} ({n.module or 'top'})" for n in nodes if n.folded]
+    if not folded:
+        return ("(1) torch._inductor.config.emulate_precision_casts = True, cost: "
+                f"{_emulation_cost(flow, emulated, k)}; (2) {barrier}")  # fmt: skip
+    why = (f"torch._inductor.config.emulate_precision_casts cannot restore {', '.join(folded)}: "
+           "an Inductor pattern replacement folded it into the kernel's math, and the value "
+           "eager rounds is no node of the rewritten graph, so there is nothing to round")  # fmt: skip
+    rest = [f"{n.name} ({n.module or 'top'})" for n in nodes if not n.folded]
+    if not rest:
+        return f"{barrier} ({why})"
+    return (f"(1) torch._inductor.config.emulate_precision_casts = True for {', '.join(rest)} "
+            f"only ({why}), cost: {_emulation_cost(flow, emulated, k)}; (2) {barrier}")  # fmt: skip
 
 
 def sides_diff_lines(labels: Sequence[str], flows: Sequence[CompiledFlow | None]) -> list[str]:
@@ -172,12 +204,9 @@ def sides_diff_lines(labels: Sequence[str], flows: Sequence[CompiledFlow | None]
     >>> sides_diff_lines(["A eager", "B inductor"], [None, f])[1]
     '  gelu  (mlp)  bfloat16: A eager rounds it, B inductor keeps fp32 in kernel op4'
     """
-    dropped = [{(n.module, n.name): n for n in f.dropped()} if f else {} for f in flows]
-    keys = [k for k in {**dropped[0], **dropped[1]} if (k in dropped[0]) != (k in dropped[1])]
-    lines = [f"{len(keys)} rounding point(s) differ between {labels[0]} and {labels[1]}"]
-    for key in keys:
-        side = 0 if key in dropped[0] else 1
-        n = dropped[side][key]
+    differ = differing_roundings(flows[0], flows[1])
+    lines = [f"{len(differ)} rounding point(s) differ between {labels[0]} and {labels[1]}"]
+    for side, n in differ:
         lines.append(f"  {n.name}  ({n.module or 'top'})  {n.dtype}: {labels[1 - side]} rounds "
                      f"it, {labels[side]} keeps fp32 in kernel {n.kernel}")  # fmt: skip
     return lines
@@ -277,5 +306,6 @@ def sides_text(flows: Sequence[CompiledFlow | None], *, labels: Sequence[str]) -
 def sides_json(flows: Sequence[CompiledFlow | None], *, labels: Sequence[str]) -> str:
     """``diff --compile A --compile B --format json``."""
     lines = sides_diff_lines(labels, flows)
-    return json.dumps({"a": labels[0], "b": labels[1], "equal": lines[0].startswith("0 "),
+    return json.dumps({"a": labels[0], "b": labels[1],
+                       "equal": not differing_roundings(flows[0], flows[1]),
                        "differ": lines[1:]}, indent=1)  # fmt: skip

@@ -18,7 +18,7 @@ from ampgraph.report.escape import code_span
 
 if TYPE_CHECKING:  # annotations only: the fp8 and ranges packages import torch
     from ampgraph.fp8.compare import Fp8Changes, Gemm
-    from ampgraph.fp8.graph import Fp8Graph, FlowStep, ModuleFlow
+    from ampgraph.fp8.graph import FlowStep, Fp8Graph, Fp8Node, ModuleFlow
     from ampgraph.fp8.proof import GemmProof
     from ampgraph.fp8.recipes import Fp8Recipe
     from ampgraph.ranges.fp8 import OperandRow
@@ -223,17 +223,21 @@ def gemm_text(g: Gemm) -> str:
     return f"{g.op}({_operands(g)}) -> {g.out}{raises}"
 
 
+def _walk(graph: Fp8Graph, phases: Sequence[str]) -> list[tuple[str, str | None, Fp8Node]]:
+    """Each GEMM of ``phases`` in graph order with its phase and where it is: None for a forward
+    GEMM, which its module names; ``GEMM i`` for the backward's, which run outside any module's
+    call and are known by position."""
+    return [(phase, None if phase == "forward" else f"GEMM {i}", g)
+            for phase in phases for i, g in enumerate(graph.gemms(phase))]  # fmt: skip
+
+
 def gemm_lines(graph: Fp8Graph, phases: Sequence[str] = ("forward", "backward")) -> list[str]:
     """One line per GEMM of ``phases``, in graph order, as forward hooks print a module call.
     The backward's GEMMs run outside any module's call: they are listed by position."""
     from ampgraph.fp8.compare import gemm_of
 
-    lines = []
-    for phase in phases:
-        for i, g in enumerate(graph.gemms(phase)):
-            where = g.module if phase == "forward" else f"backward GEMM {i}"
-            lines.append(f"[{where}] {phase} {gemm_text(gemm_of(g))}")
-    return lines
+    return [f"[{g.module if at is None else f'{phase} {at}'}] {phase} {gemm_text(gemm_of(g))}"
+            for phase, at, g in _walk(graph, phases)]  # fmt: skip
 
 
 def table_text(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
@@ -247,11 +251,8 @@ def table_markdown(graph: Fp8Graph, *, phases: Sequence[str]) -> str:
     from ampgraph.fp8.compare import gemm_of
 
     rows = ["| module | pass | GEMM | operands | output |", "| --- | --- | --- | --- | --- |"]
-    for phase in phases:
-        for i, g in enumerate(graph.gemms(phase)):
-            where = code_span(g.module) if phase == "forward" else f"GEMM {i}"
-            rows.append(f"| {where} | {phase} | `{g.op}` | {_operands(gemm_of(g))} | "
-                        f"{g.dtype_out} |")  # fmt: skip
+    rows += [f"| {code_span(g.module) if at is None else at} | {phase} | `{g.op}` | "
+             f"{_operands(gemm_of(g))} | {g.dtype_out} |" for phase, at, g in _walk(graph, phases)]  # fmt: skip
     return "\n".join(rows)
 
 

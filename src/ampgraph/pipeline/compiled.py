@@ -25,7 +25,7 @@ from ampgraph.compiled.flow import CompiledFlow
 from ampgraph.pipeline.request import AnalysisRequest
 
 #: Bump when the plan's records change in a way the environment does not capture.
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 
 
 def plan_requests(request: AnalysisRequest, emulate: bool) -> list[dict[str, Any] | None]:
@@ -99,18 +99,9 @@ def compiled_flows(
     if not missing:
         return [f for f in flows if f is not None]
 
-    def take(item: tuple[str, Any]) -> None:
-        kind, value = item
-        if kind == "progress":
-            if progress is not None:
-                progress(value)
-            return
-        index, data = value
-        flows[index] = CompiledFlow.from_dict(data)
-
-    confine(lambda send: _produce(request, emulate, missing, send), take, name="compiled plan",
-            timeout=request.timeout, counted=lambda item: item[0] == "plan",
-            expected=len(missing))  # fmt: skip
+    confine(lambda send: _produce(request, emulate, missing, send), _taker(flows, progress),
+            name="compiled plan", timeout=request.timeout,
+            counted=lambda item: item[0] == "plan", expected=len(missing))  # fmt: skip
     from ampgraph.pipeline import cache
 
     for i in missing:
@@ -118,6 +109,32 @@ def compiled_flows(
         if flow is not None and asked is not None:
             cache.store(asked, _entry(flow, asked))
     return [f for f in flows if f is not None]
+
+
+def _taker(
+    into: list[Any], progress: Callable[[str], None] | None
+) -> Callable[[tuple[str, Any]], None]:  # fmt: skip
+    """The confined run's callback (what :func:`_produce` sends): a progress message is passed on;
+    a plan, ``(index, data)``, is put at its index in ``into`` as a flow, and a checked one,
+    ``(index, data, disagreements)``, as the flow and its disagreements.
+
+    >>> got = [None]
+    >>> _taker(got, None)(("plan", (0, CompiledFlow("m", "s", "t", "cpp", {}).to_dict(), ["x"])))
+    >>> got[0][1]
+    ['x']
+    """
+
+    def take(item: tuple[str, Any]) -> None:
+        kind, value = item
+        if kind == "progress":
+            if progress is not None:
+                progress(value)
+            return
+        index, data, *found = value
+        flow = CompiledFlow.from_dict(data)
+        into[index] = (flow, list(found[0])) if found else flow
+
+    return take
 
 
 def _produce(
@@ -160,19 +177,9 @@ def compiled_check(
         raise TypeError("compiled_check() needs a request that names a model spec")
     refuse_devices(request)
     results: list[tuple[CompiledFlow, list[str]] | None] = [None] * len(request.settings)
-
-    def take(item: tuple[str, Any]) -> None:
-        kind, value = item
-        if kind == "progress":
-            if progress is not None:
-                progress(value)
-            return
-        index, data, found = value
-        results[index] = (CompiledFlow.from_dict(data), list(found))
-
     every = list(range(len(request.settings)))
-    confine(lambda send: _produce(request, emulate, every, send, real=True), take,
-            name="compiled check", timeout=request.timeout,
+    confine(lambda send: _produce(request, emulate, every, send, real=True),
+            _taker(results, progress), name="compiled check", timeout=request.timeout,
             counted=lambda item: item[0] == "plan", expected=len(every))  # fmt: skip
     return [r for r in results if r is not None]
 
