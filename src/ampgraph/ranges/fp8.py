@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ampgraph.errors import SettingError
-from ampgraph.fp8.graph import first_tensor
+from ampgraph.fp8.graph import train_loss
 from ampgraph.fp8.recipes import (
     MX_GRAPH,
     Fp8Recipe,
@@ -329,8 +329,7 @@ def linear_operands(
         with torch.set_grad_enabled(train):
             out = torch.func.functional_call(model.module, params, model.args, model.kwargs)
             if train:
-                loss = first_tensor(out).float().sum()
-                torch.autograd.grad(loss, trainable, allow_unused=True)
+                torch.autograd.grad(train_loss(out), trainable, allow_unused=True)
     finally:
         for h in hooks:
             h.remove()
