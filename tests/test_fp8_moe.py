@@ -114,3 +114,27 @@ def test_cli_moe_train_check() -> None:
          "--pass", "train"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert bad.stderr.startswith("Error: ") and "SM100" in bad.stderr
+
+
+@pytest.mark.parametrize("name,count", [("mxfp8_rceil", 12), ("mxfp8_rceil_wgrad_with_hp", 8)])
+def test_moe_survival_equals_torchaos_real_mx_conversion(name: str, count: int) -> None:
+    """Each grouped GEMM operand, forward and backward, per 32 values along its reduction:
+    the prediction's counts equal torchao's to_mx on the same tensors."""
+    from ampgraph.ranges import fp8 as fp8_ranges
+
+    model = _example("fp8_moe")
+    state = dict(model.module.state_dict())
+    recipe = parse_fp8_recipe(f"torchao:{name},kernel=emulated")
+    operands = fp8_ranges.linear_operands(model, recipe, state, train=True)
+    pairs = fp8_ranges.prove(model, recipe, state, train=True, operands=operands)
+    assert len(pairs) == count
+    assert all(row.survival == real for row, real in pairs)
+    assert {row.scaling for row, _ in pairs} == {"mx-rceil"}
+    # The recorded operands are the real run's: the tokens sorted by expert, the stacked
+    # weight with K last, and grad_output for both GEMMs.
+    record = operands["experts"]
+    net, x = model.module, model.args[0]
+    order = net.router(x).softmax(-1).argmax(-1).argsort(stable=True)
+    assert torch.equal(record["w1.input"], x[order])
+    assert torch.equal(record["w1.weight"], net.experts.w1.detach().reshape(-1, 64))
+    assert record["w2.grad_output"].shape == (64, 64)

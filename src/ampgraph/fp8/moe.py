@@ -88,12 +88,11 @@ def convert_moe(module: nn.Module, name: str, kernel: str,
 
 
 def expert_plans(module: nn.Module, keep: Callable[[nn.Module, str], bool],
-                 filter_fqns: tuple[str, ...]) -> list[Any]:
-    """Every module with a 2-D or 3-D weight under an MXFP8 MoE recipe: the grouped experts
-    (converted unless filtered) and the dense ones, which the recipe leaves to autocast."""
-    from ampgraph.fp8.recipes import LinearPlan
-
-    plans = []
+                 filter_fqns: tuple[str, ...]) -> list[tuple[str, str, int, int, bool, str]]:
+    """Every module with a 2-D or 3-D weight under an MXFP8 MoE recipe, as ``LinearPlan``'s
+    fields: the grouped experts (converted unless filtered) and the dense ones, which the
+    recipe leaves to autocast."""
+    plans: list[tuple[str, str, int, int, bool, str]] = []
     for fqn, mod in module.named_modules():
         kind = type(mod).__name__
         if is_experts(mod):
@@ -102,13 +101,13 @@ def expert_plans(module: nn.Module, keep: Callable[[nn.Module, str], bool],
             converted = not named and keep(mod, fqn)
             reason = CONVERTED if converted else (
                 f"filtered by name (matches {named[0]!r})" if named else "filtered")
-            plans.append(LinearPlan(fqn, kind, p.shape[-2], p.shape[-1], converted, reason))
+            plans.append((fqn, kind, p.shape[-2], p.shape[-1], converted, reason))
             continue
         weight = getattr(mod, "weight", None)
         if isinstance(weight, nn.Parameter) and weight.dim() == 2:
-            plans.append(LinearPlan(fqn, kind, *weight.shape, False,
-                                    "not grouped experts: the MoE recipe converts "
-                                    "torch._grouped_mm's expert weights only"))
+            plans.append((fqn, kind, *weight.shape, False,
+                          "not grouped experts: the MoE recipe converts torch._grouped_mm's "
+                          "expert weights only"))
     if not any(is_experts(m) for m in module.modules()):
         raise SettingError("no grouped experts to convert (a module holding a 3-D parameter "
                            "that torch._grouped_mm takes): the MXFP8 MoE recipe needs a MoE")

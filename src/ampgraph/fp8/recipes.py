@@ -289,7 +289,7 @@ def plan_model(module: nn.Module, recipe: FilteredRecipe) -> list[LinearPlan]:
     if recipe.name in MOE_NAMES:
         from ampgraph.fp8.moe import expert_plans
 
-        return expert_plans(module, keep, recipe.filter_fqns)  # type: ignore[no-any-return]
+        return [LinearPlan(*p) for p in expert_plans(module, keep, recipe.filter_fqns)]
     plans = []
     for fqn, mod in module.named_modules():
         weight = getattr(mod, "weight", None)
