@@ -52,6 +52,10 @@ def test_moe_train_graph_equals_a_real_emulated_cpu_run() -> None:
     roles = {n.role for n in graph.nodes}
     assert {"scale", "scaling", "cast-fp8", "dequant"} <= roles
     assert any(n.dtype_out == "e8m0" and n.role == "scale" for n in graph.nodes)
+    from ampgraph.fp8.compare import gemm_lines
+
+    assert ("[experts] forward _grouped_mm(bf16 from e4m3 mx-1x32, bf16 from e4m3 mx-1x32) -> "
+            "bf16") in gemm_lines(graph)
     plans = {p.fqn: p.converted for p in graph.plans}
     assert plans == {"router": False, "experts": True}
 

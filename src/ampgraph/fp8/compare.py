@@ -15,10 +15,15 @@ from ampgraph.report.escape import code_span
 
 
 def _operands(g: Fp8Node) -> str:
-    """``e4m3 tensorwise, e4m3 tensorwise`` for a ``_scaled_mm``; the matrices' dtypes else."""
-    if g.op == "_scaled_mm":
+    """``e4m3 tensorwise, e4m3 tensorwise`` for a ``_scaled_mm``; ``bf16 from e4m3 mx-1x32``
+    for torchao's emulated MX GEMM (dequantized operands); the matrices' dtypes else (a grouped
+    GEMM's come first, before its offsets)."""
+    if g.op in ("_scaled_mm", "_scaled_grouped_mm"):
         return ", ".join(f"{d} {s}" for d, s in zip(g.dtype_in[:2], g.scaling, strict=False))
-    return ", ".join(g.dtype_in[-2:])
+    mats = g.dtype_in[:2] if g.op in ("_grouped_mm", "_scaled_grouped_mm") else g.dtype_in[-2:]
+    if g.role == "gemm-mx-emulated":
+        return ", ".join(f"{d} from {s}" for d, s in zip(mats, g.scaling, strict=False))
+    return ", ".join(mats)
 
 
 def gemm_text(g: Fp8Node) -> str:

@@ -423,7 +423,9 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
             from ampgraph.fp8.moe import MIXED_GROUPED
 
             why = MIXED_GROUPED if "dtype to match" in str(exc) else (
-                "torch._grouped_mm's fake kernel refuses its operands")
+                "torch._grouped_mm's fake kernel (torch's meta registration) refuses its "
+                "operands, which the CPU kernel runs: a grouped GEMM left in fp32 (experts "
+                "filtered; CPU autocast has no rule for it) cannot be traced")
             raise SettingError(f"{recipe.spelling}: {why} ({str(exc).splitlines()[0]})"
                                ) from None
         raise
