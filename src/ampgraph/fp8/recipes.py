@@ -4,9 +4,9 @@ A recipe is spelled ``torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_fi
 torchao's ``Float8LinearRecipeName`` values (``tensorwise``, ``rowwise``,
 ``rowwise_with_gw_hp``), torchao's MX names (``mxfp8``, ``mxfp8_floor``: dense Linears, the
 inference workflow) or its ``MXFP8TrainingRecipe`` values (``mxfp8_rceil``,
-``mxfp8_rceil_wgrad_with_hp``: a MoE's grouped GEMMs, :mod:`ampgraph.fp8.moe`); ``filter_fqns`` are module-name fragments kept in bf16, matched as
-torchtitan's ``filter_fqns`` are (a fragment anywhere in the name); ``auto_filter`` adds
-torchao's own size rule (``_auto_filter_for_recipe``: dims not multiples of 16, or too small to
+``mxfp8_rceil_wgrad_with_hp``: a MoE's grouped GEMMs, :mod:`ampgraph.fp8.moe`);
+``filter_fqns`` are module-name fragments kept in bf16, matched as torchtitan's ``filter_fqns``
+are (a fragment anywhere in the name); ``auto_filter`` adds torchao's own size rule (``_auto_filter_for_recipe``: dims not multiples of 16, or too small to
 gain on an H100). Nothing here re-implements torchao: the formats are read from its
 ``Float8LinearConfig``, the decisions are its filter's, the conversion is its
 ``convert_to_float8_training``; this module only says why, in words.
