@@ -6,8 +6,8 @@ torchao's ``Float8LinearRecipeName`` values (``tensorwise``, ``rowwise``,
 inference workflow) or its ``MXFP8TrainingRecipe`` values (``mxfp8_rceil``,
 ``mxfp8_rceil_wgrad_with_hp``: a MoE's grouped GEMMs, :mod:`ampgraph.fp8.moe`);
 ``filter_fqns`` are module-name fragments kept in bf16, matched as torchtitan's ``filter_fqns``
-are (a fragment anywhere in the name); ``auto_filter`` adds torchao's own size rule (``_auto_filter_for_recipe``: dims not multiples of 16, or too small to
-gain on an H100). Nothing here re-implements torchao: the formats are read from its
+are (a fragment anywhere in the name); ``auto_filter`` adds torchao's own size rule
+(``_auto_filter_for_recipe``: dims not multiples of 16, or too small to gain on an H100). Nothing here re-implements torchao: the formats are read from its
 ``Float8LinearConfig``, the decisions are its filter's, the conversion is its
 ``convert_to_float8_training``; this module only says why, in words.
 """
