@@ -148,9 +148,14 @@ def test_grad_output_is_the_real_backwards() -> None:
     hidden = net[1](net[0](model.args[0]))
     mid = net[2](hidden)
     mid.retain_grad()
-    net[3](mid).float().sum().backward()
+    out = net[3](mid)
+    out.retain_grad()
+    # --pass train's loss: a fixed-seed N(0, 1) projection of the output, averaged.
+    projection = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    (out.float() * projection).mean().backward()
     assert torch.equal(got["2"]["grad_output"], mid.grad)
-    assert torch.equal(got["3"]["grad_output"], torch.ones(8, 16))  # the summed loss's
+    assert torch.equal(got["3"]["grad_output"], out.grad)
+    assert torch.equal(out.grad, projection / out.numel())
     x = got["2"]["grad_output"]
     # grad_weight's operand is scaled per column of grad_output (torchao's axiswise_dim=0).
     assert fp8_ranges.predict(x.t().contiguous(), "e4m3", "rowwise", pow2=True) == \

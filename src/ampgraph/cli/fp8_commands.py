@@ -14,7 +14,9 @@ from ampgraph.cli.options import forced, model_argument, timeout_seconds
 
 RECIPE_HELP = (
     "torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_filter=true]; NAME: tensorwise, "
-    "rowwise, rowwise_with_gw_hp (fp8-ranges also mxfp8, mxfp8_floor, and TransformerEngine's "
+    "rowwise, rowwise_with_gw_hp; MX: mxfp8, mxfp8_floor (dense Linears), mxfp8_rceil, "
+    "mxfp8_rceil_wgrad_with_hp (a MoE's grouped GEMMs, forward and backward; kernel=emulated on "
+    "a CPU) (fp8-ranges also TransformerEngine's "
     "te:delayed, te:current, te:mxfp8, te:block[,format=e4m3|hybrid], from its source's rules). filter_fqns keeps the "
     "Linears whose name holds a fragment in bf16 (torchtitan's filter_fqns); filter_file reads "
     "them from the advisor's file (--write-filter); auto_filter adds torchao's size rule."
@@ -52,7 +54,9 @@ def _state(built: Any, seed: int) -> dict[str, Any]:
 @model_argument
 @click.option("--recipe", "recipe_text", required=True, metavar="torchao:NAME", help=RECIPE_HELP)
 @click.option("--pass", "pass_", type=click.Choice(["forward", "train"]), default="forward",
-              show_default=True, help="train: forward + loss + backward (autograd.grad).")
+              show_default=True, help="train: forward + loss + backward (autograd.grad); the "
+              "loss is the model's own, else its first floating output's mean against a "
+              "fixed-seed normal projection.")
 @click.option("--check", is_flag=True, help="Also run the converted model for real on the CPU "
               "(seeded weights) and compare every GEMM's dtypes: exit 1 on a difference.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=8, show_default=True)
@@ -108,7 +112,8 @@ def fp8_command(model: str, recipe_text: str, pass_: str, check: bool, seq_len: 
 @click.option("--pass", "pass_", type=click.Choice(["forward", "train"]), default="forward",
               show_default=True, help="train: the backward's operands too (grad_output, and "
               "each recast of input and weight), from a real fp32 backward of the loss "
-              "ampgraph fp8 --pass train traces (the first floating output, summed).")
+              "ampgraph fp8 --pass train traces (the model's own loss, else its first floating "
+              "output's mean against a fixed-seed normal projection).")
 @click.option("--seq-len", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the weights where the model has none of its own.")

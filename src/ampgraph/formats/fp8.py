@@ -41,12 +41,16 @@ def graph_text(graph: Fp8Graph) -> str:
                          g.scaling, g.dtype_out, g.role) for g in gemms)  # fmt: skip
         for (op, ins, scaling, out, role), n in kinds.items():
             how = f" scaled {'/'.join(scaling)}" if scaling else ""
+            if role == "gemm-mx-emulated":  # torchao's EMULATED kernel: MXFP8 values in bf16
+                how = f" on MXFP8 dequantized to bf16 ({'/'.join(scaling)}, emulated)"
             raises = ("  <- mixed operand dtypes: the real kernel raises"
                       if role == "gemm-mixed" else "")  # fmt: skip
             lines.append(f"  {n:4d} x {op}({', '.join(ins)}){how} -> {out}{raises}")
     roles = Counter(n.role for n in graph.nodes)
     lines.append(f"scale computation {roles['scale']} nodes, operand scaling and clamps "
-                 f"{roles['scaling']}, casts to FP8 {roles['cast-fp8']}, other {roles['other']}")  # fmt: skip
+                 f"{roles['scaling']}, casts to FP8 {roles['cast-fp8']}, "
+                 + (f"dequantized to bf16 {roles['dequant']}, " if roles["dequant"] else "")
+                 + f"other {roles['other']}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -147,7 +151,8 @@ def survival_changes(before: Sequence[OperandRow], after: Sequence[OperandRow]) 
 
 #: ``fp8 --dot``'s fill of each node role (the rest light grey).
 FLOW_COLOURS = {"gemm-fp8": "#f4a261", "cast-fp8": "#e9c46a", "scale": "#a8dadc",
-                "scaling": "#d8e2dc", "gemm-bf16": "#90be6d", "gemm-mixed": "#e63946"}  # fmt: skip
+                "scaling": "#d8e2dc", "gemm-bf16": "#90be6d", "gemm-mixed": "#e63946",
+                "gemm-mx-emulated": "#f4a261", "dequant": "#cdb4db"}  # fmt: skip
 
 
 def _flow_label(step: FlowStep) -> str:
@@ -205,9 +210,11 @@ def survival_json(
 
 
 def _operands(g: Gemm) -> str:
-    """``e4m3 tensorwise, e4m3 tensorwise`` for a ``_scaled_mm``; the matrices' dtypes else."""
+    """``e4m3 tensorwise, e4m3 tensorwise`` for a ``_scaled_mm``; ``bf16 from e4m3 mx-1x32``
+    for torchao's emulated MX GEMM (dequantized operands); the matrices' dtypes else."""
     if g.scaling:
-        return ", ".join(f"{d} {s}" for d, s in zip(g.operands, g.scaling, strict=False))
+        sep = " from " if g.dequantized else " "
+        return ", ".join(f"{d}{sep}{s}" for d, s in zip(g.operands, g.scaling, strict=False))
     return ", ".join(g.operands)
 
 

@@ -16,25 +16,32 @@ from ampgraph.fp8.graph import Fp8Graph, Fp8Node
 @dataclass(frozen=True)
 class Gemm:
     """One GEMM as a table row or a diff shows it: its op, its matrix operands (their dtypes,
-    and each one's scaling for a ``_scaled_mm``), its output dtype, and whether its operands'
-    dtypes are a mixed pair, on which the real kernel raises. Two GEMMs that show the same are
-    equal."""
+    and each one's scaling for a scaled GEMM, or the MX format it was dequantized from for
+    torchao's emulated MX GEMM), its output dtype, and whether its operands' dtypes are a mixed
+    pair, on which the real kernel raises. Two GEMMs that show the same are equal."""
 
     op: str
     operands: tuple[str, ...]
     scaling: tuple[str, ...]
     out: str
     mixed: bool
+    dequantized: bool = False
 
 
 def gemm_of(g: Fp8Node) -> Gemm:
-    """``g`` as :class:`Gemm`: a ``_scaled_mm``'s first two inputs (the matrices; scales
-    follow), the last two of any other GEMM (``addmm``'s bias comes first)."""
-    if g.op == "_scaled_mm":
+    """``g`` as :class:`Gemm`: a scaled GEMM's first two inputs (the matrices; scales follow),
+    a grouped GEMM's first two (its offsets follow), the last two of any other GEMM
+    (``addmm``'s bias comes first)."""
+    mixed = g.role == "gemm-mixed"
+    if g.op in ("_scaled_mm", "_scaled_grouped_mm"):
         pairs = list(zip(g.dtype_in[:2], g.scaling, strict=False))
+        return Gemm(g.op, tuple(d for d, _ in pairs), tuple(s for _, s in pairs), g.dtype_out, mixed)
+    mats = g.dtype_in[:2] if g.op == "_grouped_mm" else g.dtype_in[-2:]
+    if g.role == "gemm-mx-emulated":
+        pairs = list(zip(mats, g.scaling, strict=False))
         return Gemm(g.op, tuple(d for d, _ in pairs), tuple(s for _, s in pairs), g.dtype_out,
-                    g.role == "gemm-mixed")  # fmt: skip
-    return Gemm(g.op, tuple(g.dtype_in[-2:]), (), g.dtype_out, g.role == "gemm-mixed")
+                    mixed, dequantized=True)  # fmt: skip
+    return Gemm(g.op, tuple(mats), (), g.dtype_out, mixed)
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,26 @@ from torch import fx, nn
 
 from ampgraph.errors import SettingError
 from ampgraph.fp8.mx import flatten, unflatten
-from ampgraph.fp8.recipes import MX_GRAPH, MX_NAMES, Fp8Recipe, LinearPlan, convert, plan_model
+from ampgraph.fp8.recipes import (
+    MOE_NAMES,
+    MX_GRAPH,
+    MX_NAMES,
+    Fp8Recipe,
+    LinearPlan,
+    convert,
+    plan_model,
+)
 from ampgraph.model.build import ModelInputs
 
-#: Matrix products (after make_fx's decomposition of linear/matmul).
-GEMM_OPS = frozenset({"_scaled_mm", "mm", "addmm", "bmm", "baddbmm"})
+#: Matrix products (after make_fx's decomposition of linear/matmul); the grouped ones are a
+#: MoE's experts (``_grouped_mm(tokens, weights, offs)``: their matrices come first).
+GEMM_OPS = frozenset({"_scaled_mm", "mm", "addmm", "bmm", "baddbmm", "_grouped_mm",
+                      "_scaled_grouped_mm"})
+GROUPED = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
+#: Ops that move or reshape values without changing them: walked through to an operand's
+#: origin (an emulated MX GEMM's dequantized operand is a view of ``e4m3 * e8m0``).
+VIEWS = frozenset({"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "unsqueeze",
+                   "expand", "clone", "alias", "contiguous", "slice"})
 FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float8_e8m0fnu": "e8m0"}
 
 
@@ -96,14 +111,48 @@ def _scaling(scale: Any, operand: Any) -> str:
     return "tensorwise" if val.numel() == 1 else "rowwise"
 
 
+def _opname(n: Any) -> str:
+    return getattr(n.target, "_opname", "") if isinstance(n, fx.Node) else ""
+
+
+def _through_views(n: Any) -> Any:
+    """The node ``n``'s values come from, past views that keep the dtype (not ``view(dtype)``)."""
+    while _opname(n) in VIEWS and _val_dtype(n.args[0]) == _val_dtype(n):
+        n = n.args[0]
+    return n
+
+
+def _mx_dequantized(operand: Any) -> str | None:
+    """``e4m3 mx-1x32`` when ``operand`` is torchao's emulated MX dequantization (its FP8
+    values cast up, times its E8M0 scales cast up, reshaped), else None: found by data flow."""
+    mul = _through_views(operand)
+    if _opname(mul) != "mul":
+        return None
+    sources = set()
+    for factor in mul.args[:2]:
+        cast = _through_views(factor)
+        if _opname(cast) == "_to_copy":
+            sources.add(_val_dtype(cast.args[0]))
+    fmt = sources - {"e8m0"}
+    return f"{fmt.pop()} mx-1x32" if "e8m0" in sources and len(fmt) == 1 and fmt <= {
+        "e4m3", "e5m2"} else None
+
+
 def _role(n: fx.Node, out: str) -> tuple[str, tuple[str, ...]]:
     name = getattr(n.target, "_opname", str(n.target))
-    if name == "_scaled_mm":
+    if name in ("_scaled_mm", "_scaled_grouped_mm"):
         a, b, sa, sb = n.args[:4]
         return "gemm-fp8", (_scaling(sa, a), _scaling(sb, b))
     if name in GEMM_OPS:
-        # mm/bmm take their matrices last (addmm's first argument is the bias).
-        mats = {_val_dtype(a) for a in n.args[-2:]}
+        # mm/bmm take their matrices last (addmm's first argument is the bias), a grouped
+        # GEMM first (its group offsets follow).
+        operands = n.args[:2] if name in GROUPED else n.args[-2:]
+        mx = [_mx_dequantized(a) for a in operands]
+        if all(mx):
+            # torchao's emulated MXFP8 kernel: both operands quantized, then dequantized to
+            # bf16 for this GEMM (where an SM100 GPU runs the scaled GEMM on them).
+            return "gemm-mx-emulated", tuple(m for m in mx if m)
+        mats = {_val_dtype(a) for a in operands}
         if len(mats) > 1:
             # Fake kernels accept mm(bf16, fp32); the real CPU and CUDA kernels raise.
             return "gemm-mixed", ()
@@ -147,13 +196,58 @@ def _scale_roles(gm: fx.GraphModule) -> dict[str, str]:
     return roles
 
 
+def _walk_back(start: Any, stop: set[str], until: str = "", limit: int = 64) -> set[str]:
+    """Names of ``start`` and its ancestors, up to (and with) an ``until`` op, not past
+    ``stop``; empty when more than ``limit`` nodes would be marked (not torchao's ``to_mx``)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        n = todo.pop()
+        if not isinstance(n, fx.Node) or n.op != "call_function" or n.name in seen | stop:
+            continue
+        seen.add(n.name)
+        if len(seen) > limit:
+            return set()
+        if _opname(n) != until:
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
+def _mx_roles(gm: fx.GraphModule) -> dict[str, str]:
+    """For each emulated MX GEMM's operands, by data flow: ``scale`` for torchao's ``to_mx``
+    nodes from the block's ``abs``/``amax`` to the E8M0 scale, ``scaling`` for those that scale
+    and clamp the values before their FP8 cast, ``dequant`` for the casts back to bf16."""
+    roles: dict[str, str] = {}
+    for n in gm.graph.nodes:
+        name = _opname(n)
+        if name not in GEMM_OPS or name == "_scaled_mm":
+            continue
+        for operand in n.args[:2] if name in GROUPED else n.args[-2:]:
+            if _mx_dequantized(operand) is None:
+                continue
+            mul = _through_views(operand)
+            casts = [_through_views(f) for f in mul.args[:2]]
+            scale = next(c.args[0] for c in casts if _val_dtype(c.args[0]) == "e8m0")
+            values = next(c.args[0] for c in casts if _val_dtype(c.args[0]) != "e8m0")
+            scales = _walk_back(scale, set(), until="abs")
+            sources = {a.args[0].name for a in gm.graph.nodes
+                       if a.name in scales and _opname(a) == "abs"}
+            roles.update(dict.fromkeys(scales, "scale"))
+            # The FP8 cast keeps its own role (cast-fp8); what feeds it is the scaling.
+            for m in _walk_back(values, scales | sources) - {values.name}:
+                roles.setdefault(m, "scaling")
+            for m in [mul, *casts]:
+                roles.setdefault(m.name, "dequant")
+    return roles
+
+
 def annotate(gm: fx.GraphModule) -> list[Fp8Node]:
     """Each call node of a traced graph as an :class:`Fp8Node` (module from the hooks' marks).
 
     A node with no module mark comes after the forward: the backward (or the loss).
     """
     out = []
-    flow = _scale_roles(gm)
+    flow = {**_mx_roles(gm), **_scale_roles(gm)}
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
@@ -243,11 +337,39 @@ def first_tensor(out: Any) -> torch.Tensor:
     raise TypeError("the model returned no floating tensor to take a loss of")
 
 
+#: The seed of the loss's projection: fixed, so the traced, the checked and the ranged backward
+#: differentiate the same loss whatever ``--seed`` gave the weights.
+LOSS_SEED = 0
+
+
+def train_loss(out: Any) -> torch.Tensor:
+    """The loss ``--pass train`` differentiates: the model's own when it returns one (an output
+    named ``loss``, as Hugging Face models do when the inputs carry labels), else the mean of the
+    first floating output times a fixed-seed standard normal tensor of its shape.
+
+    The projection's gradient is what a real loss's is and a sum's is not: every output element
+    gets its own zero-mean value (a sum sends all ones, so the last Linear's ``grad_output`` has
+    one value and its FP8 scales see none of a real gradient's spread), deterministic, and
+    scaled as a mean-reduced loss's (one over the elements).
+
+    >>> y = torch.ones(2, 3, requires_grad=True)
+    >>> g, = torch.autograd.grad(train_loss(y), [y])
+    >>> bool((g != g[0, 0]).any()), torch.equal(g, torch.autograd.grad(train_loss(y), [y])[0])
+    (True, True)
+    """
+    own = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+    if isinstance(own, torch.Tensor) and own.is_floating_point() and own.numel() == 1:
+        return own.float().reshape(())
+    y = first_tensor(out).float()
+    gen = torch.Generator().manual_seed(LOSS_SEED)
+    return (y * torch.randn(y.shape, generator=gen, device=y.device)).mean()
+
+
 def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> Fp8Graph:
     """Convert ``model`` with torchao, trace it on fake tensors under CPU bf16 autocast.
 
-    ``train`` traces forward + ``sum`` loss + ``torch.autograd.grad`` of the parameters (the
-    backward outside autocast, as PyTorch's AMP recipe runs it).
+    ``train`` traces forward + :func:`train_loss` + ``torch.autograd.grad`` of the parameters
+    (the backward outside autocast, as PyTorch's AMP recipe runs it).
 
     >>> m = ModelInputs("mlp", nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)),
     ...                 (torch.randn(8, 32),))
@@ -262,27 +384,53 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
 
     plans = plan_model(model.module, recipe)
     converted = convert(model.module, recipe)
-    # MX: each MXTensor weight enters as its inner tensors and is rebuilt inside the trace,
-    # so torchao's dispatch on it (activation quantization, GEMM) is traced too.
-    mx = recipe.name in MX_NAMES
-    if mx and train:
+    # MX: each MXTensor weight (MoE: each MXFP8 training wrapper) enters as its inner tensors
+    # and is rebuilt inside the trace, so torchao's dispatch on it (activation quantization,
+    # GEMM; the MoE's autograd function, forward and backward) is traced too.
+    mx = recipe.name in MX_NAMES + MOE_NAMES
+    if recipe.name in MX_NAMES and train:
         raise SettingError(f"{recipe.spelling}: {MX_GRAPH}; give --pass forward")
     named = {**dict(converted.named_parameters()), **dict(converted.named_buffers())}
     flat, subclasses = flatten(named) if mx else (named, {})
     state, args, kwargs = _fake_inputs(converted, model, flat)
 
     def forward(state: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        full = unflatten(state, subclasses)
         with torch.autocast("cpu", torch.bfloat16):
-            out = torch.func.functional_call(converted, unflatten(state, subclasses), args,
-                                             kwargs)
+            out = torch.func.functional_call(converted, full, args, kwargs)
         if not train:
             return out
-        params = [v for v in state.values() if v.requires_grad]
-        loss = first_tensor(out).float().sum()
-        return out, torch.autograd.grad(loss, params, allow_unused=True)
+        params = [v for v in full.values() if v.requires_grad]
+        return out, torch.autograd.grad(train_loss(out), params, allow_unused=True)
 
-    with _marking(converted):
-        gm = make_fx(forward, tracing_mode="fake")(state, args, kwargs)
+    import logging
+
+    # A fake kernel that refuses its operands is logged by torch before it raises: the
+    # SettingError below says it in one line.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    was, fake_log.disabled = fake_log.disabled, recipe.name in MOE_NAMES
+    try:
+        with _marking(converted):
+            gm = make_fx(forward, tracing_mode="fake")(state, args, kwargs)
+    except AssertionError as exc:
+        if recipe.name in MOE_NAMES and "SM100" in str(exc):
+            from ampgraph.fp8.moe import SM100
+
+            raise SettingError(f"{recipe.spelling}: {SM100}") from None
+        raise
+    except RuntimeError as exc:
+        if recipe.name in MOE_NAMES and "mat_" in str(exc):
+            from ampgraph.fp8.moe import MIXED_GROUPED
+
+            why = MIXED_GROUPED if "dtype to match" in str(exc) else (
+                "torch._grouped_mm's fake kernel (torch's meta registration) refuses its "
+                "operands, which the CPU kernel runs: a grouped GEMM left in fp32 (experts "
+                "filtered; CPU autocast has no rule for it) cannot be traced")
+            raise SettingError(f"{recipe.spelling}: {why} ({str(exc).splitlines()[0]})"
+                               ) from None
+        raise
+    finally:
+        fake_log.disabled = was
     return Fp8Graph(recipe, plans, annotate(gm), gm)
 
 

@@ -68,7 +68,8 @@ def flatten(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
     for key, value in state.items():
         if is_traceable_wrapper_subclass(value):
             names, ctx = value.__tensor_flatten__()
-            subs[key] = (type(value), names, ctx, value.shape, value.stride())
+            subs[key] = (type(value), names, ctx, value.shape, value.stride(),
+                         value.requires_grad)
             plain.update({f"{key}::{n}": getattr(value, n) for n in names})
         else:
             plain[key] = value
@@ -76,9 +77,10 @@ def flatten(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
 
 
 def unflatten(plain: dict[str, Any], subs: dict[str, Any]) -> dict[str, Any]:
-    """The state :func:`flatten` took apart, its subclasses rebuilt from ``plain``'s tensors."""
+    """The state :func:`flatten` took apart, its subclasses rebuilt from ``plain``'s tensors
+    (a trainable one, torchao's MXFP8 training weight, as a leaf that requires grad again)."""
     state = {k: v for k, v in plain.items() if "::" not in k}
-    for key, (cls, names, ctx, shape, stride) in subs.items():
+    for key, (cls, names, ctx, shape, stride, grad) in subs.items():
         inner = {n: plain[f"{key}::{n}"] for n in names}
-        state[key] = cls.__tensor_unflatten__(inner, ctx, shape, stride)
+        state[key] = cls.__tensor_unflatten__(inner, ctx, shape, stride).requires_grad_(grad)
     return state

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampgraph.fp8.graph import GEMM_OPS, Fp8Graph, first_tensor, short
+from ampgraph.fp8.graph import GEMM_OPS, Fp8Graph, short, train_loss
 from ampgraph.errors import SettingError
-from ampgraph.fp8.recipes import MX_NAMES, Fp8Recipe, convert
+from ampgraph.fp8.recipes import MOE_NAMES, MX_NAMES, Fp8Recipe, convert
 from ampgraph.model.build import ModelInputs
 
 
@@ -80,12 +80,14 @@ def real_gemms(
 
     ``state`` holds real CPU tensors for every parameter and buffer (fp32 weights).
     """
-    if recipe.name in MX_NAMES:
-        # torchao quantizes the real weights once (MXTensor): the run takes them as they are.
-        if recipe.kernel != "emulated" or train:
+    if recipe.name in MX_NAMES + MOE_NAMES:
+        # torchao quantizes the real weights once (MXTensor) or wraps them (the MoE's MXFP8
+        # training weights): the run takes them as they are.
+        if recipe.kernel != "emulated" or (train and recipe.name in MX_NAMES):
             raise SettingError(f"{recipe.spelling}: the CPU's _scaled_mm refuses E8M0 block "
-                               "scales (an SM100 GPU's GEMM) and MX has no training Linear: "
-                               "check kernel=emulated, forward")
+                               "scales (an SM100 GPU's GEMM) and dense MX has no training "
+                               "Linear here: check kernel=emulated (forward; a MoE's "
+                               "torchao:mxfp8_rceil trains)")
         real = copy.deepcopy(model.module).to_empty(device="cpu")
         real.load_state_dict(state, strict=False, assign=True)
         converted = convert(real, recipe)
@@ -96,7 +98,8 @@ def real_gemms(
     names = [k for k, _ in converted.named_parameters()]
     buffers = [k for k, _ in converted.named_buffers()]
     state = {k: state[k].detach().clone() for k in names + buffers if k in state}
-    wants = {k for k, p in converted.named_parameters() if p.requires_grad}  # not MXTensors
+    # Not MXTensors (frozen); the MoE's wrapped expert weights train.
+    wants = {k for k, p in converted.named_parameters() if p.requires_grad}
     params = {k: state[k].requires_grad_() for k in names if k in state and k in wants}
     log = _GemmLog()
     try:
@@ -104,8 +107,7 @@ def real_gemms(
             with torch.autocast("cpu", torch.bfloat16):
                 out = torch.func.functional_call(converted, state, model.args, model.kwargs)
             if train:
-                loss = first_tensor(out).float().sum()
-                torch.autograd.grad(loss, [p for p in params.values()], allow_unused=True)
+                torch.autograd.grad(train_loss(out), [p for p in params.values()], allow_unused=True)
     except RuntimeError as exc:
         # A kernel that refuses its operands (torch.mm of bf16 and fp32) is a result: the
         # proof compares it with the graph's prediction of a mixed-dtype GEMM.

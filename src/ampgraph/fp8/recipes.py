@@ -2,10 +2,12 @@
 
 A recipe is spelled ``torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_filter=true]``: ``NAME`` is one of
 torchao's ``Float8LinearRecipeName`` values (``tensorwise``, ``rowwise``,
-``rowwise_with_gw_hp``); ``filter_fqns`` are module-name fragments kept in bf16, matched as
-torchtitan's ``filter_fqns`` are (a fragment anywhere in the name); ``auto_filter`` adds
-torchao's own size rule (``_auto_filter_for_recipe``: dims not multiples of 16, or too small to
-gain on an H100). Nothing here re-implements torchao: the formats are read from its
+``rowwise_with_gw_hp``), torchao's MX names (``mxfp8``, ``mxfp8_floor``: dense Linears, the
+inference workflow) or its ``MXFP8TrainingRecipe`` values (``mxfp8_rceil``,
+``mxfp8_rceil_wgrad_with_hp``: a MoE's grouped GEMMs, :mod:`ampgraph.fp8.moe`);
+``filter_fqns`` are module-name fragments kept in bf16, matched as torchtitan's ``filter_fqns``
+are (a fragment anywhere in the name); ``auto_filter`` adds torchao's own size rule
+(``_auto_filter_for_recipe``: dims not multiples of 16, or too small to gain on an H100). Nothing here re-implements torchao: the formats are read from its
 ``Float8LinearConfig``, the decisions are its filter's, the conversion is its
 ``convert_to_float8_training``; this module only says why, in words.
 """
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from ampgraph.errors import SettingError, clip
+from ampgraph.fp8.moe import MOE_NAMES
 from ampgraph.torchutil import quiet_library_imports
 
 #: torchao's recipe names (``Float8LinearRecipeName``'s values), in the order of the docs.
@@ -32,8 +35,11 @@ MX_NAMES = ("mxfp8", "mxfp8_floor")
 MX_GRAPH = (
     "torchao 0.18 has no dense MX training Linear (MXLinearConfig is gone; its "
     "MXFP8TrainingOpConfig wraps MoE grouped GEMMs): the MX graph is its inference workflow's "
-    "forward (MXDynamicActivationMXWeightConfig), and fp8-ranges predicts the forward's survival"
+    "forward (MXDynamicActivationMXWeightConfig), and fp8-ranges predicts the forward's survival; "
+    "a MoE's grouped GEMMs train in MXFP8 under torchao:mxfp8_rceil (forward and backward)"
 )
+#: Every name after ``torchao:``.
+ALL_NAMES = RECIPE_NAMES + MX_NAMES + MOE_NAMES
 #: The three GEMMs of a Linear and their operands, as ``Float8LinearConfig`` names their casts:
 #: ``output = input @ weight.t()``, ``grad_input = grad_output @ weight``,
 #: ``grad_weight = grad_output.t() @ input``.
@@ -72,7 +78,7 @@ class Fp8Recipe:
     name: str
     filter_fqns: tuple[str, ...] = ()
     auto_filter: bool = False
-    #: MX only: torchao's ``KernelPreference`` (``auto``: ``_scaled_mm`` on E8M0 block scales,
+    #: MX and MoE only: torchao's ``KernelPreference`` (``auto``: ``_scaled_mm`` on E8M0 block scales,
     #: an SM100 GPU's GEMM; ``emulated``: dequantized to bf16, which the CPU runs).
     kernel: str = "auto"
 
@@ -93,6 +99,10 @@ class Fp8Recipe:
         """What happens to a Linear the recipe takes."""
         if self.name in MX_NAMES:
             return "weight quantized to an MXTensor (MXDynamicActivationMXWeightConfig)"
+        if self.name in MOE_NAMES:
+            from ampgraph.fp8.moe import CONVERTED
+
+            return CONVERTED
         return "converted to Float8Linear"
 
     def with_filter(self, fqns: tuple[str, ...]) -> Fp8Recipe:
@@ -102,14 +112,14 @@ class Fp8Recipe:
 
     def config(self) -> Any:
         """torchao's ``Float8LinearConfig`` for this recipe."""
-        if self.name in MX_NAMES:
-            raise SettingError(MX_GRAPH)
+        if self.name in MX_NAMES + MOE_NAMES:
+            raise SettingError(f"{self.name} has no Float8LinearConfig: {MX_GRAPH}")
         return torchao_float8().Float8LinearConfig.from_recipe_name(self.name)
 
     def module_filter_fn(self) -> Callable[[nn.Module, str], bool]:
         """The ``module_filter_fn`` handed to ``convert_to_float8_training``: True converts."""
         if self.auto_filter:
-            if self.name in MX_NAMES:
+            if self.name in MX_NAMES + MOE_NAMES:
                 raise SettingError(f"torchao has no auto filter for {self.name}: give filter_fqns=")
             torchao_float8()
             from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
@@ -132,16 +142,16 @@ def parse_fp8_recipe(text: str) -> Fp8Recipe:
     >>> parse_fp8_recipe("torchao:fp4")
     Traceback (most recent call last):
     ...
-    ampgraph.errors.SettingError: unknown torchao float8 recipe 'fp4': write torchao: with one of tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, mxfp8_floor
+    ampgraph.errors.SettingError: unknown torchao float8 recipe 'fp4': write torchao: with one of tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, mxfp8_floor, mxfp8_rceil, mxfp8_rceil_wgrad_with_hp
     """
     family, sep, rest = text.strip().partition(":")
     if family.strip().lower() != "torchao" or not sep:
         raise SettingError(f"malformed FP8 recipe {clip(text)}: write e.g. torchao:rowwise")
     name, *parts = [p.strip() for p in rest.split(",")]
-    if name.lower() not in RECIPE_NAMES + MX_NAMES:
+    if name.lower() not in ALL_NAMES:
         raise SettingError(
             f"unknown torchao float8 recipe {clip(name)}: write torchao: with one of "
-            + ", ".join(RECIPE_NAMES + MX_NAMES)
+            + ", ".join(ALL_NAMES)
         )
     fqns: tuple[str, ...] = ()
     auto = False
@@ -155,7 +165,7 @@ def parse_fp8_recipe(text: str) -> Fp8Recipe:
             fqns += read_filter_file(value.strip())
         elif key == "auto_filter" and value.strip().lower() in ("true", "false", "1", "0"):
             auto = value.strip().lower() in ("true", "1")
-        elif key == "kernel" and name.lower() in MX_NAMES and value.strip().lower() in (
+        elif key == "kernel" and name.lower() in MX_NAMES + MOE_NAMES and value.strip().lower() in (
                 "auto", "emulated"):
             kernel = value.strip().lower()
         else:
@@ -276,6 +286,10 @@ def plan_model(module: nn.Module, recipe: FilteredRecipe) -> list[LinearPlan]:
     "filtered by name (matches '1')"
     """
     keep = recipe.module_filter_fn()
+    if recipe.name in MOE_NAMES:
+        from ampgraph.fp8.moe import expert_plans
+
+        return [LinearPlan(*p) for p in expert_plans(module, keep, recipe.filter_fqns)]
     plans = []
     for fqn, mod in module.named_modules():
         weight = getattr(mod, "weight", None)
@@ -316,6 +330,10 @@ def convert(module: nn.Module, recipe: Fp8Recipe) -> nn.Module:
         from ampgraph.fp8.mx import quantize_mx
 
         return quantize_mx(module, recipe.name, recipe.kernel, recipe.module_filter_fn())
+    if recipe.name in MOE_NAMES:
+        from ampgraph.fp8.moe import convert_moe
+
+        return convert_moe(module, recipe.name, recipe.kernel, recipe.module_filter_fn())
     out = copy.deepcopy(module)
     return float8.convert_to_float8_training(  # type: ignore[no-any-return]
         out, config=recipe.config(), module_filter_fn=recipe.module_filter_fn()

@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from ampgraph.errors import SettingError
-from ampgraph.fp8.graph import first_tensor
+from ampgraph.fp8.graph import train_loss
 from ampgraph.fp8.recipes import (
+    MOE_NAMES,
     MX_GRAPH,
     Fp8Recipe,
     operand_formats,
@@ -260,6 +261,10 @@ def recipe_operands(recipe: AnyRecipe, *, train: bool = False) -> dict[str, tupl
     """
     if isinstance(recipe, TeRecipe):
         return recipe.operands(train=train)
+    if recipe.name in MOE_NAMES:
+        from ampgraph.ranges.fp8_moe import moe_operand_formats
+
+        return moe_operand_formats(recipe, train=train)
     if recipe.name in MX_RECIPES:
         if train:
             raise SettingError(f"{recipe.name}: {MX_GRAPH}; its backward operands are not "
@@ -301,7 +306,12 @@ def linear_operands(
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Each converted Linear's input (rows of K) and weight from one real fp32 run; with
     ``train``, its ``grad_output`` (rows of N) too, from the real fp32 backward of the loss
-    ``ampgraph fp8 --pass train`` traces (the model's first floating output, summed)."""
+    ``ampgraph fp8 --pass train`` traces (:func:`ampgraph.fp8.graph.train_loss`). A MoE
+    recipe's records are its grouped GEMMs' (:func:`ampgraph.ranges.fp8_moe.moe_operands`)."""
+    if recipe.name in MOE_NAMES:
+        from ampgraph.ranges.fp8_moe import moe_operands
+
+        return moe_operands(model, recipe, state, train=train)  # type: ignore[arg-type]
     converted = {p.fqn for p in plan_model(model.module, recipe) if p.converted}
     if recipe.name in MX_RECIPES:  # MX blocks run along K: K must be a multiple of 32
         converted = {f for f in converted
@@ -328,16 +338,28 @@ def linear_operands(
         with torch.set_grad_enabled(train):
             out = torch.func.functional_call(model.module, params, model.args, model.kwargs)
             if train:
-                loss = first_tensor(out).float().sum()
-                torch.autograd.grad(loss, trainable, allow_unused=True)
+                torch.autograd.grad(train_loss(out), trainable, allow_unused=True)
     finally:
         for h in hooks:
             h.remove()
     return seen
 
 
+def _operands(tensors: dict[str, torch.Tensor], role: str) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of each operand ``role`` of one record: a Linear's one, or each grouped
+    GEMM's of a MoE record (``w1.input``, ``w2.input``)."""
+    grouped = [(k, v) for k, v in tensors.items() if k.partition(".")[2] == role]
+    if grouped:
+        return grouped
+    x = _operand(tensors, role)
+    return [] if x is None else [(role, x)]  # no grad_output: the output misses the loss
+
+
 def _operand(tensors: dict[str, torch.Tensor], role: str) -> torch.Tensor | None:
-    """The operand ``role`` as torchao casts it, the reduction dimension last."""
+    """The operand ``role`` as torchao casts it, the reduction dimension last (a MoE record's
+    ``WEIGHT.ROLE``, laid out so already)."""
+    if "." in role:
+        return tensors.get(role)
     source, transposed = OPERAND_SOURCES[role]
     x = tensors.get(source)
     return x.t().contiguous() if x is not None and transposed else x
@@ -358,9 +380,8 @@ def survival_table(
         if fqn not in converted:  # a record made before the advisor's filter
             continue
         for role, (fmt, scaling, pow2) in ops.items():
-            x = _operand(tensors, role)
-            if x is not None:  # no grad_output: the output does not reach the loss
-                rows.append(OperandRow(fqn, role, fmt, scaling, pow2,
+            for name, x in _operands(tensors, role):
+                rows.append(OperandRow(fqn, name, fmt, scaling, pow2,
                                        predict(x, fmt, scaling, pow2=pow2)))
     return sorted(rows, key=lambda r: (-r.survival.zero_share, -r.survival.saturated_share,
                                        -r.survival.rel_error, r.module, r.operand))
