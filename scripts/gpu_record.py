@@ -141,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ampgraph.model.build import load_model
     from ampgraph.settings import seed_matrix
     from ampgraph.formats.outputs import write_verify_record
+    from ampgraph.formats.verify import summary_line
     from ampgraph.verify import device_name, verify, verify_record
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "error": str(exc)})  # fmt: skip
                     print(f"{spec} {setting.name} {amp}: error: {exc}", file=sys.stderr)
                     continue
-                print(result.summary_line(), file=sys.stderr)
+                print(summary_line(result), file=sys.stderr)
                 results.append(result)
     name = device_name(args.device)
     extra = {

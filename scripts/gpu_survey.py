@@ -225,6 +225,7 @@ class CaseRun:
 def run_case(name: str, amp: str, setting_names: Sequence[str], device: str) -> list[CaseRun]:
     """``verify`` of one case in each setting; an error (ampgraph's or the case's) is a row."""
     from ampgraph.errors import first_line
+    from ampgraph.formats.verify import disagreement_lines, summary_line
     from ampgraph.model.build import ModelInputs
     from ampgraph.settings import seed_matrix
     from ampgraph.verify import verify
@@ -244,8 +245,8 @@ def run_case(name: str, amp: str, setting_names: Sequence[str], device: str) -> 
             rows.append(CaseRun(name, klass, amp, setting.name, False,
                                 error=f"{type(exc).__name__}: {first_line(exc)}"))  # fmt: skip
             continue
-        rows.append(CaseRun(name, klass, amp, setting.name, result.ok, result.summary_line(),
-                            result.disagreement_lines(), result.eager_hooks))  # fmt: skip
+        rows.append(CaseRun(name, klass, amp, setting.name, result.ok, summary_line(result),
+                            disagreement_lines(result), result.eager_hooks))  # fmt: skip
     return rows
 
 

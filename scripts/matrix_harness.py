@@ -196,6 +196,7 @@ def verify_cpu(model: ModelInputs, setting_name: str, amp: str = "bf16") -> Veri
 
     from ampgraph.errors import AmpgraphError
     from ampgraph.settings import Setting
+    from ampgraph.formats.verify import disagreement_lines
     from ampgraph.verify import verify
 
     start = time.perf_counter()
@@ -211,7 +212,7 @@ def verify_cpu(model: ModelInputs, setting_name: str, amp: str = "bf16") -> Veri
             (counts[k].agree, counts[k].total) for k in ("nodes", "modules", "casts")
         )
         out.disagreements = len(result.disagreements)
-        lines = result.disagreement_lines()
+        lines = disagreement_lines(result)
         out.first = lines[0].strip() if lines else None
     out.seconds = time.perf_counter() - start
     return out

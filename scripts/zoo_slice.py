@@ -82,6 +82,7 @@ def survey(names: Sequence[str], amps: Sequence[str], settings: Sequence[str], d
     passed; and the types not reached."""
     from ampgraph.errors import first_line
     from ampgraph.settings import seed_matrix
+    from ampgraph.formats.verify import disagreement_lines, summary_line
     from ampgraph.verify import verify
 
     start, rows = time.perf_counter(), []
@@ -98,7 +99,7 @@ def survey(names: Sequence[str], amps: Sequence[str], settings: Sequence[str], d
             except Exception as exc:  # noqa: BLE001 - a crash of ampgraph is a finding
                 row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
             else:
-                row.update(ok=result.ok, summary=result.summary_line(),
-                           disagreements=result.disagreement_lines())  # fmt: skip
+                row.update(ok=result.ok, summary=summary_line(result),
+                           disagreements=disagreement_lines(result))  # fmt: skip
             rows.append(row)
     return rows, []
