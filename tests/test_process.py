@@ -21,6 +21,7 @@ import pytest
 
 from ampgraph.pipeline.run import analyze_spec, frozen_imports
 from ampgraph.pipeline.workers import default_workers
+from tests.terminal import as_from_a_terminal
 
 beside_only = pytest.mark.skipif(
     default_workers() < 2, reason="the analysis runs beside the caller on two cores or more"
@@ -201,12 +202,14 @@ def test_a_worker_leaves_ctrl_c_to_its_parent() -> None:
     code = """
         import multiprocessing as mp, os, signal, time
         from ampgraph.pipeline.workers import die_with_parent
-        def work(parent):
+        def work(parent, ready):
             die_with_parent(parent)
+            ready.set()  # Ctrl-C is the parent's from here on, however slow the machine
             time.sleep(2)
-        p = mp.get_context("fork").Process(target=work, args=(os.getpid(),))
+        ready = mp.get_context("fork").Event()
+        p = mp.get_context("fork").Process(target=work, args=(os.getpid(), ready))
         p.start()
-        time.sleep(0.5)
+        assert ready.wait(120)
         os.kill(p.pid, signal.SIGINT)
         p.join()
         print(p.exitcode)
@@ -227,8 +230,10 @@ def test_a_worker_leaves_ctrl_c_to_its_parent() -> None:
 )
 def test_the_cli_stops_its_workers_on_ctrl_c(tmp_path: Path, command: list[str]) -> None:
     env = {**os.environ, "AMPGRAPH_CACHE_DIR": str(tmp_path / "cache")}
+    # SIGINT at its default however the suite was started: a shell without job control starts a
+    # background job with it ignored, and Python then leaves it so (no KeyboardInterrupt).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ampgraph", *command],
+        as_from_a_terminal("-m", "ampgraph", *command),
         env=env, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
@@ -245,19 +250,25 @@ def test_the_cli_stops_its_workers_on_ctrl_c(tmp_path: Path, command: list[str])
                 found.append(int(stat.parent.name))
         return found
 
-    for _ in range(600):  # until the command has a second process, working for seconds more
-        if len(session()) > 1:
-            break
+    def waiting() -> bool:
+        """Whether the command has a second process and waits for it (sleeps: state S). Past
+        the fork itself: a SIGINT that lands in Python's after-fork callbacks, which never
+        sleep, is printed as "Exception ignored" and lost, in any program that forks."""
+        try:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state == "S" and len(session()) > 1
+
+    end = time.monotonic() + 120  # however long a loaded machine takes to get there
+    while not waiting():
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate(timeout=60)
         time.sleep(0.05)
-    # Past the fork itself: a SIGINT that lands in Python's after-fork callbacks is printed as
-    # "Exception ignored" and lost, in any program that forks.
-    time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err.strip() == "Aborted!", err
-    for _ in range(100):  # a worker ends on its parent's SIGTERM, a moment after it
-        if not session():
-            break
+    end = time.monotonic() + 30  # a worker ends on its parent's SIGTERM, a moment after it
+    while session() and time.monotonic() < end:
         time.sleep(0.05)
     assert session() == []
     assert not (tmp_path / "figures").exists()

@@ -60,7 +60,7 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def opened(browser: Browser, page: Path) -> None:
     browser.open(page.as_uri())
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a loaded machine's Chromium takes its time
     while not browser.evaluate("!!(window.ampgraph && window.ampgraph.firstPaint)"):
         assert time.monotonic() < deadline, "the page never painted"
         time.sleep(0.05)

@@ -310,8 +310,12 @@ class Group:
 
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
-        for signum in (signal.SIGTERM, signal.SIGHUP):  # not the parent's (signals_stop)
-            signal.signal(signum, signal.SIG_DFL)
+        # The parent's handlers (signals_stop's) are not this process's. SIGTERM is the
+        # default, as end() needs; SIGHUP too, unless the command was started with it ignored
+        # (nohup): then the model's code, and what it starts, ignore a hangup as ampgraph does.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
         die_with_parent(parent, signal.SIGKILL)
         with contextlib.suppress(OSError):
             null = os.open(os.devnull, os.O_RDONLY)
@@ -371,7 +375,10 @@ class Group:
     def signals_stop() -> Iterator[None]:
         """SIGTERM and SIGHUP to this process (``kill``, a closed terminal) end it by
         ``SystemExit(128 + signal)``, so that :meth:`end` runs as it unwinds; where the
-        process has a handler of its own, or this is not the main thread, nothing changes."""
+        process has a handler of its own, or this is not the main thread, nothing changes.
+        Nor where it was started with the signal ignored (``nohup``, which Unix keeps across
+        ``exec``): a hangup is then meant to end neither this process nor its analysis
+        (:meth:`enter` keeps it ignored there too), and both run on together."""
         import signal
         import threading
 
