@@ -151,13 +151,24 @@ def _switching() -> ModelInputs:
     return ModelInputs("switching", Switching().eval(), (torch.randn(2, 4),))
 
 
-def test_the_zoo_compares_a_first_forward_with_a_first_forward() -> None:
-    harness = load_file(ROOT / "scripts" / "zoo.py")
+def test_a_forward_that_rebuilds_the_model_leaves_it_as_it_was() -> None:
+    """The capture's forward switched the model; the eager hooks run after it took the second
+    forward's path and printed the new Dropout, which no first forward (the capture's, a real
+    run's with hooks registered before it) prints. The model is now left as it was."""
     model = _switching()
     setting = Setting.parse("amp-fp32")
     ours = hook_lines(analyze(model, setting))
-    after = eager_hook_lines(model, setting)  # the model the capture's forward switched
-    assert len(after) == len(ours) + 1 and "[attn.dropout]" in after[1]  # the new Dropout's
-    assert eager_hook_lines(_switching(), setting) == ours
+    assert type(model.module.attn) is Sparse  # before: Full, built by the capture's forward
+    assert eager_hook_lines(model, setting) == ours == eager_hook_lines(_switching(), setting)
+    switched = _switching()
+    switched.module(*switched.args)  # a second forward's hooks see the Dropout
+    after = eager_hook_lines(switched, setting)
+    assert len(after) == len(ours) + 1 and "[attn.dropout]" in after[1]
+    result = verify(_switching(), Setting.parse("amp-fp32", device_type="cpu"))
+    assert result.ok, result.disagreements
+
+
+def test_the_zoo_runs_the_eager_hooks_on_a_fresh_model() -> None:
+    harness = load_file(ROOT / "scripts" / "zoo.py")
     cell = harness._check(_switching(), "amp-fp32", "bf16", _switching())
-    assert cell["agrees"] and cell["hooks"][0] == cell["hooks"][1] == len(ours)
+    assert cell["agrees"] and cell["hooks"][0] == cell["hooks"][1] == 2
