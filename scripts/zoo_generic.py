@@ -96,6 +96,8 @@ def _scalar(key: str, value: int, d: dict[str, Any], widths: set[int]) -> int:
         return min(value, 2)
     if value in widths and DIM_LIKE.search(key) and not NOT_DIM.search(key):
         return 32  # a width under another name, tied to the shrunk one
+    if value in widths and key.endswith("_groups"):
+        return 32  # a depthwise convolution's groups, one per channel (Mimi's upsample_groups)
     return value
 
 
@@ -183,6 +185,7 @@ def shrink(
             out[key] = _scalar(key, value, d, widths)
         elif isinstance(value, list) and _per_layer_list(key, value, d, counts):
             out[key] = value[:2] if _ints(value) else _per_layer(value, 2)  # follow the depth
+            out[key] = _list(key, out[key]) if key in LIST_DEPTH else out[key]  # one block each
         elif isinstance(value, list):
             out[key] = _list(key, value, widths)
         elif isinstance(value, dict) and "layer" in key and all(str(k).isdigit() for k in value):
@@ -207,8 +210,10 @@ def _per_layer_list(key: str, value: list[Any], d: dict[str, Any], counts: set[i
     """Whether ``value`` has one entry per layer: as long as ``num_hidden_layers``, or a list
     of layer kinds (not numbers: a per-stage list of heads is as long as a stage count) as long
     as another depth (GPT-Neo's ``attention_layers`` and ``num_layers``)."""
-    if key in LIST_DEPTH or not value:
+    if not value:
         return False
+    if key in LIST_DEPTH:  # blocks per layer, as many as the layers (Muse Spark's depths)
+        return len(value) == d.get("num_hidden_layers")
     return len(value) == d.get("num_hidden_layers") or (len(value) in counts and not _ints(value))
 
 
@@ -328,13 +333,24 @@ def _patches(config: Any) -> tuple[Any, Any]:
     two spatial merges wide (the encoder merges ``m x m`` patches into one token)."""
     import torch
 
-    merge = _find(config, "spatial_merge_size") or 2
-    temporal = _find(config, "temporal_patch_size") or 1
+    merge = _first(config, MERGE) or 2
+    merge = merge[0] if isinstance(merge, list) else merge  # Kimi's merge_kernel_size [2, 2]
+    temporal = _first(config, TEMPORAL) or 1
     patch = _find(config, "patch_size") or 14
     channels = _find(config, "in_channels") or _find(config, "num_channels") or 3
     grid = torch.tensor([[1, 2 * merge, 2 * merge]])
     flat = torch.rand(4 * merge * merge, channels * temporal * patch * patch)
     return flat, grid
+
+
+#: A packed-patch encoder's merge of ``m x m`` patches and temporal patch, under their names.
+MERGE = ("spatial_merge_size", "merge_size", "merge_kernel_size")
+TEMPORAL = ("temporal_patch_size", "patch_temporal")
+
+
+def _first(config: Any, keys: tuple[str, ...]) -> Any:
+    """The value of the first of ``keys`` that ``config`` (or a sub-config) has."""
+    return next((v for v in map(lambda k: _find(config, k), keys) if v is not None), None)
 
 
 def _past(config: Any) -> Any:
@@ -380,12 +396,22 @@ def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> di
     return out
 
 
+def _first_linear(model: Any) -> int | None:
+    """The input width of ``model``'s first ``nn.Linear`` (in module order), if any."""
+    from torch import nn
+
+    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    return None if first is None else first.in_features
+
+
 def inputs_for(model: Any) -> list[dict[str, Any]]:
     """Forward calls' inputs for ``model``, from its signature and ``main_input_name``, in the
     order tried: the main input alone (with what the forward requires beside it:
     :func:`_required`); with the other modality beside it (a dual encoder such as CLIP wants
-    both); audio as one channel ``(batch, 1, samples)`` (a codec's convolutions); with
-    ``use_cache=False`` (a hybrid cache that raises on a first call)."""
+    both); audio as one channel ``(batch, 1, samples)`` (a codec's convolutions) or in whole
+    frames of 96 samples and more; features as wide as the first linear reads them (frames
+    stacked); packed patches flat or each an image; with ``use_cache=False`` (a hybrid cache
+    that raises on a first call)."""
     import torch
 
     config = model.config
@@ -399,10 +425,15 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         "input_features": lambda: _features(config),
         "past_values": lambda: _past(config),
     }
-    if "grid_thw" in params:  # a vision encoder of packed patches (qwen-VL, GLM-4V...)
+    grid_name = next((k for k in params if k.endswith("grid_thw")), None)
+    first = next(iter(params))
+    if grid_name and first != "input_ids":  # a vision encoder of packed patches (qwen-VL, GLM-4V)
         flat, grid = _patches(config)
-        first = next(iter(params))
-        return [{first: flat, "grid_thw": grid}]
+        # flat rows of patches, or each patch as an image (Kimi-K2.5's patch embedding convolves)
+        channels = _find(config, "in_channels") or _find(config, "num_channels") or 3
+        side = _find(config, "patch_size") or 14
+        square = flat.reshape(len(flat), channels, -1, side, side).squeeze(2)
+        return [{first: flat, grid_name: grid}, {first: square, grid_name: grid}]
     main = getattr(model, "main_input_name", "input_ids")
     main = main if main in params else next((k for k in makers if k in params), main)
     if main not in makers:
@@ -417,10 +448,17 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
     other = {"input_ids": "pixel_values", "pixel_values": "input_ids"}.get(main)
     if other in params:
         tries.append({**inputs, other: makers[other]()})
-    if main == "input_values":
-        tries.append({main: inputs[main][:, None]})
+    if main == "input_values":  # one channel; a length of whole frames of 96 samples and more
+        tries += [{main: inputs[main][:, None]}, {**inputs, main: torch.rand(BATCH, 3840)}]
     if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
         tries.append({**inputs, main: inputs[main].transpose(1, 2)})
+    if main == "input_features":  # frames stacked as the first linear reads them (Granite
+        width = _first_linear(model)  # Speech 5's 4 frames of mel bins, Fun-ASR's 7)
+        if width and width != inputs[main].shape[-1]:
+            stacked = torch.rand(BATCH, 40, width)
+            masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
+                     if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
+            tries.append({**inputs, main: stacked, **masks})
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
     return tries

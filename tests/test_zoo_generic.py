@@ -106,3 +106,48 @@ def test_a_disabled_part_stays_disabled() -> None:
         "qk_rope_head_dim": 0, "head_dim": 8}
     config, _ = GENERIC.generic("glm5_next_text")
     assert config.num_hidden_layers == 2
+
+
+def test_packed_patches_under_other_names() -> None:
+    """A packed-patch vision encoder names its merge and temporal patch otherwise (Muse Spark's
+    ``merge_size``, ``patch_temporal``), its grid otherwise, or convolves each patch as an image
+    (Kimi-K2.5): the patches are as wide as its embedding reads, and a multimodal model's
+    ``image_grid_thw`` beside ``input_ids`` does not make it an encoder of patches."""
+    config, inputs = GENERIC.generic("muse_spark_vision")
+    temporal, patch = config.patch_temporal, config.patch_size
+    assert inputs["pixel_values"].shape[1] == 3 * temporal * patch * patch  # RGB
+    assert inputs["grid_thw"].tolist() == [[1, 2 * config.merge_size, 2 * config.merge_size]]
+    config, inputs = GENERIC.generic("kimi_k25_vision")
+    assert inputs["pixel_values"].dim() == 4 and inputs["pixel_values"].shape[-1] == 14
+    _, inputs = GENERIC.generic("muse_spark")
+    assert "input_ids" in inputs and "image_grid_thw" not in inputs
+
+
+def test_a_depthwise_convolution_keeps_one_group_per_channel() -> None:
+    """Mimi's upsampling convolution has as many groups as channels (``upsample_groups`` 512,
+    its width): the groups follow the shrunk width, or the channels do not divide."""
+    config, _ = GENERIC.generic("mimi")
+    assert config.upsample_groups == config.hidden_size == 32
+    assert GENERIC.shrink({"hidden_size": 512, "num_groups": 512}, {})["num_groups"] == 1
+
+
+def test_blocks_per_layer_follow_the_depth() -> None:
+    """Muse Spark's audio tower has per-layer patch sizes, widths and block counts, which its
+    validator requires as long as the layers; audio in whole frames of 96 samples."""
+    out = GENERIC.shrink({"num_hidden_layers": 4, "depths": [2, 2, 6, 2],
+                          "patch_sizes": [4, 2, 2, 2]}, {})  # fmt: skip
+    assert out["depths"] == [1, 1] and out["patch_sizes"] == [4, 2]
+    config, inputs = GENERIC.generic("muse_spark_audio")
+    assert len(config.depths) == config.num_hidden_layers == 2
+    assert inputs["input_values"].shape[-1] % 96 == 0
+
+
+def test_features_as_wide_as_the_first_linear_reads_them() -> None:
+    """Speech encoders that read frames stacked into one feature vector (Granite Speech 5's 4 mel
+    frames, Fun-ASR's 7) get features that wide, their mask as long as the frames."""
+    config, inputs = GENERIC.generic("granite_speech5_encoder")
+    assert inputs["input_features"].shape[-1] == 4 * config.num_mel_bins
+    config, inputs = GENERIC.generic("fun_asr_nano_encoder")
+    features = inputs["input_features"]
+    assert features.shape[-1] == config.num_stacked_frames * config.num_mel_bins
+    assert tuple(inputs["input_features_mask"].shape) == tuple(features.shape[:2])

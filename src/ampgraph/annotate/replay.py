@@ -40,6 +40,8 @@ from ampgraph.errors import first_line
 from ampgraph.settings import Setting
 from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, torch_dtype
 
+#: What a C++ kernel says of a size given as a symbolic expression (a data-dependent size's).
+CONCRETE_ONLY = "expected to contain only concrete integers"
 ASSERT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range"}
 
 
@@ -263,6 +265,26 @@ class FakeReplay(fx.Interpreter):
             return self.execute(n, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
             message = first_line(exc)
+            if CONCRETE_ONLY in message:
+                return self._through_python_kernels(n, args, kwargs)
+            value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
+            self.on_error(n, value)
+            return value
+
+    def _through_python_kernels(
+        self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``n`` run as the trace ran it, through torch's Python kernels: its sizes are
+        expressions of a data-dependent size (GLM-5-Next's indexer pads to a fixed width, ``pad
+        = 2063 - (16*u0 + 15)``), which the C++ kernel (``aten.pad``'s) takes only as numbers;
+        the Python one computes the output's size from them (``2063``), as the trace did."""
+        from torch._dispatch.python import enable_python_dispatcher
+
+        try:
+            with enable_python_dispatcher():
+                return self.execute(n, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
+            message = first_line(exc)
             value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
             self.on_error(n, value)
             return value
@@ -335,6 +357,7 @@ def is_getitem(target: Any) -> bool:
 
 
 __all__ = [
+    "CONCRETE_ONLY",
     "Failed",
     "FakeReplay",
     "StrictDtypeMode",

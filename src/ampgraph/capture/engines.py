@@ -100,14 +100,20 @@ def plain_outputs(value: Any) -> Any:
     ``EncoderDecoderCache`` in a ``use_cache=True`` output) made a dict of its attributes that
     hold tensors, so that the graph can return them: each is an output of the graph, under a
     path such as ``past_key_values.self_attention_cache.layers.0.keys``. An object holding no
-    tensor stays as it is.
+    tensor that fx can hold as a constant (an enum) stays as it is; one it cannot (transformers'
+    ``DummyLayer``, the cache entry of a hybrid model's attention-free layer, which a real run
+    returns) becomes a string saying what it was (:func:`no_tensor`): it has no dtype to analyse,
+    and the output node says where it was instead of the trace failing at its end.
 
     >>> class Cache:
     ...     def __init__(self):
     ...         self.keys, self.size = torch.zeros(1), 3
-    >>> out = plain_outputs({"logits": torch.ones(1), "cache": Cache()})
-    >>> sorted(out["cache"])
-    ['keys']
+    >>> class DummyLayer:
+    ...     def __init__(self):
+    ...         self.keys = None
+    >>> out = plain_outputs({"logits": torch.ones(1), "cache": [Cache(), DummyLayer()]})
+    >>> sorted(out["cache"][0]), out["cache"][1]
+    (['keys'], 'DummyLayer: no tensor (a real run returns the object; nothing to analyse)')
     """
     return _plain(value, set())
 
@@ -126,9 +132,30 @@ def _plain(value: Any, seen: set[int]) -> Any:
             for k, v in held.items()
             if any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(v))
         }
-        return kept or item
+        return kept or (item if _fx_constant(item) else no_tensor(item))
 
     return pytree.tree_map(leaf, value)
+
+
+def no_tensor(item: Any) -> str:
+    """What a graph's output says in place of ``item``, an object holding no tensor that fx
+    cannot hold (a returned cache's ``DummyLayer``).
+
+    >>> no_tensor(object())
+    'object: no tensor (a real run returns the object; nothing to analyse)'
+    """
+    return f"{type(item).__name__}: no tensor (a real run returns the object; nothing to analyse)"
+
+
+def _fx_constant(item: Any) -> bool:
+    """Whether fx can hold ``item`` as a constant of a node's arguments (an enum, a dtype)."""
+    tracer = fx.Tracer()
+    tracer.graph = fx.Graph()
+    try:
+        tracer.create_arg(item)
+    except NotImplementedError:  # "argument of type: <class ...>"
+        return False
+    return True
 
 
 @dataclass

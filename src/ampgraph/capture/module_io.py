@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -243,4 +245,38 @@ class ModuleIORecorder:
         return [(path, index, empty) for path, index, _size, empty in self.order]
 
 
-__all__ = ["HOOK_DTYPES", "NO_TENSOR", "ModuleIORecorder", "error_line"]
+
+@contextlib.contextmanager
+def modules_kept(root: nn.Module) -> Iterator[None]:
+    """``root`` and every module in it as they were on entry, on exit: each one's attributes
+    (its submodules, parameters, plain fields), put back one level deep. A forward that swaps a
+    submodule for a new one and sets a field saying so (BigBird's ``set_attention_type``) is
+    undone; what it changed inside a tensor is not.
+
+    >>> lin = nn.Linear(2, 2)
+    >>> with modules_kept(lin):
+    ...     lin.extra = nn.ReLU()
+    >>> hasattr(lin, "extra")
+    False
+    """
+    saved = [(mod, dict(vars(mod)), _tables(mod)) for mod in root.modules()]
+    try:
+        yield
+    finally:
+        for mod, attributes, tables in saved:  # every one: a changed tensor attribute has no ==
+            vars(mod).clear()
+            vars(mod).update(attributes)
+            for name, table in tables.items():  # in place: hooks and views hold these dicts
+                attributes[name].clear()
+                attributes[name].update(table)
+
+
+#: A module's tables of what ``setattr`` assigns (``self.attn = Full()`` writes ``_modules``).
+TABLES = ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set")
+
+
+def _tables(mod: nn.Module) -> dict[str, Any]:
+    return {name: type(vars(mod)[name])(vars(mod)[name]) for name in TABLES if name in vars(mod)}
+
+
+__all__ = ["HOOK_DTYPES", "NO_TENSOR", "ModuleIORecorder", "error_line", "modules_kept"]

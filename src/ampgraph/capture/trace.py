@@ -47,7 +47,7 @@ from ampgraph.capture.engines import (
     make_fx_available,
 )
 from ampgraph.capture.grad_params import mark_requires_grad
-from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line
+from ampgraph.capture.module_io import NO_TENSOR, ModuleIORecorder, error_line, modules_kept
 from ampgraph.capture.outputs import output_paths
 from ampgraph.capture.raises import as_a_real_run, on_a_real_run
 from ampgraph.capture.retrace import (
@@ -326,15 +326,19 @@ def capture(
     if tracer != EXPORT:
         engine = EXPORT
     recorder = ModuleIORecorder(model.module)
-    try:
-        found = _trace(model, setting, recorder, engine, training)
-    except OnARealRunPath as switch:  # export's path raised where a real run's does not
-        return _on_a_real_run_path(model, setting, training, engine, switch.why)
-    except CaptureError:
-        raise
-    except Exception as exc:  # export raises many types; all mean "this model did not trace"
-        return _after_failure(model, setting, training, engine, exc)
-    return _assemble(model, setting, found, recorder, tracer, dtype_branches, training)
+    # A forward may rebuild the model (BigBird's first forward on a short sequence switches to
+    # full attention, new modules): the model is left as it was, so that the next forward (the
+    # real run's, the eager hooks') takes the first forward's path, as this trace did.
+    with modules_kept(model.module):
+        try:
+            found = _trace(model, setting, recorder, engine, training)
+        except OnARealRunPath as switch:  # export's path raised where a real run's does not
+            return _on_a_real_run_path(model, setting, training, engine, switch.why)
+        except CaptureError:
+            raise
+        except Exception as exc:  # export raises many types; all mean "this model did not trace"
+            return _after_failure(model, setting, training, engine, exc)
+        return _assemble(model, setting, found, recorder, tracer, dtype_branches, training)
 
 
 def _trace(

@@ -31,10 +31,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._dispatch.python import enable_python_dispatcher
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.environment import in_analysis_environment
-from ampgraph.annotate.replay import not_analysable
+from ampgraph.annotate.replay import CONCRETE_ONLY, not_analysable
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
@@ -157,6 +158,22 @@ class LeafHooks:
 def eager_hook_lines(
     model: ModelInputs, setting: Setting, unbacked: dict[str, int] | None = None
 ) -> list[str]:
+    """:func:`_eager_hook_lines`; where a size computed from a data-dependent one reached a C++
+    kernel that takes only numbers (GLM-5-Next's indexer pads to a fixed width), the run again
+    through torch's Python kernels, which compute the output's size from the expression, as the
+    capture's trace does (:data:`ampgraph.annotate.replay.CONCRETE_ONLY`)."""
+    lines = _eager_hook_lines(model, setting, unbacked)
+    if not any(CONCRETE_ONLY in line for line in lines):
+        return lines
+    return _eager_hook_lines(model, setting, unbacked, python_kernels=True)
+
+
+def _eager_hook_lines(
+    model: ModelInputs,
+    setting: Setting,
+    unbacked: dict[str, int] | None = None,
+    python_kernels: bool = False,
+) -> list[str]:
     """Run ``model`` eagerly in ``setting`` on fake tensors; the hook line of every leaf call.
 
     Parameters and buffers are fake tensors in the setting's parameter dtype (what
@@ -212,6 +229,7 @@ def eager_hook_lines(
         autocast,
         simulated_cuda_amp(device),
         unbacked_values(unbacked or {}),
+        enable_python_dispatcher() if python_kernels else contextlib.nullcontext(),
         warnings.catch_warnings(),
         quiet_logging(),
     ):
