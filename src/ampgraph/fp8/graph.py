@@ -419,14 +419,12 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
             raise SettingError(f"{recipe.spelling}: {SM100}") from None
         raise
     except RuntimeError as exc:
-        # torch's meta kernel says "mat_b dtype to match mat_a dtype"; ampgraph's own
-        # _grouped_mm kernel (capture.meta_kernels, active inside an analysis) says what the
-        # CPU kernel says, "expected m1 and m2 to have the same dtype".
-        mixed = "dtype to match" in str(exc) or "to have the same dtype" in str(exc)
-        if recipe.name in MOE_NAMES and ("mat_" in str(exc) or mixed):
+        # torch's own meta kernel: no analysis is entered here, and none leaves ampgraph's
+        # _grouped_mm kernel behind (capture/scoped_library.py).
+        if recipe.name in MOE_NAMES and "mat_" in str(exc):
             from ampgraph.fp8.moe import MIXED_GROUPED
 
-            why = MIXED_GROUPED if mixed else (
+            why = MIXED_GROUPED if "dtype to match" in str(exc) else (
                 "torch._grouped_mm's fake kernel (torch's meta registration) refuses its "
                 "operands, which the CPU kernel runs: a grouped GEMM left in fp32 (experts "
                 "filtered; CPU autocast has no rule for it) cannot be traced")
