@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from ampgraph.cli import main
 from ampgraph.report.records import DTYPE_NAMES, Cast, ModuleCall, NodeRecord, Report, load_json
-from ampgraph.review.baseline import BaselineError, read_baseline, spec_to_check
+from ampgraph.review.baseline import BaselineError, baseline_record, read_baseline, spec_to_check
 from ampgraph.formats.json import baseline_file
 
 from .test_diff import SETTING  # the amp-fp32 setting the diff's hand-made reports use
@@ -298,18 +298,11 @@ def factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def baseline(tmp_path: Path, **header: Any) -> Path:
     """A baseline of llama-tiny's header with a relu node, and ``header`` over its fields."""
-    data = json.loads(
-        baseline_file(
-            Report(
-                "llama-tiny",
-                dict(SETTING),
-                {},
-                {},
-                [NodeRecord("r", "aten.relu", "op", outputs=["float32"])],
-                [],
-            ),
-        )
+    report = Report(
+        "llama-tiny", dict(SETTING), {}, {}, [NodeRecord("r", "aten.relu", "op",
+                                                         outputs=["float32"])], []
     )
+    data = json.loads(baseline_file(baseline_record(report)))
     path = tmp_path / "base.json"
     path.write_text(json.dumps(data | header))
     return path

@@ -17,7 +17,7 @@ from ampgraph.formats.diff_text import diff_text
 from ampgraph.formats.json import diff_json
 from ampgraph.formats.markdown import diff_markdown
 from ampgraph.report.records import Cast, NodeRecord, Report
-from ampgraph.review.baseline import check_report, read_baseline
+from ampgraph.review.baseline import baseline_record, check_report, read_baseline
 from ampgraph.formats.json import baseline_file
 from ampgraph.review.diff import diff_reports
 
@@ -333,7 +333,7 @@ def test_cli_diff_errors_are_one_line(
 
 def test_baseline_round_trip_is_lossless_for_the_diff(opt_pair: tuple[Report, Report]) -> None:
     a, b = opt_pair
-    text = baseline_file(a)
+    text = baseline_file(baseline_record(a))
     # One line per node, with no graph-position names in them.
     lines = text.splitlines()
     assert len(lines[lines.index(' "nodes": [') + 1 : lines.index(" ]")]) == len(a.nodes)
@@ -386,7 +386,7 @@ def test_baseline_write_check_accept(tmp_path: Path) -> None:
     ],
 )
 def test_baseline_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    base = baseline_file(rep(node("r", "aten.relu"), model="llama-tiny"))
+    base = baseline_file(baseline_record(rep(node("r", "aten.relu"), model="llama-tiny")))
     files = {
         "MISSING": tmp_path / "missing.json",
         "BASE": tmp_path / "base.json",
@@ -476,7 +476,7 @@ NODE = st.fixed_dictionaries(
     extra=st.dictionaries(st.sampled_from(["version", "setting", "model", "nodes"]), JSON),
 )
 def test_hostile_saved_files(tmp_path: Path, kind: str, nodes: object, extra: dict) -> None:
-    good = json.loads(baseline_file(rep(node("r", "aten.relu"))))
+    good = json.loads(baseline_file(baseline_record(rep(node("r", "aten.relu")))))
     data = (good if kind == "ampgraph.baseline" else rep(node("r", "aten.relu")).to_dict()) | {
         "nodes": nodes,
         **extra,

@@ -64,16 +64,37 @@ def test_moe_auto_kernel_and_wgrad_with_hp_fail_as_torchao_does() -> None:
     model = _example("fp8_moe")
     with pytest.raises(SettingError, match="_SM100_KERNELS_AVAILABLE"):
         trace_fp8(model, parse_fp8_recipe("torchao:mxfp8_rceil"), train=True)
-    # wgrad_with_hp's bf16 grad_output x fp32 saved input: the fake kernel refuses it, and
-    # the real CPU run raises at that GEMM too.
+    # wgrad_with_hp's bf16 grad_output x fp32 saved input: the trace's fake kernel (ampgraph's,
+    # inside the trace's analysis, whatever ran before it in this process) refuses it in the CPU
+    # kernel's words, and the real CPU run raises at that GEMM too.
     hp = parse_fp8_recipe("torchao:mxfp8_rceil_wgrad_with_hp,kernel=emulated")
-    with pytest.raises(SettingError, match="bf16 and an fp32 operand"):
+    with pytest.raises(SettingError, match="bf16 and an fp32 operand.*expected m1 and m2 to have "
+                                           "the same dtype, but got: c10::BFloat16 != float"):
         trace_fp8(model, hp, train=True)
     real = real_gemms(model, hp, dict(model.module.state_dict()), train=True)
     assert real[-1] == ("raised", ("mixed operand dtypes",), "-")
     # In the forward nothing mixes: both forward GEMMs run on MXFP8 operands.
     fwd = trace_fp8(model, hp)
     assert [g.role for g in fwd.gemms()][1:] == ["gemm-mx-emulated"] * 2
+
+
+def test_moe_experts_left_in_fp32_trace_as_a_real_cpu_run_types_them() -> None:
+    """Experts filtered out of the recipe run ``torch._grouped_mm`` on fp32 operands (CPU
+    autocast has no rule for it), which the CPU kernel runs and torch 2.14's meta kernel refuses:
+    the trace runs ampgraph's kernel, and its GEMMs, forward and backward, are a real run's."""
+    model = _example("fp8_moe")
+    state = dict(model.module.state_dict())
+    r = parse_fp8_recipe("torchao:mxfp8_rceil,filter_fqns=experts,kernel=emulated")
+    for train in (False, True):
+        graph = trace_fp8(model, r, train=train)
+        proof = prove_gemms(graph, model, state, train=train)
+        assert proof.ok, proof.first_difference()
+        grouped = [g for g in graph.gemms() if g.op == "_grouped_mm"]
+        # Two forward; backward: each expert weight's gradient, and the input gradient of the
+        # second GEMM only (the MoE's input needs none).
+        assert len(grouped) == (5 if train else 2)
+        assert {(g.dtype_in[:2], g.dtype_out, g.role) for g in grouped} == {
+            (("fp32", "fp32"), "fp32", "gemm-fp32")}
 
 
 def test_moe_recipe_plan_and_spelling() -> None:

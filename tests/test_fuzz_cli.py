@@ -179,15 +179,16 @@ def test_baseline_files(
     MARKER)."""
     from ampgraph.report.records import NodeRecord, Report
     from ampgraph.formats.json import baseline_file
+    from ampgraph.review.baseline import baseline_record
 
     monkeypatch.chdir(tmp_path)  # relative specs find the hostile file, and nothing else
     (tmp_path / "hostile_model.py").write_text(HOSTILE_FACTORY)
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_TINY))
     setting = {"name": "amp-fp32", "device_type": "cuda", "autocast": True,
                "amp_dtype": "bfloat16", "param_dtype": "float32"}  # fmt: skip
-    good = json.loads(baseline_file(Report(
+    good = json.loads(baseline_file(baseline_record(Report(
         "llama-tiny", setting, {}, {}, [NodeRecord("r", "aten.relu", "op", outputs=["float32"])], []
-    )))  # fmt: skip
+    ))))  # fmt: skip
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(good | header))  # NaN and Infinity as Python writes them
     for args in (["baseline", "check", str(path)], ["diff", str(path), str(path)]):

@@ -327,7 +327,7 @@ def test_a_stand_in_prediction_is_marked_in_every_artefact(tmp_path: Path) -> No
     from ampgraph.formats.text import audit_text as text
     from ampgraph.render.dot import to_dot
     from ampgraph.review.audit import audit
-    from ampgraph.review.baseline import read_baseline
+    from ampgraph.review.baseline import baseline_record, read_baseline
     from ampgraph.formats.json import baseline_file
 
     predicted = report()
@@ -339,10 +339,11 @@ def test_a_stand_in_prediction_is_marked_in_every_artefact(tmp_path: Path) -> No
     assert "prediction for mps" in result["message"]["text"]
     assert result["properties"]["prediction"] == why
     assert why in text(predicted, audit(predicted))
-    base = baseline_file(predicted)
+    base = baseline_file(baseline_record(predicted))
     assert json.loads(base)["stand_in"] == why and read_baseline(base).report.model == "m"
     plain = report()
-    assert "prediction" not in to_dot(plain) + sarif([plain]) + baseline_file(plain)
+    assert "prediction" not in (to_dot(plain) + sarif([plain])
+                                + baseline_file(baseline_record(plain)))
 
 
 def test_the_directive_reads_its_files_with_the_one_reader(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ampgraph.capture import driverless_29
+from ampgraph.capture.scoped_library import ScopedLibrary
 
 aten = torch.ops.aten
 
@@ -53,7 +54,7 @@ def install() -> Callable[[], None]:
     Outputs are allocated as ``aten/src/ATen/native/cuda/RNN.cu`` (``hy = empty_like(hx)``, a
     workspace in the gates' options) and ``cudnn/GridSampler.cpp`` (the input's options) do.
     """
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by the undo
+    lib = ScopedLibrary("aten")  # destroyed by the undo
 
     def has_meta(name: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")
@@ -72,7 +73,7 @@ def install() -> Callable[[], None]:
     for name, kernel in kernels:
         if not has_meta(name.partition(".")[0]):
             lib.impl(name, kernel, "Meta")
-    return lib._destroy
+    return lib.destroy
 
 
 def _same_type(op: str, *tensors: torch.Tensor | None) -> None:
@@ -241,7 +242,7 @@ def cudnn_rnn_stand_ins(device: str) -> Iterator[None]:
     if not keys:
         yield
         return
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed on exit
+    lib = ScopedLibrary("aten")  # destroyed on exit
     try:
         for op, kernel in STAND_INS.items():
             for key in keys:
@@ -249,7 +250,7 @@ def cudnn_rnn_stand_ins(device: str) -> Iterator[None]:
                 lib.impl(f"{name}.{op._overloadname}", kernel, key)
         yield
     finally:
-        lib._destroy()
+        lib.destroy()
 
 
 def decomposition(op: torch._ops.OpOverload) -> Callable[..., Any] | None:

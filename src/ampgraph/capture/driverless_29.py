@@ -103,6 +103,7 @@ import torch
 
 from ampgraph.capture import elf_symbols
 from ampgraph.capture.elf_symbols import Symbol
+from ampgraph.capture.scoped_library import ScopedLibrary
 from ampgraph.compat import UnsupportedVersionWarning, fake_cuda_needs_help
 
 aten = torch.ops.aten
@@ -269,7 +270,7 @@ def _register_stand_ins() -> Callable[[], None]:
     """The SDPA stand-in at ``AutogradCUDA``, where the composite runs, and the convolution
     backend choice fake tensors ask for (no GPU here for either to affect), until the returned
     function runs."""
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by the undo
+    lib = ScopedLibrary("aten")  # destroyed by the undo
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradCUDA")
     STAND_INS[aten.scaled_dot_product_attention.default] = _sdpa
     torch._C._select_conv_backend = _select_conv_backend  # looked up by fake_impls at each call
@@ -277,7 +278,7 @@ def _register_stand_ins() -> Callable[[], None]:
     def undo() -> None:
         torch._C._select_conv_backend = _SELECT_CONV_BACKEND
         STAND_INS.clear()
-        lib._destroy()
+        lib.destroy()
 
     return undo
 

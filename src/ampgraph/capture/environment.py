@@ -6,11 +6,12 @@ What an analysis needs changed in torch is entered here and restored here, on ev
 (a return, an error, a timeout's exception, ``KeyboardInterrupt``):
 
 * **meta kernels** stricter than the real kernels, or typing otherwise
-  (``capture/meta_kernels.py``): registered at the dispatcher's Meta key through a
-  ``torch.library.Library`` whose lifetime is the environment (``_destroy()`` on exit puts torch's
-  kernel back: the dispatcher keeps a stack of registrations per key and ``_destroy`` pops ours, on
-  torch 2.9 to 2.14), and in ``op.py_kernels`` and ``torch._decomp.meta_table``, whose previous
-  entries are put back;
+  (``capture/meta_kernels.py``): registered at the dispatcher's Meta key through a library whose
+  lifetime is the environment (:class:`~ampgraph.capture.scoped_library.ScopedLibrary`: on exit
+  the dispatcher's stack of registrations pops ours, and the map of Python kernels that fake
+  tensors call through, which ``Library._destroy()`` leaves naming ampgraph's, names torch's
+  again), and in ``op.py_kernels`` and ``torch._decomp.meta_table``, whose previous entries are
+  put back;
 * **driverless kernels** for CUDA ops that have no meta kernel (``capture/driverless.py``);
 * on torch 2.9 without a GPU driver, **the CUDA device guard**, the SDPA stand-in and
   ``torch._C._select_conv_backend`` (``capture/driverless_29.py``): the registry slot and the

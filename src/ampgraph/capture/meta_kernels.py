@@ -29,7 +29,6 @@ torch.float32
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +38,8 @@ from ampgraph.compat import (
     addmv_meta_checks_dtypes,
     layer_norm_backward_meta_is_right,
     mse_loss_backward_takes_mixed_dtypes,
-    replace_kernel,
 )
+from ampgraph.capture.scoped_library import ScopedLibrary
 
 #: The dtypes ``_grouped_mm_validate_inputs`` accepts for either matrix.
 GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -287,27 +286,26 @@ def install() -> Callable[[], None]:
     from torch._C import DispatchKey
     from torch._decomp import meta_table
 
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by the undo
+    lib = ScopedLibrary("aten")  # destroyed by the undo
     missing = object()
     previous: list[tuple[Any, Any, Any]] = []  # (op, its Python Meta kernel, its meta table entry)
-    with warnings.catch_warnings():
-        # "Overriding a previously registered kernel": the point, said once here.
-        warnings.simplefilter("ignore")
-        for name, kernel in REPLACED.items():
-            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-                continue
-            replace_kernel(lib, name, kernel, "Meta")  # torch 2.11 refuses lib.impl here
-            op = getattr(torch.ops.aten, name).default
-            previous.append((op, op.py_kernels.get(DispatchKey.Meta, missing),
-                             meta_table.get(op, missing)))  # fmt: skip
-            if DispatchKey.Meta in op.py_kernels:
-                op.py_kernels[DispatchKey.Meta] = kernel
-                op._dispatch_cache.clear()
-            # In the meta table a fake tensor prefers it to a Python decomposition too.
-            meta_table[op] = kernel
+    for name, kernel in REPLACED.items():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            continue
+        lib.impl(name, kernel, "Meta")
+        op = getattr(torch.ops.aten, name).default
+        previous.append((op, op.py_kernels.get(DispatchKey.Meta, missing),
+                         meta_table.get(op, missing)))  # fmt: skip
+        if DispatchKey.Meta in op.py_kernels:
+            op.py_kernels[DispatchKey.Meta] = kernel
+            op._dispatch_cache.clear()
+        # In the meta table a fake tensor prefers it to a Python decomposition too.
+        meta_table[op] = kernel
 
     def undo() -> None:
-        lib._destroy()  # pops this library's registrations: torch's Meta kernels are back
+        # Pops this library's registrations, and puts back the Python kernels a fake tensor
+        # calls through the dispatcher's map (capture/scoped_library.py): torch's are back.
+        lib.destroy()
         for op, py_kernel, entry in previous:
             if py_kernel is not missing:
                 op.py_kernels[DispatchKey.Meta] = py_kernel

@@ -47,12 +47,15 @@ def baseline_group() -> None:
 
 
 def _write_baseline(path: Path, report: Report, **header: Any) -> None:
-    """Write the baseline of ``report`` (:func:`ampgraph.formats.json.baseline_file`, ``header``
-    its options) atomically; a folder that takes no files is one ``Error:`` line."""
+    """Write the baseline of ``report`` atomically: its record
+    (:func:`ampgraph.review.baseline.baseline_record`, ``header`` its options) in
+    :func:`ampgraph.formats.json.baseline_file`'s text; a folder that takes no files is one
+    ``Error:`` line."""
     from ampgraph.formats.registry import write_file
+    from ampgraph.review.baseline import baseline_record
 
     try:
-        write_file("baseline", "json", report, path, **header)
+        write_file("baseline", "json", baseline_record(report, **header), path)
     except OSError as exc:
         raise click.ClickException(
             f"cannot write the baseline to {path}: {exc.strerror or exc}; choose another path"

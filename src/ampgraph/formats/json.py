@@ -17,10 +17,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ampgraph.model.specs import DEFAULT_TRACER
 from ampgraph.report.records import Report
 from ampgraph.review.audit import Finding, audit, finding_groups, summary
-from ampgraph.review.baseline import baseline_record
 from ampgraph.review.diff import ReportDiff
 from ampgraph.review.diff import folded as folded_changes
 
@@ -115,25 +113,16 @@ def diff_json(d: ReportDiff) -> str:
     return json.dumps(data, indent=1)
 
 
-def baseline_file(
-    report: Report,
-    *,
-    seq_len: int = 8,
-    spec: str | None = None,
-    spec_kind: str = "auto",
-    tracer: str = DEFAULT_TRACER,
-) -> str:
-    """The baseline of ``report``'s forward pass, as ``ampgraph baseline write`` writes it (its
-    record: :func:`ampgraph.review.baseline.baseline_record`, which says what the options
-    are): JSON for git, a header field a line, then one line per node, so that one changed op
-    is one changed line in review; its line end included.
+def baseline_file(record: dict[str, Any]) -> str:
+    """A baseline's record (:func:`ampgraph.review.baseline.baseline_record`), as ``ampgraph
+    baseline write`` writes it: JSON for git, a header field a line, then one line per node, so
+    that one changed op is one changed line in review; its line end included.
 
+    >>> from ampgraph.review.baseline import baseline_record
     >>> r = Report("m", {"name": "fp32"}, {}, {}, [], [])
-    >>> print(baseline_file(r).splitlines()[1])
+    >>> print(baseline_file(baseline_record(r)).splitlines()[1])
      "schema": "ampgraph.baseline",
     """
-    record = baseline_record(report, seq_len=seq_len, spec=spec, spec_kind=spec_kind,
-                             tracer=tracer)  # fmt: skip
     head = {k: v for k, v in record.items() if k != "nodes"}
     lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
     nodes = [f" {json.dumps(n)}" for n in record["nodes"]]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.errors import SettingError
 from ampgraph.fp8.mx import flatten, unflatten
 from ampgraph.fp8.recipes import (
@@ -365,8 +366,14 @@ def train_loss(out: Any) -> torch.Tensor:
     return (y * torch.randn(y.shape, generator=gen, device=y.device)).mean()
 
 
+@in_analysis_environment
 def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> Fp8Graph:
     """Convert ``model`` with torchao, trace it on fake tensors under CPU bf16 autocast.
+
+    The trace is an analysis: its fake tensors run ampgraph's meta kernels, which type as the
+    real kernels do (:mod:`ampgraph.capture.meta_kernels`; a MoE's experts left in fp32 run
+    ``torch._grouped_mm`` on fp32 operands, which the CPU kernel runs and torch 2.14's meta
+    kernel refuses), and torch's own are back after it.
 
     ``train`` traces forward + :func:`train_loss` + ``torch.autograd.grad`` of the parameters
     (the backward outside autocast, as PyTorch's AMP recipe runs it).
@@ -419,19 +426,15 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
             raise SettingError(f"{recipe.spelling}: {SM100}") from None
         raise
     except RuntimeError as exc:
-        # torch's meta kernel says "mat_b dtype to match mat_a dtype"; ampgraph's own
-        # _grouped_mm kernel (capture.meta_kernels, active inside an analysis) says what the
-        # CPU kernel says, "expected m1 and m2 to have the same dtype".
-        mixed = "dtype to match" in str(exc) or "to have the same dtype" in str(exc)
-        if recipe.name in MOE_NAMES and ("mat_" in str(exc) or mixed):
+        # ampgraph's _grouped_mm kernel refuses what the CPU kernel refuses, in its words: a
+        # mix of dtypes as mm does, any other operand as _grouped_mm_validate_inputs does.
+        text = str(exc).splitlines()[0]
+        mixed = "to have the same dtype" in text
+        if recipe.name in MOE_NAMES and (mixed or "mat_" in text):
             from ampgraph.fp8.moe import MIXED_GROUPED
 
-            why = MIXED_GROUPED if mixed else (
-                "torch._grouped_mm's fake kernel (torch's meta registration) refuses its "
-                "operands, which the CPU kernel runs: a grouped GEMM left in fp32 (experts "
-                "filtered; CPU autocast has no rule for it) cannot be traced")
-            raise SettingError(f"{recipe.spelling}: {why} ({str(exc).splitlines()[0]})"
-                               ) from None
+            why = MIXED_GROUPED if mixed else "torch._grouped_mm refuses its operands"
+            raise SettingError(f"{recipe.spelling}: {why} ({text})") from None
         raise
     finally:
         fake_log.disabled = was

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.environment import in_analysis_environment
+from ampgraph.capture.scoped_library import ScopedLibrary
 from ampgraph import policy as P
 from ampgraph.errors import AmpgraphError
 from ampgraph.model.build import ModelInputs
@@ -284,22 +284,20 @@ def moved_kernels(moves: Sequence[Move], device_type: str) -> Iterator[None]:
     if key is None:
         raise AmpgraphError(f"this torch has no autocast kernels for {device_type}")
     dispatch_key = getattr(torch._C.DispatchKey, key)
-    libraries: dict[str, torch.library.Library] = {}
+    libraries: dict[str, ScopedLibrary] = {}
     python_kernels: list[tuple[torch._ops.OpOverload, Any]] = []
     try:
         for move in moves:
             namespace = move.op.namespace
             lib = libraries.get(namespace)
             if lib is None:
-                lib = libraries[namespace] = torch.library.Library(namespace, "IMPL")
+                lib = libraries[namespace] = ScopedLibrary(namespace)
             kernel = (
                 torch.library.fallthrough_kernel
                 if move.target == "none"
                 else _autocast_kernel(move.op, move.target, device_type)
             )
-            with warnings.catch_warnings():  # "Overriding a previously registered kernel": meant
-                warnings.simplefilter("ignore")
-                lib.impl(move.op, kernel, key)
+            lib.impl(move.op, kernel, key)
             # register_autocast also leaves a Python kernel, which tracing would run instead.
             if dispatch_key in move.op.py_kernels:
                 python_kernels.append((move.op, move.op.py_kernels.pop(dispatch_key)))
@@ -308,7 +306,7 @@ def moved_kernels(moves: Sequence[Move], device_type: str) -> Iterator[None]:
         yield
     finally:
         for lib in libraries.values():
-            lib._destroy()
+            lib.destroy()
         for op, python_kernel in python_kernels:
             op.py_kernels[dispatch_key] = python_kernel
         for move in moves:
