@@ -28,7 +28,8 @@ Changes that belong to one step of an analysis, not to all of it, stay scoped wh
 (each a context manager restoring on exit): ``torch.compiler``'s flags while the model's own code
 runs in a capture (``is_compiling()`` false as in an eager run, ``is_exporting()`` as the engine
 or a real run has it: ``capture/raises.py``; ``verify/training.py``), the real values of small
-integer buffers beside their fake tensors (``capture/known_values.py``), the autocast queries
+integer buffers and inputs beside their fake tensors, and transformers' "is this traced?" answered
+as a real run where those values are known (``capture/known_values.py``), the autocast queries
 logged while tracing (``capture/reads.py``), the virtual GPU's answers (``torchutil.simulated_cuda_amp``), a
 what-if's overridden autocast kernels (``review/whatif.py``), cuDNN RNN stand-ins
 (``driverless.cudnn_rnn_stand_ins``).
