@@ -97,3 +97,17 @@ def test_predicted_durations_are_sizes_every_replay_knows() -> None:
         "[norm] in=torch.bfloat16 -> out=torch.bfloat16",
         "[out] in=torch.bfloat16 -> out=torch.bfloat16",
     ]
+
+
+def test_sizes_given_their_values_leave_torchs_warnings_out_of_the_output(capfd) -> None:  # type: ignore[no-untyped-def]
+    """torch logs ``propagate_real_tensors evaluate_expr(u2) -> 5`` for each guard decided on a
+    size the analysis gave its value: its internals, not the model's. None reaches stderr, and
+    the logger is left as it was found."""
+    import logging
+
+    log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    filters = list(log.filters)
+    analyze(ModelInputs("durations-quiet", Durations().eval(), (torch.randn(1, 5, 8),)),
+            Setting.parse("amp-fp32"))  # fmt: skip
+    assert "propagate_real_tensors" not in capfd.readouterr().err
+    assert log.filters == filters

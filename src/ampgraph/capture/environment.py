@@ -12,6 +12,8 @@ What an analysis needs changed in torch is entered here and restored here, on ev
   torch 2.9 to 2.14), and in ``op.py_kernels`` and ``torch._decomp.meta_table``, whose previous
   entries are put back;
 * **driverless kernels** for CUDA ops that have no meta kernel (``capture/driverless.py``);
+* torch's warning ``propagate_real_tensors evaluate_expr(...)``, logged for each guard decided
+  on a data-dependent size the analysis gave its real value: a filter on that logger, removed;
 * on torch 2.9 without a GPU driver, **the CUDA device guard**, the SDPA stand-in and
   ``torch._C._select_conv_backend`` (``capture/driverless_29.py``): the registry slot and the
   attribute get their previous values back.
@@ -213,9 +215,17 @@ def _enter() -> list[Callable[[], None]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ampgraph.capture import driverless, driverless_29, meta_kernels
+    from ampgraph.torchutil import dropping_notice
 
     undo: list[Callable[[], None]] = []
     try:
+        # The capture gives each data-dependent size the value a real run has (followed inputs,
+        # a replay's sizes from its capture: capture/known_values.py, annotate/replay.py), and
+        # torch logs every guard it then decides on such a value as a warning: its internals,
+        # not the user's model, on every command's stderr.
+        undo.append(dropping_notice(
+            "torch.fx.experimental.symbolic_shapes", "propagate_real_tensors evaluate_expr"
+        ))  # fmt: skip
         undo.append(meta_kernels.install())
         undo.append(driverless.install())
         undo.append(driverless_29.install())
