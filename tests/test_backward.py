@@ -333,6 +333,43 @@ def test_llama_tiny_training_step_on_cpu_backward_inside_autocast(setting: str) 
     assert result.gradients.total == 21 and result.saved.total > 80
 
 
+def test_the_training_oracle_saves_what_a_plain_eager_step_saves() -> None:
+    """verify's real step takes the branch a plain eager step takes (no ampgraph around it):
+    transformers drops llama-tiny's all-ones mask, so SDPA saves its 2 key/value heads, not the
+    8 a mask makes it repeat, and no [1, 1, 8, 8] mask is saved; the prediction agrees."""
+    from torch.utils import _pytree as pytree
+
+    from ampgraph.model.build import load_model
+    from ampgraph.verify.training import run_step
+
+    fresh = load_model("llama-tiny")  # its own copy: the module is made real below
+    mask = fresh.kwargs["attention_mask"]
+    assert not mask.is_meta and bool((mask == 1).all())
+    module = fresh.module.to_empty(device="cpu").train()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=gen) * 0.02)
+    saved: list[tuple[str, list[int]]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append((str(t.dtype).removeprefix("torch."), list(t.shape)))
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # fmt: skip
+        out = module(*fresh.args, **fresh.kwargs)
+        logits = next(v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor))
+        logits.float().sum().backward()
+    setting = cpu("amp-fp32")
+    oracle = run_step(fresh, setting, "logits", torch.device("cpu"))
+    assert [(t.dtype, t.shape) for t in oracle.saved] == saved
+    assert ("bfloat16", [1, 2, 8, 32]) in saved and [1, 1, 8, 8] not in [s for _, s in saved]
+    result = verify_train(model("llama-tiny"), setting)
+    assert result.ok and result.saved.total == len(saved), disagreement_lines(result)[:5]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", ["fp32", "half", "amp-half", "amp-fp32"])
 def test_opt_125m_training_step_on_cpu(setting: str) -> None:

@@ -165,7 +165,9 @@ def test_a_graph_traced_as_a_real_run_serves_only_its_own_setting() -> None:
 
 def test_informer_traced_as_a_real_run_agrees_with_a_real_cpu_run() -> None:
     """transformers' Informer (ProbSparse attention, distilling convolutions that halve the
-    length): under export its encoder builds a mask of the input's length and raises on it."""
+    length): under export its encoder built a mask of the input's length and raised on it, so
+    it was traced as a real run; with the example inputs' values followed (the all-ones
+    observed mask), the capture takes the real run's path and needs no such trace."""
     transformers = pytest.importorskip("transformers")
     config = transformers.InformerConfig(
         prediction_length=4, context_length=8, lags_sequence=[1], num_time_features=1,
@@ -186,4 +188,4 @@ def test_informer_traced_as_a_real_run_agrees_with_a_real_cpu_run() -> None:
     result = verify(model, setting)
     assert result.ok, result.disagreements
     assert result.report is not None
-    assert "Attention mask should be of size" in result.report.capture["real_run"]
+    assert "real_run" not in result.report.capture

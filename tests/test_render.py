@@ -185,7 +185,7 @@ def test_legend_and_title() -> None:
     source = to_dot(opt_report())
     assert "opt-125m — amp-fp32: autocast cuda bf16, parameters fp32" in source
     assert "edges: dtype" in source and "boxes: autocast policy" in source
-    assert "366 ops, all agree" in source
+    assert "342 ops, all agree" in source
 
 
 def test_dark_theme_uses_its_background() -> None:

@@ -8,7 +8,7 @@ from .conftest import report
 def test_repr_is_one_line_with_the_seeds_counts() -> None:
     text = repr(report("opt-125m", "amp-fp32"))
     assert "\n" not in text and len(text) < 200  # was 418,492 characters
-    assert text.startswith("<Report opt-125m amp-fp32: 566 graph nodes, ")
+    assert text.startswith("<Report opt-125m amp-fp32: 542 graph nodes, ")
     assert "194 casts, 24 promotions" in text and ", 0 disagreements>" in text
 
 

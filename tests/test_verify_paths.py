@@ -146,8 +146,8 @@ class Mix(nn.Module):
 
 class PerClass(nn.Module):
     """A loop over the classes the data holds, as torchvision's ``batched_nms`` loops over
-    ``torch.unique(idxs)``: how many there are is a size no run gives the annotation
-    (``Eq(u0, 0)``, unhinted), so the nodes from the ``unbind`` on are not analysed."""
+    ``torch.unique(idxs)``: how many there are is a size only the data decides
+    (``Eq(u0, 0)``), which the capture follows on the example's real values."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -164,16 +164,17 @@ class PerClass(nn.Module):
 
 
 @pytest.mark.parametrize("name", ["fp32", "amp-fp32"])
-def test_a_call_past_an_unhinted_size_is_not_analysed_though_part_of_it_was(name: str) -> None:
-    """[mix]'s first op ran, its output is past the size no run decides: the prediction's line
-    reads ``out=None``, no prediction, where the real run prints a dtype."""
+def test_a_call_past_a_data_dependent_size_is_followed_on_real_values(name: str) -> None:
+    """The classes' count is a size only the data decides (``Eq(u0, 0)``): the capture follows it
+    on the example's real values, as the real run computes it, so [mix] and every node past the
+    loop are predicted and agree (they were "not analysed" before values were followed)."""
     torch.manual_seed(0)
     result = verify(ModelInputs("per-class", PerClass(), (torch.randn(4, 8),)), cpu(name))
     assert result.report is not None
-    assert any("unhinted" in (r.not_analysed or "") for r in result.report.nodes)
+    assert not any(r.not_analysed for r in result.report.nodes)
     assert result.ok, disagreement_lines(result)
-    assert result.nodes.not_analysed > 0 and result.nodes.agree == result.nodes.total > 0
-    assert (result.modules.agree, result.modules.total, result.modules.not_analysed) == (1, 1, 1)
+    assert result.nodes.not_analysed == 0 and result.nodes.agree == result.nodes.total > 0
+    assert (result.modules.agree, result.modules.total, result.modules.not_analysed) == (2, 2, 0)
 
 
 def test_cli_verify_prints_why_nodes_were_not_compared() -> None:

@@ -10,10 +10,11 @@ verify and the eager-hook oracle all need, so none of them imports another for t
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -247,6 +248,23 @@ def quiet_library_imports() -> Iterator[None]:
     finally:
         for log, notice in added:
             log.removeFilter(notice)
+
+
+def dropping_notice(logger_name: str, text: str) -> Callable[[], None]:
+    """Drop the records of ``logger_name`` whose message holds ``text`` until the returned undo
+    is called (for :mod:`ampgraph.capture.environment`, which applies its changes and undoes
+    them in steps); the logger is otherwise left as it was.
+
+    >>> import logging
+    >>> undo = dropping_notice("torch.fx.experimental.symbolic_shapes", "evaluate_expr")
+    >>> len(logging.getLogger("torch.fx.experimental.symbolic_shapes").filters)
+    1
+    >>> undo(); len(logging.getLogger("torch.fx.experimental.symbolic_shapes").filters)
+    0
+    """
+    log, notice = logging.getLogger(logger_name), _Notice(text)
+    log.addFilter(notice)
+    return functools.partial(log.removeFilter, notice)
 
 
 #: The GPU that fake CUDA tensors stand for, where model code asks the device what it is: a

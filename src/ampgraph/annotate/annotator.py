@@ -551,7 +551,7 @@ def _promotion(
 def annotate(capture: Capture) -> list[NodeRecord]:
     """Annotate every node of a capture; returns the node records in execution order."""
     annotator = AutocastAnnotator(capture)
-    with fake_session(capture.setting):
+    with fake_session(capture.setting, capture.unbacked_values):
         annotator.run_graph()
     return annotator.records
 

@@ -108,7 +108,7 @@ def dispatcher_results(capture: Capture) -> dict[str, dict[str, Any]]:
     oracle = DispatcherOracle(capture)
     setting = capture.setting
     with (
-        fake_session(setting),
+        fake_session(setting, capture.unbacked_values),
         autocast_state(setting.device_type, setting.autocast, torch_dtype(setting.amp_dtype)),
     ):
         oracle.run_graph()

@@ -19,6 +19,7 @@ fails here as it does on a device.
 
 from __future__ import annotations
 
+import contextvars
 import operator
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -175,9 +176,17 @@ def _recorded_on(node: fx.Node) -> str | None:
 
 
 @contextmanager
-def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
+def fake_session(
+    setting: Setting, unbacked: dict[str, int | float] | None = None
+) -> Iterator[FakeTensorMode]:
     """Fake tensors, strict dtype checks, the real CPU kernels' dtypes where the fake ones part
-    (:mod:`ampgraph.annotate.kernel_dtypes`), and autocast off on every device until told otherwise."""
+    (:mod:`ampgraph.annotate.kernel_dtypes`), and autocast off on every device until told otherwise.
+
+    ``unbacked``: a capture's values of its data-dependent sizes (``Capture.unbacked_values``),
+    given to the sizes the replay makes at the same nodes (:func:`_give_sizes`): a size computed
+    from data (FastSpeech2's durations, predicted from values; a vision grid's counts) is then a
+    number in every guard on it (``Eq(Max(1, u1), 1)`` in a norm's check), as in a real run,
+    not a guard the replay cannot decide."""
     from ampgraph.torchutil import autocast_state
 
     with ExitStack() as stack:
@@ -185,6 +194,8 @@ def fake_session(setting: Setting) -> Iterator[FakeTensorMode]:
         stack.enter_context(silenced("torch._subclasses.fake_tensor"))
         stack.enter_context(analysis_environment())  # re-entrant: a no-op inside an analysis
         mode = stack.enter_context(fake_mode())
+        token = _SIZES.set(unbacked or {})
+        stack.callback(_SIZES.reset, token)
         stack.enter_context(StrictDtypeMode(setting.device_type))
         if setting.device_type == "cpu":  # a dispatch mode costs every op: only where it acts
             stack.enter_context(RealCpuDtypes())
@@ -204,6 +215,37 @@ def _holds_device(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_holds_device(v) for v in value.values())
     return False
+
+
+#: The capture's values of its data-dependent sizes, by symbol name, while a replay runs in
+#: :func:`fake_session` (a context variable: a replay in another thread has its own).
+_SIZES: contextvars.ContextVar[dict[str, int | float]] = contextvars.ContextVar(
+    "ampgraph_replay_sizes", default={}
+)
+
+
+def _give_sizes(out: Any, recorded: Any, sizes: dict[str, int | float]) -> None:
+    """Each data-dependent size the replay made at a node (a fresh ``u0``) given the value the
+    capture had for the size it recorded there: by node, not by name, since the replay numbers
+    its sizes as it meets them."""
+    import sympy
+
+    from ampgraph.compat import unbacked_value_setter
+
+    pairs = zip(pytree.tree_leaves(out), pytree.tree_leaves(recorded))
+    for new, old in pairs:
+        if not (isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)):
+            continue
+        env = getattr(getattr(new, "fake_mode", None), "shape_env", None)
+        for size, was in zip(new.shape, old.shape) if new.dim() == old.dim() else ():
+            if env is None or not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+                continue
+            expr = was.node.expr if isinstance(was, torch.SymInt) else None
+            value = None if expr is None else sympy.sympify(expr.xreplace(
+                {s: sympy.sympify(sizes[str(s)]) for s in expr.free_symbols if str(s) in sizes}
+            ))
+            if value is not None and value.is_number:
+                getattr(env, unbacked_value_setter())(size.node.expr, int(value))
 
 
 class FakeReplay(fx.Interpreter):
@@ -262,7 +304,7 @@ class FakeReplay(fx.Interpreter):
         if n.op == "call_function" and n.target in REGION_OPS:
             return self.run_region(n, args)
         try:
-            return self.execute(n, args, kwargs)
+            out = self.execute(n, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
             message = first_line(exc)
             if CONCRETE_ONLY in message:
@@ -288,6 +330,9 @@ class FakeReplay(fx.Interpreter):
             value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
             self.on_error(n, value)
             return value
+        if sizes := _SIZES.get():
+            _give_sizes(out, n.meta.get("val"), sizes)
+        return out
 
     def run_graph(self) -> Any:
         """Run the whole graph on fresh fake placeholders (call inside :func:`fake_session`)."""

@@ -20,7 +20,7 @@ import functools
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
@@ -33,7 +33,13 @@ from torch.utils import _pytree as pytree
 from ampgraph.capture.environment import current
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.disabled import marking_disabled_regions
-from ampgraph.capture.known_values import KnownValues, remembering
+from ampgraph.capture.known_values import (
+    INPUT_LIMIT,
+    KnownValues,
+    follows,
+    real_run_answers,
+    remembering,
+)
 from ampgraph.capture.raises import model_call
 from ampgraph.capture.reads import TraceReads
 from ampgraph.compat import (
@@ -165,6 +171,9 @@ class Traced:
     graph_module: fx.GraphModule
     signature: Any  # torch.export.ExportGraphSignature
     out_spec: pytree.TreeSpec | None
+    #: The value of each data-dependent size computed from followed values (``u0``: a
+    #: ``repeat_interleave`` by an input grid's counts), for the replays of the graph.
+    unbacked: dict[str, int] = field(default_factory=dict)
 
 
 def _fake_inputs(
@@ -173,11 +182,14 @@ def _fake_inputs(
     device: str,
     param_dtype: torch.dtype | None,
     setting: Setting | None = None,
+    values: KnownValues | None = None,
 ) -> Any:
     """Fake parameters, buffers and example inputs in ``setting``'s dtypes: floating parameters
     in ``param_dtype`` (what ``Module.to(dtype)`` converts), floating buffers in the setting's
     buffer dtype (a recipe that casts parameters only keeps them), floating inputs in its input
-    dtype where the recipe casts them before the forward (FSDP2's ``cast_forward_inputs``)."""
+    dtype where the recipe casts them before the forward (FSDP2's ``cast_forward_inputs``).
+    ``values`` gains the real values of the integer and bool inputs the capture follows
+    (:mod:`ampgraph.capture.known_values`)."""
     buffer_dtype = param_dtype
     input_dtype = None
     if setting is not None and param_dtype is not None:
@@ -194,6 +206,8 @@ def _fake_inputs(
         device,
         lambda t: input_dtype if (input_dtype is not None and t.is_floating_point()) else t.dtype,
     )
+    if values is not None:  # a real run decides from these values (an all-ones mask)
+        make_input = remembering(make_input, values.known, INPUT_LIMIT)
     args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
     return make_param, tuple(args), kwargs
 
@@ -205,17 +219,22 @@ def _tracing_context(
     setting: Setting | None,
     reads: TraceReads | None,
     make_param: Any,
+    values: KnownValues,
 ) -> Iterator[None]:
-    """Everything both engines trace under: the setting's fake tensors and autocast state."""
+    """Everything both engines trace under: the setting's fake tensors and autocast state;
+    ``values``: the followed inputs' values (:func:`_fake_inputs`), and the buffers' once
+    they are swapped."""
     autocast = (
         autocast_state(device, True, torch_dtype(setting.amp_dtype))
         if setting is not None and setting.autocast
         else contextlib.nullcontext()
     )
-    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     with (
-        swapped_tensors(model.module, remembering(make_param, known)),
-        KnownValues(known),  # sizes the model keeps in integer buffers, as a real run has them
+        swapped_tensors(model.module, remembering(make_param, values.known)),
+        # Sizes the model keeps in integer buffers, and what a real run decides from its
+        # integer inputs' values (an all-ones mask dropped), as a real run has them.
+        values,
+        real_run_answers(values),
         autocast,
         simulated_cuda_amp(setting.device_type if setting is not None else device),
         warnings.catch_warnings(),
@@ -321,10 +340,15 @@ def _export(
 ) -> Traced:
     """``torch.export.export`` in the setting (the ``export`` tracer)."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype, setting)
-    with _tracing_context(model, device, setting, reads, make_param), _plain_forward(model.module):
+    values = KnownValues({})
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype, setting, values)
+    tracing = _tracing_context(model, device, setting, reads, make_param, values)
+    # export makes fake inputs of its own: the followed ones are noted again as they arrive.
+    with tracing, _plain_forward(model.module, _following(model, values)):
         program = torch.export.export(model.module, args, kwargs, strict=False)
-    return Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
+    return Traced(
+        program.graph_module, program.graph_signature, program.call_spec.out_spec, values.sizes
+    )
 
 
 def _make_fx(
@@ -353,9 +377,10 @@ def _make_fx(
     # A shape environment, as export has, so that ops with data-dependent output sizes
     # (nonzero, a boolean-mask index) trace with unbacked sizes instead of failing.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype, setting)
+    values = KnownValues({})
+    make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype, setting, values)
     module = model.module
-    with _tracing_context(model, device, setting, reads, make_param):
+    with _tracing_context(model, device, setting, reads, make_param, values):
         params = dict(module.named_parameters(remove_duplicate=False))
         buffers = dict(module.named_buffers(remove_duplicate=False))
         names = [*params, *buffers]
@@ -379,7 +404,7 @@ def _make_fx(
         placeholder_naming_pass(
             gm, signature, module, args, kwargs, dict(zip(names, state)), constants
         )
-    return Traced(gm, signature, out_spec)
+    return Traced(gm, signature, out_spec, values.sizes)
 
 
 def _trace_functional(
@@ -521,16 +546,49 @@ def make_fx_available() -> bool:
 ENGINES = {MAKE_FX: _make_fx, EXPORT: _export}
 
 
+def _following(model: ModelInputs, values: KnownValues) -> Any:
+    """What notes the inputs export's forward is called with as followed where the example
+    inputs at the same places are (:func:`_fake_inputs`)."""
+
+    # Copied here, not in the traced forward, where the copy would be ops of the graph.
+    copy = functools.partial(
+        pytree.tree_map_only,
+        torch.Tensor,
+        lambda t: t.detach().clone() if follows(t, INPUT_LIMIT) else None,
+    )
+    examples_args, examples_kwargs = copy(model.args), copy(model.kwargs)
+
+    def pairs(arrived: Any, example: Any) -> Iterator[tuple[Any, Any]]:
+        leaves, examples = pytree.tree_leaves(arrived), pytree.tree_leaves(example)
+        return zip(leaves, examples) if len(leaves) == len(examples) else iter(())
+
+    def note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        arrived = [*pairs(args, examples_args)]
+        arrived += [p for k, v in kwargs.items() for p in pairs(v, examples_kwargs.get(k))]
+        for new, real in arrived:
+            if (
+                isinstance(real, torch.Tensor)
+                and isinstance(new, torch.Tensor)
+                and new.shape == real.shape
+            ):
+                values.known[id(new)] = (new, real)
+
+    return note
+
+
 @contextlib.contextmanager
-def _plain_forward(module: nn.Module) -> Iterator[None]:
+def _plain_forward(module: nn.Module, note: Any = None) -> Iterator[None]:
     """``module``'s forward returning :func:`plain_outputs`: export cannot return a cache object
     (BART's ``EncoderDecoderCache`` with ``use_cache=True``), as make-fx's flattening cannot.
-    The forward is swapped on the instance, so every module path stays as it is."""
+    The forward is swapped on the instance, so every module path stays as it is. ``note`` is
+    called with the inputs first (:func:`_following`)."""
     forward = module.forward
     had = "forward" in vars(module)  # another swap's, or the model's own
 
     @functools.wraps(forward)  # export names the graph's inputs from the forward's signature
     def plain(*args: Any, **kwargs: Any) -> Any:
+        if note is not None:
+            note(args, kwargs)
         return plain_outputs(model_call(forward, *args, **kwargs))
 
     module.forward = plain  # type: ignore[method-assign]

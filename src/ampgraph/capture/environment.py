@@ -13,6 +13,8 @@ What an analysis needs changed in torch is entered here and restored here, on ev
   again), and in ``op.py_kernels`` and ``torch._decomp.meta_table``, whose previous entries are
   put back;
 * **driverless kernels** for CUDA ops that have no meta kernel (``capture/driverless.py``);
+* torch's warning ``propagate_real_tensors evaluate_expr(...)``, logged for each guard decided
+  on a data-dependent size the analysis gave its real value: a filter on that logger, removed;
 * on torch 2.9 without a GPU driver, **the CUDA device guard**, the SDPA stand-in and
   ``torch._C._select_conv_backend`` (``capture/driverless_29.py``): the registry slot and the
   attribute get their previous values back.
@@ -29,7 +31,8 @@ Changes that belong to one step of an analysis, not to all of it, stay scoped wh
 (each a context manager restoring on exit): ``torch.compiler``'s flags while the model's own code
 runs in a capture (``is_compiling()`` false as in an eager run, ``is_exporting()`` as the engine
 or a real run has it: ``capture/raises.py``; ``verify/training.py``), the real values of small
-integer buffers beside their fake tensors (``capture/known_values.py``), the autocast queries
+integer buffers and inputs beside their fake tensors, and transformers' "is this traced?" answered
+as a real run where those values are known (``capture/known_values.py``), the autocast queries
 logged while tracing (``capture/reads.py``), the virtual GPU's answers (``torchutil.simulated_cuda_amp``), a
 what-if's overridden autocast kernels (``review/whatif.py``), cuDNN RNN stand-ins
 (``driverless.cudnn_rnn_stand_ins``).
@@ -213,9 +216,17 @@ def _enter() -> list[Callable[[], None]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ampgraph.capture import driverless, driverless_29, meta_kernels
+    from ampgraph.torchutil import dropping_notice
 
     undo: list[Callable[[], None]] = []
     try:
+        # The capture gives each data-dependent size the value a real run has (followed inputs,
+        # a replay's sizes from its capture: capture/known_values.py, annotate/replay.py), and
+        # torch logs every guard it then decides on such a value as a warning: its internals,
+        # not the user's model, on every command's stderr.
+        undo.append(dropping_notice(
+            "torch.fx.experimental.symbolic_shapes", "propagate_real_tensors evaluate_expr"
+        ))  # fmt: skip
         undo.append(meta_kernels.install())
         undo.append(driverless.install())
         undo.append(driverless_29.install())

@@ -11,9 +11,17 @@ carries, beside each fake tensor made from such a buffer, the buffer's real valu
 call whose tensors all carry one is computed on the real values too, and a call that reads a
 value into Python (``int()``, ``bool()``, ``.item()``, ``.tolist()``, a size argument) gets the
 real one: the trace takes the path and the sizes a real run takes, with the computed values as
-constants of the graph, as export bakes any Python number. Only integer and bool buffers of at
-most :data:`LIMIT` elements of a model built for real are followed: sizes, strides and counts,
-never data a run is fed.
+constants of the graph, as export bakes any Python number. Integer and bool buffers of at
+most :data:`LIMIT` elements of a model built for real are followed: sizes, strides and counts.
+
+The example inputs' integer and bool tensors of at most :data:`INPUT_LIMIT` elements are followed
+too (:func:`remembering` with ``limit``), and so are the tensors a forward makes from Python
+numbers alone (``torch.ones(shape)``, ``torch.arange(n)``): a real run decides from their values
+(transformers drops an all-ones ``attention_mask`` before the attention, and the scores stay bf16
+under autocast; a vision embedding splits its patches by the counts it reads from its grid), and
+so does the capture. Model code that asks whether it is being traced before it reads such a value
+gets a real run's answer (:func:`real_run_answers`). Floating inputs are data the graph computes
+on, never followed.
 
 >>> import torch
 >>> from torch._subclasses.fake_tensor import FakeTensorMode
@@ -27,17 +35,28 @@ never data a run is fed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import sympy
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-#: The most elements a followed buffer (and a value computed from one) may have.
+from ampgraph.compat import unbacked_value_setter
+
+#: The most elements a followed buffer may have.
 LIMIT = 64
+#: The most elements a followed input, or a value computed from followed ones, may have: a
+#: memory bound (64 Ki elements, 512 KiB in int64), far above a padding mask's batch x length.
+INPUT_LIMIT = 1 << 16
+
+#: Calls that make a tensor from Python numbers alone, the same values in every run: followed.
+FACTORIES = frozenset({"ones", "zeros", "full", "arange", "tensor", "eye", "as_tensor"})
 
 #: Calls that read a tensor's value into Python: answered from the real value.
 VALUE_READS = frozenset({
@@ -45,14 +64,16 @@ VALUE_READS = frozenset({
 })  # fmt: skip
 
 
-def follows(tensor: torch.Tensor) -> bool:
-    """Whether a capture follows ``tensor``'s real value: an integer or bool buffer of at most
-    :data:`LIMIT` elements, held for real (not on meta, not fake).
+def follows(tensor: torch.Tensor, limit: int = LIMIT) -> bool:
+    """Whether a capture follows ``tensor``'s real value: an integer or bool buffer (or input) of
+    at most ``limit`` elements, held for real (not on meta, not fake).
 
     >>> follows(torch.tensor(3)), follows(torch.tensor(0.5))
     (True, False)
     >>> follows(torch.zeros(LIMIT + 1, dtype=torch.int64))
     False
+    >>> follows(torch.ones(2, 512, dtype=torch.int64), INPUT_LIMIT)
+    True
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -61,12 +82,23 @@ def follows(tensor: torch.Tensor) -> bool:
         or tensor.is_meta
         or tensor.is_floating_point()
         or tensor.is_complex()
-        or tensor.numel() > LIMIT
+        or tensor.numel() > limit
     )
 
 
+def _on_cpu(item: Any) -> Any:
+    """``item`` as a CPU device where it names another one (the real values are on the CPU; the
+    fake tensors on the setting's device, a CUDA one without a GPU)."""
+    if isinstance(item, torch.device) and item.type != "cpu":
+        return torch.device("cpu")
+    if isinstance(item, str) and item.split(":")[0] in ("cuda", "xpu", "mps", "meta", "hpu"):
+        return "cpu"
+    return item
+
+
 def _real(call: Any, args: Any, kwargs: Any) -> Any:
-    """``call`` on real tensors, past every mode of the trace (fake tensors, the tracer)."""
+    """``call`` on real CPU tensors, past every mode of the trace (fake tensors, the tracer)."""
+    args, kwargs = pytree.tree_map(_on_cpu, (args, kwargs))
     with _disable_current_modes(), torch._C.DisableTorchFunction():
         return call(*args, **kwargs)
 
@@ -81,6 +113,15 @@ class KnownValues(TorchFunctionMode):
         # Shared with :func:`remembering`, which fills it as the tensors are swapped. The fake
         # tensor is kept with its value, so that its id is not reused while this lasts.
         self._known = known
+        #: The value of each data-dependent size (``u0``) an op on followed values made
+        #: (``repeat_interleave`` by a grid's counts): what the replays give the same sizes.
+        self.sizes: dict[str, int] = {}
+        self._symbols: dict[Any, int] = {}  # the same, by sympy symbol
+
+    @property
+    def known(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The followed tensors, ``id(fake) -> (fake, real)`` (what :func:`remembering` fills)."""
+        return self._known
 
     def value(self, t: Any) -> torch.Tensor | None:
         """``t``'s real value, or None where it carries none."""
@@ -89,63 +130,179 @@ class KnownValues(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if not self._known:  # a model without such buffers: nothing to look for
-            return func(*args, **kwargs)
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not tensors and getattr(func, "__name__", "") in FACTORIES:
+            return self._made(func, args, kwargs)
+        if not self._known:  # nothing followed yet: nothing to look for
+            return func(*args, **kwargs)
         values = [self.value(t) for t in tensors]
         if not tensors or not any(v is not None for v in values):
             return func(*args, **kwargs)
         if any(v is None for v in values):
             # A value the call takes as a size (``F.pad(x, (left, right))``): its real number.
-            args, kwargs = pytree.tree_map_only(
-                (list, tuple), self._sizes, (args, kwargs), is_leaf=_is_size_list
-            )
+            # Each argument is looked into, never the call's own tuple of arguments (``a + b``
+            # of a followed 0-d ``a`` is an op on it, not a size).
+            def sizes(arg: Any) -> Any:
+                return pytree.tree_map_only(
+                    (list, tuple), self._sizes, arg, is_leaf=_is_size_list
+                )
+
+            args = tuple(sizes(a) for a in args)
+            kwargs = {k: sizes(v) for k, v in kwargs.items()}
             return func(*args, **kwargs)
         real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, self.value, (args, kwargs))
         name = getattr(func, "__name__", "")
         if name in VALUE_READS:
             return _real(func, real_args, real_kwargs)
+        if name == "unbind" and (args[1] if args[1:] else kwargs.get("dim", 0)) == 0:
+            # ``for row in t`` and a fake tensor's ``tolist()``: by rows, as many as the real
+            # value has, each 0-d where the size depends on the values (fake ``unbind`` splits
+            # such a size into pieces of a size it cannot tell is 1).
+            return tuple(self._rows(args[0], real_args[0]))
+        return self._computed(func, args, kwargs, real_args, real_kwargs)
+
+    def _rows(self, fake: torch.Tensor, real: torch.Tensor) -> list[torch.Tensor]:
+        """``fake``'s rows, each followed: as many as ``real`` has (a fake tensor of a size that
+        depends on the values has none it can count by itself)."""
+        rows = []
+        for i, real_row in enumerate(_real(torch.unbind, (real,), {})):
+            row = fake[i]
+            self._known[id(row)] = (row, real_row)
+            rows.append(row)
+        return rows
+
+    def _computed(self, func: Any, args: Any, kwargs: Any, real_args: Any, real_kwargs: Any) -> Any:
+        """``func``'s traced output, each tensor of it noted with its value on the real ones."""
         out = func(*args, **kwargs)
+        fakes = pytree.tree_leaves(out)
+        if not all(_small(t) for t in fakes if isinstance(t, torch.Tensor)):
+            return out  # beyond the memory bound
         try:
             real_out = _real(func, real_args, real_kwargs)
         except Exception:  # noqa: BLE001 - not computable on the CPU values: no longer followed
             return out
-        fakes, reals = pytree.tree_leaves(out), pytree.tree_leaves(real_out)
+        reals = pytree.tree_leaves(real_out)
         for fake, real in zip(fakes, reals) if len(fakes) == len(reals) else ():
             if (
                 isinstance(fake, torch.Tensor)
                 and isinstance(real, torch.Tensor)
-                and fake.shape == real.shape
-                and real.numel() <= LIMIT
+                and real.numel() <= INPUT_LIMIT
+                and self._sized(fake, real)
             ):
                 self._known[id(fake)] = (fake, real)
         return out
+
+    def _sized(self, fake: torch.Tensor, real: torch.Tensor) -> bool:
+        """Whether ``fake`` has ``real``'s shape, each data-dependent size of it (an op whose
+        output size depends on the values: ``repeat_interleave``, ``unique``) given the real
+        one, as a real run has it."""
+        if fake.dim() != real.dim():
+            return False
+        env = getattr(getattr(fake, "fake_mode", None), "shape_env", None)
+        for size, value in zip(fake.shape, real.shape):
+            if not isinstance(size, torch.SymInt):
+                if size != value:
+                    return False
+                continue
+            expr = size.node.expr
+            if expr.is_Symbol and str(expr).startswith("u") and env is not None:
+                getattr(env, unbacked_value_setter())(expr, int(value))
+                self.sizes[str(expr)] = int(value)
+                self._symbols[expr] = sympy.Integer(int(value))
+                continue
+            # A size computed from such sizes (``u0 + 1`` past a pad): known once they are.
+            known = sympy.sympify(expr.xreplace(self._symbols))
+            if not (known.is_number and int(known) == value):
+                return False
+        return True
+
+    def _made(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """A tensor made from Python numbers alone, followed where its size is within bounds
+        (a size that is itself unknown, a symbol, leaves it unfollowed)."""
+        if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs))):
+            return func(*args, **kwargs)
+        return self._computed(func, args, kwargs, args, kwargs)
 
     def _sizes(self, seq: Any) -> Any:
         """``seq`` with each followed 0-d tensor in it as its Python number."""
         made = [
             _real(torch.Tensor.item, (v,), {})
-            if (v := self.value(item)) is not None and v.dim() == 0
+            if (v := self.value(item)) is not None and v.dim() == 0 and not v.is_floating_point()
             else item
             for item in seq
         ]
         return type(seq)(made) if isinstance(seq, tuple) and not hasattr(seq, "_fields") else made
 
 
+def _small(t: torch.Tensor) -> bool:
+    """Whether ``t`` has at most :data:`INPUT_LIMIT` elements, or a number of them that depends
+    on the values (the real output's count is checked once it is computed)."""
+    numel = t.numel()
+    return not isinstance(numel, int) or numel <= INPUT_LIMIT
+
+
 def remembering(
     make: Callable[[torch.Tensor], torch.Tensor],
     known: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    limit: int = LIMIT,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``make`` (a capture's maker of fake parameters and buffers), noting in ``known`` each fake
-    tensor made from a buffer :func:`follows`, with a copy of its real value."""
+    """``make`` (a capture's maker of fake parameters and buffers, or of its inputs with
+    ``limit=INPUT_LIMIT``), noting in ``known`` each fake tensor made from a tensor
+    :func:`follows` within ``limit``, with a copy of its real value."""
 
     def make_and_remember(t: torch.Tensor) -> torch.Tensor:
         new = make(t)
-        if follows(t):
+        if follows(t, limit):
             known[id(new)] = (new, t.detach().clone())
         return new
 
     return make_and_remember
+
+
+@contextlib.contextmanager
+def real_run_answers(values: KnownValues) -> Iterator[None]:
+    """While it lasts, transformers' questions "is this traced?" get a real run's answer where
+    the capture has the values they guard: ``is_tracing(t)`` is false for a fake tensor that
+    ``values`` follows, and ``is_torchdynamo_exporting()`` is false, as in a real run.
+
+    transformers reads a mask's values only where neither says tracing (``masking_utils``:
+    ``not (is_torchdynamo_exporting() or is_tracing(padding_mask)) and padding_mask.all()``), so
+    on fake tensors it always built the mask a real run drops when no token is padded: the mask
+    (fp32) then promoted the bf16 attention scores under autocast, a silent wrong answer (issue
+    42). A fake tensor without known values is still "traced" (its values cannot be read), so
+    the mask built then is export's, as before. Nothing is changed where transformers is not
+    imported; the functions are put back on exit.
+
+    >>> with real_run_answers(KnownValues({})):
+    ...     pass
+    """
+    utils = sys.modules.get("transformers.utils.import_utils")
+    if utils is None or not hasattr(utils, "is_fake_tensor"):
+        yield
+        return
+    fake_check, exporting = utils.is_fake_tensor, getattr(utils, "is_torchdynamo_exporting", None)
+
+    def is_fake_tensor(x: Any) -> bool:
+        return bool(fake_check(x)) and values.value(x) is None
+
+    def is_torchdynamo_exporting() -> bool:
+        return False
+
+    # Modules import the function by name (``from .utils.import_utils import ...``).
+    swaps = [(utils, "is_fake_tensor", fake_check, is_fake_tensor)] + [
+        (module, "is_torchdynamo_exporting", exporting, is_torchdynamo_exporting)
+        for name, module in list(sys.modules.items())
+        if exporting is not None
+        and name.startswith("transformers")
+        and vars(module).get("is_torchdynamo_exporting") is exporting
+    ]
+    try:
+        for module, name, _, new in swaps:
+            setattr(module, name, new)
+        yield
+    finally:
+        for module, name, old, _ in swaps:
+            setattr(module, name, old)
 
 
 def _is_size_list(node: Any) -> bool:
@@ -155,4 +312,7 @@ def _is_size_list(node: Any) -> bool:
     ) and all(isinstance(i, (int, torch.Tensor)) for i in node)
 
 
-__all__ = ["LIMIT", "VALUE_READS", "KnownValues", "follows", "remembering"]
+__all__ = [
+    "FACTORIES", "INPUT_LIMIT", "LIMIT", "VALUE_READS", "KnownValues", "follows",
+    "real_run_answers", "remembering",
+]

@@ -486,7 +486,9 @@ def _assemble(
         call_order=recorder.call_order(),
         dtype_branches=list(dtype_branches),
         data_dependent=found.data_dependent,
-        unbacked_values=found.unbacked if method in DATA_PATH_METHODS else {},
+        unbacked_values=(
+            found.unbacked if method in DATA_PATH_METHODS else getattr(program, "unbacked", {})
+        ),
         output_paths=output_paths(program.out_spec),
         training=training,
         tied=tied_parameters(model.module),

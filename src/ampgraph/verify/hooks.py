@@ -39,7 +39,12 @@ from ampgraph.annotate.replay import CONCRETE_ONLY, not_analysable
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
-from ampgraph.capture.known_values import KnownValues, remembering
+from ampgraph.capture.known_values import (
+    INPUT_LIMIT,
+    KnownValues,
+    real_run_answers,
+    remembering,
+)
 from ampgraph.errors import first_line
 from ampgraph.model.build import ModelInputs
 from ampgraph.settings import Setting
@@ -207,18 +212,22 @@ def _eager_hook_lines(
             return torch.zeros(t.shape, dtype=dtype_for(t, "input"), device=device)
 
     module = model.module
-    args, kwargs = pytree.tree_map_only(torch.Tensor, make_input, (model.args, model.kwargs))
+    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    # The integer inputs' real values, as the capture follows them (an all-ones mask dropped).
+    follow = remembering(make_input, known, INPUT_LIMIT)
+    args, kwargs = pytree.tree_map_only(torch.Tensor, follow, (model.args, model.kwargs))
     autocast = (
         autocast_state(device, True, torch_dtype(setting.amp_dtype))
         if setting.autocast
         else contextlib.nullcontext()
     )
-    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    values = KnownValues(known)
     with (
         LeafHooks(module) as hooks,
         cast_outputs(module, setting),  # a recipe's output cast, as the capture traces it
         swapped_tensors(module, remembering(make_param, known)),
-        KnownValues(known),  # sizes kept in integer buffers, as the capture follows them
+        values,  # sizes kept in integer buffers, integer inputs: as the capture follows them
+        real_run_answers(values),
         silenced("torch._subclasses.fake_tensor"),
         fake,
         # The dtype errors real kernels raise and fake ones skip (strict.STRICT_CHECKS).

@@ -16,10 +16,13 @@ compared with the prediction:
 
 The eager model runs as the capture ran it while tracing: with ``torch.compiler.is_exporting()``
 true and ``is_compiling()`` false (:func:`ampgraph.capture.raises.as_eager_runs`: no path meant
-for ``torch.compile`` only). Model code that takes a shortcut only outside export then takes the
-traced path: transformers drops an all-ones attention mask at run time (a data-dependent branch
-no trace can take) and lets SDPA handle causality and grouped key/value heads itself, which saves
-other tensors. What is verified is the step torch.export captured, run for real.
+for ``torch.compile`` only), and transformers' "is this traced?" answered as a real run answers
+it (:func:`ampgraph.capture.known_values.real_run_answers`), as the capture answers it where it
+follows the inputs' values. transformers then drops an all-ones attention mask, as a plain eager
+step does, and lets SDPA handle causality and grouped key/value heads itself: OPT-125M saves no
+mask, llama-tiny's SDPA saves its two key/value heads, not the eight repeated for a mask. Run on
+export's answer instead, the oracle built the mask the capture (and the real run) drops, and
+disagreed with a correct prediction.
 
 >>> import torch
 >>> from ampgraph.model.build import ModelInputs
@@ -44,6 +47,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampgraph.capture.casts import cast_floating
+from ampgraph.capture.known_values import KnownValues, real_run_answers
 from ampgraph.capture.trace import training_mode
 from ampgraph.errors import first_line
 from ampgraph.model.build import ModelInputs
@@ -155,8 +159,13 @@ def run_step(
     *,
     backward_autocast: bool = False,
     random_seed: int = 0,
+    exported: bool = True,
 ) -> RealStep:
-    """Run the eager model's training step for real and record what autograd did."""
+    """Run the eager model's training step for real and record what autograd did.
+
+    ``exported``: model code that asks ``torch.compiler.is_exporting()`` gets export's answer,
+    as the capture traced it; False where the capture followed a real run's path instead
+    (a report's ``capture["real_run"]``: export's path raised)."""
     gen = torch.Generator(device=device).manual_seed(random_seed)
 
     def make(t: torch.Tensor) -> torch.Tensor:
@@ -175,7 +184,10 @@ def run_step(
     with contextlib.ExitStack() as stack:
         stack.enter_context(swapped_tensors(model.module, make))
         stack.enter_context(training_mode(model.module, True))
-        stack.enter_context(as_exported())
+        stack.enter_context(as_exported() if exported else contextlib.nullcontext())
+        # transformers' own question, answered as a real run and the capture answer it (a real
+        # tensor's values are known): an all-ones mask dropped, not built for export's sake.
+        stack.enter_context(real_run_answers(KnownValues({})))
         for other in ("cpu", "cuda"):
             if other != setting.device_type:
                 stack.enter_context(autocast_state(other, False, torch.get_autocast_dtype(other)))
@@ -363,6 +375,7 @@ def verify_train(
         real = run_step(
             model, setting, report.backward.loss["output"], dev,
             backward_autocast=backward_autocast, random_seed=real_run.seed,
+            exported=not report.capture.get("real_run"),
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - the model's own error: predicted, or a finding
         if not skipped:
