@@ -312,6 +312,9 @@ class FakeReplay(fx.Interpreter):
             value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
             self.on_error(n, value)
             return value
+        if sizes := _SIZES.get():
+            _give_sizes(out, n.meta.get("val"), sizes)
+        return out
 
     def _through_python_kernels(
         self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -330,9 +333,6 @@ class FakeReplay(fx.Interpreter):
             value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
             self.on_error(n, value)
             return value
-        if sizes := _SIZES.get():
-            _give_sizes(out, n.meta.get("val"), sizes)
-        return out
 
     def run_graph(self) -> Any:
         """Run the whole graph on fresh fake placeholders (call inside :func:`fake_session`)."""
