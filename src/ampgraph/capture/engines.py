@@ -36,7 +36,7 @@ from ampgraph.capture.disabled import marking_disabled_regions
 from ampgraph.capture.known_values import (
     INPUT_LIMIT,
     KnownValues,
-    follows,
+    following_inputs,
     real_run_answers,
     remembering,
 )
@@ -344,7 +344,7 @@ def _export(
     make_param, args, kwargs = _fake_inputs(model, fake_mode, device, param_dtype, setting, values)
     tracing = _tracing_context(model, device, setting, reads, make_param, values)
     # export makes fake inputs of its own: the followed ones are noted again as they arrive.
-    with tracing, _plain_forward(model.module, _following(model, values)):
+    with tracing, _plain_forward(model.module, following_inputs(model.args, model.kwargs, values)):
         program = torch.export.export(model.module, args, kwargs, strict=False)
     return Traced(
         program.graph_module, program.graph_signature, program.call_spec.out_spec, values.sizes
@@ -546,42 +546,12 @@ def make_fx_available() -> bool:
 ENGINES = {MAKE_FX: _make_fx, EXPORT: _export}
 
 
-def _following(model: ModelInputs, values: KnownValues) -> Any:
-    """What notes the inputs export's forward is called with as followed where the example
-    inputs at the same places are (:func:`_fake_inputs`)."""
-
-    # Copied here, not in the traced forward, where the copy would be ops of the graph.
-    copy = functools.partial(
-        pytree.tree_map_only,
-        torch.Tensor,
-        lambda t: t.detach().clone() if follows(t, INPUT_LIMIT) else None,
-    )
-    examples_args, examples_kwargs = copy(model.args), copy(model.kwargs)
-
-    def pairs(arrived: Any, example: Any) -> Iterator[tuple[Any, Any]]:
-        leaves, examples = pytree.tree_leaves(arrived), pytree.tree_leaves(example)
-        return zip(leaves, examples) if len(leaves) == len(examples) else iter(())
-
-    def note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        arrived = [*pairs(args, examples_args)]
-        arrived += [p for k, v in kwargs.items() for p in pairs(v, examples_kwargs.get(k))]
-        for new, real in arrived:
-            if (
-                isinstance(real, torch.Tensor)
-                and isinstance(new, torch.Tensor)
-                and new.shape == real.shape
-            ):
-                values.known[id(new)] = (new, real)
-
-    return note
-
-
 @contextlib.contextmanager
 def _plain_forward(module: nn.Module, note: Any = None) -> Iterator[None]:
     """``module``'s forward returning :func:`plain_outputs`: export cannot return a cache object
     (BART's ``EncoderDecoderCache`` with ``use_cache=True``), as make-fx's flattening cannot.
     The forward is swapped on the instance, so every module path stays as it is. ``note`` is
-    called with the inputs first (:func:`_following`)."""
+    called with the inputs first (:func:`~ampgraph.capture.known_values.following_inputs`)."""
     forward = module.forward
     had = "forward" in vars(module)  # another swap's, or the model's own
 

@@ -36,6 +36,7 @@ on, never followed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -312,7 +313,40 @@ def _is_size_list(node: Any) -> bool:
     ) and all(isinstance(i, (int, torch.Tensor)) for i in node)
 
 
+def following_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], values: KnownValues
+) -> Callable[[tuple[Any, ...], dict[str, Any]], None]:
+    """What notes the inputs export's forward is called with (export makes fake inputs of its
+    own) as followed in ``values`` where the example inputs ``args`` and ``kwargs`` at the same
+    places are followed (:func:`remembering` with :data:`INPUT_LIMIT`)."""
+
+    # Copied here, not in the traced forward, where the copy would be ops of the graph.
+    copy = functools.partial(
+        pytree.tree_map_only,
+        torch.Tensor,
+        lambda t: t.detach().clone() if follows(t, INPUT_LIMIT) else None,
+    )
+    examples_args, examples_kwargs = copy(args), copy(kwargs)
+
+    def pairs(arrived: Any, example: Any) -> Iterator[tuple[Any, Any]]:
+        leaves, examples = pytree.tree_leaves(arrived), pytree.tree_leaves(example)
+        return zip(leaves, examples) if len(leaves) == len(examples) else iter(())
+
+    def note(called: tuple[Any, ...], named: dict[str, Any]) -> None:
+        arrived = [*pairs(called, examples_args)]
+        arrived += [p for k, v in named.items() for p in pairs(v, examples_kwargs.get(k))]
+        for new, real in arrived:
+            if (
+                isinstance(real, torch.Tensor)
+                and isinstance(new, torch.Tensor)
+                and new.shape == real.shape
+            ):
+                values.known[id(new)] = (new, real)
+
+    return note
+
+
 __all__ = [
     "FACTORIES", "INPUT_LIMIT", "LIMIT", "VALUE_READS", "KnownValues", "follows",
-    "real_run_answers", "remembering",
+    "following_inputs", "real_run_answers", "remembering",
 ]
