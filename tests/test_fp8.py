@@ -243,7 +243,8 @@ def test_bad_recipes_are_one_line() -> None:
         parse_fp8_recipe("torchao:fp4")
     with pytest.raises(SettingError, match="no auto filter"):
         parse_fp8_recipe("torchao:rowwise_with_gw_hp,auto_filter=true").module_filter_fn()
-    with pytest.raises(SettingError, match="no dense MX training Linear"):
+    with pytest.raises(SettingError, match=r"inference workflow.*MXFP8 training \(forward and "
+                       r"backward\) is torchao:mxfp8_rceil"):
         trace_fp8(_mlp()[0], parse_fp8_recipe("torchao:mxfp8"), train=True)
 
 

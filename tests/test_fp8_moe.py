@@ -103,8 +103,8 @@ def test_moe_recipe_plan_and_spelling() -> None:
     assert parse_fp8_recipe(r.spelling) == r
     plans = {p.fqn: (p.converted, p.reason) for p in plan_model(model.module, r)}
     assert plans["experts"] == (False, "filtered by name (matches 'experts')")
-    with pytest.raises(SettingError, match="no grouped experts"):
-        plan_model(torch.nn.Linear(32, 32), r)
+    with pytest.raises(SettingError, match="no nn.Linear and no grouped experts"):
+        plan_model(torch.nn.Sequential(torch.nn.ReLU()), r)
 
 
 def test_train_loss_gradient_is_spread_and_deterministic() -> None:

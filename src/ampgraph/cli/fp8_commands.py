@@ -15,8 +15,8 @@ from ampgraph.cli.options import forced, model_argument, timeout_seconds
 RECIPE_HELP = (
     "torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_filter=true]; NAME: tensorwise, "
     "rowwise, rowwise_with_gw_hp; MX: mxfp8, mxfp8_floor (dense Linears), mxfp8_rceil, "
-    "mxfp8_rceil_wgrad_with_hp (a MoE's grouped GEMMs, forward and backward; kernel=emulated on "
-    "a CPU) (fp8-ranges also TransformerEngine's "
+    "mxfp8_rceil_wgrad_with_hp (MXFP8 training of a MoE's grouped GEMMs, or of a dense model's "
+    "Linears, forward and backward; kernel=emulated on a CPU) (fp8-ranges also TransformerEngine's "
     "te:delayed, te:current, te:mxfp8, te:block[,format=e4m3|hybrid], from its source's rules). filter_fqns keeps the "
     "Linears whose name holds a fragment in bf16 (torchtitan's filter_fqns); filter_file reads "
     "them from the advisor's file (--write-filter); auto_filter adds torchao's size rule."

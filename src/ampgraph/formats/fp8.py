@@ -41,15 +41,16 @@ def graph_text(graph: Fp8Graph) -> str:
                          g.scaling, g.dtype_out, g.role) for g in gemms)  # fmt: skip
         for (op, ins, scaling, out, role), n in kinds.items():
             how = f" scaled {'/'.join(scaling)}" if scaling else ""
-            if role == "gemm-mx-emulated":  # torchao's EMULATED kernel: MXFP8 values in bf16
-                how = f" on MXFP8 dequantized to bf16 ({'/'.join(scaling)}, emulated)"
+            if role == "gemm-mx-emulated":  # torchao's EMULATED kernel: MXFP8 values cast up
+                # (bf16 in a MoE's grouped GEMM; a dense mx_mm's, the input's own dtype)
+                how = f" on MXFP8 dequantized to {ins[0]} ({'/'.join(scaling)}, emulated)"
             raises = ("  <- mixed operand dtypes: the real kernel raises"
                       if role == "gemm-mixed" else "")  # fmt: skip
             lines.append(f"  {n:4d} x {op}({', '.join(ins)}){how} -> {out}{raises}")
     roles = Counter(n.role for n in graph.nodes)
     lines.append(f"scale computation {roles['scale']} nodes, operand scaling and clamps "
                  f"{roles['scaling']}, casts to FP8 {roles['cast-fp8']}, "
-                 + (f"dequantized to bf16 {roles['dequant']}, " if roles["dequant"] else "")
+                 + (f"dequantization {roles['dequant']}, " if roles["dequant"] else "")
                  + f"other {roles['other']}")  # fmt: skip
     return "\n".join(lines)
 

@@ -12,7 +12,7 @@ graph       the converted model's forward (and backward) traced with ``make_fx``
             under bf16 autocast: torchao's own casts, amax, scales and ``_scaled_mm``, annotated
 proof       the same model run for real on the CPU under autocast: every GEMM's operand dtypes
 mx          torchao's MX inference workflow for dense Linears (its MXTensor weights in the trace)
-moe         torchao's MXFP8 MoE training recipe: grouped experts under ``MXFP8TrainingOpConfig``
+moe         torchao's MXFP8 training (``MXFP8TrainingOpConfig``): a MoE's experts, or Linears
 =========== ==================================================================================
 
 Whether the values survive FP8 is :mod:`ampgraph.ranges.fp8`'s job. torchao is the optional

@@ -42,6 +42,10 @@ GROUPED = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
 #: origin (an emulated MX GEMM's dequantized operand is a view of ``e4m3 * e8m0``).
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "unsqueeze",
                    "expand", "clone", "alias", "contiguous", "slice"})
+#: Ops whose values do not depend on their tensor argument's (only its dtype and device): what a
+#: scale is computed from is not found past them.
+CONSTANTS = frozenset({"new_ones", "new_zeros", "new_full", "new_empty", "ones_like",
+                       "zeros_like", "full_like", "empty_like"})
 FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float8_e8m0fnu": "e8m0"}
 
 
@@ -123,83 +127,85 @@ def _through_views(n: Any) -> Any:
     return n
 
 
-def _mx_dequantized(operand: Any) -> str | None:
-    """``e4m3 mx-1x32`` when ``operand`` is torchao's emulated MX dequantization (its FP8
-    values cast up, times its E8M0 scales cast up, reshaped), else None: found by data flow."""
+def _e8m0_source(factor: Any, limit: int = 12) -> Any:
+    """The E8M0 scale tensor a dequantization factor is computed from, walking back at most
+    ``limit`` nodes (None: none so near). torchao has two dequantizations: the grouped GEMM's
+    emulated kernel casts the E8M0 scale up (``_to_copy``), ``MXTensor``'s ``to_dtype`` (a
+    dense Linear's ``mx_mm``) reads its exponent byte (``view(uint8)``, ``- 127``, ``2 **``)."""
+    todo, walked = [factor], 0
+    while todo and walked <= limit:
+        n = todo.pop(0)
+        if not isinstance(n, fx.Node) or n.op != "call_function":
+            continue
+        if _val_dtype(n) == "e8m0":
+            return n
+        walked += 1
+        todo.extend(n.all_input_nodes)
+    return None
+
+
+def _mx_parts(operand: Any) -> tuple[Any, Any, Any, str] | None:
+    """(the ``mul``, its values factor, its scale factor, the FP8 format) when ``operand`` is
+    torchao's emulated MX dequantization (FP8 values cast up, times the power of two its E8M0
+    scales give, reshaped), else None: found by data flow."""
     mul = _through_views(operand)
     if _opname(mul) != "mul":
         return None
-    sources = set()
-    for factor in mul.args[:2]:
-        cast = _through_views(factor)
-        if _opname(cast) == "_to_copy":
-            sources.add(_val_dtype(cast.args[0]))
-    fmt = sources - {"e8m0"}
-    return f"{fmt.pop()} mx-1x32" if "e8m0" in sources and len(fmt) == 1 and fmt <= {
-        "e4m3", "e5m2"} else None
+    factors = [_through_views(f) for f in mul.args[:2]]
+    for values, scale in (factors, factors[::-1]):
+        fmt = _val_dtype(values.args[0]) if _opname(values) == "_to_copy" else None
+        if fmt in ("e4m3", "e5m2") and _e8m0_source(scale) is not None:
+            return mul, values, scale, fmt
+    return None
+
+
+def _mx_dequantized(operand: Any) -> str | None:
+    """``e4m3 mx-1x32`` when ``operand`` is torchao's emulated MX dequantization, else None."""
+    parts = _mx_parts(operand)
+    return None if parts is None else f"{parts[3]} mx-1x32"
+
+
+def _post_scales(n: fx.Node) -> list[Any]:
+    """What a ``_scaled_mm``'s output is multiplied by in place (torchao's ``output *=
+    post_inverse_scale``), if anything."""
+    return [u.args[1] for u in n.users if _opname(u) in ("mul", "mul_") and u.args[0] is n]
 
 
 def _role(n: fx.Node, out: str) -> tuple[str, tuple[str, ...]]:
     name = getattr(n.target, "_opname", str(n.target))
     if name in ("_scaled_mm", "_scaled_grouped_mm"):
         a, b, sa, sb = n.args[:4]
+        post = _post_scales(n)
+        if _opname(sa) in CONSTANTS and len(post) == 1 and _opname(post[0]) == "mul":
+            # torchao's rowwise GEMM without fast accumulation: ones here, and the output
+            # multiplied after by a's scales times b's (``a_inverse_scale * b_inverse_scale``).
+            sa, sb = post[0].args[:2]
         return "gemm-fp8", (_scaling(sa, a), _scaling(sb, b))
     if name in GEMM_OPS:
         # mm/bmm take their matrices last (addmm's first argument is the bias), a grouped
         # GEMM first (its group offsets follow).
         operands = n.args[:2] if name in GROUPED else n.args[-2:]
-        mx = [_mx_dequantized(a) for a in operands]
-        if all(mx):
-            # torchao's emulated MXFP8 kernel: both operands quantized, then dequantized to
-            # bf16 for this GEMM (where an SM100 GPU runs the scaled GEMM on them).
-            return "gemm-mx-emulated", tuple(m for m in mx if m)
         mats = {_val_dtype(a) for a in operands}
         if len(mats) > 1:
-            # Fake kernels accept mm(bf16, fp32); the real CPU and CUDA kernels raise.
+            # Fake kernels accept mm(bf16, fp32); the real CPU and CUDA kernels raise (a dense
+            # mx_mm dequantizes each operand to its own dtype: a bf16 input, an fp32 weight).
             return "gemm-mixed", ()
+        mx = [_mx_dequantized(a) for a in operands]
+        if all(mx):
+            # torchao's emulated MXFP8 kernel: both operands quantized, then dequantized
+            # for this GEMM (where an SM100 GPU runs the scaled GEMM on them).
+            return "gemm-mx-emulated", tuple(m for m in mx if m)
         return f"gemm-{out}", ()
     if name == "_to_copy" and out in FP8_DTYPES.values():
         return "cast-fp8", ()
     return "other", ()
 
 
-def _module_ancestors(start: list[Any], module: Any) -> set[str]:
-    """Names of the nodes ``start`` depends on inside the same module's call (start included)."""
-    seen: set[str] = set()
-    todo = [a for a in start if isinstance(a, fx.Node)]
-    while todo:
-        n = todo.pop()
-        if n.name in seen or n.op != "call_function" or n.meta.get("fp8_module") != module:
-            continue
-        seen.add(n.name)
-        todo.extend(n.all_input_nodes)
-    return seen
-
-
-def _scale_roles(gm: fx.GraphModule) -> dict[str, str]:
-    """By data flow, not op name: ``scale`` for the nodes that compute a ``_scaled_mm``'s
-    scales (amax, 448/amax, rounding), ``scaling`` for those that scale and clamp an operand
-    before its cast to FP8."""
-    roles: dict[str, str] = {}
-    for n in gm.graph.nodes:
-        if getattr(n.target, "_opname", "") != "_scaled_mm":
-            continue
-        module = n.meta.get("fp8_module")
-        scales = _module_ancestors(list(n.args[2:4]), module)
-        for name in scales:
-            roles[name] = "scale"
-        casts = [a for a in gm.graph.nodes if a.name in _module_ancestors(list(n.args[:2]), module)
-                 and a.target == torch.ops.aten._to_copy.default
-                 and short(a.meta["val"].dtype) in FP8_DTYPES.values()]
-        for cast in casts:
-            for name in _module_ancestors(list(cast.args), module) - scales:
-                roles.setdefault(name, "scaling")
-    return roles
-
-
-def _walk_back(start: Any, stop: set[str], until: str = "", limit: int = 64) -> set[str]:
+def _walk_back(start: Any, stop: set[str], until: str = "", limit: int = 64,
+               leaves: frozenset[str] = frozenset()) -> set[str]:
     """Names of ``start`` and its ancestors, up to (and with) an ``until`` op, not past
-    ``stop``; empty when more than ``limit`` nodes would be marked (not torchao's ``to_mx``)."""
+    ``stop`` nor past a ``leaves`` op; empty when more than ``limit`` nodes would be marked
+    (not torchao's ``to_mx``)."""
     seen: set[str] = set()
     todo = [start]
     while todo:
@@ -209,9 +215,54 @@ def _walk_back(start: Any, stop: set[str], until: str = "", limit: int = 64) -> 
         seen.add(n.name)
         if len(seen) > limit:
             return set()
-        if _opname(n) != until:
+        if _opname(n) != until and _opname(n) not in leaves:
             todo.extend(n.all_input_nodes)
     return seen
+
+
+def _fp8_cast(operand: Any, limit: int = 16) -> Any:
+    """The cast to FP8 a ``_scaled_mm`` operand's values come from, past the views and copies
+    that keep them FP8 (torchao's ``t().contiguous().t()``), or None."""
+    n = operand
+    for _ in range(limit):
+        if not isinstance(n, fx.Node) or n.op != "call_function" or not n.args:
+            return None
+        if _val_dtype(n) not in ("e4m3", "e5m2"):
+            return None
+        if _opname(n) == "_to_copy" and _val_dtype(n.args[0]) not in ("e4m3", "e5m2"):
+            return n
+        n = n.args[0]
+    return None
+
+
+def _scale_roles(gm: fx.GraphModule) -> dict[str, str]:
+    """By data flow, not op name: ``scale`` for the nodes that compute a ``_scaled_mm``'s
+    scales (from the operand's ``abs`` and amax to 448/amax, rounding and the reciprocal the
+    GEMM takes), ``scaling`` for those that scale and clamp the operand before its cast to FP8.
+
+    Each walk runs from the GEMM's own scale and operand back to the operand's high-precision
+    values and stops there: in the backward, where no module's call bounds the graph, a walk
+    over all ancestors would take every gradient computed before.
+    """
+    roles: dict[str, str] = {}
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for n in gm.graph.nodes:
+        if _opname(n) != "_scaled_mm":
+            continue
+        # torchao's rowwise GEMM without fast accumulation (its backward's) passes ones
+        # (``new_ones``, no data flow) and scales the output after: ``output *= a_inv * b_inv``.
+        scales: set[str] = set()
+        for start in [*n.args[2:4], *_post_scales(n)]:
+            scales |= _walk_back(start, set(), until="abs", leaves=CONSTANTS)
+        sources = {nodes[m].args[0].name for m in scales if _opname(nodes[m]) == "abs"}
+        roles.update(dict.fromkeys(scales, "scale"))
+        for operand in n.args[:2]:
+            cast = _fp8_cast(operand)
+            if cast is not None:
+                # The cast keeps its own role (cast-fp8); what feeds it is the scaling.
+                for m in _walk_back(cast.args[0], scales | sources):
+                    roles.setdefault(m, "scaling")
+    return roles
 
 
 def _mx_roles(gm: fx.GraphModule) -> dict[str, str]:
@@ -226,10 +277,9 @@ def _mx_roles(gm: fx.GraphModule) -> dict[str, str]:
         for operand in n.args[:2] if name in GROUPED else n.args[-2:]:
             if _mx_dequantized(operand) is None:
                 continue
-            mul = _through_views(operand)
-            casts = [_through_views(f) for f in mul.args[:2]]
-            scale = next(c.args[0] for c in casts if _val_dtype(c.args[0]) == "e8m0")
-            values = next(c.args[0] for c in casts if _val_dtype(c.args[0]) != "e8m0")
+            mul, cast, factor, _fmt = _mx_parts(operand)  # type: ignore[misc]
+            scale = _e8m0_source(factor)
+            values = cast.args[0]
             scales = _walk_back(scale, set(), until="abs")
             sources = {a.args[0].name for a in gm.graph.nodes
                        if a.name in scales and _opname(a) == "abs"}
@@ -237,8 +287,9 @@ def _mx_roles(gm: fx.GraphModule) -> dict[str, str]:
             # The FP8 cast keeps its own role (cast-fp8); what feeds it is the scaling.
             for m in _walk_back(values, scales | sources) - {values.name}:
                 roles.setdefault(m, "scaling")
-            for m in [mul, *casts]:
-                roles.setdefault(m.name, "dequant")
+            # The dequantization: the mul, the values' cast up, the scale's power of two.
+            for m in _walk_back(factor, {scale.name}) | {mul.name, cast.name}:
+                roles.setdefault(m, "dequant")
     return roles
 
 
@@ -366,6 +417,23 @@ def train_loss(out: Any) -> torch.Tensor:
     return (y * torch.randn(y.shape, generator=gen, device=y.device)).mean()
 
 
+def _mx_training_refusal(recipe: Fp8Recipe, exc: AssertionError) -> SettingError | None:
+    """torchao's MXFP8 training refusing to run, as one line: its AUTO kernels (SM100 GEMMs, the
+    Triton casts) or a dimension no multiple of 32; None for any other assertion."""
+    from ampgraph.fp8 import moe
+
+    text = str(exc)
+    if recipe.name not in MOE_NAMES:
+        return None
+    if "SM100" in text:
+        return SettingError(f"{recipe.spelling}: {moe.SM100}")
+    if "needs triton" in text:
+        return SettingError(f"{recipe.spelling}: {moe.TRITON}")
+    if "divisible by block_size" in text:
+        return SettingError(f"{recipe.spelling}: {moe.TOKENS} ({text})")
+    return None
+
+
 @in_analysis_environment
 def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> Fp8Graph:
     """Convert ``model`` with torchao, trace it on fake tensors under CPU bf16 autocast.
@@ -420,10 +488,9 @@ def trace_fp8(model: ModelInputs, recipe: Fp8Recipe, *, train: bool = False) -> 
         with _marking(converted):
             gm = make_fx(forward, tracing_mode="fake")(state, args, kwargs)
     except AssertionError as exc:
-        if recipe.name in MOE_NAMES and "SM100" in str(exc):
-            from ampgraph.fp8.moe import SM100
-
-            raise SettingError(f"{recipe.spelling}: {SM100}") from None
+        refused = _mx_training_refusal(recipe, exc)
+        if refused is not None:
+            raise refused from None
         raise
     except RuntimeError as exc:
         # ampgraph's _grouped_mm kernel refuses what the CPU kernel refuses, in its words: a

@@ -1,8 +1,8 @@
 """MXFP8 by torchao's own module code: the MX inference workflow, its weights flattened.
 
-torchao 0.18 has no dense MX training Linear (``MXLinearConfig`` is gone; its
-``MXFP8TrainingOpConfig`` wraps MoE grouped GEMMs). What it has for a dense Linear is the
-inference workflow: ``quantize_(model, MXDynamicActivationMXWeightConfig(...))`` turns each
+The recipes ``mxfp8`` and ``mxfp8_floor`` are torchao 0.18's MX inference workflow for a dense
+Linear (its MX *training* of Linears, ``MXFP8TrainingOpConfig``, is :mod:`ampgraph.fp8.moe`'s
+``mxfp8_rceil``): ``quantize_(model, MXDynamicActivationMXWeightConfig(...))`` turns each
 Linear's weight into an ``MXTensor`` (e4m3 values, one E8M0 scale per 32 along K), and each
 call quantizes the activation the same way (``MXTensor.to_mx``) and multiplies: with
 ``KernelPreference.AUTO`` by ``torch._scaled_mm`` on the E8M0 block scales (what an SM100 GPU

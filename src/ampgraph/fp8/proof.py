@@ -81,13 +81,13 @@ def real_gemms(
     ``state`` holds real CPU tensors for every parameter and buffer (fp32 weights).
     """
     if recipe.name in MX_NAMES + MOE_NAMES:
-        # torchao quantizes the real weights once (MXTensor) or wraps them (the MoE's MXFP8
-        # training weights): the run takes them as they are.
+        # torchao quantizes the real weights once (MXTensor) or wraps them (MXFP8 training
+        # weights, a Linear's or a MoE's): the run takes them as they are.
         if recipe.kernel != "emulated" or (train and recipe.name in MX_NAMES):
             raise SettingError(f"{recipe.spelling}: the CPU's _scaled_mm refuses E8M0 block "
-                               "scales (an SM100 GPU's GEMM) and dense MX has no training "
-                               "Linear here: check kernel=emulated (forward; a MoE's "
-                               "torchao:mxfp8_rceil trains)")
+                               "scales (an SM100 GPU's GEMM) and the inference workflow does "
+                               "not train: check kernel=emulated (mxfp8 forward; "
+                               "torchao:mxfp8_rceil trains Linears and a MoE's experts)")
         real = copy.deepcopy(model.module).to_empty(device="cpu")
         real.load_state_dict(state, strict=False, assign=True)
         converted = convert(real, recipe)
@@ -98,7 +98,7 @@ def real_gemms(
     names = [k for k, _ in converted.named_parameters()]
     buffers = [k for k, _ in converted.named_buffers()]
     state = {k: state[k].detach().clone() for k in names + buffers if k in state}
-    # Not MXTensors (frozen); the MoE's wrapped expert weights train.
+    # Not MXTensors (frozen); the wrapped MXFP8 training weights train.
     wants = {k for k, p in converted.named_parameters() if p.requires_grad}
     params = {k: state[k].requires_grad_() for k in names if k in state and k in wants}
     log = _GemmLog()

@@ -4,7 +4,8 @@ A recipe is spelled ``torchao:NAME[,filter_fqns=A+B][,filter_file=PATH][,auto_fi
 torchao's ``Float8LinearRecipeName`` values (``tensorwise``, ``rowwise``,
 ``rowwise_with_gw_hp``), torchao's MX names (``mxfp8``, ``mxfp8_floor``: dense Linears, the
 inference workflow) or its ``MXFP8TrainingRecipe`` values (``mxfp8_rceil``,
-``mxfp8_rceil_wgrad_with_hp``: a MoE's grouped GEMMs, :mod:`ampgraph.fp8.moe`);
+``mxfp8_rceil_wgrad_with_hp``: MXFP8 training of a MoE's grouped GEMMs or, in a model without
+experts, of its ``nn.Linear`` s, :mod:`ampgraph.fp8.moe`);
 ``filter_fqns`` are module-name fragments kept in bf16, matched as torchtitan's ``filter_fqns``
 are (a fragment anywhere in the name); ``auto_filter`` adds torchao's own size rule
 (``_auto_filter_for_recipe``: dims not multiples of 16, or too small to gain on an H100). Nothing here re-implements torchao: the formats are read from its
@@ -33,10 +34,10 @@ RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 #: inference workflow (:mod:`ampgraph.fp8.mx`, see MX_GRAPH).
 MX_NAMES = ("mxfp8", "mxfp8_floor")
 MX_GRAPH = (
-    "torchao 0.18 has no dense MX training Linear (MXLinearConfig is gone; its "
-    "MXFP8TrainingOpConfig wraps MoE grouped GEMMs): the MX graph is its inference workflow's "
-    "forward (MXDynamicActivationMXWeightConfig), and fp8-ranges predicts the forward's survival; "
-    "a MoE's grouped GEMMs train in MXFP8 under torchao:mxfp8_rceil (forward and backward)"
+    "mxfp8 and mxfp8_floor are torchao's MX inference workflow (MXDynamicActivationMXWeightConfig"
+    "), a forward, and fp8-ranges predicts the forward's survival; MXFP8 training (forward and "
+    "backward) is torchao:mxfp8_rceil[_wgrad_with_hp] (MXFP8TrainingOpConfig: a dense model's "
+    "nn.Linears, a MoE's grouped experts)"
 )
 #: Every name after ``torchao:``.
 ALL_NAMES = RECIPE_NAMES + MX_NAMES + MOE_NAMES

@@ -308,7 +308,9 @@ def linear_operands(
     ``train``, its ``grad_output`` (rows of N) too, from the real fp32 backward of the loss
     ``ampgraph fp8 --pass train`` traces (:func:`ampgraph.fp8.graph.train_loss`). A MoE
     recipe's records are its grouped GEMMs' (:func:`ampgraph.ranges.fp8_moe.moe_operands`)."""
-    if recipe.name in MOE_NAMES:
+    from ampgraph.fp8.moe import has_experts
+
+    if recipe.name in MOE_NAMES and has_experts(model.module):
         from ampgraph.ranges.fp8_moe import moe_operands
 
         return moe_operands(model, recipe, state, train=train)  # type: ignore[arg-type]
