@@ -188,16 +188,18 @@ def test_an_overlay_folder_under_a_read_only_parent_is_refused(tmp_path: Path) -
 
 
 class SecondCallRaises(torch.nn.Module):
-    """Runs once (ampgraph's capture), then raises: not deterministic."""
+    """Runs once (ampgraph's capture), then raises: not deterministic. It counts its calls in a
+    list changed in place, state the capture cannot put back (it restores a module's attributes,
+    not what they hold)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(4, 4)
-        self.calls = 0
+        self.calls = [0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        if self.calls >= 2:
+        self.calls[0] += 1
+        if self.calls[0] >= 2:
             raise RuntimeError("raised on the second call")
         return self.linear(x)
 
@@ -207,6 +209,22 @@ def test_a_forward_that_raises_on_its_second_call_is_not_deterministic() -> None
     with pytest.raises(NotDeterministicError, match="not deterministic.*second call"):
         verify(model, "fp32,device=cpu")
 
+
+class CountsInAnAttribute(SecondCallRaises):
+    """The same forward counting in a plain attribute, which the capture puts back: the real run
+    is the model's first call, as it is in the user's process."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count = getattr(self, "count", 0) + 1
+        if self.count >= 2:
+            raise RuntimeError("raised on the second call")
+        return self.linear(x)
+
+
+def test_the_capture_leaves_a_forwards_own_attributes_as_they_were() -> None:
+    module = CountsInAnAttribute()
+    result = verify(ModelInputs("count", module, (torch.randn(2, 4),)), "fp32,device=cpu")
+    assert result.ok and module.count == 1  # the real run's call only
 
 
 # -- progress, as the other commands show it -------------------------------------------------
