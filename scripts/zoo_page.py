@@ -17,13 +17,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import ROOT, classify, config_and_inputs, model_types, status  # noqa: E402
 
-#: The mechanisms of issue 42 whose capture fixes land after this run (compile-only branches
-#: under make_fx, shapes a real run computes from values, ``.item()``): a row with one of them
-#: says so, and may read differently on a rerun; the grad mode, lines before a raise and swapped
-#: modules fixes were in the code this run ran.
-FIX_CLASSES = ("compile-only branch (grouped_mm)", "value-dependent shapes", ".item()")
-
-
 def load(results: Path) -> dict[str, dict[str, Any]]:
     """Every type's last record in ``results``, by type."""
     records: dict[str, dict[str, Any]] = {}
@@ -97,9 +90,7 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         mech = mechanism(rec)
         # A row run with the capture fixes shows their cut: one node "not analysed", with why.
         cut = "not analysed:" in mech
-        fixed = mech.startswith(FIX_CLASSES) and not rec.get("rerun") and not cut
-        fix = " (a capture fix after this run addresses it)" if fixed else ""
-        fix += " (the capture fix's cut: that node not analysed, the rest is)" if cut else ""
+        fix = " (the capture fix's cut: that node not analysed, the rest is)" if cut else ""
         rerun = rec.get("rerun")
         if rerun:  # True: the capture fixes' rerun; a string: that rerun's reason
             fix += f" (rerun: {rerun})" if isinstance(rerun, str) else (
@@ -147,9 +138,11 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         "policy, "
         f"real CPU kernels), in {', '.join(f'`{c}`' for c in combos) or 'no combination yet'}.",
         "",
-        f"**{total} model types** have a base model class; {len(reached)} were run and "
-        f"{total - len(reached)} were not reached before the run was stopped. Where each "
-        f"type's tiny config came from: {_sources(sources)} (see *How it was made*).",
+        f"**{total} model types** have a base model class; "
+        + (f"{len(reached)} were run and {total - len(reached)} were not reached before the run "
+           "was stopped." if len(reached) < total else "every one was run.")
+        + f" Where each type's tiny config came from: {_sources(sources)} (see *How it was "
+        "made*).",
         "",
         *_counts(hf),
         "",
@@ -167,12 +160,11 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         "",
         "## Every type that is not exact, and why",
         "",
-        f"Mechanisms whose capture fixes of issue 42 land after this run: "
-        f"{', '.join(FIX_CLASSES)}; a row with one of them says so (this page's rows are the run's "
-        "findings, from the code it ran). The *tester* column says where the type's config came "
-        "from: its own test file, transformers' causal LM tester, or the zoo's generic tester; a "
-        "type the generic tester cannot build is *does not build (generic tester)*, with the "
-        "error's class.",
+        "Each row is its run's finding, from the code that run ran (the runs are listed under "
+        "*How it was made*); a rerun row says why it was rerun. The *tester* column says where "
+        "the type's config came from: its own test file, transformers' causal LM tester, or the "
+        "zoo's generic tester; a type the generic tester cannot build is *does not build (generic "
+        "tester)*, with the error's class.",
         "",
         *_misses(hf),
         "## Beyond transformers: diffusers, peft, timm",
