@@ -8,6 +8,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,6 +31,21 @@ def _example(name: str) -> ModelInputs:
     spec.loader.exec_module(module)
     model, x = module.build()
     return ModelInputs(name, model, (x,))
+
+
+def mx_survival_proved(model: ModelInputs, name: str, count: int) -> tuple[Any, Any]:
+    """The MX recipe ``name``'s training operands of ``model`` and their survival, after each of
+    the ``count`` predicted counts equals torchao's real ``to_mx`` on the same tensors."""
+    from ampgraph.ranges import fp8 as fp8_ranges
+
+    state = dict(model.module.state_dict())
+    recipe = parse_fp8_recipe(f"torchao:{name},kernel=emulated")
+    operands = fp8_ranges.linear_operands(model, recipe, state, train=True)
+    pairs = fp8_ranges.prove(model, recipe, state, train=True, operands=operands)
+    assert len(pairs) == count
+    assert all(row.survival == real for row, real in pairs)
+    assert {row.scaling for row, _ in pairs} == {"mx-rceil"}
+    return operands, pairs
 
 
 def test_moe_train_graph_equals_a_real_emulated_cpu_run() -> None:
@@ -145,16 +161,8 @@ def test_cli_moe_train_check() -> None:
 def test_moe_survival_equals_torchaos_real_mx_conversion(name: str, count: int) -> None:
     """Each grouped GEMM operand, forward and backward, per 32 values along its reduction:
     the prediction's counts equal torchao's to_mx on the same tensors."""
-    from ampgraph.ranges import fp8 as fp8_ranges
-
     model = _example("fp8_moe")
-    state = dict(model.module.state_dict())
-    recipe = parse_fp8_recipe(f"torchao:{name},kernel=emulated")
-    operands = fp8_ranges.linear_operands(model, recipe, state, train=True)
-    pairs = fp8_ranges.prove(model, recipe, state, train=True, operands=operands)
-    assert len(pairs) == count
-    assert all(row.survival == real for row, real in pairs)
-    assert {row.scaling for row, _ in pairs} == {"mx-rceil"}
+    operands, _ = mx_survival_proved(model, name, count)
     # The recorded operands are the real run's: the tokens sorted by expert, the stacked
     # weight with K last, and grad_output for both GEMMs.
     record = operands["experts"]

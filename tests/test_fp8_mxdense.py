@@ -5,7 +5,6 @@ tensors, and the scale nodes of a Linear's FP8 backward counted by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from collections import Counter
@@ -22,18 +21,14 @@ from ampgraph.fp8.graph import trace_fp8  # noqa: E402
 from ampgraph.fp8.proof import prove_gemms, real_gemms  # noqa: E402
 from ampgraph.fp8.recipes import convert, parse_fp8_recipe  # noqa: E402
 from ampgraph.model.build import ModelInputs  # noqa: E402
+from tests.test_fp8_moe import _example, mx_survival_proved  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MX = "torchao:mxfp8_rceil,kernel=emulated"
 
 
 def _outlier() -> ModelInputs:
-    spec = importlib.util.spec_from_file_location("fp8_outlier", ROOT / "examples/fp8_outlier.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model, x = module.build()
-    return ModelInputs("fp8_outlier", model, (x,))
+    return _example("fp8_outlier")
 
 
 def test_dense_mx_train_graph_equals_a_real_emulated_cpu_run() -> None:
@@ -118,16 +113,7 @@ def test_bf16_input_meets_fp32_weight_as_the_real_kernel_does() -> None:
 def test_dense_mx_survival_equals_torchaos_real_mx_conversion(name: str, count: int) -> None:
     """Each Linear's operands, forward and backward, in blocks of 32 along each GEMM's
     reduction (K, N, then the tokens): the predicted counts equal torchao's to_mx's."""
-    from ampgraph.ranges import fp8 as fp8_ranges
-
-    model = _outlier()
-    state = dict(model.module.state_dict())
-    recipe = parse_fp8_recipe(f"torchao:{name},kernel=emulated")
-    operands = fp8_ranges.linear_operands(model, recipe, state, train=True)
-    pairs = fp8_ranges.prove(model, recipe, state, train=True, operands=operands)
-    assert len(pairs) == count
-    assert all(row.survival == real for row, real in pairs)
-    assert {row.scaling for row, _ in pairs} == {"mx-rceil"}
+    _, pairs = mx_survival_proved(_outlier(), name, count)
     # The outlier channel flushes values to zero even one block at a time, in fc2's input.
     worst = pairs[0][0]
     assert worst.module == "blocks.0.fc2" and worst.survival.zeros > 0
