@@ -117,17 +117,60 @@ def source_of(model_type: str, tests_dir: Path) -> str:
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if _on_disk(tests_dir, f"tests.models.{model_type}.test_modeling_{model_type}"):
-        return f"tests/models/{model_type}/test_modeling_{model_type}.py"
+    if _on_disk(tests_dir, module_of_tests(model_type)):
+        return module_of_tests(model_type).replace(".", "/") + ".py"
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return CAUSAL_LM_SOURCE
     return importlib.import_module("zoo_generic").SOURCE
 
 
+def module_of_tests(model_type: str) -> str:
+    """The module of ``model_type``'s tests in a transformers checkout: named, as transformers
+    names its model package, by the module (``gemma3n_text`` is tested beside ``gemma3n``).
+
+    >>> module_of_tests("gemma3n_text"), module_of_tests("blip-2")
+    ('tests.models.gemma3n.test_modeling_gemma3n', 'tests.models.blip_2.test_modeling_blip_2')
+    """
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    module = model_type_to_module_name(model_type)
+    return f"tests.models.{module}.test_modeling_{module}"
+
+
+def _tester_of(model_type: str, testers: list[type]) -> Any:
+    """The tester of ``model_type``'s base model among a test file's testers (a composite model's
+    file has one per part: ``AlignVisionModelTester``, ``AlignTextModelTester``,
+    ``AlignModelTester``): the one named after the base class, else the first whose config is
+    the type's, else the first."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    base = MODEL_MAPPING_NAMES[model_type]
+    named = [t for t in testers if t.__name__ in {f"{b}Tester" for b in _names(base)}]
+    for tester in named or testers:
+        instance = tester(_Parent())
+        if named:
+            return instance
+        try:
+            config = instance.prepare_config_and_inputs_for_common()[0]
+        except Exception:  # noqa: BLE001 - a part's tester that needs another's output
+            continue
+        if getattr(config, "model_type", None) == model_type:
+            return tester(_Parent())
+    return testers[0](_Parent())
+
+
+def _names(base: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (base,) if isinstance(base, str) else tuple(base)
+
+
 def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
     """``model_type``'s tester instance and where it came from (its test file, or transformers'
     generic causal LM tester); LookupError for a type that has neither."""
-    module_name = f"tests.models.{model_type}.test_modeling_{model_type}"
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    module_name = module_of_tests(model_type)
     if _on_disk(tests_dir, module_name):
         module = importlib.import_module(module_name)
         testers = [
@@ -136,10 +179,7 @@ def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
         ]  # fmt: skip
         if not testers:
             raise LookupError(f"{module_name} has no *ModelTester class")
-        return testers[0](_Parent()), f"tests/models/{model_type}/test_modeling_{model_type}.py"
-    import transformers
-    from transformers.models.auto import modeling_auto as auto
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+        return _tester_of(model_type, testers), module_name.replace(".", "/") + ".py"
 
     if model_type not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise LookupError("no test file here, and not a causal LM (no generic tester)")
