@@ -12,7 +12,9 @@ timed out so on SIGHUP). :func:`as_from_a_terminal` sets the stop signals explic
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable
+from pathlib import Path
 
 #: ``python -c _LAUNCH IGNORED ARGS``: ``python ARGS`` in the same process (its pid is the
 #: command's), with SIGHUP, SIGINT and SIGTERM unblocked and at their default, but for those
@@ -33,3 +35,28 @@ def as_from_a_terminal(*args: str, ignoring: Iterable[str] = ()) -> list[str]:
     and SIGTERM at their default, none blocked), but with the signals named in ``ignoring``
     ignored (``("SIGHUP",)``: as ``nohup`` starts it)."""
     return [sys.executable, "-c", _LAUNCH, ",".join(ignoring), *args]
+
+
+def session(leader: int) -> list[int]:
+    """The live processes of the session ``leader`` started (field 6 of /proc/PID/stat)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[3]) == leader and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def gone(leader: int) -> bool:
+    """Whether the session ``leader`` started has no live process left, or none within 30 s: a
+    process killed a moment ago (a worker ending on its parent's SIGTERM) takes a while to go on
+    a loaded machine."""
+    end = time.monotonic() + 30
+    while session(leader):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True

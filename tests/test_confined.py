@@ -34,7 +34,7 @@ from ampgraph.cli import main
 from ampgraph.errors import AnalysisError
 from ampgraph.model.usercode import MAX_TIMEOUT, MIN_TIMEOUT, parse_timeout
 from ampgraph.pipeline.workers import isolated
-from tests.terminal import as_from_a_terminal
+from tests.terminal import as_from_a_terminal, gone, session
 
 FIXTURE = Path(__file__).parent / "data" / "opt-125m-amp-fp32.json"
 
@@ -121,30 +121,6 @@ def alive(pids: list[int]) -> list[int]:
         if state != "Z":
             found.append(pid)
     return found
-
-
-def session(leader: int) -> list[int]:
-    """The live processes of the session ``leader`` started (field 6 of /proc/PID/stat)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == leader and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
-def gone(leader: int) -> bool:
-    """Whether the session ``leader`` started has no live process left, or none within 30 s: a
-    process killed a moment ago takes a while to go on a loaded machine."""
-    end = time.monotonic() + 30
-    while session(leader):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def reached(proc: subprocess.Popen[str], marker: Path) -> None:

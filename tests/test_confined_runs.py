@@ -28,7 +28,8 @@ from ampgraph.cli import main
 from ampgraph.errors import NotDeterministicError
 from ampgraph.model.build import ModelInputs
 from ampgraph.verify import verify
-from tests.test_confined import ampgraph, gone, needs_proc
+from tests.terminal import gone
+from tests.test_confined import ampgraph, needs_proc
 
 #: One model, whose forward does what HOSTILE says on every call (capture and real runs alike).
 HOSTILE = """
