@@ -60,24 +60,54 @@ LABEL_KEYS = ("labels", "start_positions", "end_positions", "next_sentence_label
 class _Lenient(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """A ``tests.*`` module that is not on disk (the generation and export mixins a test file
     imports beside its tester) as an empty module whose every name is an empty class: a tester
-    needs none of them, and the suite's own helpers (``ids_tensor``...) stay the real ones."""
+    needs none of them, and the suite's own helpers (``ids_tensor``...) stay the real ones.
+
+    The suite's shared modules that are on disk (``tests/*.py``, not a model's test file) load
+    as they are, tolerantly: a name they lack is an empty class too (a test file imports
+    ``CausalLMModelTest`` beside ``CausalLMModelTester``, and a copy may hold the tester only),
+    and one that fails to load (``test_pipeline_mixin`` reads files of a whole checkout, such as
+    ``tests/utils/tiny_model_summary.json``) is an empty module. A model's own test file loads
+    strictly: what fails there is the record's finding."""
 
     def __init__(self, tests_dir: Path) -> None:
         self.tests_dir = tests_dir
+        self.inner: dict[str, Any] = {}
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if not name.startswith("tests.") or _on_disk(self.tests_dir, name):
+        if not name.startswith("tests.") or name.startswith("tests.models."):
             return None
+        if _on_disk(self.tests_dir, name):
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return None
+            self.inner[name] = spec.loader
+            spec.loader = self
+            return spec
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
-    def create_module(self, spec: Any) -> types.ModuleType:
+    def create_module(self, spec: Any) -> types.ModuleType | None:
+        if spec.name in self.inner:
+            return None  # the default module, as the file's own loader makes it
         module = types.ModuleType(spec.name)
         module.__path__ = []  # type: ignore[attr-defined]
-        module.__getattr__ = lambda attr: type(attr, (), {})  # type: ignore[attr-defined]
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass
+        module.__getattr__ = _empty_class  # type: ignore[attr-defined]
+        inner = self.inner.get(module.__name__)
+        if inner is None:
+            return
+        try:
+            inner.exec_module(module)
+        except Exception:  # noqa: BLE001 - a mixin that needs the whole checkout: no tester's
+            for key in [k for k in vars(module) if not k.startswith("__")]:
+                delattr(module, key)
+
+
+def _empty_class(attr: str) -> type:
+    if attr.startswith("__"):  # the import system's own probes (__path__, __all__...)
+        raise AttributeError(attr)
+    return type(attr, (), {})
 
 
 def _on_disk(tests_dir: Path, name: str) -> bool:
@@ -89,7 +119,7 @@ def use_tests(tests_dir: Path) -> None:
     """Make ``tests_dir`` (a transformers checkout's ``tests/``) importable as ``tests``."""
     tests_dir = tests_dir.resolve()
     sys.path.insert(0, str(tests_dir.parent))
-    sys.meta_path.append(_Lenient(tests_dir))
+    sys.meta_path.insert(0, _Lenient(tests_dir))
 
 
 class _Parent(unittest.TestCase):
@@ -141,48 +171,60 @@ def _tester_of(model_type: str, testers: list[type]) -> Any:
     """The tester of ``model_type``'s base model among a test file's testers (a composite model's
     file has one per part: ``AlignVisionModelTester``, ``AlignTextModelTester``,
     ``AlignModelTester``): the one named after the base class, else the first whose config is
-    the type's, else the first."""
+    the type's; None where none is (a sub-model such as ``aria_text`` tested only inside its
+    parent: the parent's tester would build the parent)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
-    base = MODEL_MAPPING_NAMES[model_type]
-    named = [t for t in testers if t.__name__ in {f"{b}Tester" for b in _names(base)}]
+    for tester in testers:
+        # transformers' causal LM tester takes its config class from the base model where a test
+        # file names only the model classes (newer test files do).
+        base_class = getattr(tester, "base_model_class", None)
+        if getattr(tester, "config_class", False) is None and base_class is not None:
+            tester.config_class = getattr(base_class, "config_class", None) or CONFIG_MAPPING[
+                model_type
+            ]
+    names = {f"{b}Tester" for b in _names(MODEL_MAPPING_NAMES[model_type])}
+    named = [t for t in testers if t.__name__ in names]
     for tester in named or testers:
-        instance = tester(_Parent())
-        if named:
-            return instance
         try:
+            instance = tester(_Parent())
             config = instance.prepare_config_and_inputs_for_common()[0]
         except Exception:  # noqa: BLE001 - a part's tester that needs another's output
+            if named:
+                return tester(_Parent())  # its failure is the record's, in config_and_inputs
             continue
         if getattr(config, "model_type", None) == model_type:
             return tester(_Parent())
-    return testers[0](_Parent())
+    return None
 
 
 def _names(base: str | tuple[str, ...]) -> tuple[str, ...]:
     return (base,) if isinstance(base, str) else tuple(base)
 
 
-def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
-    """``model_type``'s tester instance and where it came from (its test file, or transformers'
-    generic causal LM tester); LookupError for a type that has neither."""
+def model_tester(model_type: str, tests_dir: Path, source: str) -> Any:
+    """``model_type``'s tester from ``source``: its own test file (``tests/models/...``), or
+    transformers' generic causal LM tester given its config and model classes; LookupError where
+    the file has no tester of the type's own config."""
     import transformers
     from transformers.models.auto import modeling_auto as auto
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    module_name = module_of_tests(model_type)
-    if _on_disk(tests_dir, module_name):
+    if source != CAUSAL_LM_SOURCE:
+        module_name = module_of_tests(model_type)
         module = importlib.import_module(module_name)
+        # Most are ``...ModelTester``; some files name theirs otherwise (``MusicgenTester``,
+        # ``PeVideoEncoderTester``, ``Qwen3OmniMoeThinkerForConditionalGenerationTester``).
         testers = [
             v for k, v in vars(module).items()
-            if k.endswith("ModelTester") and isinstance(v, type) and v.__module__ == module_name
+            if k.endswith("Tester") and isinstance(v, type) and v.__module__ == module_name
+            and hasattr(v, "prepare_config_and_inputs_for_common")
         ]  # fmt: skip
-        if not testers:
-            raise LookupError(f"{module_name} has no *ModelTester class")
-        return _tester_of(model_type, testers), module_name.replace(".", "/") + ".py"
-
-    if model_type not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise LookupError("no test file here, and not a causal LM (no generic tester)")
+        tester = _tester_of(model_type, testers)
+        if tester is None:
+            raise LookupError(f"{module_name} has no tester of {model_type}'s own config")
+        return tester
     base = importlib.import_module("tests.causal_lm_tester").CausalLMModelTester
     attrs = {
         "config_class": CONFIG_MAPPING[model_type],
@@ -191,38 +233,42 @@ def model_tester(model_type: str, tests_dir: Path) -> tuple[Any, str]:
             transformers, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
         ),
     }
-    tester = type(f"{model_type}Tester", (base,), attrs)(_Parent())
-    return tester, CAUSAL_LM_SOURCE
+    return type(f"{model_type}Tester", (base,), attrs)(_Parent())
 
 
 def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, Any], str]:
     """The tiny config, the base model's forward inputs and the tester's source: the type's own
-    tester, else transformers' causal LM one, else the zoo's generic tester."""
+    tester, else transformers' causal LM one, else the zoo's generic tester, each taken where
+    the one before fails (a test file of another transformers release, a config the causal LM
+    tester leaves full size), and the source says which failed and how."""
     import torch
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    source = source_of(model_type, tests_dir)
-    if source == importlib.import_module("zoo_generic").SOURCE:
-        return (*importlib.import_module("zoo_generic").generic(model_type), source)
-    torch.manual_seed(0)
-    tester, source = model_tester(model_type, tests_dir)
     generic = importlib.import_module("zoo_generic")
-    try:
-        config, inputs = tester.prepare_config_and_inputs_for_common()
-    except Exception as exc:
-        if source != CAUSAL_LM_SOURCE:
-            raise
-        config, inputs, why = None, {}, f"failing: {type(exc).__name__}"
-    else:
+    tried = []
+    if _on_disk(tests_dir, module_of_tests(model_type)):
+        tried.append(("its own tester", module_of_tests(model_type).replace(".", "/") + ".py"))
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        tried.append(("the causal LM tester", CAUSAL_LM_SOURCE))
+    failed = []
+    for name, source in tried:
+        torch.manual_seed(0)
+        try:
+            tester = model_tester(model_type, tests_dir, source)
+            config, inputs = tester.prepare_config_and_inputs_for_common()
+        except Exception as exc:  # noqa: BLE001 - the next tester is tried; the record says why
+            failed.append(f"{name}'s config failing: {type(exc).__name__}: {one_line(exc)[:80]}")
+            continue
         inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
-        if source != CAUSAL_LM_SOURCE:
-            return config, inputs, source
-        why = "being full size" if generic.full_size(config) else _fails(model_type, config, inputs)
+        # transformers' causal LM tester knows none of the type's own fields: a config it leaves
+        # full size would not fit, one it leaves inconsistent does not build; a test file of
+        # another release may give a config the installed model rejects.
+        full = source == CAUSAL_LM_SOURCE and generic.full_size(config)
+        why = "being full size" if full else _fails(model_type, config, inputs)
         if why is None:
             return config, inputs, source
-    # transformers' causal LM tester knows none of the type's own fields: a config it leaves
-    # full size would not fit, one it leaves inconsistent does not build; the generic tester
-    # shrinks the type's fields together.
-    source = f"{generic.SOURCE}, the causal LM tester's config {why}"
+        failed.append(f"{name}'s config {why}")
+    source = ", ".join([generic.SOURCE, *failed])
     try:
         return (*generic.generic(model_type), source)
     except Exception as exc:
@@ -231,13 +277,13 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
 
 
 def _fails(model_type: str, config: Any, inputs: dict[str, Any]) -> str | None:
-    """How a causal LM tester's config fails to build its base model (``failing: ValueError``),
-    or None. A forward that raises (a tiny expert width grouped_mm refuses) is not checked
-    here: the type keeps its tester, and its record says the model raises in a plain run."""
+    """How a tester's config fails to build its base model (``failing: ValueError: ...``), or
+    None. A forward that raises (a tiny expert width grouped_mm refuses) is not checked here:
+    the type keeps its tester, and its record says the model raises in a plain run."""
     try:
-        model = build(model_type, config, inputs)
+        build(model_type, config, inputs)
     except Exception as exc:  # noqa: BLE001 - the failure is the answer
-        return f"failing: {type(exc).__name__}"
+        return f"failing: {type(exc).__name__}: {one_line(exc)[:80]}"
     return None
 
 
