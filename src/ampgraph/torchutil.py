@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
@@ -70,6 +70,38 @@ def device_type_of(t: torch.Tensor) -> str:
     """
     kind = t.device.type
     return "cuda" if kind == "meta" else kind
+
+
+def traced_node(t: torch.Tensor, tracer: Any = None) -> fx.Node | None:
+    """The graph node ``make_fx``'s ``tracer`` (default: the current trace's) tracks for ``t``,
+    or None where it tracks none (``torch.vmap``'s batched view of a traced tensor, a real tensor
+    the model holds) or nothing is being traced.
+
+    Looked up with a default, never through the error torch raises without one: that error's
+    message formats ``t`` while the trace is running, and formatting a tensor reads its elements
+    (``item()``), which the trace records as graph nodes on ``t`` lifted as a constant. Inside
+    ``torch.vmap`` (transformers builds attention masks with it) that constant is a batched
+    tensor of a vmap level that is gone once the forward returns: no real run can read it.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> held, seen = torch.ones(1), []                  # held: a real tensor, made before
+    >>> def f(x):
+    ...     seen.append((traced_node(x), traced_node(held)))
+    ...     return x + 1
+    >>> gm = make_fx(f)(torch.ones(2))
+    >>> seen, len(gm.graph.nodes)                     # looking ``held`` up traced nothing
+    ([(x_1, None)], 3)
+    >>> traced_node(held) is None                     # no trace running
+    True
+    """
+    from torch.fx.experimental import proxy_tensor
+
+    if tracer is None:
+        tracer = getattr(proxy_tensor.get_proxy_mode(), "tracer", None)
+    if tracer is None:
+        return None
+    slot = proxy_tensor.get_proxy_slot(t, tracer, None)
+    return slot.proxy.node if slot is not None else None
 
 
 @contextlib.contextmanager
@@ -536,5 +568,6 @@ __all__ = [
     "swapped_tensors",
     "tensor_leaves",
     "torch_dtype",
+    "traced_node",
     "unbacked_values",
 ]

@@ -19,7 +19,7 @@ import torch
 from torch import fx, nn
 
 from ampgraph.errors import first_line
-from ampgraph.torchutil import dtype_name
+from ampgraph.torchutil import dtype_name, traced_node
 
 #: In :attr:`Capture.module_io`: the hook's value is no tensor (a detector's ``transform`` takes a
 #: list of images and returns an ``ImageList``), so its hook prints ``None``; not "unknown".
@@ -111,18 +111,11 @@ class ModuleIORecorder:
     def _node_of(value: Any) -> fx.Node | str | None:
         """The node of what a hook prints for ``value`` (its first item if a tuple or list, as
         :func:`ampgraph.verify.hooks.first_dtype` reads it); :data:`NO_TENSOR` if that is no tensor."""
-        from torch.fx.experimental import proxy_tensor
-
         value = _hook_value(value)
         if not isinstance(value, torch.Tensor):
             return NO_TENSOR
-        mode = proxy_tensor.get_proxy_mode()
-        if mode is None:
-            return None
-        try:
-            return proxy_tensor.get_proxy_slot(value, mode.tracer).proxy.node
-        except Exception:  # noqa: BLE001 - not a traced tensor: the hook view has no node
-            return None
+        # Not a traced tensor (a leaf called inside torch.vmap sees batched views): no node.
+        return traced_node(value)
 
     def __enter__(self) -> ModuleIORecorder:  # noqa: PYI034 - Self needs Python 3.11
         for path, mod in self.module.named_modules():

@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.report.records import NodeRecord
 from ampgraph.settings import Setting
+from ampgraph.torchutil import traced_node
 
 #: Tensor attributes and methods whose answer does not depend on the dtype or the memory layout:
 #: reading them is no read of the setting. Anything else a model reads off a tensor without
@@ -185,12 +186,8 @@ class TraceReads(TorchFunctionMode):
         return getattr(mode, "tracer", None)
 
     def _node(self, tracer: Any, t: torch.Tensor) -> fx.Node | None:
-        from torch.fx.experimental import proxy_tensor
-
-        try:
-            return proxy_tensor.get_proxy_slot(t, tracer).proxy.node
-        except Exception:  # noqa: BLE001 - a tensor the trace does not track
-            return None
+        # None for a tensor the trace does not track, found without formatting it (traced_node).
+        return traced_node(t, tracer)
 
     def _log_dtypes(
         self,
