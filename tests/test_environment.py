@@ -523,6 +523,7 @@ def test_a_what_if_on_another_librarys_python_kernel_leaves_that_kernel_running_
     to read back which function torchvision registered). A ``register_autocast`` kernel, which
     takes the key set first, comes back too; a kernel that cannot be read back is refused before
     anything is registered, in one line."""
+    pytest.importorskip("torchvision._autograd_registrations")  # 0.29: its kernels in Python
     seen = json.loads(_run(_OTHER_LIBRARIES_KERNELS).splitlines()[-1])
     theirs, moved = ["torch.bfloat16", True], ["torch.float32", False]
     assert seen["roi_align"] == [theirs, moved, theirs, theirs]
@@ -566,6 +567,7 @@ def test_a_cuda_analysis_after_a_what_if_checks_against_torchvisions_kernel() ->
     """After a preview moved ``roi_align`` to fp32, the next CUDA analysis's dispatcher check
     ran the moved kernel on its fake tensors and disagreed with its own prediction (fp32 where
     torchvision's wrapper gives the input's 16-bit dtype); now it is the analysis before."""
+    pytest.importorskip("torchvision")
     before, moved, after = json.loads(_run(_CUDA_ANALYSIS_AFTER_A_MOVE).splitlines()[-1])
     assert before[0] == "bfloat16" and before[2] == 0
     assert moved[0] == "float32" and moved[1]["dispatcher"]["outputs"] == ["float32"]

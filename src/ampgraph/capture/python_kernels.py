@@ -20,12 +20,19 @@ ScopedLibrary` needs the function itself; :func:`python_kernel` finds it in one 
   A kernel registered ``with_keyset`` gets the key set first, as its registration asks.
 
 >>> import torch
->>> import torchvision  # its autocast kernels: Python functions in _autograd_registrations.py
->>> python, kernel = python_kernel(torch.ops.torchvision.roi_align.default, "AutocastCPU")
->>> python, kernel.function.__name__, kernel.with_keyset
-(True, '_autocast_roi_align', False)
+>>> lib = torch.library.Library("doctest_kernels", "FRAGMENT")
+>>> lib.define("twice(Tensor x) -> Tensor")
+'twice'
+>>> def twice_in_fp32(x):
+...     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet("AutocastCPU")):
+...         return torch.ops.doctest_kernels.twice(x.float())
+>>> lib.impl("twice", twice_in_fp32, "AutocastCPU")
+>>> python, kernel = python_kernel(torch.ops.doctest_kernels.twice.default, "AutocastCPU")
+>>> python, kernel.function is twice_in_fp32, kernel.with_keyset
+(True, True, False)
 >>> python_kernel(torch.ops.aten.addmm.default, "AutocastCPU")  # a C++ kernel
 (False, None)
+>>> lib._destroy()
 """
 
 from __future__ import annotations
@@ -206,9 +213,9 @@ def called_function(op: torch._ops.OpOverload, key: str) -> PythonKernel | None:
     stopping it as the function is entered; ``None`` where it cannot be named for certain.
 
     >>> import torch
-    >>> import torchvision
-    >>> called_function(torch.ops.torchvision.nms.default, "AutocastCUDA").function.__name__
-    '_autocast_nms'
+    >>> addr = torch.ops.aten.addr.default
+    >>> called_function(addr, "Meta").function is addr.py_kernels[torch._C.DispatchKey.Meta]
+    True
     """
     with _disable_current_modes():
         arguments = _arguments(op)
