@@ -430,3 +430,145 @@ def test_no_module_state_changes_with_an_analysis() -> None:
     after = _module_state()
     changed = sorted(key for key in before if key in after and before[key] != after[key])
     assert changed == []
+
+
+#: A what-if that moves a kernel another library registered from Python: torchvision 0.29's
+#: ``roi_align`` autocast kernel (``_autograd_registrations.py``), and a ``register_autocast``
+#: one. Each observation calls the op on fake tensors under CPU autocast, which runs the
+#: dispatcher's map of Python kernels, and notes the output's dtype and whether torchvision's
+#: function ran; an op whose kernel is a callable object (which cannot be read back) is refused.
+_OTHER_LIBRARIES_KERNELS = r"""
+import json, sys
+import torch, torchvision
+import torchvision._autograd_registrations as owner
+from torch._subclasses.fake_tensor import FakeTensorMode
+from ampgraph.errors import AmpgraphError
+from ampgraph.model.build import ModelInputs
+from ampgraph.review.whatif import moved_kernels, parse_moves, preview_moves
+
+def observe(op, *shapes):
+    entered = set()
+    def profile(frame, event, arg):
+        if event == "call":
+            entered.add(frame.f_code)
+    with FakeTensorMode(), torch.autocast("cpu"):
+        args = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+        if op is torch.ops.torchvision.roi_align:
+            args = [args[0], torch.zeros(1, 5), 1.0, 2, 2, -1, False]
+        sys.setprofile(profile)
+        try:
+            out = op(*args)
+        except Exception as error:
+            return [str(error).splitlines()[0][:100], None]
+        finally:
+            sys.setprofile(None)
+    return [str(out.dtype), owner._autocast_roi_align.__code__ in entered]
+
+def move(text):
+    return moved_kernels(parse_moves([text], "cpu"), "cpu")
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 2, 1)
+    def forward(self, x, boxes):
+        return torchvision.ops.roi_align(self.conv(x), boxes, (2, 2))
+
+@torch.library.custom_op("envtest::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+scale.register_fake(lambda x: torch.empty_like(x))
+torch.library.register_autocast("envtest::scale", "cpu", torch.float32)
+lib = torch.library.Library("envtest", "FRAGMENT")
+lib.define("odd(Tensor x) -> Tensor")
+class Kernel:
+    def __call__(self, x):
+        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+        with torch._C._ExcludeDispatchKeyGuard(keys):
+            return torch.ops.envtest.odd(x.double())
+lib.impl("odd", torch.empty_like, "Meta")
+lib.impl("odd", Kernel(), "AutocastCPU")
+
+roi, seen = torch.ops.torchvision.roi_align, {}
+seen["roi_align"] = [observe(roi, (1, 2, 8, 8))]
+with move("torchvision::roi_align=fp32"):
+    seen["roi_align"].append(observe(roi, (1, 2, 8, 8)))
+seen["roi_align"].append(observe(roi, (1, 2, 8, 8)))
+model = ModelInputs("roi", Net(), (torch.randn(1, 2, 8, 8), torch.tensor([[0., 0., 0., 4., 4.]])))
+reports = preview_moves(model, "autocast=on,device=cpu", ["torchvision::roi_align=fp32"])
+seen["previewed"] = [[n.out_dtype for n in r.nodes if n.op == "torchvision.roi_align.default"]
+                     for r in reports]
+seen["disagreements"] = reports[1].check["disagreements"]
+seen["roi_align"].append(observe(roi, (1, 2, 8, 8)))
+seen["scale"] = [observe(torch.ops.envtest.scale, 3)[0]]
+with move("envtest::scale=lower_precision_fp"):
+    seen["scale"].append(observe(torch.ops.envtest.scale, 3)[0])
+seen["scale"].append(observe(torch.ops.envtest.scale, 3)[0])
+seen["odd"] = [observe(torch.ops.envtest.odd, 3)[0]]
+try:
+    with move("envtest::odd=lower_precision_fp"):
+        pass
+except AmpgraphError as error:
+    seen["refused"] = str(error)
+seen["odd"].append(observe(torch.ops.envtest.odd, 3)[0])
+print(json.dumps(seen))
+"""
+
+
+def test_a_what_if_on_another_librarys_python_kernel_leaves_that_kernel_running_after() -> None:
+    """Moving torchvision's ``roi_align`` to fp32 (``moved_kernels`` and a whole
+    ``preview_moves``), then leaving: a fake tensor under autocast runs torchvision's own
+    function again and gets its dtype (the input's), where it ran the moved kernel (fp32) for the
+    rest of the process before (the map of Python kernels kept naming it, and torch gives no way
+    to read back which function torchvision registered). A ``register_autocast`` kernel, which
+    takes the key set first, comes back too; a kernel that cannot be read back is refused before
+    anything is registered, in one line."""
+    pytest.importorskip("torchvision._autograd_registrations")  # 0.29: its kernels in Python
+    seen = json.loads(_run(_OTHER_LIBRARIES_KERNELS).splitlines()[-1])
+    theirs, moved = ["torch.bfloat16", True], ["torch.float32", False]
+    assert seen["roi_align"] == [theirs, moved, theirs, theirs]
+    assert seen["previewed"] == [["bfloat16"], ["float32"]] and seen["disagreements"] == 0
+    assert seen["scale"] == ["torch.float32", "torch.bfloat16", "torch.float32"]
+    assert seen["odd"] == ["torch.float64", "torch.float64"]
+    assert seen["refused"].startswith("envtest.odd.default has a Python kernel at AutocastCPU")
+    assert "\n" not in seen["refused"]
+
+
+#: The same what-if in ampgraph's own use: a CUDA analysis (fake CUDA tensors, the driverless
+#: environment) of a model with ``roi_align``, before and after a preview that moves it.
+_CUDA_ANALYSIS_AFTER_A_MOVE = r"""
+import json
+import torch, torchvision
+from ampgraph.model.build import ModelInputs
+from ampgraph.pipeline.stages import analyze
+from ampgraph.review.whatif import preview_moves
+from ampgraph.settings import Setting
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 2, 1)
+    def forward(self, x, boxes):
+        return torchvision.ops.roi_align(self.conv(x), boxes, (2, 2))
+
+model = ModelInputs("roi", Net(), (torch.randn(1, 2, 8, 8), torch.tensor([[0., 0., 0., 4., 4.]])))
+setting = Setting.parse("amp-half", device_type="cuda")
+def seen(report):
+    [node] = [n for n in report.nodes if n.op == "torchvision.roi_align.default"]
+    return [node.out_dtype, node.check, report.check["disagreements"]]
+before = seen(analyze(model, setting))
+moved = seen(preview_moves(model, setting, ["torchvision::roi_align=fp32"])[1])
+print(json.dumps([before, moved, seen(analyze(model, setting))]))
+"""
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="a CPU-only build of torch")
+def test_a_cuda_analysis_after_a_what_if_checks_against_torchvisions_kernel() -> None:
+    """After a preview moved ``roi_align`` to fp32, the next CUDA analysis's dispatcher check
+    ran the moved kernel on its fake tensors and disagreed with its own prediction (fp32 where
+    torchvision's wrapper gives the input's 16-bit dtype); now it is the analysis before."""
+    pytest.importorskip("torchvision")
+    before, moved, after = json.loads(_run(_CUDA_ANALYSIS_AFTER_A_MOVE).splitlines()[-1])
+    assert before[0] == "bfloat16" and before[2] == 0
+    assert moved[0] == "float32" and moved[1]["dispatcher"]["outputs"] == ["float32"]
+    assert after == before

@@ -212,8 +212,11 @@ def fx_stack_traces(keep: bool) -> Iterator[None]:
         fx_config.do_not_emit_stack_traces = previous
 
 
-def replace_kernel(lib: Any, name: str, kernel: Callable[..., Any], key: str) -> None:
-    """``lib.impl(name, kernel, key)``, replacing a kernel torch registered from Python too.
+def replace_kernel(
+    lib: Any, name: str, kernel: Callable[..., Any], key: str, with_keyset: bool = False
+) -> None:
+    """``lib.impl(name, kernel, key, with_keyset=...)``, replacing a kernel torch registered from
+    Python too.
 
     ``torch.library.Library.impl`` refuses a key that some Python library already registered for
     the op unless given ``allow_override=True``, the default from torch 2.13 on; torch 2.9 to
@@ -221,7 +224,7 @@ def replace_kernel(lib: Any, name: str, kernel: Callable[..., Any], key: str) ->
     ``torch.library`` itself (importing ampgraph raised there). The dispatcher lets a later
     registration override an earlier one, with a warning, on every release.
     """
-    lib.impl(name, kernel, key, allow_override=True)
+    lib.impl(name, kernel, key, with_keyset=with_keyset, allow_override=True)
 
 
 #: Where torchvision registers its autocast wrappers (:data:`ampgraph.policy.LIBRARY_KERNELS`),

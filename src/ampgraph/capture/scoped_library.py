@@ -20,12 +20,11 @@ again), but two other records of them stay, on torch 2.9 to 2.14:
 empties fake tensors' cache of outputs, which is keyed by the inputs, not by the kernel that
 typed them, on both sides): the map's entry by registering the kernel that was there once more,
 in a library of its own destroyed at once (the dispatcher's stack is left as it was, the map
-names that kernel again), the keys by adding them back. The kernel that was there is known
-where torch registered it from ``torch/_meta_registrations.py`` (every Meta kernel ampgraph
-replaces), which puts the same function in the op's ``py_kernels``. A kernel another library
-registered from Python (torchvision 0.29's autocast kernels, which a what-if may move) cannot be
-read back from torch, so its map entry stays the what-if's after it (a fake tensor under autocast
-would run the moved kernel): :attr:`ScopedLibrary.unrestorable` names such registrations.
+names that kernel again), the keys by adding them back. The kernel that was there is read back
+by :func:`~ampgraph.capture.python_kernels.python_kernel`: torch's own Meta kernels from the op's
+``py_kernels``, any other (torchvision 0.29's autocast kernels, which a what-if may move) from
+the kernel itself. Where that fails, :attr:`ScopedLibrary.unrestorable` names the registration
+(its map entry stays this library's kernel after it), or ``restorable_only`` refuses it first.
 
 >>> import torch
 >>> from torch._subclasses.fake_tensor import FakeTensorMode
@@ -52,12 +51,9 @@ import torch
 import torch.library
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ampgraph.capture.python_kernels import PythonKernel, python_kernel
 from ampgraph.compat import replace_kernel
-
-#: Where torch registers its Python Meta kernels; ``activate_meta`` there registers each function
-#: both at the dispatcher and in the op's ``py_kernels``, which is how the function is read back.
-_TORCH_META_REGISTRATIONS = "torch/_meta_registrations.py"
-
+from ampgraph.errors import AmpgraphError
 
 def _overload(namespace: str, name: str | torch._ops.OpOverload) -> torch._ops.OpOverload:
     """The overload ``name`` names (``"addr"``, ``"gru.input"``, or the overload itself)."""
@@ -65,21 +61,6 @@ def _overload(namespace: str, name: str | torch._ops.OpOverload) -> torch._ops.O
         return name
     base, _, overload = name.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
-
-
-def _python_kernel(op: torch._ops.OpOverload, key: str) -> tuple[bool, Callable[..., Any] | None]:
-    """Whether the kernel that runs for ``op`` at ``key`` now is written in Python (the
-    dispatcher calls it through the map), and the function, where it can be known."""
-    qualified = op._schema.name + (f".{op._overloadname}" if op._overloadname != "default" else "")
-    active = [
-        line for line in torch._C._dispatch_dump(qualified).splitlines()
-        if line.startswith(f"{key}: ")
-    ]  # fmt: skip
-    if not active or ".py:" not in active[0].split(" :: ")[0]:
-        return False, None  # a C++ kernel, or none: the map is never read for this key
-    if _TORCH_META_REGISTRATIONS in active[0].replace("\\", "/"):
-        return True, op.py_kernels.get(getattr(torch._C.DispatchKey, key))
-    return True, None
 
 
 class ScopedLibrary:
@@ -91,24 +72,47 @@ class ScopedLibrary:
         lib = torch.library.Library(namespace, "IMPL")  # noqa: TOR901 - destroyed by destroy()
         self._lib: torch.library.Library | None = lib
         #: (name, key, the Python kernel that was there) for each registration over one.
-        self._previous: list[tuple[str | torch._ops.OpOverload, str, Callable[..., Any]]] = []
+        self._previous: list[tuple[str | torch._ops.OpOverload, str, PythonKernel]] = []
+        #: (op, key) this library registered: a second registration there is over its own.
+        self._registered: set[tuple[str, str]] = set()
         #: ``_impls`` keys that were there before this library's registrations.
         self._kept: set[str] = set()
         #: Registrations over a Python kernel this library cannot read back (``op/key``).
         self.unrestorable: list[str] = []
 
-    def impl(self, name: str | torch._ops.OpOverload, kernel: Callable[..., Any], key: str) -> None:
-        """Register ``kernel`` for ``name`` at dispatch key ``key``, over any kernel there."""
+    def impl(
+        self,
+        name: str | torch._ops.OpOverload,
+        kernel: Callable[..., Any],
+        key: str,
+        *,
+        restorable_only: bool = False,
+    ) -> None:
+        """Register ``kernel`` for ``name`` at dispatch key ``key``, over any kernel there.
+
+        Over a Python kernel whose function cannot be read back (:mod:`~ampgraph.capture.
+        python_kernels`), ``restorable_only`` refuses with an :class:`~ampgraph.errors.
+        AmpgraphError` and registers nothing; else the registration is noted in
+        :attr:`unrestorable` (its map entry stays ``kernel`` after :meth:`destroy`).
+        """
         if self._lib is None:
             raise RuntimeError("this ScopedLibrary was destroyed")
         op = _overload(self.namespace, name)
+        python, previous = False, None
+        if (str(op), key) not in self._registered:
+            python, previous = python_kernel(op, key)
+        if python and previous is None and restorable_only:
+            raise AmpgraphError(
+                f"{op} has a Python kernel at {key} whose function torch does not give back, so "
+                f"registering over it would leave it replaced for the rest of the process"
+            )
         if not self._lib._op_impls:
             FakeTensorMode.cache_clear()
-        python, previous = _python_kernel(op, key)
         before = set(torch.library._impls)
         with warnings.catch_warnings():  # "Overriding a previously registered kernel": meant
             warnings.simplefilter("ignore")
             replace_kernel(self._lib, name, kernel, key)
+        self._registered.add((str(op), key))
         self._kept |= {k for k in self._lib._op_impls if k in before}
         if previous is not None:
             self._previous.append((name, key, previous))
@@ -128,7 +132,7 @@ class ScopedLibrary:
             again = torch.library.Library(self.namespace, "IMPL")  # noqa: TOR901
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                replace_kernel(again, name, previous, key)
+                replace_kernel(again, name, previous.function, key, previous.with_keyset)
             again._destroy()
             again._op_impls.clear()
         self._previous.clear()

@@ -297,7 +297,9 @@ def moved_kernels(moves: Sequence[Move], device_type: str) -> Iterator[None]:
                 if move.target == "none"
                 else _autocast_kernel(move.op, move.target, device_type)
             )
-            lib.impl(move.op, kernel, key)
+            # Refused, before anything is registered, where the op's own kernel could not be
+            # put back afterwards (ScopedLibrary): the process would keep the moved one.
+            lib.impl(move.op, kernel, key, restorable_only=True)
             # register_autocast also leaves a Python kernel, which tracing would run instead.
             if dispatch_key in move.op.py_kernels:
                 python_kernels.append((move.op, move.op.py_kernels.pop(dispatch_key)))
