@@ -151,3 +151,86 @@ def test_a_tensor_of_0d_fake_tensors_has_the_real_conversions_dtype(
     assert as_tensor.dtype == torch.float64
     with DataReads():  # real elements: torch's own conversion, untouched
         assert torch.equal(torch.tensor(reals), expected)
+
+
+class SampleByCount(nn.Module):
+    """Draws as many rows as an integer mask counts (ViLT's patch sampling:
+    ``torch.multinomial(weights, max_image_length)`` with a count computed from the pixel
+    mask), from weights the graph computes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x.to(self.fc.weight.dtype))
+        count = mask.sum()  # a 0-d tensor whose value the capture follows from the input
+        weights = h[:, 0].float().softmax(0)  # values only a run has
+        picked = h[torch.multinomial(weights, count, replacement=True)]
+        return self.out(picked.contiguous().view(count, 2, 2).flatten(1))
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_known_count_given_as_an_integer_is_its_value(name: str) -> None:
+    """torch reads a 0-d tensor given where an op takes an integer in C++, past every mode:
+    the count was a size without a value, the trace stopped at the first read of it and the
+    data path's run numbered its sizes otherwise (ViLT: ``select(): index 0 out of range for
+    tensor of size [u2]``). The capture now gives the op the number a real run reads."""
+    torch.manual_seed(0)
+    mask = torch.tensor([1, 1, 0, 1, 0, 1, 1, 0])
+    model = ModelInputs("count", SampleByCount().eval(), (torch.randn(8, 4), mask))
+    setting = Setting.parse(name)
+    report = analyze(model, setting)
+    assert report.capture["method"] == "make-fx"  # no branch left to decide on data
+    assert report.check is not None and report.check["disagreements"] == 0
+    assert not [n.error for n in report.nodes if n.error]
+    drawn = next(n for n in report.nodes if n.op.startswith("aten.multinomial"))
+    assert drawn.shapes == [[5]]  # the count the mask holds
+    assert hook_lines(report) == eager_hook_lines(model, setting)
+    result = verify(model, Setting.parse(name, device_type="cpu"))
+    assert result.ok, result.disagreements
+
+
+class MaskOfSampledRows(nn.Module):
+    """Samples rows among those an integer mask keeps, from weights as many as the kept rows
+    (``torch.ones(v)`` of a size read from a boolean-mask index), and adds the fp32 mask to the
+    scores only where a sampled row is padding: ViLT's image mask, made of sampled patches,
+    which transformers drops when it is all ones (the scores then stay bf16 under autocast)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x.to(self.fc.weight.dtype))
+        kept = mask.nonzero()[:, 0]
+        weights = torch.ones(kept.shape[0])  # a size the mask's values give
+        sampled = mask[kept[torch.multinomial(weights, 3)]]
+        scores = h @ h.T
+        if not bool(sampled.all()):
+            scores = scores + (1.0 - mask.float())[None, :] * -1e4
+        return self.out(scores.softmax(-1) @ h)
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_tensor_sized_by_known_values_is_followed(name: str) -> None:
+    """The weights' size is known from the mask, so are the weights, the sample and the branch
+    on it: decided as a real run decides it, in the trace (before: the weights were unknown,
+    the branch a guard on data, decided on the data path's seeded run)."""
+    torch.manual_seed(0)
+    mask = torch.tensor([1, 1, 0, 1, 0, 1])
+    model = ModelInputs("sampled", MaskOfSampledRows().eval(), (torch.randn(6, 4), mask))
+    setting = Setting.parse(name)
+    state = torch.get_rng_state()
+    report = analyze(model, setting)
+    assert torch.equal(torch.get_rng_state(), state)  # the capture's draws are its own
+    assert report.capture["method"] == "make-fx" and not report.capture.get("data_dependent")
+    assert report.check is not None and report.check["disagreements"] == 0
+    assert hook_lines(report) == eager_hook_lines(model, setting)
+    result = verify(model, Setting.parse(name, device_type="cpu"))
+    assert result.ok, result.disagreements
+    if setting.autocast:  # no fp32 mask added: the scores' softmax input stays bf16/fp16
+        softmax = next(n for n in report.nodes if n.op.startswith("aten.softmax"))
+        assert softmax.inputs[0]["dtype"] == setting.amp_dtype
