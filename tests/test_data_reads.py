@@ -234,3 +234,41 @@ def test_a_tensor_sized_by_known_values_is_followed(name: str) -> None:
     if setting.autocast:  # no fp32 mask added: the scores' softmax input stays bf16/fp16
         softmax = next(n for n in report.nodes if n.op.startswith("aten.softmax"))
         assert softmax.inputs[0]["dtype"] == setting.amp_dtype
+
+
+class CountedThenBranching(nn.Module):
+    """Reads a count from an integer mask into Python, keeps the rows it marks, then branches on
+    float data (so the capture follows the data path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        n = int(mask.sum() * 2)  # the run on values: a size of its own; the trace: a number
+        rows = mask.nonzero()[:, 0]
+        h = self.fc(x.to(self.fc.weight.dtype))
+        kept = h[rows]
+        if (h[:, 0] > 0).any():
+            kept = kept * 2
+        return self.out(kept[:n])
+
+
+def test_the_data_paths_sizes_are_its_own_traces() -> None:
+    """The data path's trace in the setting takes each size computed from followed values at
+    its real value; the replays took the run on values' value for the same name, another
+    size's where that run numbered them otherwise (ViLT's ``select(): index 0 out of range for
+    tensor of size [u2]``, u2 given 0): here the kept rows were replayed 8 where they are 4."""
+    torch.manual_seed(0)
+    mask = torch.tensor([1, 1, 0, 1, 0, 1])
+    model = ModelInputs("counted", CountedThenBranching().eval(), (torch.randn(6, 4), mask))
+    setting = Setting.parse("amp-fp32")
+    report = analyze(model, setting)
+    assert report.capture["method"] == "export-data-path"
+    shapes = {n.op: n.shapes for n in report.nodes}
+    assert shapes["aten.nonzero.default"] == [[4, 1]]
+    assert shapes["aten.index.Tensor"] == [[4, 4]]
+    assert report.check is not None and report.check["disagreements"] == 0
+    result = verify(model, Setting.parse("amp-fp32", device_type="cpu"))
+    assert result.ok, result.disagreements

@@ -174,7 +174,7 @@ class Traced:
     out_spec: pytree.TreeSpec | None
     #: The value of each data-dependent size computed from followed values (``u0``: a
     #: ``repeat_interleave`` by an input grid's counts), for the replays of the graph.
-    unbacked: dict[str, int] = field(default_factory=dict)
+    unbacked: dict[str, int | float] = field(default_factory=dict)
 
 
 def _fake_inputs(
