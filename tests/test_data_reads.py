@@ -272,3 +272,33 @@ def test_the_data_paths_sizes_are_its_own_traces() -> None:
     assert report.check is not None and report.check["disagreements"] == 0
     result = verify(model, Setting.parse("amp-fp32", device_type="cpu"))
     assert result.ok, result.disagreements
+
+
+def test_a_tensor_sized_by_known_values_is_followed_within_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``torch.ones(v)`` of a known size ``v`` is made for real beside the fake one, unless its
+    count at ``v``'s value passes the bound on followed tensors: then nothing is made."""
+    from ampgraph.capture import known_values
+    from ampgraph.capture.known_values import INPUT_LIMIT, KnownValues
+
+    made: list[tuple[int, ...]] = []
+    real_call = known_values._real
+
+    def spy(call, args, kwargs):  # type: ignore[no-untyped-def]
+        out = real_call(call, args, kwargs)
+        made.append(tuple(out.shape) if isinstance(out, torch.Tensor) else ())
+        return out
+
+    monkeypatch.setattr(known_values, "_real", spy)
+    real = torch.tensor([1, 0, 1])
+    with fake_mode() as mode:
+        fake = mode.from_tensor(real)
+    values = KnownValues({id(fake): (fake, real)})
+    with values, mode:
+        count = fake.nonzero().shape[0]
+        small, big = torch.ones(count), torch.ones(count, INPUT_LIMIT)
+    assert isinstance(count, torch.SymInt)
+    assert torch.equal(values.value(small), torch.ones(2))
+    assert values.value(big) is None
+    assert (2, INPUT_LIMIT) not in made and (2,) in made

@@ -182,7 +182,8 @@ class KnownValues(TorchFunctionMode):
         """``func``'s traced output, each tensor of it noted with its value on the real ones."""
         out = func(*args, **kwargs)
         fakes = pytree.tree_leaves(out)
-        if not all(_small(t) for t in fakes if isinstance(t, torch.Tensor)):
+        # A count computed from known sizes (``torch.ones(v)``) is checked at its value.
+        if not all(_small(t, self._size) for t in fakes if isinstance(t, torch.Tensor)):
             return out  # beyond the memory bound
         try:
             # A random op (ViLT's torch.multinomial) draws its own values, from a copy of the
@@ -259,10 +260,12 @@ class KnownValues(TorchFunctionMode):
         return type(seq)(made) if isinstance(seq, tuple) and not hasattr(seq, "_fields") else made
 
 
-def _small(t: torch.Tensor) -> bool:
+def _small(t: torch.Tensor, value: Callable[[Any], Any] = lambda n: n) -> bool:
     """Whether ``t`` has at most :data:`INPUT_LIMIT` elements, or a number of them that depends
-    on the values (the real output's count is checked once it is computed)."""
+    on values still unknown (the real output's count is checked once it is computed);
+    ``value`` gives a symbolic count's value where it is known."""
     numel = t.numel()
+    numel = value(numel) if isinstance(numel, torch.SymInt) else numel
     return not isinstance(numel, int) or numel <= INPUT_LIMIT
 
 
