@@ -58,7 +58,13 @@ def _trace_on_path(
     and the run that found ``unbacked`` did not). Any other error is raised."""
     try:
         with unbacked_values(unbacked):
-            return _export(model, setting.device_type, torch_dtype(setting.param_dtype), setting)
+            program = _export(model, setting.device_type, torch_dtype(setting.param_dtype), setting)
+        # A size this trace computed from followed values (capture/known_values.py) has the
+        # real one, given after the name's value from the run on values: that run numbers its
+        # sizes otherwise (it reads ``int(mask.sum())`` into a size of its own, this trace into
+        # a number), so its value for the name can be another size's. The replays take this.
+        program.unbacked = {**unbacked, **program.unbacked}
+        return program
     except Exception as exc:
         if not branches_on_data(exc):
             raise
@@ -114,7 +120,7 @@ def trace_data_path(
             on_path, data_dependent, unbacked = _follow_setting_run(
                 model, setting, recorder, data_dependent, unbacked
             )
-        program, method = on_path, EXPORT_DATA_PATH
+        program, method, unbacked = on_path, EXPORT_DATA_PATH, on_path.unbacked
     except Exception:  # noqa: BLE001 - it raises in its setting: the draft
         program, calls, order = draft
         recorder.calls.clear()

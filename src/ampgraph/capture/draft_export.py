@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ampgraph.capture.data_reads import DataReads
 from ampgraph.capture.engines import (
     Traced,
     _lift_scalar_constants,
@@ -110,6 +111,8 @@ def _draft_export(
         # unbacked size it made is not in the output: expected here, not a tracing bug.
         soft_pending_unbacked(),  # an option from torch 2.11 on (ampgraph.compat)
         _real_checks_without_guards(),
+        # A 0-d tensor formatted, an index of 0-d tensors: read as the real values give them.
+        DataReads(),
     ):
         warnings.simplefilter("ignore")
         # Dropout in training mode and torch.randint draw from the global generator: seeded,

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 from ampgraph.capture.environment import current
 from ampgraph.capture.casts import cast_outputs
+from ampgraph.capture.data_reads import DataReads
 from ampgraph.capture.disabled import marking_disabled_regions
 from ampgraph.capture.known_values import (
     INPUT_LIMIT,
@@ -173,7 +174,7 @@ class Traced:
     out_spec: pytree.TreeSpec | None
     #: The value of each data-dependent size computed from followed values (``u0``: a
     #: ``repeat_interleave`` by an input grid's counts), for the replays of the graph.
-    unbacked: dict[str, int] = field(default_factory=dict)
+    unbacked: dict[str, int | float] = field(default_factory=dict)
 
 
 def _fake_inputs(
@@ -231,6 +232,10 @@ def _tracing_context(
     )
     with (
         swapped_tensors(model.module, remembering(make_param, values.known)),
+        # Python's reads of data no op records (a 0-d tensor formatted, an index made of 0-d
+        # tensors), made as a real run makes them; beneath ``values``, which answers the reads
+        # of values it knows first.
+        DataReads(),
         # Sizes the model keeps in integer buffers, and what a real run decides from its
         # integer inputs' values (an all-ones mask dropped), as a real run has them.
         values,

@@ -148,8 +148,14 @@ class KnownValues(TorchFunctionMode):
                     (list, tuple), self._sizes, arg, is_leaf=_is_size_list
                 )
 
-            args = tuple(sizes(a) for a in args)
-            kwargs = {k: sizes(v) for k, v in kwargs.items()}
+            # A followed 0-d tensor where the op takes an integer (``torch.multinomial(p, n)``,
+            # ViLT's ``n`` a count it computed from the pixel mask): torch reads its value in
+            # C++, past this mode, into a size with no value; the real number, as a real run.
+            positions, names = _int_arguments(getattr(func, "__name__", ""))
+            args = tuple(
+                self._number(a) if i in positions else sizes(a) for i, a in enumerate(args)
+            )
+            kwargs = {k: self._number(v) if k in names else sizes(v) for k, v in kwargs.items()}
             return func(*args, **kwargs)
         real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, self.value, (args, kwargs))
         name = getattr(func, "__name__", "")
@@ -176,10 +182,14 @@ class KnownValues(TorchFunctionMode):
         """``func``'s traced output, each tensor of it noted with its value on the real ones."""
         out = func(*args, **kwargs)
         fakes = pytree.tree_leaves(out)
-        if not all(_small(t) for t in fakes if isinstance(t, torch.Tensor)):
+        # A count computed from known sizes (``torch.ones(v)``) is checked at its value.
+        if not all(_small(t, self._size) for t in fakes if isinstance(t, torch.Tensor)):
             return out  # beyond the memory bound
         try:
-            real_out = _real(func, real_args, real_kwargs)
+            # A random op (ViLT's torch.multinomial) draws its own values, from a copy of the
+            # generator's state: the capture leaves the caller's random stream where it was.
+            with torch.random.fork_rng(devices=[]):
+                real_out = _real(func, real_args, real_kwargs)
         except Exception:  # noqa: BLE001 - not computable on the CPU values: no longer followed
             return out
         reals = pytree.tree_leaves(real_out)
@@ -218,11 +228,26 @@ class KnownValues(TorchFunctionMode):
         return True
 
     def _made(self, func: Any, args: Any, kwargs: Any) -> Any:
-        """A tensor made from Python numbers alone, followed where its size is within bounds
-        (a size that is itself unknown, a symbol, leaves it unfollowed)."""
-        if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs))):
+        """A tensor made from Python numbers alone, followed where its size is within bounds:
+        a size that depends on followed values (``torch.ones(v)`` of a ``v`` read from the
+        size of a boolean-mask index, ViLT's patch weights) is made real in its value; a size
+        that is itself unknown leaves it unfollowed."""
+        real_args, real_kwargs = pytree.tree_map_only(torch.SymInt, self._size, (args, kwargs))
+        if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((real_args, real_kwargs))):
             return func(*args, **kwargs)
-        return self._computed(func, args, kwargs, args, kwargs)
+        return self._computed(func, args, kwargs, real_args, real_kwargs)
+
+    def _size(self, size: torch.SymInt) -> int | torch.SymInt:
+        """``size``'s value where the sizes it is computed from are known, else ``size``."""
+        known = sympy.sympify(size.node.expr.xreplace(self._symbols))
+        return int(known) if known.is_number else size
+
+    def _number(self, item: Any) -> Any:
+        """``item`` as its Python number where it is a followed 0-d integer tensor."""
+        value = self.value(item)
+        if value is None or value.dim() != 0 or value.is_floating_point():
+            return item
+        return _real(torch.Tensor.item, (value,), {})
 
     def _sizes(self, seq: Any) -> Any:
         """``seq`` with each followed 0-d tensor in it as its Python number."""
@@ -235,10 +260,12 @@ class KnownValues(TorchFunctionMode):
         return type(seq)(made) if isinstance(seq, tuple) and not hasattr(seq, "_fields") else made
 
 
-def _small(t: torch.Tensor) -> bool:
+def _small(t: torch.Tensor, value: Callable[[Any], Any] = lambda n: n) -> bool:
     """Whether ``t`` has at most :data:`INPUT_LIMIT` elements, or a number of them that depends
-    on the values (the real output's count is checked once it is computed)."""
+    on values still unknown (the real output's count is checked once it is computed);
+    ``value`` gives a symbolic count's value where it is known."""
     numel = t.numel()
+    numel = value(numel) if isinstance(numel, torch.SymInt) else numel
     return not isinstance(numel, int) or numel <= INPUT_LIMIT
 
 
@@ -304,6 +331,34 @@ def real_run_answers(values: KnownValues) -> Iterator[None]:
     finally:
         for module, name, old, _ in swaps:
             setattr(module, name, old)
+
+
+@functools.cache
+def _int_arguments(name: str) -> tuple[frozenset[int], frozenset[str]]:
+    """The positions and names of the arguments that every ATen overload called ``name`` takes
+    as an integer (``int``, ``SymInt``), never as a tensor or a scalar: where torch reads a 0-d
+    tensor given there as its value.
+
+    >>> _int_arguments("multinomial")
+    (frozenset({1}), frozenset({'num_samples'}))
+    >>> _int_arguments("add"), _int_arguments("not_an_op")
+    ((frozenset(), frozenset()), (frozenset(), frozenset()))
+    """
+    packet = getattr(torch.ops.aten, name, None) if name and not name.startswith("_") else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return frozenset(), frozenset()
+    positions: dict[int, bool] = {}
+    names: dict[str, bool] = {}
+    for overload in packet.overloads():
+        for i, arg in enumerate(getattr(packet, overload)._schema.arguments):
+            is_int = str(getattr(arg, "real_type", arg.type)) in ("int", "SymInt")
+            if not arg.kwarg_only:
+                positions[i] = positions.get(i, True) and is_int
+            names[arg.name] = names.get(arg.name, True) and is_int
+    return (
+        frozenset(i for i, ok in positions.items() if ok),
+        frozenset(n for n, ok in names.items() if ok),
+    )
 
 
 def _is_size_list(node: Any) -> bool:

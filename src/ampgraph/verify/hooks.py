@@ -38,6 +38,7 @@ from ampgraph.capture.environment import in_analysis_environment
 from ampgraph.annotate.replay import CONCRETE_ONLY, not_analysable
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.casts import cast_outputs
+from ampgraph.capture.data_reads import DataReads
 from ampgraph.capture.driverless import cudnn_rnn_stand_ins
 from ampgraph.capture.known_values import (
     INPUT_LIMIT,
@@ -226,6 +227,7 @@ def _eager_hook_lines(
         LeafHooks(module) as hooks,
         cast_outputs(module, setting),  # a recipe's output cast, as the capture traces it
         swapped_tensors(module, remembering(make_param, known)),
+        DataReads(),  # Python's reads of data no op records, as the capture makes them
         values,  # sizes kept in integer buffers, integer inputs: as the capture follows them
         real_run_answers(values),
         silenced("torch._subclasses.fake_tensor"),
