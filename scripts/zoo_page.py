@@ -182,10 +182,33 @@ def write_page(results: Path, out: Path, note: str = "") -> None:
     """Write ``out`` from ``results`` (``note``: what to say of this run's machine)."""
     records = load(results)
     hf = [r for r in records.values() if "/" not in r["type"] and "tester" in r]
-    sources = Counter(r["tester"] for r in hf)
-    used = "; ".join(f"{n} from `{s}`" for s, n in sorted(sources.items(), key=lambda x: -x[1]))
-    this_run = f"**This run.** Testers: {used or 'none'}. {own_note(note)}".strip()
+    this_run = f"**This run.** Testers: {sources_of_testers(hf)}. {own_note(note)}".strip()
     out.write_text(page(records) + _footer(results) + "\n" + this_run + "\n")
+
+
+#: A tester the zoo tried before the one a record names, and how it failed (zoo.config_and_inputs).
+FELL_THROUGH = re.compile(
+    r"(its own tester|the causal LM tester)'s config (being full size|failing: \w+)"
+)
+
+
+def sources_of_testers(hf: list[dict[str, Any]]) -> str:
+    """How many records each source gave, and why types fell through to the generic tester.
+
+    >>> sources_of_testers([{"tester": "tests/models/a/test_modeling_a.py"}, {"tester":
+    ...     "generic tester (...), its own tester's config failing: ImportError: no name 'x'"}])
+    "1 from its own tester; 1 from the generic tester (after its own tester's config failing: \
+ImportError, 1)"
+    """
+    sources = Counter(_source(r) for r in hf)
+    why = Counter(
+        f"{who}'s config {how}" for r in hf for who, how in FELL_THROUGH.findall(r["tester"])
+    )
+    after = "; ".join(f"{w}, {n}" for w, n in why.most_common())
+    return "; ".join(
+        f"{n} from {s}" + (f" (after {after})" if s == "the generic tester" and after else "")
+        for s, n in sources.most_common()
+    ) or "none"
 
 
 #: The sentence :func:`write_page` writes itself (backticked testers may hold dots).
@@ -209,13 +232,24 @@ def _footer(results: Path) -> str:
         "",
         "## How it was made, and how to run it on more machines",
         "",
-        "Each model type's tester is the `*ModelTester` class of "
-        "`tests/models/<type>/test_modeling_<type>.py` in a transformers checkout at the installed "
-        "release, given a dummy `unittest.TestCase` as its parent; a causal LM type whose test "
-        "file is not there gets transformers' generic `CausalLMModelTester` "
-        "(`tests/causal_lm_tester.py`) with its config and base model classes. The base model "
-        "(`AutoModel.from_config`, eager attention) is called with the tester's "
-        "`prepare_config_and_inputs_for_common()` inputs, labels dropped.",
+        "Each model type's tester is its own where it can be: the tester class of "
+        "`tests/models/<module>/test_modeling_<module>.py` in a transformers checkout (the "
+        "module as transformers names the model's package: `gemma3n_text` is tested in "
+        "`gemma3n/`), the one named after the base model class, else the one whose config is "
+        "the type's, given a dummy `unittest.TestCase` as its parent. Where the file is "
+        "missing, or its tester fails or gives a config the installed model rejects (a test "
+        "file of another release), a causal LM type gets transformers' generic "
+        "`CausalLMModelTester` (`tests/causal_lm_tester.py`) with its config and base model "
+        "classes, and any type the zoo's generic tester after that; each record names the "
+        "tester it got and how the ones before failed. The suite's shared modules load "
+        "tolerantly (a name one lacks is an empty class; `test_pipeline_mixin`, which reads a "
+        "whole checkout's files, is an empty module), and five suite helpers older test files "
+        "import and transformers 5 removed are given back (`cached_property`, "
+        "`require_read_token`, `require_torch_sdpa`, `is_torch_sdpa_available`, "
+        "`is_pt_tf_cross_test`); no model class or config is supplied. The base model "
+        "(`AutoModel.from_config`, eager attention; a type with two base models, funnel, the "
+        "first) is called with the tester's `prepare_config_and_inputs_for_common()` inputs, "
+        "labels dropped.",
         "",
         "Every other type gets the zoo's generic tester (`scripts/zoo_generic.py`): its config "
         "class with the defaults shrunk the way the testers shrink them (hidden size 32, 2 "
@@ -234,8 +268,7 @@ def _footer(results: Path) -> str:
         "`CausalLMModelTester` config is full size (the model's own width or depth, which a "
         "config naming them otherwise keeps) or does not build gets it too. One plain fp32 "
         "forward proves the pair; a type it cannot build is counted as *does not build (generic "
-        "tester)* with the error, not dropped. A full transformers checkout replaces it by each "
-        "type's own tester.",
+        "tester)* with the error, not dropped.",
         "",
         "```bash",
         "pip install 'ampgraph[zoo]'                 # ray and the libraries it builds",
