@@ -105,7 +105,18 @@ class _Lenient(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def _empty_class(attr: str) -> type:
-    if attr.startswith("__"):  # the import system's own probes (__path__, __all__...)
+    """An empty module's name ``attr``: an empty class, except a dunder, which such a module
+    lacks. ``inspect.getmodule`` reads every loaded module's ``__file__`` and calls
+    ``.endswith`` on it (torch's data-dependent guard log does, in a draft export of blt's
+    entropy patcher): a class there failed the capture of the model under analysis.
+
+    >>> _empty_class("GenerationTesterMixin").__name__
+    'GenerationTesterMixin'
+    >>> _empty_class("__file__")
+    Traceback (most recent call last):
+    AttributeError: __file__
+    """
+    if attr.startswith("__") and attr.endswith("__"):
         raise AttributeError(attr)
     return type(attr, (), {})
 

@@ -48,7 +48,11 @@ CAPS = {"num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_nu
         "num_experts_per_tok": 2, "moe_topk": 2, "n_shared_experts": 1, "n_group": 1,
         "topk_group": 1, "num_conv_pos_embedding_groups": 2, "max_position_embeddings": 512,
         "num_codevectors_per_group": 8, "num_groups": 1, "window_size": 2,
-        "max_source_positions": 30, "max_target_positions": 40}  # fmt: skip
+        "max_source_positions": 30, "max_target_positions": 40,
+        # A hashed n-gram vocabulary, one table per n-gram size: blt's 500,002 rows for each of
+        # six sizes are a 384 MB fp32 table, 96 M of a tiny model's 96.1 M parameters (its own
+        # tester takes 64).
+        "encoder_hash_byte_group_vocab": 64}  # fmt: skip
 #: Expert counts: a config with more than one expert is a mixture of experts.
 EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 #: Keys a config derives from others (its ``__init__`` recomputes them from the shrunk ones).

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -88,11 +89,37 @@ def _draft_export(
     """
     dtype = torch.float32 if setting is None else torch_dtype(setting.param_dtype)
     args, kwargs, made = draft_values(model)
+    converted: list[torch.Tensor] = []
 
     def make_param(t: torch.Tensor) -> torch.Tensor:
         real = made[id(t)]
-        return real.to(dtype) if real.is_floating_point() else real
+        if real.is_floating_point() and real.dtype != dtype:
+            converted.append(real.to(dtype))
+            return converted[-1]
+        return real
 
+    # The run's real weights, inputs and activations are ampgraph's, not the model's: freed as
+    # the run ends, as a real run's are. Left to the collector they outlive the capture: torch's
+    # fake tensors keep theirs (a copy of each weight, each activation's value) in reference
+    # cycles and on the graph, a failed run's traceback frames keep ours, and only a full
+    # collection frees a cycle. blt's generic config (a 384 MB hash n-gram table) held four
+    # copies per failed capture and ran out of the zoo's 6 GB heap.
+    given = _callers_storages(model)
+    with _fake_modes_made() as modes:
+        try:
+            traced, branches, values = _draft_run(model, setting, args, kwargs, make_param)
+        finally:
+            release([*made.values(), *converted, *_made_inputs(model, args, kwargs)])
+            release(_copies_of_inputs(modes, given))
+    release(_real_values(traced.graph_module, given))
+    return traced, branches, values
+
+
+def _draft_run(
+    model: ModelInputs, setting: Setting | None, args: tuple[Any, ...], kwargs: dict[str, Any],
+    make_param: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[Traced, list[str], dict[str, int | float]]:  # fmt: skip
+    """The draft export itself, on ``args``/``kwargs`` with each parameter ``make_param``'s."""
     values: dict[str, int | float] = {}
     autocast = (
         autocast_state("cpu", True, torch_dtype(setting.amp_dtype))
@@ -124,6 +151,89 @@ def _draft_export(
     failures = list(getattr(report, "failures", []) or [])
     traced = Traced(program.graph_module, program.graph_signature, program.call_spec.out_spec)
     return traced, list(dict.fromkeys(_describe(f) for f in failures)), values
+
+
+def release(tensors: Iterable[torch.Tensor]) -> None:
+    """Free the memory of ``tensors`` (real ones a run made for itself), whoever still refers to
+    them: each one's storage is emptied, so a reference left in a cycle holds no bytes.
+
+    >>> t = torch.ones(1000)
+    >>> release([t]); t.untyped_storage().nbytes()
+    0
+    """
+    for tensor in tensors:
+        if tensor.device.type != "meta":
+            tensor.untyped_storage().resize_(0)
+
+
+def _callers_storages(model: ModelInputs) -> set[int]:
+    """The storages of the caller's own tensors (its inputs, the model's weights and the tensors
+    its modules keep as plain attributes, which a graph may hold as constants): never freed."""
+    attributes = [v for mod in model.module.modules() for v in vars(mod).values()]
+    leaves = pytree.tree_leaves((model.args, model.kwargs, attributes))
+    tensors = [*leaves, *model.module.parameters(), *model.module.buffers()]
+    return {
+        t.untyped_storage().data_ptr() for t in tensors
+        if isinstance(t, torch.Tensor) and t.device.type != "meta"
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def _fake_modes_made() -> Iterator[list[weakref.ref[Any]]]:
+    """Each fake tensor mode made while the block runs (draft export makes its own, out of
+    reach of its caller), weakly."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    modes: list[weakref.ref[Any]] = []
+    init = FakeTensorMode.__init__
+
+    def recording(self: FakeTensorMode, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        modes.append(weakref.ref(self))
+
+    FakeTensorMode.__init__ = recording  # type: ignore[method-assign]
+    try:
+        yield modes
+    finally:
+        FakeTensorMode.__init__ = init  # type: ignore[method-assign]
+
+
+def _copies_of_inputs(modes: list[weakref.ref[Any]], given: set[int]) -> list[torch.Tensor]:
+    """The real copies ``modes`` made of the tensors they took in (each weight and input's value,
+    on its fake tensor), except the caller's own: a failed run leaves them in cycles."""
+    found = []
+    for ref in modes:
+        mode = ref()
+        converter = getattr(mode, "fake_tensor_converter", None)
+        memo = getattr(converter, "tensor_memo", None) or {}
+        for fake in list(memo.values()):
+            real = getattr(fake, "real_tensor", None)
+            if isinstance(real, torch.Tensor) and real.untyped_storage().data_ptr() not in given:
+                found.append(real)
+    return found
+
+
+def _real_values(gm: torch.fx.GraphModule, given: set[int]) -> list[torch.Tensor]:
+    """The real values a draft run left on its graph's fake tensors (``real_tensor``), except
+    the caller's own."""
+    found = []
+    for node in gm.graph.nodes:
+        for leaf in pytree.tree_leaves(node.meta.get("val")):
+            real = getattr(leaf, "real_tensor", None)
+            if isinstance(real, torch.Tensor) and real.untyped_storage().data_ptr() not in given:
+                found.append(real)
+    return found
+
+
+def _made_inputs(
+    model: ModelInputs, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[torch.Tensor]:
+    """The inputs :func:`draft_values` made up (for meta ones), not the caller's own."""
+    given = {id(t) for t in pytree.tree_leaves((model.args, model.kwargs))}
+    return [
+        t for t in pytree.tree_leaves((args, kwargs))
+        if isinstance(t, torch.Tensor) and id(t) not in given
+    ]  # fmt: skip
 
 
 def draft_values(
