@@ -119,7 +119,23 @@ def _draft_run(
     model: ModelInputs, setting: Setting | None, args: tuple[Any, ...], kwargs: dict[str, Any],
     make_param: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[Traced, list[str], dict[str, int | float]]:  # fmt: skip
-    """The draft export itself, on ``args``/``kwargs`` with each parameter ``make_param``'s."""
+    """The draft export itself, on ``args``/``kwargs`` with each parameter ``make_param``'s.
+
+    Python's reads of data no op records (:class:`~ampgraph.capture.data_reads.DataReads`) are
+    made as a real run makes them only in a second run, where the first fails without: the
+    report of where the forward decided on data keeps the last three frames up to the innermost
+    one outside torch, which under that mode is the mode's own, not the model's line.
+    """
+    try:
+        return _draft_run_once(model, setting, args, kwargs, make_param, data_reads=False)
+    except Exception:  # noqa: BLE001 - a 0-d tensor formatted, an index of 0-d tensors...
+        return _draft_run_once(model, setting, args, kwargs, make_param, data_reads=True)
+
+
+def _draft_run_once(
+    model: ModelInputs, setting: Setting | None, args: tuple[Any, ...], kwargs: dict[str, Any],
+    make_param: Callable[[torch.Tensor], torch.Tensor], *, data_reads: bool,
+) -> tuple[Traced, list[str], dict[str, int | float]]:  # fmt: skip
     values: dict[str, int | float] = {}
     autocast = (
         autocast_state("cpu", True, torch_dtype(setting.amp_dtype))
@@ -139,7 +155,7 @@ def _draft_run(
         soft_pending_unbacked(),  # an option from torch 2.11 on (ampgraph.compat)
         _real_checks_without_guards(),
         # A 0-d tensor formatted, an index of 0-d tensors: read as the real values give them.
-        DataReads(),
+        DataReads() if data_reads else contextlib.nullcontext(),
     ):
         warnings.simplefilter("ignore")
         # Dropout in training mode and torch.randint draw from the global generator: seeded,
