@@ -321,3 +321,49 @@ def test_a_capture_on_real_values_frees_them_as_it_returns(name: str) -> None:
     assert copies == set()
     assert torch.equal(gate.table.weight, weight) and torch.equal(ids, given)
     assert report.check is not None and report.check["disagreements"] == 0
+
+
+class FailingGate(HashGate):
+    """HashGate whose forward fails after it used the table: a draft run that raises."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.table(ids)
+        if bool((self.fc(h) > 0).all()):
+            return h.sum()
+        raise ValueError("no path for these values")
+
+
+def test_a_failed_capture_on_real_values_frees_them_and_patches_nothing() -> None:
+    """A draft run that raises frees its real values too, torch's copies on the fake tensors of
+    the mode export made inside included (found from the forward's own inputs); and no torch
+    class is patched to find them: ``FakeTensorMode.__init__`` is torch's own throughout, so a
+    mode another thread makes meanwhile is neither recorded nor emptied."""
+    import gc
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ampgraph.capture.draft_export import _draft_export
+
+    init = FakeTensorMode.__init__
+    seen: list[object] = []
+
+    class Watching(FailingGate):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            seen.append(FakeTensorMode.__init__)
+            return super().forward(ids)
+
+    torch.manual_seed(0)
+    gate = Watching().eval()
+    ids = torch.randint(0, 4099, (2, 5))
+    weight = gate.table.weight.detach().clone()
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(ValueError, match="no path"):
+            _draft_export(ModelInputs("gate", gate, (ids,)))
+        copies = _real_copies(gate.table.weight, weight)
+    finally:
+        gc.enable()
+    assert seen and all(f is init for f in seen)
+    assert copies == set()
+    assert torch.equal(gate.table.weight, weight)

@@ -105,21 +105,22 @@ def _draft_export(
     # collection frees a cycle. blt's generic config (a 384 MB hash n-gram table) held four
     # copies per failed capture and ran out of the zoo's 6 GB heap.
     given = _callers_storages(model)
-    with _fake_modes_made() as modes:
-        try:
-            traced, branches, values = _draft_run(model, setting, args, kwargs, make_param)
-        finally:
-            release([*made.values(), *converted, *_made_inputs(model, args, kwargs)])
-            release(_copies_of_inputs(modes, given))
+    modes: list[weakref.ref[Any]] = []
+    try:
+        traced, branches, values = _draft_run(model, setting, args, kwargs, make_param, modes)
+    finally:
+        release([*made.values(), *converted, *_made_inputs(model, args, kwargs)])
+        release(_copies_of_inputs(modes, given))
     release(_real_values(traced.graph_module, given))
     return traced, branches, values
 
 
 def _draft_run(
     model: ModelInputs, setting: Setting | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-    make_param: Callable[[torch.Tensor], torch.Tensor],
+    make_param: Callable[[torch.Tensor], torch.Tensor], modes: list[weakref.ref[Any]],
 ) -> tuple[Traced, list[str], dict[str, int | float]]:  # fmt: skip
-    """The draft export itself, on ``args``/``kwargs`` with each parameter ``make_param``'s.
+    """The draft export itself, on ``args``/``kwargs`` with each parameter ``make_param``'s;
+    ``modes`` gets the fake tensor modes it ran the forward under (:func:`_noting_fake_mode`).
 
     Python's reads of data no op records (:class:`~ampgraph.capture.data_reads.DataReads`) are
     made as a real run makes them only in a second run, where the first fails without: the
@@ -127,14 +128,15 @@ def _draft_run(
     one outside torch, which under that mode is the mode's own, not the model's line.
     """
     try:
-        return _draft_run_once(model, setting, args, kwargs, make_param, data_reads=False)
+        return _draft_run_once(model, setting, args, kwargs, make_param, modes, data_reads=False)
     except Exception:  # noqa: BLE001 - a 0-d tensor formatted, an index of 0-d tensors...
-        return _draft_run_once(model, setting, args, kwargs, make_param, data_reads=True)
+        return _draft_run_once(model, setting, args, kwargs, make_param, modes, data_reads=True)
 
 
 def _draft_run_once(
     model: ModelInputs, setting: Setting | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-    make_param: Callable[[torch.Tensor], torch.Tensor], *, data_reads: bool,
+    make_param: Callable[[torch.Tensor], torch.Tensor], modes: list[weakref.ref[Any]], *,
+    data_reads: bool,
 ) -> tuple[Traced, list[str], dict[str, int | float]]:  # fmt: skip
     values: dict[str, int | float] = {}
     autocast = (
@@ -160,7 +162,8 @@ def _draft_run_once(
         warnings.simplefilter("ignore")
         # Dropout in training mode and torch.randint draw from the global generator: seeded,
         # so that a second run takes the first's path, and the caller's state is left alone.
-        with _plain_forward(model.module), torch.random.fork_rng(devices=[]):
+        noting = _plain_forward(model.module, _noting_fake_mode(modes))
+        with noting, torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             program = torch.export.draft_export(model.module, tuple(args), kwargs, strict=False)
     report = getattr(program, "_report", None)
@@ -194,24 +197,20 @@ def _callers_storages(model: ModelInputs) -> set[int]:
     }  # fmt: skip
 
 
-@contextlib.contextmanager
-def _fake_modes_made() -> Iterator[list[weakref.ref[Any]]]:
-    """Each fake tensor mode made while the block runs (draft export makes its own, out of
-    reach of its caller), weakly."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _noting_fake_mode(modes: list[weakref.ref[Any]]) -> Callable[[Any, Any], None]:
+    """A forward's note (:func:`~ampgraph.capture.engines._plain_forward`) that keeps, weakly,
+    the fake tensor mode draft export runs the forward under: export makes it inside, out of its
+    caller's reach, and its memo holds a real copy of each weight and input. Read from the
+    forward's own fake inputs, so nothing in torch is patched and another thread's modes are
+    never taken for ours."""
+    from torch._guards import detect_fake_mode
 
-    modes: list[weakref.ref[Any]] = []
-    init = FakeTensorMode.__init__
+    def note(args: Any, kwargs: Any) -> None:
+        mode = detect_fake_mode(pytree.tree_leaves((args, kwargs)))
+        if mode is not None and all(ref() is not mode for ref in modes):
+            modes.append(weakref.ref(mode))
 
-    def recording(self: FakeTensorMode, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        modes.append(weakref.ref(self))
-
-    FakeTensorMode.__init__ = recording  # type: ignore[method-assign]
-    try:
-        yield modes
-    finally:
-        FakeTensorMode.__init__ = init  # type: ignore[method-assign]
+    return note
 
 
 def _copies_of_inputs(modes: list[weakref.ref[Any]], given: set[int]) -> list[torch.Tensor]:
