@@ -290,6 +290,39 @@ def test_the_environment_is_what_the_observation_sees_and_is_reentrant() -> None
     assert _huber_dtypes() == (torch.float32, torch.float32) and not active()
 
 
+def test_a_kernel_torch_would_not_give_back_is_refused_and_the_rest_undone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over a Python Meta kernel whose function cannot be read back (none is, on torch 2.9 to
+    2.14: here one is made so), the environment refuses in one line before it registers there,
+    and what it had already replaced (huber_loss's kernels and meta table entry) is torch's
+    again: a refusal leaves nothing behind either."""
+    from torch._C import DispatchKey
+    from torch._decomp import meta_table
+
+    from ampgraph.capture import meta_kernels, scoped_library
+    from ampgraph.errors import AmpgraphError
+
+    names = [n for n in meta_kernels.REPLACED
+             if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{n}", "Meta")]  # fmt: skip
+    assert names.index("huber_loss") < len(names) - 1
+    last = getattr(torch.ops.aten, names[-1]).default
+    huber = torch.ops.aten.huber_loss.default
+    before = (huber.py_kernels.get(DispatchKey.Meta), meta_table.get(huber))
+    read = scoped_library.python_kernel
+    monkeypatch.setattr(
+        scoped_library, "python_kernel",
+        lambda op, key: (True, None) if op is last else read(op, key),
+    )  # fmt: skip
+    with pytest.raises(AmpgraphError, match="does not give back"), analysis_environment():
+        pass
+    assert not active() and _huber_dtypes() == (torch.float32, torch.float32)
+    assert (huber.py_kernels.get(DispatchKey.Meta), meta_table.get(huber)) == before
+    monkeypatch.undo()
+    with analysis_environment():  # and the next analysis enters as usual
+        assert _huber_dtypes() == (torch.bfloat16, torch.bfloat16)
+
+
 #: A model whose compiled graph carries the dtypes meta kernels give (aot_autograd runs them on
 #: fake tensors): the graph ``torch.compile`` makes, as text with every value's dtype.
 _COMPILE = r'''

@@ -70,9 +70,14 @@ def install() -> Callable[[], None]:
         ("cudnn_grid_sampler", grid_sampler),
         *_CUDNN_META,
     )
-    for name, kernel in kernels:
-        if not has_meta(name.partition(".")[0]):
-            lib.impl(name, kernel, "Meta")
+    try:
+        for name, kernel in kernels:
+            if not has_meta(name.partition(".")[0]):
+                # Refused over a Python kernel torch does not give back (capture/scoped_library).
+                lib.impl(name, kernel, "Meta", restorable_only=True)
+    except BaseException:
+        lib.destroy()
+        raise
     return lib.destroy
 
 
@@ -247,7 +252,7 @@ def cudnn_rnn_stand_ins(device: str) -> Iterator[None]:
         for op, kernel in STAND_INS.items():
             for key in keys:
                 name = op._schema.name.removeprefix("aten::")
-                lib.impl(f"{name}.{op._overloadname}", kernel, key)
+                lib.impl(f"{name}.{op._overloadname}", kernel, key, restorable_only=True)
         yield
     finally:
         lib.destroy()

@@ -289,18 +289,6 @@ def install() -> Callable[[], None]:
     lib = ScopedLibrary("aten")  # destroyed by the undo
     missing = object()
     previous: list[tuple[Any, Any, Any]] = []  # (op, its Python Meta kernel, its meta table entry)
-    for name, kernel in REPLACED.items():
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-            continue
-        lib.impl(name, kernel, "Meta")
-        op = getattr(torch.ops.aten, name).default
-        previous.append((op, op.py_kernels.get(DispatchKey.Meta, missing),
-                         meta_table.get(op, missing)))  # fmt: skip
-        if DispatchKey.Meta in op.py_kernels:
-            op.py_kernels[DispatchKey.Meta] = kernel
-            op._dispatch_cache.clear()
-        # In the meta table a fake tensor prefers it to a Python decomposition too.
-        meta_table[op] = kernel
 
     def undo() -> None:
         # Pops this library's registrations, and puts back the Python kernels a fake tensor
@@ -315,6 +303,24 @@ def install() -> Callable[[], None]:
             else:
                 meta_table[op] = entry
 
+    try:
+        for name, kernel in REPLACED.items():
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                continue
+            # Over a Python kernel torch does not give back, refused (AmpgraphError): it would
+            # stay ampgraph's for the rest of the process. None is so on torch 2.9 to 2.14.
+            lib.impl(name, kernel, "Meta", restorable_only=True)
+            op = getattr(torch.ops.aten, name).default
+            previous.append((op, op.py_kernels.get(DispatchKey.Meta, missing),
+                             meta_table.get(op, missing)))  # fmt: skip
+            if DispatchKey.Meta in op.py_kernels:
+                op.py_kernels[DispatchKey.Meta] = kernel
+                op._dispatch_cache.clear()
+            # In the meta table a fake tensor prefers it to a Python decomposition too.
+            meta_table[op] = kernel
+    except BaseException:
+        undo()
+        raise
     return undo
 
 
