@@ -153,15 +153,19 @@ def test_a_tensor_of_0d_fake_tensors_has_the_real_conversions_dtype(
         assert torch.equal(torch.tensor(reals), expected)
 
 
-class SampleByCount(nn.Module):
-    """Draws as many rows as an integer mask counts (ViLT's patch sampling:
-    ``torch.multinomial(weights, max_image_length)`` with a count computed from the pixel
-    mask), from weights the graph computes."""
+class TwoLinear(nn.Module):
+    """The two layers the modules below compute with, before and after what they read."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(4, 4)
         self.out = nn.Linear(4, 4)
+
+
+class SampleByCount(TwoLinear):
+    """Draws as many rows as an integer mask counts (ViLT's patch sampling:
+    ``torch.multinomial(weights, max_image_length)`` with a count computed from the pixel
+    mask), from weights the graph computes."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.fc(x.to(self.fc.weight.dtype))
@@ -192,16 +196,11 @@ def test_a_known_count_given_as_an_integer_is_its_value(name: str) -> None:
     assert result.ok, result.disagreements
 
 
-class MaskOfSampledRows(nn.Module):
+class MaskOfSampledRows(TwoLinear):
     """Samples rows among those an integer mask keeps, from weights as many as the kept rows
     (``torch.ones(v)`` of a size read from a boolean-mask index), and adds the fp32 mask to the
     scores only where a sampled row is padding: ViLT's image mask, made of sampled patches,
     which transformers drops when it is all ones (the scores then stay bf16 under autocast)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.out = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.fc(x.to(self.fc.weight.dtype))
@@ -236,14 +235,9 @@ def test_a_tensor_sized_by_known_values_is_followed(name: str) -> None:
         assert softmax.inputs[0]["dtype"] == setting.amp_dtype
 
 
-class CountedThenBranching(nn.Module):
+class CountedThenBranching(TwoLinear):
     """Reads a count from an integer mask into Python, keeps the rows it marks, then branches on
     float data (so the capture follows the data path)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.out = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         n = int(mask.sum() * 2)  # the run on values: a size of its own; the trace: a number
