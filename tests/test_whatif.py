@@ -56,15 +56,25 @@ def by_op(report: Report) -> dict[str, list]:
     return out
 
 
+def _listed(name: str) -> list[str]:
+    """The overloads of ``aten::name`` CUDA's lists name in the installed release, as moves
+    print them (softmax: ``int``, and ``Dimname`` too on torch 2.9)."""
+    names = getattr(torch.ops.aten, name).overloads()
+    listed = [o for o in names if P.lookup("cuda", f"aten::{name}", o) is not None]
+    return [name if o == "default" else f"{name}.{o}" for o in listed]
+
+
 def test_parse_moves_resolves_overloads_from_the_lists() -> None:
     moves = parse_moves(["softmax=lower_precision_fp", "gelu=fp32", "sum=none"], "cuda")
     # softmax and sum without an overload: the overloads CUDA's lists name; gelu: its default.
     assert [str(m) for m in moves] == [
-        "softmax.int → lower_precision_fp",
+        *(f"{o} → lower_precision_fp" for o in _listed("softmax")),
         "gelu → fp32",
-        "sum.dim_IntList → none",
-        "sum → none",
+        *(f"{o} → none" for o in _listed("sum")),
     ]
+    assert {"softmax.int"} <= set(_listed("softmax")) and {"sum", "sum.dim_IntList"} <= set(
+        _listed("sum")
+    )
     assert moves[0].op is torch.ops.aten.softmax.int
     for text, message in [
         ("softmax", "a move is OP=LIST"),
@@ -112,7 +122,8 @@ def test_moved_kernels_last_only_as_long_as_the_preview() -> None:
 @needs_cuda_build
 def test_softmax_onto_the_lower_precision_list() -> None:
     a, b = preview_moves(block(), "amp-fp32", ["softmax=lower_precision_fp"])
-    assert b.model == "block [softmax.int → lower_precision_fp]"
+    moved = (f"{o} → lower_precision_fp" for o in _listed("softmax"))
+    assert b.model == f"block [{', '.join(moved)}]"
     assert b.check is not None and b.check["disagreements"] == 0
     sa, sb = by_op(a)["aten.softmax.int"][0], by_op(b)["aten.softmax.int"][0]
     assert (sa.policy, sa.outputs, sa.casts) == ("fp32_set_opt_dtype", ["float32"], [])
