@@ -69,6 +69,22 @@ def test_a_module_named_by_a_formatted_0d_tensor_is_followed(name: str) -> None:
     assert result.ok, result.disagreements
 
 
+def test_where_the_forward_decided_on_data_is_its_own_line_under_the_mode() -> None:
+    """The capture's report of where the forward decided on data names the model's lines, as
+    without the mode: torch keeps the innermost frames outside torch, which were the mode's own
+    (``__torch_function__ line ...: return func(*args, **kwargs)``)."""
+    import inspect
+
+    source, first = inspect.getsourcelines(ExpertsByName.forward)
+    where = {line.strip(): first + i for i, line in enumerate(source)}
+    loop, lookup = "for idx in torch.unique(choice):", next(k for k in where if "expert_" in k)
+    report = analyze(_experts(), "amp-half")
+    lines = report.capture["data_dependent"]
+    assert report.capture["method"] == "export-data-path" and len(lines) == 2
+    assert lines[0].startswith(f"forward line {where[loop]}: `{loop}`: ")
+    assert lines[1].startswith(f"forward line {where[lookup]}: `{lookup}`: ")
+
+
 def test_a_formatted_0d_fake_tensor_gives_its_value() -> None:
     """Its value as a real run formats it: a data-dependent size's value where one is given,
     and a guard on data (what sends a capture along the data's path) where none is."""

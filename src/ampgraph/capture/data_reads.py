@@ -36,6 +36,10 @@ torch.Size([2])
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import traceback
 from typing import Any
 
 import torch
@@ -46,6 +50,29 @@ from torch.utils._python_dispatch import _disable_current_modes
 #: The ``torch`` functions that make a tensor by reading their data argument's values.
 _FROM_DATA = (torch.tensor, torch.as_tensor)
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+#: Frames no read is the model's own: torch's and ampgraph's.
+_NOT_THE_MODELS = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
+
+
+def _at_the_models_line() -> contextlib.AbstractContextManager[Any]:
+    """While a read runs, the tracing context names the model's line that made it (the nearest
+    frame outside torch and ampgraph). torch reports where a forward decided on data from the
+    innermost frames outside torch (``torch._logging.structured.get_user_stack``), and those
+    would be this mode's, not the model's line, unless the tracing context names a frame."""
+    from torch._guards import TracingContext
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_NOT_THE_MODELS):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None or TracingContext.try_get() is None:
+        return contextlib.nullcontext()
+    code = frame.f_code
+    return TracingContext.current_frame(
+        traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
+    )
 
 
 def without_data(t: Any) -> bool:
@@ -125,14 +152,18 @@ class DataReads(TorchFunctionMode):
             if args[0].is_meta:  # torch formats a meta tensor's repr: it has no value at all
                 return func(*args, **kwargs)
             spec = args[1] if len(args) > 1 else kwargs.get("format_spec", "")
-            return format(_number(args[0].item()), spec)
+            with _at_the_models_line():
+                return format(_number(args[0].item()), spec)
         if func in _INDEXING and isinstance(args[1], tuple):
             device = args[0].device
-            index = tuple(_as_index(item, device) for item in args[1])
-            return func(args[0], index, *args[2:], **kwargs)
+            with _at_the_models_line():
+                index = tuple(_as_index(item, device) for item in args[1])
+                return func(args[0], index, *args[2:], **kwargs)
         if func in _FROM_DATA and args and _elements(args[0]) is not None:
-            return self._from_data(func, args, kwargs)
-        return func(*args, **kwargs)
+            with _at_the_models_line():
+                return self._from_data(func, args, kwargs)
+        with _at_the_models_line():  # a guard inside any op: the model's line, not this frame
+            return func(*args, **kwargs)
 
     @staticmethod
     def _from_data(func: Any, args: Any, kwargs: Any) -> torch.Tensor:
