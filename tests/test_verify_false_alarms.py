@@ -4,6 +4,10 @@ Two false alarms seen on the first real GPU (docs/verification/gpu-2026-11-26.md
 inside a composite op (CUDA ``cross_entropy_loss``'s ``log_softmax`` result handed to ``nll_loss``)
 and modules listed after a real raise. Each is proved on the real CPU kernels where the CPU does
 the same, and on the matching logic with the GPU's own strings where only CUDA does.
+
+And one the transformers zoo showed (issue 42): a forward that registers hooks on its first call
+and sets a field saying so (transformers' output capturing) called "not deterministic", because
+the capture put the field back and left the hooks, and verify's real call registered them twice.
 """
 
 from __future__ import annotations
@@ -198,3 +202,53 @@ def test_a_library_wrappers_cast_back_is_the_ops_own_on_cpu() -> None:
     assert result.report is not None
     roi = next(r for r in result.report.nodes if r.op == "torchvision.roi_align.default")
     assert roi.outputs == ["bfloat16"] and [c.to_dtype for c in roi.casts] == ["float32"]
+
+
+# -- hooks a forward registers on its first call -------------------------------------------------
+class LazyHooks(nn.Module):
+    """transformers' output capturing, in small: the first forward that asks for hidden states
+    registers a forward hook on each layer and sets a field saying so; the hooks collect every
+    layer's output, keeping only the selected one (``output_hidden_states=-1``) and None for the
+    others, as ``install_output_capuring_hook`` does, and the forward reads the last one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.head = nn.Linear(8, 4)
+        self.states: list[torch.Tensor | None] = []
+
+    def _collect(self, mod: nn.Module, args: tuple[torch.Tensor], out: torch.Tensor) -> None:
+        self.states.append(out if len(self.states) == len(self.layers) - 1 else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not getattr(self, "_hooks_installed", False):
+            for layer in self.layers:
+                layer.register_forward_hook(self._collect)
+            self._hooks_installed = True
+        self.states.clear()
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.states[-1][:, 0:4].repeat(1, 2))  # a hook twice: states[-1] None
+
+
+def test_hooks_a_forward_registers_on_its_first_call_are_registered_once() -> None:
+    """The capture put the module's fields back as they were (BigBird's switched attention), the
+    field saying the hooks were registered among them, but left the hooks: the real call
+    registered them again, each layer's output was collected twice, and the forward read None
+    (pe_audio, pe_video, aria: "not deterministic ... 'NoneType' object is not subscriptable")."""
+    torch.manual_seed(0)
+    module = LazyHooks().eval()
+    model = ModelInputs("lazy-hooks", module, (torch.randn(2, 8),))
+    result = verify(model, cpu("amp-fp32"))
+    assert result.ok, summary(result)
+    assert counts(result.modules) == "3/3" and result.nodes.agree == result.nodes.total
+    # verify's real call registered them, as a user's first call does: once on each layer.
+    assert [len(layer._forward_hooks) for layer in module.layers] == [1, 1]
+    # Each capture leaves the module as it was, no hook, no field, so the next setting's capture
+    # of the same module traces a first call too (it failed whole on the doubled hooks).
+    fresh = ModelInputs("lazy-hooks", LazyHooks().eval(), (torch.randn(2, 8),))
+    for name in ("fp32", "amp-fp32"):
+        report = analyze_capture(capture(fresh, cpu(name)), check=False)
+        assert report.nodes[-1].outputs == ["float32" if name == "fp32" else "bfloat16"]
+        assert not hasattr(fresh.module, "_hooks_installed")
+        assert [len(layer._forward_hooks) for layer in fresh.module.layers] == [0, 0]

@@ -242,15 +242,19 @@ class ModuleIORecorder:
 @contextlib.contextmanager
 def modules_kept(root: nn.Module) -> Iterator[None]:
     """``root`` and every module in it as they were on entry, on exit: each one's attributes
-    (its submodules, parameters, plain fields), put back one level deep. A forward that swaps a
-    submodule for a new one and sets a field saying so (BigBird's ``set_attention_type``) is
-    undone; what it changed inside a tensor is not.
+    (its submodules, parameters, plain fields) and torch's tables of them and of its hooks, put
+    back one level deep. A forward that swaps a submodule for a new one and sets a field saying
+    so (BigBird's ``set_attention_type``) is undone; so is one that registers hooks on its first
+    call and sets a field saying so (transformers' output capturing): undoing the field alone
+    left the hooks, and the next call registered them a second time. What a forward changed
+    inside a tensor, or in a container of its own, is not undone.
 
     >>> lin = nn.Linear(2, 2)
     >>> with modules_kept(lin):
     ...     lin.extra = nn.ReLU()
-    >>> hasattr(lin, "extra")
-    False
+    ...     _ = lin.register_forward_hook(lambda mod, args, out: None)
+    >>> hasattr(lin, "extra"), len(lin._forward_hooks)
+    (False, 0)
     """
     saved = [(mod, dict(vars(mod)), _tables(mod)) for mod in root.modules()]
     try:
@@ -264,8 +268,10 @@ def modules_kept(root: nn.Module) -> Iterator[None]:
                 attributes[name].update(table)
 
 
-#: A module's tables of what ``setattr`` assigns (``self.attn = Full()`` writes ``_modules``).
-TABLES = ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set")
+#: A module's tables, which torch changes in place: what ``setattr`` assigns (``self.attn =
+#: Full()`` writes ``_modules``) and the hooks ``register_*_hook`` adds (a hook's handle holds
+#: its table). Read from a bare ``nn.Module``, so that a torch with another table has it here.
+TABLES = tuple(name for name, v in vars(nn.Module()).items() if isinstance(v, (dict, set)))
 
 
 def _tables(mod: nn.Module) -> dict[str, Any]:
