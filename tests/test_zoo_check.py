@@ -82,10 +82,10 @@ class Align(nn.Module):
         return self.norm(out)
 
 
-def _align(lengths: tuple[int, ...] = (2, 5, 1), targets: tuple[int, ...] = (3, 1, 4)) -> ModelInputs:
+def _align() -> ModelInputs:
     torch.manual_seed(0)
-    mask = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])
-    target = torch.tensor([[1] * n + [0] * (6 - n) for n in targets])
+    mask = torch.tensor([[1] * n + [0] * (6 - n) for n in (2, 5, 1)])
+    target = torch.tensor([[1] * n + [0] * (6 - n) for n in (3, 1, 4)])
     return ModelInputs("align", Align().eval(), (torch.randn(3, 6, 4), mask, target))
 
 
@@ -124,7 +124,8 @@ def test_the_check_runs_the_eager_hooks_on_the_captured_inputs() -> None:
 
     def masked(mask: list[int]) -> ModelInputs:
         torch.manual_seed(0)
-        return ModelInputs("masked", Masked().eval(), (torch.randn(2, 4), torch.tensor([mask] * 2)))
+        inputs = (torch.randn(2, 4), torch.tensor([mask] * 2))
+        return ModelInputs("masked", Masked().eval(), inputs)
 
     cell = harness.compare(masked([1, 1, 1, 1]), "amp-fp32", "bf16", masked([1, 1, 0, 0]))
     assert cell.agrees, cell.first_difference  # before: the eager run printed [bias]
