@@ -27,7 +27,7 @@ import platform
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ampgraph.model.build import ModelInputs
@@ -151,15 +151,27 @@ def compare(
 ) -> Cell:
     """One cell: ampgraph's analysis of ``model`` against the dispatcher and the eager hooks.
 
-    ``eager_model`` is a fresh copy for the eager run, for models whose forward changes them.
+    ``eager_model`` is a fresh copy of the module for the eager run, for models whose forward
+    changes them; the eager run takes the inputs the capture ran with, whatever ``eager_model``
+    holds: a size a real run computes from their values (a padding mask's lengths) is the
+    capture's only on the same values, and a fresh copy from a tester that draws random inputs
+    has others (pe_audio_video's alignment then expanded 16 frames to the capture's 5).
     """
+    import torch
+    from torch.utils import _pytree as pytree
+
     from ampgraph import analyze
     from ampgraph.errors import AmpgraphError
+    from ampgraph.model.build import ModelInputs
     from ampgraph.report.printed import hook_lines
     from ampgraph.settings import Setting
     from ampgraph.verify.hooks import eager_hook_lines
 
     setting = Setting.parse(setting_name, amp_dtype=amp)
+    if eager_model is not None:
+        # Copied before the capture, which may run a forward that changes its inputs in place.
+        args, kwargs = pytree.tree_map_only(torch.Tensor, _copy, (model.args, model.kwargs))
+        eager_model = ModelInputs(eager_model.name, eager_model.module, args, kwargs)
     cell = Cell()
     try:
         report = analyze(model, setting)
@@ -179,6 +191,12 @@ def compare(
         cell.raises = eager[-1]
     cell.hooks_agree, cell.hooks, cell.first_difference = agreement(ours, eager)
     return cell
+
+
+def _copy(t: Any) -> Any:
+    """A tensor's copy, a leaf that requires grad where ``t`` does (deepcopy refuses a non-leaf)."""
+    out = t.detach().clone()
+    return out.requires_grad_() if t.requires_grad else out
 
 
 def verify_cpu(model: ModelInputs, setting_name: str, amp: str = "bf16") -> Verified:

@@ -296,9 +296,9 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
         tried.append(("the causal LM tester", CAUSAL_LM_SOURCE))
     failed = []
     for name, source in tried:
-        torch.manual_seed(0)
         try:
             tester = model_tester(model_type, tests_dir, source)
+            seed_testers()
             config, inputs = tester.prepare_config_and_inputs_for_common()
         except Exception as exc:  # noqa: BLE001 - the next tester is tried; the record says why
             failed.append(f"{name}'s config failing: {type(exc).__name__}: {one_line(exc)[:80]}")
@@ -318,6 +318,26 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
     except Exception as exc:
         exc.zoo_source = source  # type: ignore[attr-defined] - the record names its tester
         raise
+
+
+def seed_testers(seed: int = 0) -> None:
+    """Seed every random stream the testers draw from: torch's, Python's, numpy's and the
+    ``global_rng`` of transformers' test modules (``ids_tensor``, ``floats_tensor``,
+    ``random_attention_mask`` draw from it). Each build of a type is then the same model with
+    the same inputs: the check's eager run, its capture and ``verify`` see one set of values,
+    and sizes a real run computes from them (a padding mask's lengths) are the same in each."""
+    import random
+
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    if (np := sys.modules.get("numpy")) is not None:  # transformers imports it
+        np.random.seed(seed)
+    for name, module in list(sys.modules.items()):
+        rng = getattr(module, "global_rng", None) if name.startswith("tests") else None
+        if isinstance(rng, random.Random):
+            rng.seed(seed)
 
 
 def _fails(model_type: str, config: Any, inputs: dict[str, Any]) -> str | None:

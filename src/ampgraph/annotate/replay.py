@@ -43,6 +43,26 @@ from ampgraph.torchutil import can_trace_fake, dtype_name, fake_mode, silenced, 
 
 #: What a C++ kernel says of a size given as a symbolic expression (a data-dependent size's).
 CONCRETE_ONLY = "expected to contain only concrete integers"
+#: What a C++ kernel's meta function says where it asks for a data-dependent size as a number
+#: (``aten.pad`` of a boolean-mask selection, VITS's spline: ``F.pad(x[mask], (1, 0))``).
+SPECIALIZED_ONLY = "Could not extract specialized integer from data-dependent expression"
+#: What C++ kernels say of a data-dependent size that torch's Python kernels compute as an
+#: expression, as the capture's trace (``make_fx``, the Python dispatcher) did.
+PYTHON_KERNELS_FOLLOW = (CONCRETE_ONLY, SPECIALIZED_ONLY)
+
+
+def python_kernels_follow(message: str) -> bool:
+    """Whether an op failed only because its C++ kernel takes a data-dependent size as a
+    number, where torch's Python kernels (which the capture traced through) take it as an
+    expression.
+
+    >>> python_kernels_follow("Could not extract specialized integer from data-dependent "
+    ...                       "expression u1 (unhinted: u1)")
+    True
+    >>> python_kernels_follow("Could not guard on data-dependent expression u0 > 0")
+    False
+    """
+    return any(text in message for text in PYTHON_KERNELS_FOLLOW)
 ASSERT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range"}
 
 
@@ -307,7 +327,7 @@ class FakeReplay(fx.Interpreter):
             out = self.execute(n, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - the op's own error is the finding: record it
             message = first_line(exc)
-            if CONCRETE_ONLY in message:
+            if python_kernels_follow(message):
                 return self._through_python_kernels(n, args, kwargs)
             value = Failed(self.qualified(n), message, analysed=not_analysable(message) is None)
             self.on_error(n, value)
@@ -321,8 +341,9 @@ class FakeReplay(fx.Interpreter):
     ) -> Any:
         """``n`` run as the trace ran it, through torch's Python kernels: its sizes are
         expressions of a data-dependent size (GLM-5-Next's indexer pads to a fixed width, ``pad
-        = 2063 - (16*u0 + 15)``), which the C++ kernel (``aten.pad``'s) takes only as numbers;
-        the Python one computes the output's size from them (``2063``), as the trace did."""
+        = 2063 - (16*u0 + 15)``), or a data-dependent size itself (VITS pads a boolean-mask
+        selection), which the C++ kernel (``aten.pad``'s) takes only as numbers; the Python one
+        computes the output's size from them (``2063``, ``u1 + 1``), as the trace did."""
         from torch._dispatch.python import enable_python_dispatcher
 
         try:
@@ -403,10 +424,13 @@ def is_getitem(target: Any) -> bool:
 
 __all__ = [
     "CONCRETE_ONLY",
+    "PYTHON_KERNELS_FOLLOW",
+    "SPECIALIZED_ONLY",
     "Failed",
     "FakeReplay",
     "StrictDtypeMode",
     "fake_session",
     "op_name",
+    "python_kernels_follow",
     "torch_dtype",
 ]

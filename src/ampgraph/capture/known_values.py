@@ -131,13 +131,21 @@ class KnownValues(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        # A slice's bounds too (``hidden[:length]``): pytree takes a slice for a leaf.
+        bounds = pytree.tree_map_only(slice, lambda s: (s.start, s.stop, s.step), (args, kwargs))
+        tensors = [t for t in pytree.tree_leaves(bounds) if isinstance(t, torch.Tensor)]
         if not tensors and getattr(func, "__name__", "") in FACTORIES:
             return self._made(func, args, kwargs)
         if not self._known:  # nothing followed yet: nothing to look for
             return func(*args, **kwargs)
         values = [self.value(t) for t in tensors]
         if not tensors or not any(v is not None for v in values):
+            return func(*args, **kwargs)
+        # A followed bound of a slice is read as a number, here as in a real run.
+        args, kwargs = pytree.tree_map_only(slice, self._slice, (args, kwargs))
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        values = [self.value(t) for t in tensors]
+        if not tensors:
             return func(*args, **kwargs)
         if any(v is None for v in values):
             # A value the call takes as a size (``F.pad(x, (left, right))``): its real number.
@@ -248,6 +256,18 @@ class KnownValues(TorchFunctionMode):
         if value is None or value.dim() != 0 or value.is_floating_point():
             return item
         return _real(torch.Tensor.item, (value,), {})
+
+    def _slice(self, item: slice) -> slice:
+        """``item`` with each followed 0-d integer bound as its Python number: torch reads a
+        slice's bounds as integers, in C++ past this mode (``hidden[:length]`` of a length
+        computed from a padding mask, pe_audio_video's alignment), as a real run does.
+
+        >>> import torch
+        >>> t = torch.tensor(3)
+        >>> KnownValues({id(t): (t, t)})._slice(slice(None, t))
+        slice(None, 3, None)
+        """
+        return slice(self._number(item.start), self._number(item.stop), self._number(item.step))
 
     def _sizes(self, seq: Any) -> Any:
         """``seq`` with each followed 0-d tensor in it as its Python number."""

@@ -35,7 +35,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch.utils import _pytree as pytree
 
 from ampgraph.capture.environment import in_analysis_environment
-from ampgraph.annotate.replay import CONCRETE_ONLY, not_analysable
+from ampgraph.annotate.replay import not_analysable, python_kernels_follow
 from ampgraph.annotate.strict import StrictDtypeMode
 from ampgraph.capture.casts import cast_outputs
 from ampgraph.capture.data_reads import DataReads
@@ -164,12 +164,13 @@ class LeafHooks:
 def eager_hook_lines(
     model: ModelInputs, setting: Setting, unbacked: dict[str, int] | None = None
 ) -> list[str]:
-    """:func:`_eager_hook_lines`; where a size computed from a data-dependent one reached a C++
-    kernel that takes only numbers (GLM-5-Next's indexer pads to a fixed width), the run again
-    through torch's Python kernels, which compute the output's size from the expression, as the
-    capture's trace does (:data:`ampgraph.annotate.replay.CONCRETE_ONLY`)."""
+    """:func:`_eager_hook_lines`; where a data-dependent size, or one computed from it, reached a
+    C++ kernel that takes only numbers (GLM-5-Next's indexer pads to a fixed width, VITS pads a
+    boolean-mask selection), the run again through torch's Python kernels, which compute the
+    output's size from the expression, as the capture's trace does
+    (:data:`ampgraph.annotate.replay.PYTHON_KERNELS_FOLLOW`)."""
     lines = _eager_hook_lines(model, setting, unbacked)
-    if not any(CONCRETE_ONLY in line for line in lines):
+    if not lines or not python_kernels_follow(lines[-1]):
         return lines
     return _eager_hook_lines(model, setting, unbacked, python_kernels=True)
 
