@@ -58,6 +58,11 @@ INPUT_LIMIT = 1 << 16
 
 #: Calls that make a tensor from Python numbers alone, the same values in every run: followed.
 FACTORIES = frozenset({"ones", "zeros", "full", "arange", "tensor", "eye", "as_tensor"})
+#: Calls that make a tensor of unset values from sizes alone, which the forward then writes
+#: (ERNIE-VL's resampler: ``offsets = torch.empty(n)``, ``offsets[0] = 0``, ``offsets[1:] =
+#: counts.cumsum(0)[:-1]``, then ``torch.arange`` between them): followed as the writes set them,
+#: from zeros where a real run has whatever the allocator gave (no value the code reads).
+UNSET = frozenset({"empty"})
 
 #: Calls that read a tensor's value into Python: answered from the real value.
 VALUE_READS = frozenset({
@@ -132,7 +137,7 @@ class KnownValues(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if not tensors and getattr(func, "__name__", "") in FACTORIES:
+        if not tensors and getattr(func, "__name__", "") in FACTORIES | UNSET:
             return self._made(func, args, kwargs)
         if not self._known:  # nothing followed yet: nothing to look for
             return func(*args, **kwargs)
@@ -166,6 +171,14 @@ class KnownValues(TorchFunctionMode):
             # value has, each 0-d where the size depends on the values (fake ``unbind`` splits
             # such a size into pieces of a size it cannot tell is 1).
             return tuple(self._rows(args[0], real_args[0]))
+        # A followed 0-d tensor where the op takes a number (``torch.arange(start, end)``
+        # between offsets a forward computed from its grid, ERNIE-VL's resampler): torch reads
+        # its value in C++, which on a fake tensor is a new unknown per read, and the output's
+        # size a difference of unknowns no value is ever given for; a real run reads the
+        # number, and so does the trace.
+        positions, names = _int_arguments(name, SCALAR)
+        args = tuple(self._number(a) if i in positions else a for i, a in enumerate(args))
+        kwargs = {k: self._number(v) if k in names else v for k, v in kwargs.items()}
         return self._computed(func, args, kwargs, real_args, real_kwargs)
 
     def _rows(self, fake: torch.Tensor, real: torch.Tensor) -> list[torch.Tensor]:
@@ -178,8 +191,12 @@ class KnownValues(TorchFunctionMode):
             rows.append(row)
         return rows
 
-    def _computed(self, func: Any, args: Any, kwargs: Any, real_args: Any, real_kwargs: Any) -> Any:
-        """``func``'s traced output, each tensor of it noted with its value on the real ones."""
+    def _computed(
+        self, func: Any, args: Any, kwargs: Any, real_args: Any, real_kwargs: Any,
+        real_func: Any = None,
+    ) -> Any:  # fmt: skip
+        """``func``'s traced output, each tensor of it noted with its value on the real ones
+        (computed by ``real_func`` where given)."""
         out = func(*args, **kwargs)
         fakes = pytree.tree_leaves(out)
         # A count computed from known sizes (``torch.ones(v)``) is checked at its value.
@@ -189,7 +206,7 @@ class KnownValues(TorchFunctionMode):
             # A random op (ViLT's torch.multinomial) draws its own values, from a copy of the
             # generator's state: the capture leaves the caller's random stream where it was.
             with torch.random.fork_rng(devices=[]):
-                real_out = _real(func, real_args, real_kwargs)
+                real_out = _real(real_func or func, real_args, real_kwargs)
         except Exception:  # noqa: BLE001 - not computable on the CPU values: no longer followed
             return out
         reals = pytree.tree_leaves(real_out)
@@ -235,7 +252,8 @@ class KnownValues(TorchFunctionMode):
         real_args, real_kwargs = pytree.tree_map_only(torch.SymInt, self._size, (args, kwargs))
         if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((real_args, real_kwargs))):
             return func(*args, **kwargs)
-        return self._computed(func, args, kwargs, real_args, real_kwargs)
+        unset = getattr(func, "__name__", "") in UNSET
+        return self._computed(func, args, kwargs, real_args, real_kwargs, _zeroed if unset else None)
 
     def _size(self, size: torch.SymInt) -> int | torch.SymInt:
         """``size``'s value where the sizes it is computed from are known, else ``size``."""
@@ -258,6 +276,11 @@ class KnownValues(TorchFunctionMode):
             for item in seq
         ]
         return type(seq)(made) if isinstance(seq, tuple) and not hasattr(seq, "_fields") else made
+
+
+def _zeroed(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``torch.empty(*args, **kwargs)`` with its values set to zero (real, on the CPU)."""
+    return torch.empty(*args, **kwargs).zero_()
 
 
 def _small(t: torch.Tensor, value: Callable[[Any], Any] = lambda n: n) -> bool:
@@ -333,16 +356,26 @@ def real_run_answers(values: KnownValues) -> Iterator[None]:
             setattr(module, name, old)
 
 
+#: The argument types torch reads a number from: integers...
+INT = ("int", "SymInt")
+#: ...and any number (a ``Scalar``: ``torch.arange``'s bounds, ``torch.full``'s value).
+SCALAR = (*INT, "number")
+
+
 @functools.cache
-def _int_arguments(name: str) -> tuple[frozenset[int], frozenset[str]]:
+def _int_arguments(
+    name: str, kinds: tuple[str, ...] = INT
+) -> tuple[frozenset[int], frozenset[str]]:
     """The positions and names of the arguments that every ATen overload called ``name`` takes
-    as an integer (``int``, ``SymInt``), never as a tensor or a scalar: where torch reads a 0-d
-    tensor given there as its value.
+    as one of ``kinds`` (an integer: ``int``, ``SymInt``), never as a tensor: where torch reads a
+    0-d tensor given there as its value.
 
     >>> _int_arguments("multinomial")
     (frozenset({1}), frozenset({'num_samples'}))
     >>> _int_arguments("add"), _int_arguments("not_an_op")
     ((frozenset(), frozenset()), (frozenset(), frozenset()))
+    >>> _int_arguments("arange"), _int_arguments("arange", SCALAR)[0]
+    ((frozenset(), frozenset()), frozenset({0, 1, 2}))
     """
     packet = getattr(torch.ops.aten, name, None) if name and not name.startswith("_") else None
     if not isinstance(packet, torch._ops.OpOverloadPacket):
@@ -351,7 +384,7 @@ def _int_arguments(name: str) -> tuple[frozenset[int], frozenset[str]]:
     names: dict[str, bool] = {}
     for overload in packet.overloads():
         for i, arg in enumerate(getattr(packet, overload)._schema.arguments):
-            is_int = str(getattr(arg, "real_type", arg.type)) in ("int", "SymInt")
+            is_int = str(getattr(arg, "real_type", arg.type)) in kinds
             if not arg.kwarg_only:
                 positions[i] = positions.get(i, True) and is_int
             names[arg.name] = names.get(arg.name, True) and is_int
@@ -402,6 +435,6 @@ def following_inputs(
 
 
 __all__ = [
-    "FACTORIES", "INPUT_LIMIT", "LIMIT", "VALUE_READS", "KnownValues", "follows",
+    "FACTORIES", "INPUT_LIMIT", "LIMIT", "UNSET", "VALUE_READS", "KnownValues", "follows",
     "following_inputs", "real_run_answers", "remembering",
 ]
