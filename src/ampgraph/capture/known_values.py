@@ -144,6 +144,15 @@ class KnownValues(TorchFunctionMode):
         values = [self.value(t) for t in tensors]
         if not tensors or not any(v is not None for v in values):
             return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name == "new_tensor" and values[0] is None and None not in values[1:]:
+            # ``h.new_tensor(data)`` of followed elements: ``h`` gives a dtype and a device,
+            # never a value, so the data's values are the new tensor's, as in a real run.
+            like = _real(torch.empty, ((),), {"dtype": args[0].dtype})
+            data_args, data_kwargs = pytree.tree_map_only(
+                torch.Tensor, self.value, (args[1:], kwargs)
+            )
+            return self._computed(func, args, kwargs, (like, *data_args), data_kwargs)
         if any(v is None for v in values):
             # A value the call takes as a size (``F.pad(x, (left, right))``): its real number.
             # Each argument is looked into, never the call's own tuple of arguments (``a + b``
@@ -163,7 +172,6 @@ class KnownValues(TorchFunctionMode):
             kwargs = {k: self._number(v) if k in names else sizes(v) for k, v in kwargs.items()}
             return func(*args, **kwargs)
         real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, self.value, (args, kwargs))
-        name = getattr(func, "__name__", "")
         if name in VALUE_READS:
             return _real(func, real_args, real_kwargs)
         if name == "unbind" and (args[1] if args[1:] else kwargs.get("dim", 0)) == 0:
@@ -252,8 +260,8 @@ class KnownValues(TorchFunctionMode):
         real_args, real_kwargs = pytree.tree_map_only(torch.SymInt, self._size, (args, kwargs))
         if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((real_args, real_kwargs))):
             return func(*args, **kwargs)
-        unset = getattr(func, "__name__", "") in UNSET
-        return self._computed(func, args, kwargs, real_args, real_kwargs, _zeroed if unset else None)
+        real_func = _zeroed if getattr(func, "__name__", "") in UNSET else None
+        return self._computed(func, args, kwargs, real_args, real_kwargs, real_func)
 
     def _size(self, size: torch.SymInt) -> int | torch.SymInt:
         """``size``'s value where the sizes it is computed from are known, else ``size``."""
