@@ -14,6 +14,8 @@ expression Eq(u0 - u1 + u2 - u3, 0)``): half of the zoo's ernie4_5_vl_moe, 214 n
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -90,3 +92,24 @@ def test_a_range_between_followed_bounds_has_its_real_length() -> None:
     with values, mode:
         assert torch.arange(start, end).shape == (3,)
         assert torch.arange(start, end, 2).shape == (2,)
+
+
+@pytest.mark.parametrize("make", [torch.empty, torch.zeros])
+def test_a_followed_tensor_written_from_unknown_values_is_no_longer_followed(
+    make: Callable[..., torch.Tensor],
+) -> None:
+    """A write of values the capture does not know (a fake tensor's, unfollowed) into a
+    followed tensor leaves its real copy stale: the tensor is no longer followed, and a read of
+    it is a guard on data (the capture then follows the data's path), never the stale zero."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    values, mode, (counts,) = _followed(torch.tensor([2, 3]))
+    unknown = mode.from_tensor(torch.tensor([7, 9]), static_shapes=True)
+    with values, mode:
+        written = make(counts.size(), dtype=counts.dtype)
+        written[0] = unknown[1]
+        with pytest.raises(GuardOnDataDependentSymNode):
+            int(written[0])
+        kept = make(counts.size(), dtype=counts.dtype)
+        kept[1:] = counts[:1]
+        assert int(kept[1]) == 2  # a write of known values is followed

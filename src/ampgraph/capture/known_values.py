@@ -170,6 +170,7 @@ class KnownValues(TorchFunctionMode):
                 self._number(a) if i in positions else sizes(a) for i, a in enumerate(args)
             )
             kwargs = {k: self._number(v) if k in names else sizes(v) for k, v in kwargs.items()}
+            self._forget_written(name, args, kwargs)  # written from values it does not know
             return func(*args, **kwargs)
         real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, self.value, (args, kwargs))
         if name in VALUE_READS:
@@ -188,6 +189,19 @@ class KnownValues(TorchFunctionMode):
         args = tuple(self._number(a) if i in positions else a for i, a in enumerate(args))
         kwargs = {k: self._number(v) if k in names else v for k, v in kwargs.items()}
         return self._computed(func, args, kwargs, real_args, real_kwargs)
+
+    def _forget_written(self, name: str, args: Any, kwargs: Any) -> None:
+        """Stop following the tensor an in-place call writes (``t[i] = v``, ``t.copy_(v)``,
+        ``out=``) where its real value is not written too: a tensor ``torch.empty`` or
+        ``torch.zeros`` made is followed, and a write of values the capture does not know
+        (float data, an unfollowed index) would leave the real copy stale, a wrong value read
+        where a real run reads the written one."""
+        written = [kwargs.get("out")]
+        if args and (name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))):
+            written.append(args[0])
+        for t in pytree.tree_leaves(written):
+            if self.value(t) is not None:
+                del self._known[id(t)]
 
     def _rows(self, fake: torch.Tensor, real: torch.Tensor) -> list[torch.Tensor]:
         """``fake``'s rows, each followed: as many as ``real`` has (a fake tensor of a size that
@@ -216,6 +230,7 @@ class KnownValues(TorchFunctionMode):
             with torch.random.fork_rng(devices=[]):
                 real_out = _real(real_func or func, real_args, real_kwargs)
         except Exception:  # noqa: BLE001 - not computable on the CPU values: no longer followed
+            self._forget_written(getattr(func, "__name__", ""), args, kwargs)
             return out
         reals = pytree.tree_leaves(real_out)
         for fake, real in zip(fakes, reals) if len(fakes) == len(reals) else ():
