@@ -239,7 +239,7 @@ def _tester_of(model_type: str, testers: list[type]) -> Any:
                 return tester(_Parent())  # its failure is the record's, in config_and_inputs
             continue
         if getattr(config, "model_type", None) == model_type:
-            return tester(_Parent())
+            return instance  # the one checked: a second would build and prepare it all again
     return None
 
 
@@ -281,10 +281,18 @@ def model_tester(model_type: str, tests_dir: Path, source: str) -> Any:
 
 
 def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, Any], str]:
-    """The tiny config, the base model's forward inputs and the tester's source: the type's own
-    tester, else transformers' causal LM one, else the zoo's generic tester, each taken where
-    the one before fails (a test file of another transformers release, a config the causal LM
-    tester leaves full size), and the source says which failed and how."""
+    """The tiny config, the base model's forward inputs and the tester's source
+    (:func:`model_from_testers`'s, without the model)."""
+    return model_from_testers(model_type, tests_dir)[:3]
+
+
+def model_from_testers(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, Any], str, Any]:
+    """The tiny config, the base model's forward inputs, the tester's source and the model built
+    from copies of them: the type's own tester, else transformers' causal LM one, else the zoo's
+    generic tester, each taken where the one before fails (a test file of another transformers
+    release, a config the causal LM tester leaves full size, a model that does not build from
+    it), and the source says which failed and how. The model returned is the one whose build
+    chose the tester, so no later build of the run can fail where this one did not."""
     import torch
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -296,25 +304,27 @@ def config_and_inputs(model_type: str, tests_dir: Path) -> tuple[Any, dict[str, 
         tried.append(("the causal LM tester", CAUSAL_LM_SOURCE))
     failed = []
     for name, source in tried:
+        say_tester(", ".join([source, *failed]))
         try:
             tester = model_tester(model_type, tests_dir, source)
             seed_testers()
             config, inputs = tester.prepare_config_and_inputs_for_common()
+            inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
+            # transformers' causal LM tester knows none of the type's own fields: a config it
+            # leaves full size would not fit, one it leaves inconsistent does not build; a test
+            # file of another release may give a config the installed model rejects.
+            if source == CAUSAL_LM_SOURCE and generic.full_size(config):
+                failed.append(f"{name}'s config being full size")
+                continue
+            model = build(model_type, *copies(config, inputs))
+            return config, inputs, ", ".join([source, *failed]), model
         except Exception as exc:  # noqa: BLE001 - the next tester is tried; the record says why
             failed.append(f"{name}'s config failing: {type(exc).__name__}: {one_line(exc)[:80]}")
-            continue
-        inputs = {k: v for k, v in inputs.items() if k not in LABEL_KEYS and v is not None}
-        # transformers' causal LM tester knows none of the type's own fields: a config it leaves
-        # full size would not fit, one it leaves inconsistent does not build; a test file of
-        # another release may give a config the installed model rejects.
-        full = source == CAUSAL_LM_SOURCE and generic.full_size(config)
-        why = "being full size" if full else _fails(model_type, config, inputs)
-        if why is None:
-            return config, inputs, source
-        failed.append(f"{name}'s config {why}")
     source = ", ".join([generic.SOURCE, *failed])
+    say_tester(source)
     try:
-        return (*generic.generic(model_type), source)
+        config, inputs = generic.generic(model_type)
+        return config, inputs, source, build(model_type, *copies(config, inputs))
     except Exception as exc:
         exc.zoo_source = source  # type: ignore[attr-defined] - the record names its tester
         raise
@@ -340,15 +350,38 @@ def seed_testers(seed: int = 0) -> None:
             rng.seed(seed)
 
 
-def _fails(model_type: str, config: Any, inputs: dict[str, Any]) -> str | None:
-    """How a tester's config fails to build its base model (``failing: ValueError: ...``), or
-    None. A forward that raises (a tiny expert width grouped_mm refuses) is not checked here:
-    the type keeps its tester, and its record says the model raises in a plain run."""
-    try:
-        build(model_type, config, inputs)
-    except Exception as exc:  # noqa: BLE001 - the failure is the answer
-        return f"failing: {type(exc).__name__}: {one_line(exc)[:80]}"
-    return None
+#: What a job's process writes on stderr as it takes each tester, so that the record of a job
+#: that crashed or timed out names the tester it was on (:func:`last_tester_said`).
+TESTER_LINE = "zoo: tester: "
+
+
+def say_tester(source: str) -> None:
+    """Say on stderr that ``source`` is the tester being tried now."""
+    print(TESTER_LINE + source, file=sys.stderr, flush=True)
+
+
+def last_tester_said(stderr: str | bytes | None) -> str | None:
+    """The last tester a job's process said it took (:func:`say_tester`), or None.
+
+    >>> last_tester_said("zoo: tester: a.py\\nwarning\\nzoo: tester: generic tester, a.py's ...\\n")
+    "generic tester, a.py's ..."
+    >>> last_tester_said(b"no tester yet") is None
+    True
+    """
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    lines = (stderr or "").splitlines()
+    said = [ln.removeprefix(TESTER_LINE) for ln in lines if ln.startswith(TESTER_LINE)]
+    return said[-1] if said else None
+
+
+def copies(config: Any, inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Deep copies of a tester's config and inputs: a build or a forward may change either, and
+    every model of a run is built from the same ones (the tests' id tensors are drawn from an
+    unseeded generator, so a tester asked again would give other inputs)."""
+    import copy
+
+    return copy.deepcopy(config), copy.deepcopy(inputs)
 
 
 def build(model_type: str, config: Any, inputs: dict[str, Any]) -> Any:
@@ -456,19 +489,20 @@ def _verify(model: Any, setting: str, amp: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def maker(name: str, tests_dir: Path) -> tuple[Any, dict[str, Any]]:
+def maker(name: str, tests_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     """A builder of ``name`` afresh (a transformers model type, or an entry of
-    ``zoo_beyond.MODELS``) and what the record says of where it came from."""
+    ``zoo_beyond.MODELS``), its first model, and what the record says of where it came from."""
     if "/" in name:
         beyond = importlib.import_module("zoo_beyond")
         library, family = beyond.MODELS[name][:2]
-        return (lambda: beyond.build(name)), {"tester": f"{library}: {family}", "library": library}
-    config, inputs, source = config_and_inputs(name, tests_dir)
+        where = {"tester": f"{library}: {family}", "library": library}
+        return (lambda: beyond.build(name)), beyond.build(name), where
+    config, inputs, source, model = model_from_testers(name, tests_dir)
 
     def make() -> Any:  # afresh from the tester: a forward may change its model or inputs
-        return build(name, *config_and_inputs(name, tests_dir)[:2])
+        return build(name, *copies(config, inputs))
 
-    return make, {"tester": source, "library": "transformers"}
+    return make, model, {"tester": source, "library": "transformers"}
 
 
 def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
@@ -479,9 +513,8 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
     start = time.perf_counter()
     rec: dict[str, Any] = {"type": name, "builds": False, "cells": {}}
     try:
-        make, where = maker(name, tests_dir)
+        make, model, where = maker(name, tests_dir)
         rec.update(where)
-        model = make()
     except Exception as exc:  # noqa: BLE001 - a type that does not build is a line on the page
         if "/" not in name:
             rec["tester"] = getattr(exc, "zoo_source", None) or source_of(name, tests_dir)
@@ -516,9 +549,12 @@ def _bound(memory_gb: float) -> Any:
     return lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
-def _where(name: str, tests_dir: str) -> dict[str, str]:
-    """The tester a record of a job that did not finish names (none for a beyond model)."""
-    return {} if "/" in name else {"tester": source_of(name, Path(tests_dir))}
+def _where(name: str, tests_dir: str, stderr: str | bytes | None) -> dict[str, str]:
+    """The tester a record of a job that did not finish names (none for a beyond model): the
+    last its process said it took (the one it fell through to), else the first it would try."""
+    if "/" in name:
+        return {}
+    return {"tester": last_tester_said(stderr) or source_of(name, Path(tests_dir))}
 
 
 def job(model_type: str, tests_dir: str, combos: list[str], timeout: float,
@@ -533,17 +569,17 @@ def job(model_type: str, tests_dir: str, combos: list[str], timeout: float,
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                               preexec_fn=_bound(memory_gb))  # fmt: skip
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:  # its output so far is on it, as bytes
         return {"type": model_type, "timed_out": True, "seconds": round(timeout, 1),
                 "build_error": f"timed out after {timeout:.0f} s",
-                **_where(model_type, tests_dir)}  # fmt: skip
+                **_where(model_type, tests_dir, exc.stderr)}  # fmt: skip
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
         seconds = round(time.perf_counter() - start, 1)
         return {"type": model_type, "crashed": True, "seconds": seconds,
                 "build_error": f"process ended with {done.returncode}: {tail}",
-                **_where(model_type, tests_dir)}  # fmt: skip
+                **_where(model_type, tests_dir, done.stderr)}  # fmt: skip
     return json.loads(lines[-1])
 
 

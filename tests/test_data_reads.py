@@ -312,3 +312,57 @@ def test_a_tensor_sized_by_known_values_is_followed_within_the_bound(
     assert torch.equal(values.value(small), torch.ones(2))
     assert values.value(big) is None
     assert (2, INPUT_LIMIT) not in made and (2,) in made
+
+
+class DeltasFromIds(nn.Module):
+    """Per-row counts read from integer ids, made into one tensor on the activations' device
+    and read back as a length (ERNIE-VL's ``get_rope_index``: ``torch.tensor(
+    mrope_position_deltas, device=input_ids.device)`` of 0-d tensors it computed per row)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x.to(self.fc.weight.dtype))
+        deltas = [(row > 0).sum() for row in ids]
+        made = torch.tensor(deltas, device=h.device) + h.new_tensor(deltas).long()
+        return self.out(h[:, : int(made.max()) // 2])
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_tensor_of_followed_0d_tensors_on_the_settings_device(name: str) -> None:
+    """The elements are followed (computed from the ids), so the capture reads their values;
+    torch's conversion read each fake element's data first: on a fake CUDA tensor by a copy to
+    the host ("Found no NVIDIA driver on your system", ``check``), on a fake CPU one "its data
+    is not allocated yet" (``verify --device cpu``). The zoo's ernie4_5_vl_moe lost its whole
+    capture to both."""
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    model = ModelInputs("deltas", DeltasFromIds().eval(), (torch.randn(2, 6, 4), ids))
+    setting = Setting.parse(name)
+    report = analyze(model, setting)
+    assert report.check is not None and report.check["disagreements"] == 0
+    assert not report.check.get("not_analysed") and not [n.error for n in report.nodes if n.error]
+    assert hook_lines(report) == eager_hook_lines(model, setting)
+    assert hook_lines(report)[-1].startswith("[out]")
+    result = verify(model, Setting.parse(name, device_type="cpu"))
+    assert result.ok, result.disagreements
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_new_tensor_and_a_list_index_of_0d_fake_tensors(device: str) -> None:
+    """The same conversion by ``x.new_tensor(data)`` (``x``'s dtype and device unless given)
+    and by an index list that torch takes as a tuple (``x[[rows, cols]]``, NumPy's rule):
+    made as the real conversion makes them, for fake elements on either device."""
+    x, rows = torch.zeros(4, 3), [torch.tensor(1), torch.tensor(2)]
+    with pytest.warns(UserWarning, match="non-tuple sequence"):  # torch's rule, deprecated
+        listed = x[[rows, [0, 2]]]
+    expected = (x.new_tensor(rows), x.new_tensor(rows, dtype=torch.int32), listed)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, DataReads():
+        fx = mode.from_tensor(x.to(device))
+        frows = [mode.from_tensor(r.to(device)) for r in rows]
+        made = (fx.new_tensor(frows), fx.new_tensor(frows, dtype=torch.int32), fx[[frows, [0, 2]]])
+    for ours, real in zip(made, expected):
+        assert (ours.dtype, ours.shape, ours.device.type) == (real.dtype, real.shape, device)

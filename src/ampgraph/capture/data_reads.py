@@ -14,10 +14,12 @@ data path's seeded run). Two reads of data bypass that, and went wrong on fake t
   data-dependent guard where the value is unknown (the capture then follows the data's path) and
   the real number where the trace runs on real values (draft export) or knows them.
 * **a tensor made from a sequence of 0-d tensors**: an index ``x[rows, cols]`` whose ``rows`` is
-  a tuple of 0-d tensors (UDOP's ``rows, cols = zip(*ind)``), or ``torch.tensor([t0, t1])``.
-  torch's C++ conversion reads each element's data, which a fake tensor has none of (``The
-  tensor has a non-zero number of elements, but its data is not allocated yet``), and the whole
-  model was lost. Here the same tensor is computed from the elements (``torch.stack``), in the
+  a tuple of 0-d tensors (UDOP's ``rows, cols = zip(*ind)``; also written ``x[[rows, cols]]``,
+  a list torch takes as a tuple), ``torch.tensor([t0, t1])`` (ERNIE-VL's rope deltas) or
+  ``x.new_tensor([t0, t1])``. torch's C++ conversion reads each element's data, which a fake
+  tensor has none of (``The tensor has a non-zero number of elements, but its data is not
+  allocated yet``; on a fake CUDA tensor, a copy to the host first: ``Found no NVIDIA driver
+  on your system``), and the whole model was lost. Here the same tensor is computed from the elements (``torch.stack``), in the
   dtype and on the device the conversion gives: the graph computes the index from the values
   the real run reads, for any values.
 
@@ -141,6 +143,23 @@ def _as_index(item: Any, device: torch.device) -> Any:
     return _stacked(item, dtype, device)
 
 
+def _as_tuple(index: Any) -> bool:
+    """Whether torch takes ``index`` as a tuple of indexes: a tuple, or a list of fewer than 32
+    items holding a tensor, a sequence, a slice, ``...`` or None (NumPy's rule, which torch's
+    ``treatSequenceAsTuple`` follows): ``x[[rows, cols]]`` with ``rows`` a list of 0-d tensors
+    is ``x[rows, cols]``, each list converted by reading its elements' data.
+
+    >>> _as_tuple((1, 2)), _as_tuple([[0], [1]]), _as_tuple([0, 1]), _as_tuple(torch.ones(1))
+    (True, True, False, False)
+    """
+    if isinstance(index, tuple):
+        return True
+    return isinstance(index, list) and len(index) < 32 and any(
+        isinstance(item, (torch.Tensor, list, tuple, slice)) or item is ... or item is None
+        for item in index
+    )
+
+
 class DataReads(TorchFunctionMode):
     """Python's reads of a fake tensor's data made as a real run makes them (see the module
     docstring): a 0-d tensor formatted by its value, a sequence of 0-d tensors made into a tensor
@@ -154,22 +173,27 @@ class DataReads(TorchFunctionMode):
             spec = args[1] if len(args) > 1 else kwargs.get("format_spec", "")
             with _at_the_models_line():
                 return format(_number(args[0].item()), spec)
-        if func in _INDEXING and isinstance(args[1], tuple):
+        if func in _INDEXING and _as_tuple(args[1]):
             device = args[0].device
             with _at_the_models_line():
                 index = tuple(_as_index(item, device) for item in args[1])
                 return func(args[0], index, *args[2:], **kwargs)
         if func in _FROM_DATA and args and _elements(args[0]) is not None:
             with _at_the_models_line():
-                return self._from_data(func, args, kwargs)
+                return self._from_data(args[0], kwargs)
+        if func is torch.Tensor.new_tensor and args[1:] and _elements(args[1]) is not None:
+            # ``x.new_tensor(data)``: the same conversion, in ``x``'s dtype and on its device
+            # unless given (a fake CUDA ``x``'s elements read for real: "Found no NVIDIA driver").
+            like = {"dtype": args[0].dtype, "device": args[0].device}
+            with _at_the_models_line():
+                return self._from_data(args[1], {**like, **{k: v for k, v in kwargs.items() if v}})
         with _at_the_models_line():  # a guard inside any op: the model's line, not this frame
             return func(*args, **kwargs)
 
     @staticmethod
-    def _from_data(func: Any, args: Any, kwargs: Any) -> torch.Tensor:
+    def _from_data(data: Any, kwargs: Any) -> torch.Tensor:
         """``torch.tensor(data)`` of 0-d tensors: their stack, in the dtype and on the device
         the conversion gives (``dtype=``, or inferred; ``device=``, or the default device)."""
-        data = args[0]
         dtype = kwargs.get("dtype") or _converted_dtype(data)
         device = kwargs.get("device") or torch.get_default_device()
         out = _stacked(data, dtype, torch.device(device))

@@ -58,6 +58,11 @@ INPUT_LIMIT = 1 << 16
 
 #: Calls that make a tensor from Python numbers alone, the same values in every run: followed.
 FACTORIES = frozenset({"ones", "zeros", "full", "arange", "tensor", "eye", "as_tensor"})
+#: Calls that make a tensor of unset values from sizes alone, which the forward then writes
+#: (ERNIE-VL's resampler: ``offsets = torch.empty(n)``, ``offsets[0] = 0``, ``offsets[1:] =
+#: counts.cumsum(0)[:-1]``, then ``torch.arange`` between them): followed as the writes set them,
+#: from zeros where a real run has whatever the allocator gave (no value the code reads).
+UNSET = frozenset({"empty"})
 
 #: Calls that read a tensor's value into Python: answered from the real value.
 VALUE_READS = frozenset({
@@ -134,7 +139,7 @@ class KnownValues(TorchFunctionMode):
         # A slice's bounds too (``hidden[:length]``): pytree takes a slice for a leaf.
         bounds = pytree.tree_map_only(slice, lambda s: (s.start, s.stop, s.step), (args, kwargs))
         tensors = [t for t in pytree.tree_leaves(bounds) if isinstance(t, torch.Tensor)]
-        if not tensors and getattr(func, "__name__", "") in FACTORIES:
+        if not tensors and getattr(func, "__name__", "") in FACTORIES | UNSET:
             return self._made(func, args, kwargs)
         if not self._known:  # nothing followed yet: nothing to look for
             return func(*args, **kwargs)
@@ -147,6 +152,15 @@ class KnownValues(TorchFunctionMode):
         values = [self.value(t) for t in tensors]
         if not tensors:
             return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name == "new_tensor" and values[0] is None and None not in values[1:]:
+            # ``h.new_tensor(data)`` of followed elements: ``h`` gives a dtype and a device,
+            # never a value, so the data's values are the new tensor's, as in a real run.
+            like = _real(torch.empty, ((),), {"dtype": args[0].dtype})
+            data_args, data_kwargs = pytree.tree_map_only(
+                torch.Tensor, self.value, (args[1:], kwargs)
+            )
+            return self._computed(func, args, kwargs, (like, *data_args), data_kwargs)
         if any(v is None for v in values):
             # A value the call takes as a size (``F.pad(x, (left, right))``): its real number.
             # Each argument is looked into, never the call's own tuple of arguments (``a + b``
@@ -164,9 +178,9 @@ class KnownValues(TorchFunctionMode):
                 self._number(a) if i in positions else sizes(a) for i, a in enumerate(args)
             )
             kwargs = {k: self._number(v) if k in names else sizes(v) for k, v in kwargs.items()}
+            self._forget_written(name, args, kwargs)  # written from values it does not know
             return func(*args, **kwargs)
         real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, self.value, (args, kwargs))
-        name = getattr(func, "__name__", "")
         if name in VALUE_READS:
             return _real(func, real_args, real_kwargs)
         if name == "unbind" and (args[1] if args[1:] else kwargs.get("dim", 0)) == 0:
@@ -174,7 +188,28 @@ class KnownValues(TorchFunctionMode):
             # value has, each 0-d where the size depends on the values (fake ``unbind`` splits
             # such a size into pieces of a size it cannot tell is 1).
             return tuple(self._rows(args[0], real_args[0]))
+        # A followed 0-d tensor where the op takes a number (``torch.arange(start, end)``
+        # between offsets a forward computed from its grid, ERNIE-VL's resampler): torch reads
+        # its value in C++, which on a fake tensor is a new unknown per read, and the output's
+        # size a difference of unknowns no value is ever given for; a real run reads the
+        # number, and so does the trace.
+        positions, names = _int_arguments(name, SCALAR)
+        args = tuple(self._number(a) if i in positions else a for i, a in enumerate(args))
+        kwargs = {k: self._number(v) if k in names else v for k, v in kwargs.items()}
         return self._computed(func, args, kwargs, real_args, real_kwargs)
+
+    def _forget_written(self, name: str, args: Any, kwargs: Any) -> None:
+        """Stop following the tensor an in-place call writes (``t[i] = v``, ``t.copy_(v)``,
+        ``out=``) where its real value is not written too: a tensor ``torch.empty`` or
+        ``torch.zeros`` made is followed, and a write of values the capture does not know
+        (float data, an unfollowed index) would leave the real copy stale, a wrong value read
+        where a real run reads the written one."""
+        written = [kwargs.get("out")]
+        if args and (name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))):
+            written.append(args[0])
+        for t in pytree.tree_leaves(written):
+            if self.value(t) is not None:
+                del self._known[id(t)]
 
     def _rows(self, fake: torch.Tensor, real: torch.Tensor) -> list[torch.Tensor]:
         """``fake``'s rows, each followed: as many as ``real`` has (a fake tensor of a size that
@@ -186,8 +221,12 @@ class KnownValues(TorchFunctionMode):
             rows.append(row)
         return rows
 
-    def _computed(self, func: Any, args: Any, kwargs: Any, real_args: Any, real_kwargs: Any) -> Any:
-        """``func``'s traced output, each tensor of it noted with its value on the real ones."""
+    def _computed(
+        self, func: Any, args: Any, kwargs: Any, real_args: Any, real_kwargs: Any,
+        real_func: Any = None,
+    ) -> Any:  # fmt: skip
+        """``func``'s traced output, each tensor of it noted with its value on the real ones
+        (computed by ``real_func`` where given)."""
         out = func(*args, **kwargs)
         fakes = pytree.tree_leaves(out)
         # A count computed from known sizes (``torch.ones(v)``) is checked at its value.
@@ -197,8 +236,9 @@ class KnownValues(TorchFunctionMode):
             # A random op (ViLT's torch.multinomial) draws its own values, from a copy of the
             # generator's state: the capture leaves the caller's random stream where it was.
             with torch.random.fork_rng(devices=[]):
-                real_out = _real(func, real_args, real_kwargs)
+                real_out = _real(real_func or func, real_args, real_kwargs)
         except Exception:  # noqa: BLE001 - not computable on the CPU values: no longer followed
+            self._forget_written(getattr(func, "__name__", ""), args, kwargs)
             return out
         reals = pytree.tree_leaves(real_out)
         for fake, real in zip(fakes, reals) if len(fakes) == len(reals) else ():
@@ -243,7 +283,8 @@ class KnownValues(TorchFunctionMode):
         real_args, real_kwargs = pytree.tree_map_only(torch.SymInt, self._size, (args, kwargs))
         if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((real_args, real_kwargs))):
             return func(*args, **kwargs)
-        return self._computed(func, args, kwargs, real_args, real_kwargs)
+        real_func = _zeroed if getattr(func, "__name__", "") in UNSET else None
+        return self._computed(func, args, kwargs, real_args, real_kwargs, real_func)
 
     def _size(self, size: torch.SymInt) -> int | torch.SymInt:
         """``size``'s value where the sizes it is computed from are known, else ``size``."""
@@ -278,6 +319,11 @@ class KnownValues(TorchFunctionMode):
             for item in seq
         ]
         return type(seq)(made) if isinstance(seq, tuple) and not hasattr(seq, "_fields") else made
+
+
+def _zeroed(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``torch.empty(*args, **kwargs)`` with its values set to zero (real, on the CPU)."""
+    return torch.empty(*args, **kwargs).zero_()
 
 
 def _small(t: torch.Tensor, value: Callable[[Any], Any] = lambda n: n) -> bool:
@@ -353,16 +399,26 @@ def real_run_answers(values: KnownValues) -> Iterator[None]:
             setattr(module, name, old)
 
 
+#: The argument types torch reads a number from: integers...
+INT = ("int", "SymInt")
+#: ...and any number (a ``Scalar``: ``torch.arange``'s bounds, ``torch.full``'s value).
+SCALAR = (*INT, "number")
+
+
 @functools.cache
-def _int_arguments(name: str) -> tuple[frozenset[int], frozenset[str]]:
+def _int_arguments(
+    name: str, kinds: tuple[str, ...] = INT
+) -> tuple[frozenset[int], frozenset[str]]:
     """The positions and names of the arguments that every ATen overload called ``name`` takes
-    as an integer (``int``, ``SymInt``), never as a tensor or a scalar: where torch reads a 0-d
-    tensor given there as its value.
+    as one of ``kinds`` (an integer: ``int``, ``SymInt``), never as a tensor: where torch reads a
+    0-d tensor given there as its value.
 
     >>> _int_arguments("multinomial")
     (frozenset({1}), frozenset({'num_samples'}))
     >>> _int_arguments("add"), _int_arguments("not_an_op")
     ((frozenset(), frozenset()), (frozenset(), frozenset()))
+    >>> _int_arguments("arange"), _int_arguments("arange", SCALAR)[0]
+    ((frozenset(), frozenset()), frozenset({0, 1, 2}))
     """
     packet = getattr(torch.ops.aten, name, None) if name and not name.startswith("_") else None
     if not isinstance(packet, torch._ops.OpOverloadPacket):
@@ -371,7 +427,7 @@ def _int_arguments(name: str) -> tuple[frozenset[int], frozenset[str]]:
     names: dict[str, bool] = {}
     for overload in packet.overloads():
         for i, arg in enumerate(getattr(packet, overload)._schema.arguments):
-            is_int = str(getattr(arg, "real_type", arg.type)) in ("int", "SymInt")
+            is_int = str(getattr(arg, "real_type", arg.type)) in kinds
             if not arg.kwarg_only:
                 positions[i] = positions.get(i, True) and is_int
             names[arg.name] = names.get(arg.name, True) and is_int
@@ -422,6 +478,6 @@ def following_inputs(
 
 
 __all__ = [
-    "FACTORIES", "INPUT_LIMIT", "LIMIT", "VALUE_READS", "KnownValues", "follows",
+    "FACTORIES", "INPUT_LIMIT", "LIMIT", "UNSET", "VALUE_READS", "KnownValues", "follows",
     "following_inputs", "real_run_answers", "remembering",
 ]
