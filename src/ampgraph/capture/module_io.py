@@ -93,7 +93,8 @@ class ModuleIORecorder:
         #: path -> per call: [input node, output node, input tensor, output tensor] (the tensors
         #: the hook saw while tracing, None where no tensor).
         self.calls: dict[str, list[list[Any]]] = {}
-        #: (path, call index, graph size when the call began or None, whether it added no node)
+        #: (path, call index, graph size when the call began or None, whether it added no node),
+        #: in the order the calls returned (their hooks' order), then those still open
         self.order: list[list[Any]] = []
         #: The leaf calls begun and not yet returned: where a trace that raises stopped.
         self.open: list[tuple[str, int]] = []
@@ -141,6 +142,12 @@ class ModuleIORecorder:
                 entry = next(e for e in reversed(self.order) if e[0] == path)
                 size = self._graph_size()
                 entry[3] = size is not None and entry[2] == size
+                # A hook prints as its call returns: a leaf that calls leaves it is given (DoRA's
+                # magnitude layer calls lora_A and lora_B) prints after them, so the order is the
+                # calls' completion. Every call begun inside this one has returned by now.
+                if self.order[-1] is not entry:
+                    self.order.remove(entry)
+                    self.order.append(entry)
 
             self._handles += [
                 mod.register_forward_pre_hook(pre, with_kwargs=True),

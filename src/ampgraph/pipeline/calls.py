@@ -135,6 +135,11 @@ def _calls_with_nodes(
                 nodes=[m.name for m in members],
             ),
         ))  # fmt: skip
+    # In the order the hooks fire, which is the graph's except where a leaf calls leaves it is
+    # given (DoRA's magnitude layer around lora_A and lora_B): it returns, and prints, last.
+    position = {(path, index): i for i, (path, index, _empty) in enumerate(call_order)}
+    if all(key in position for key, _call in calls):
+        calls.sort(key=lambda indexed: position[indexed[0]])
     return calls
 
 
