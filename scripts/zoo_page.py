@@ -99,6 +99,8 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
     exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
+    if len(lines) == 2:  # every one exact: no table of misses, only its header
+        lines = ["Every one is exact."]
     return [*lines, "", f"Exact ({len(exact)}): {', '.join(exact) or 'none'}.", ""]
 
 
