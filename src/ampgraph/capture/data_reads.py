@@ -19,9 +19,9 @@ data path's seeded run). Two reads of data bypass that, and went wrong on fake t
   ``x.new_tensor([t0, t1])``. torch's C++ conversion reads each element's data, which a fake
   tensor has none of (``The tensor has a non-zero number of elements, but its data is not
   allocated yet``; on a fake CUDA tensor, a copy to the host first: ``Found no NVIDIA driver
-  on your system``), and the whole model was lost. Here the same tensor is computed from the elements (``torch.stack``), in the
-  dtype and on the device the conversion gives: the graph computes the index from the values
-  the real run reads, for any values.
+  on your system``), and the whole model was lost. Here the same tensor is computed from the
+  elements (``torch.stack``), in the dtype and on the device the conversion gives: the graph
+  computes the index from the values the real run reads, for any values.
 
 :class:`DataReads` is a ``TorchFunctionMode`` the capture's traces and the eager hooks run
 under; it acts only on tensors without data (fake or meta), so a real tensor goes through
