@@ -136,13 +136,16 @@ class KnownValues(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        # A slice's bounds too (``hidden[:length]``): pytree takes a slice for a leaf.
-        bounds = pytree.tree_map_only(slice, lambda s: (s.start, s.stop, s.step), (args, kwargs))
-        tensors = [t for t in pytree.tree_leaves(bounds) if isinstance(t, torch.Tensor)]
-        if not tensors and getattr(func, "__name__", "") in FACTORIES | UNSET:
+        leaves = pytree.tree_leaves((args, kwargs))
+        if getattr(func, "__name__", "") in FACTORIES | UNSET and not any(
+            isinstance(t, torch.Tensor) for t in leaves
+        ):
             return self._made(func, args, kwargs)
         if not self._known:  # nothing followed yet: nothing to look for
             return func(*args, **kwargs)
+        # A slice's bounds too (``hidden[:length]``): pytree takes a slice for a leaf.
+        bounds = pytree.tree_map_only(slice, lambda s: (s.start, s.stop, s.step), (args, kwargs))
+        tensors = [t for t in pytree.tree_leaves(bounds) if isinstance(t, torch.Tensor)]
         values = [self.value(t) for t in tensors]
         if not tensors or not any(v is not None for v in values):
             return func(*args, **kwargs)
