@@ -163,6 +163,41 @@ def test_an_unexplained_export_difference_is_a_disagreement() -> None:
     assert "unexplained" in relu.check["note"]
 
 
+@pytest.mark.parametrize(
+    ("message", "counted"),
+    [
+        ("Could not extract specialized integer from data-dependent expression u0", "not_analysed"),
+        ("mat1 and mat2 must have the same dtype", "disagreements"),
+    ],
+)
+def test_a_replay_that_cannot_run_a_node_leaves_it_unchecked_not_disagreeing(
+    message: str, counted: str
+) -> None:
+    """Where the dispatcher replay fails for a reason that is not the model's (a size only data
+    decides), the node is counted as not analysed, with why; a failure that is a finding about
+    the model still disagrees with an annotation that ran."""
+    from ampgraph.annotate.annotator import annotate
+    from ampgraph.annotate.check import DispatcherOracle, check, dispatcher_results
+    from ampgraph.annotate.replay import Failed, not_analysable
+    from ampgraph.capture.trace import capture
+
+    model = ModelInputs("linear", nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
+    cap = capture(model, Setting.parse("amp-fp32"))
+    records = annotate(cap)
+    oracle = dispatcher_results(cap)
+    relu = next(n for n in cap.graph_module.graph.nodes if n.name == "relu")
+    failure = Failed("relu", message, analysed=not_analysable(message) is None)
+    DispatcherOracle(cap, results=oracle).on_error(relu, failure)  # as the replay records it
+    summary = check(cap, records, oracle)
+    rec = next(r for r in records if r.name == "relu")
+    other = {"not_analysed": "disagreements", "disagreements": "not_analysed"}[counted]
+    assert summary[counted] == 1 and summary.get(other, 0) == 0
+    if counted == "not_analysed":
+        assert rec.check["agree"] is None and "depends on data values" in rec.check["not_analysed"]
+    else:
+        assert rec.check["agree"] is False and rec.check["dispatcher"] == {"error": message}
+
+
 _DEEP = torch.library.Library("ampgraph_deep", "DEF")  # noqa: TOR901
 for _name in ("level1", "level2", "level3"):
     _DEEP.define(f"{_name}(Tensor x) -> Tensor")
