@@ -16,6 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import ROOT, classify, config_and_inputs, model_types, status  # noqa: E402
+from zoo_repair import REPAIRS  # noqa: E402
 
 def load(results: Path) -> dict[str, dict[str, Any]]:
     """Every type's last record in ``results``, by type."""
@@ -220,9 +221,8 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         "mechanism `scripts/zoo_repair.py` knows has its tester's config or inputs repaired the "
         "way transformers' own tests would make them run, and is run again from them; the "
         "repair is kept only where the plain run then passes, and the row is the repaired "
-        "model's. grouped_mm's 16-byte strides: an expert width rounded up to a multiple of 8; "
-        "a hybrid whose tiny layer pattern has no attention layer: its last layer made one; "
-        "the mel length the model asks for; a language set.",
+        "model's (each repair, and why, in the module's docstring). The mechanisms it knows: "
+        f"{'; '.join(m for _, m, _ in REPAIRS)}.",
         "",
         *_repairs(hf),
         "## Beyond transformers: diffusers, peft, timm",

@@ -20,6 +20,10 @@ run did not raise with its mechanism.
   positions: the input features are zero-padded (or cut) to the length its error names.
 - **a language set.** X-MOD's adapters are chosen by language: the config's default language is
   its first one, as ``set_default_language`` would make it.
+- **a mirrored width.** A sub-config that mirrors the model's width but holds the config
+  class's default one (dbrx's ``ffn_config``): the model's width.
+- **fp32 parameters.** A tester's config that asks for bf16 parameters (llama4's) meets its own
+  fp32 inputs: the config's dtype is fp32, from which every setting of the zoo starts.
 """
 
 from __future__ import annotations
@@ -160,6 +164,44 @@ def default_language(config: Any, inputs: dict[str, Any], error: str, model: Any
     return f"default_language {languages[0]!r}"
 
 
+def fp32_parameters(config: Any, inputs: dict[str, Any], error: str, model: Any) -> str | None:
+    """Build the model's parameters in fp32 where the tester's config asks for another dtype
+    (llama4's tester sets ``torch_dtype=torch.bfloat16`` on its configs, and its fp32 pixels
+    meet bf16 weights): every setting of the zoo starts from fp32 parameters, as a training
+    run's master weights are."""
+    import torch
+
+    floats = [p for p in model.module.parameters() if p.is_floating_point()]
+    if all(p.dtype == torch.float32 for p in floats):
+        return None
+    changed = []
+    for path, sub in configs(config).items():
+        dtype = getattr(sub, "dtype", None)
+        if dtype is not None and str(dtype).removeprefix("torch.") != "float32":
+            sub.dtype = torch.float32
+            name = str(dtype).removeprefix("torch.")
+            changed.append(f"{path + '.' if path else ''}dtype {name} -> float32")
+    return ", ".join(changed) or None
+
+
+def mirrored_width(config: Any, inputs: dict[str, Any], error: str, model: Any) -> str | None:
+    """Give a sub-config that mirrors the model's width the model's width, where it holds the
+    width of the config class's defaults instead: ``DbrxConfig`` copies ``d_model`` into its
+    ``ffn_config`` before the tester's ``hidden_size`` (an alias of ``d_model``) is set, so the
+    experts and router are 2048 wide beside 32-wide hidden states."""
+    width = getattr(config, "hidden_size", None)
+    try:
+        default = getattr(type(config)(), "hidden_size", None)
+    except Exception:  # noqa: BLE001 - a config class with no defaults has none to mirror
+        return None
+    changed = []
+    for path, sub in configs(config).items():
+        if path and width != default and getattr(sub, "hidden_size", None) == default:
+            sub.hidden_size = width
+            changed.append(f"{path}.hidden_size {default} -> {width}")
+    return ", ".join(changed) or None
+
+
 Repair = Callable[[Any, dict[str, Any], str, Any], "str | None"]
 
 #: Each mechanism: what the plain run's error says, its name on the page, and its repair.
@@ -170,6 +212,10 @@ REPAIRS: tuple[tuple[str, str, Repair], ...] = (
     ("expects the mel input features to be of length", "the mel length the model asks for",
      mel_length),
     ("Input language unknown", "no language set", default_language),
+    ("shapes cannot be multiplied", "a sub-config left at the default width the model mirrors",
+     mirrored_width),
+    ("to have the same dtype", "a tester's config asking for 16-bit parameters",
+     fp32_parameters),
 )  # fmt: skip
 
 

@@ -132,6 +132,27 @@ def test_a_language_set() -> None:
     assert config.default_language == "de_DE"
 
 
+def test_a_sub_config_left_at_the_default_width_the_model_mirrors() -> None:
+    """DbrxConfig copies ``d_model`` into ``ffn_config`` before ``hidden_size`` (its alias) is
+    set: the router and experts are the default 2048 wide beside 32-wide hidden states."""
+    config = transformers.DbrxConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        attn_config={"kv_n_heads": 2, "rope_theta": 10000, "clip_qkv": 8},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2})  # fmt: skip
+    config, _, what = _repaired("dbrx", config, IDS, REPAIR.REPAIRS[4][0])
+    assert config.ffn_config.hidden_size == 32
+    assert what.startswith("ffn_config.hidden_size 2048 -> 32")
+
+
+def test_a_config_asking_for_16_bit_parameters_builds_fp32_ones() -> None:
+    """llama4's tester sets ``torch_dtype=torch.bfloat16``: its fp32 inputs meet bf16 weights at
+    the first Linear (here a Llama fed fp32 embeddings)."""
+    config = transformers.LlamaConfig(**SMALL, intermediate_size=37, dtype="bfloat16")
+    inputs = {"inputs_embeds": torch.randn(2, 7, 32)}
+    config, _, what = _repaired("llama", config, inputs, REPAIR.REPAIRS[5][0])
+    assert what == "dtype bfloat16 -> float32 (a tester's config asking for 16-bit parameters)"
+
+
 def test_no_repair_for_an_error_no_mechanism_names_or_nothing_to_change() -> None:
     config = transformers.LlamaConfig(**SMALL, intermediate_size=37)
     assert REPAIR.repair(config, IDS, "RuntimeError: size mismatch", None) is None
