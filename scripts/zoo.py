@@ -14,6 +14,10 @@ in each combination asked (``--combo "amp-fp32 bf16"``, repeatable; ``--all-comb
 four settings x bf16/fp16): ``check`` (ampgraph's analysis against the CUDA policy on the
 dispatcher, and the eager model's forward hooks, ``matrix_harness.compare``) and
 ``verify --device cpu`` (the CPU policy, real CPU kernels, ``matrix_harness.verify_cpu``).
+Where a check fails and the model raises in a plain fp32 run too, with a mechanism
+``zoo_repair`` knows (an expert width off grouped_mm's 16-byte strides, a hybrid with no
+attention layer...), the tester's config or inputs are repaired and the cells run again on the
+repaired model, kept only where its plain run passes; the record says what was repaired.
 
 Each type is one independent job on Ray (``pip install 'ampgraph[zoo]'``): a local cluster by
 default, any cluster by ``--address`` (``ray start --head`` on one machine, ``ray start
