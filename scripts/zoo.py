@@ -14,6 +14,10 @@ in each combination asked (``--combo "amp-fp32 bf16"``, repeatable; ``--all-comb
 four settings x bf16/fp16): ``check`` (ampgraph's analysis against the CUDA policy on the
 dispatcher, and the eager model's forward hooks, ``matrix_harness.compare``) and
 ``verify --device cpu`` (the CPU policy, real CPU kernels, ``matrix_harness.verify_cpu``).
+Where a check fails and the model raises in a plain fp32 run too, with a mechanism
+``zoo_repair`` knows (an expert width off grouped_mm's 16-byte strides, a hybrid with no
+attention layer...), the tester's config or inputs are repaired and the cells run again on the
+repaired model, kept only where its plain run passes; the record says what was repaired.
 
 Each type is one independent job on Ray (``pip install 'ampgraph[zoo]'``): a local cluster by
 default, any cluster by ``--address`` (``ray start --head`` on one machine, ``ray start
@@ -515,20 +519,25 @@ def _verify(model: Any, setting: str, amp: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def maker(name: str, tests_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
+def maker(name: str, tests_dir: Path) -> tuple[Any, Any, dict[str, Any], Any]:
     """A builder of ``name`` afresh (a transformers model type, or an entry of
-    ``zoo_beyond.MODELS``), its first model, and what the record says of where it came from."""
+    ``zoo_beyond.MODELS``), its first model, what the record says of where it came from, and the
+    tester's config and inputs (None for a model beyond transformers: it has no tester)."""
     if "/" in name:
         beyond = importlib.import_module("zoo_beyond")
         library, family = beyond.MODELS[name][:2]
         where = {"tester": f"{library}: {family}", "library": library}
-        return (lambda: beyond.build(name)), beyond.build(name), where
+        return (lambda: beyond.build(name)), beyond.build(name), where, None
     config, inputs, source, model = model_from_testers(name, tests_dir)
+    return _builder(name, config, inputs), model, {"tester": source, "library": "transformers"}, (
+        config, inputs)
 
+
+def _builder(name: str, config: Any, inputs: dict[str, Any]) -> Any:
     def make() -> Any:  # afresh from the tester: a forward may change its model or inputs
         return build(name, *copies(config, inputs))
 
-    return make, model, {"tester": source, "library": "transformers"}
+    return make
 
 
 def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
@@ -539,7 +548,7 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
     start = time.perf_counter()
     rec: dict[str, Any] = {"type": name, "builds": False, "cells": {}}
     try:
-        make, model, where = maker(name, tests_dir)
+        make, model, where, tester = maker(name, tests_dir)
         rec.update(where)
     except Exception as exc:  # noqa: BLE001 - a type that does not build is a line on the page
         if "/" not in name:
@@ -550,6 +559,23 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
     rec["builds"] = True
     rec["model_class"] = type(model.module).__name__
     rec["params"] = sum(p.numel() for p in model.module.parameters())
+    rec["cells"] = run_combos(make, combos)
+    raised = next((c["check"]["plain_run"] for c in rec["cells"].values()
+                   if c["check"].get("plain_run")), None)  # fmt: skip
+    if raised is not None and tester is not None:
+        repair, make = repaired_builder(name, *tester, raised, model)
+        if repair is not None:
+            rec["repair"] = repair  # tried and kept, or tried and left (plain_run_after)
+        if make is not None:
+            rec["tester"] += f", repaired: {repair['what']}"
+            rec["cells"] = run_combos(make, combos)
+    rec["seconds"] = round(time.perf_counter() - start, 1)
+    return rec
+
+
+def run_combos(make: Any, combos: list[str]) -> dict[str, Any]:
+    """The cells of each combination in ``combos``, every model from ``make()``."""
+    out = {}
     for combo in combos:
         setting, amp = combo.split()
         cells = {}
@@ -560,9 +586,39 @@ def run_one(name: str, tests_dir: Path, combos: list[str]) -> dict[str, Any]:
                 cells[cell] = {"failure": f"{type(exc).__name__}: {one_line(exc)}"}
         if cells["check"].get("failure"):  # on a fresh model: the capture may have moved it
             cells["check"]["plain_run"] = plain_run(make())
-        rec["cells"][combo] = cells
-    rec["seconds"] = round(time.perf_counter() - start, 1)
-    return rec
+        out[combo] = cells
+    return out
+
+
+def repaired_builder(
+    name: str, config: Any, inputs: dict[str, Any], raised: str, model: Any
+) -> tuple[dict[str, Any] | None, Any]:
+    """Where the tester's model raises in a plain run (``raised``) with a mechanism
+    ``zoo_repair`` knows: what was repaired, and a builder of the repaired model where its plain
+    run passes (None where it still raises: the record keeps the unrepaired cells and says what
+    the repairs left, ``plain_run_after``). ``(None, None)`` where no repair applies. A repair
+    may uncover another mechanism (jamba's attention layer, then its experts' widths): each is
+    repaired in turn, each mechanism once."""
+    repair = importlib.import_module("zoo_repair").repair
+    done: list[str] = []
+    still: str | None = raised
+    while still is not None and len(done) < 4:
+        fixed = repair(config, inputs, still, model)
+        if fixed is None or fixed[2] in done:
+            break
+        config, inputs, what = fixed
+        done.append(what)
+        try:
+            model = build(name, *copies(config, inputs))
+            still = plain_run(model)
+        except Exception as exc:  # noqa: BLE001 - a repaired config the model rejects at build
+            still = f"{type(exc).__name__}: {one_line(exc)}"
+    if not done:
+        return None, None
+    record = {"what": "; ".join(done), "plain_run_before": raised}
+    if still is not None:
+        return {**record, "plain_run_after": still}, None
+    return record, _builder(name, config, inputs)
 
 
 def _bound(memory_gb: float) -> Any:

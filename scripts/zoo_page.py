@@ -16,6 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import ROOT, classify, config_and_inputs, model_types, status  # noqa: E402
+from zoo_repair import REPAIRS  # noqa: E402
 
 def load(results: Path) -> dict[str, dict[str, Any]]:
     """Every type's last record in ``results``, by type."""
@@ -41,8 +42,11 @@ def mechanism(rec: dict[str, Any]) -> str:
     for combo, cells in rec["cells"].items():
         for name, cell in cells.items():
             if cell.get("failure") and cell.get("plain_run"):
+                left = rec.get("repair", {})
+                tried = (f"; repaired ({left['what']}), it still raises: "
+                         f"{left['plain_run_after']}" if left.get("plain_run_after") else "")
                 return (f"the model raises in a plain fp32 run too (the tester's config): "
-                        f"{cell['plain_run']}")
+                        f"{cell['plain_run']}{tried}")
             if cell.get("failure"):
                 return f"{classify(cell['failure'])} ({name}, {combo}): {cell['failure']}"
             if cell.get("raises") and not cell.get("agrees"):
@@ -73,6 +77,8 @@ def _counts(records: dict[str, dict[str, Any]], testers: bool = True) -> list[st
         f"| do not build from the generic tester | {generic} |",
         f"| raise in a plain fp32 run too (the tester's config, not a capture) | "
         f"{counts['raises in a plain run']} |",
+        f"| build from a repaired tester (their plain run raised, the repair's passes) | "
+        f"{sum(repaired(r) for r in tried)} |",
     ] if testers else [
         f"| do not build | {counts['does not build'] + generic} |",
         f"| raise in a plain fp32 run too (not a capture) | {counts['raises in a plain run']} |",
@@ -104,12 +110,44 @@ def _misses(records: dict[str, dict[str, Any]]) -> list[str]:
             fix += f" (rerun: {rerun})" if isinstance(rerun, str) else (
                 " (rerun after the capture fixes)")
         tester = "generic tester" if _source(rec) == "the generic tester" else rec.get("tester")
+        if repaired(rec):  # the repair is the row's, not cut off with a long tester's name
+            fix += f" (tester repaired: {rec['repair']['what']})"
+            tester = (tester or "-").split(", repaired: ")[0]
         lines.append(f"| {name} | {_cell(tester or '-', 60)} | {status(rec)} | "
                      f"{_cell(mech)}{fix} |")  # fmt: skip
     exact = sorted(n for n, r in records.items() if not r.get("no_tester") and status(r) == "exact")
     if len(lines) == 2:  # every one exact: no table of misses, only its header
         lines = ["Every one is exact."]
     return [*lines, "", f"Exact ({len(exact)}): {', '.join(exact) or 'none'}.", ""]
+
+
+def repaired(rec: dict[str, Any]) -> bool:
+    """Whether ``rec``'s model was built from a repaired tester config or inputs (``zoo_repair``:
+    its plain run raised, the repair made it pass).
+
+    >>> repaired({"repair": {"what": "x", "plain_run_before": "E"}}), repaired({})
+    (True, False)
+    >>> repaired({"repair": {"what": "x", "plain_run_before": "E", "plain_run_after": "F"}})
+    False
+    """
+    repair = rec.get("repair") or {}
+    return bool(repair) and not repair.get("plain_run_after")
+
+
+def _repairs(records: dict[str, dict[str, Any]]) -> list[str]:
+    """The table of the types whose tester was repaired (or whose repair left the plain run
+    raising): what the plain run raised, what was repaired, and the status after."""
+    rows = [(n, r) for n, r in sorted(records.items()) if r.get("repair")]
+    if not rows:
+        return ["No tester was repaired.", ""]
+    lines = ["| type | the plain run raised | repaired | status |", "| --- | --- | --- | --- |"]
+    for name, rec in rows:
+        repair = rec["repair"]
+        after = repair.get("plain_run_after")
+        what = repair["what"] + (f"; then still raises: {after}" if after else "")
+        lines.append(f"| {name} | {_cell(repair['plain_run_before'], 120)} | {_cell(what)} | "
+                     f"{status(rec)} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def _source(rec: dict[str, Any]) -> str:
@@ -177,6 +215,16 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         "tester)*, with the error's class.",
         "",
         *_misses(hf),
+        "## Testers repaired where the plain run raised",
+        "",
+        "A type whose model raises in a plain fp32 run (no autocast, no capture) with a "
+        "mechanism `scripts/zoo_repair.py` knows has its tester's config or inputs repaired the "
+        "way transformers' own tests would make them run, and is run again from them; the "
+        "repair is kept only where the plain run then passes, and the row is the repaired "
+        "model's (each repair, and why, in the module's docstring). The mechanisms it knows: "
+        f"{'; '.join(m for _, m, _ in REPAIRS)}.",
+        "",
+        *_repairs(hf),
         "## Beyond transformers: diffusers, peft, timm",
         "",
         "The same rules (`scripts/zoo_beyond.py`, run by `scripts/zoo.py --beyond`): each model "

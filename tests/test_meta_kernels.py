@@ -122,6 +122,43 @@ def test_a_forward_that_asks_the_gpu_its_capability(name: str, dtype: str) -> No
         assert any(line.startswith("[act]") for line in lines)
 
 
+class Grouped(nn.Module):
+    """transformers' grouped experts (``integrations/moe.py``, ``_grouped_mm``): the tokens cast
+    to the experts' weight dtype, then ``F.grouped_mm``, which autocast has no rule for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.Parameter(torch.randn(4, 16, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32, device=x.device)
+        return F.grouped_mm(x.to(self.experts.dtype), self.experts, offs=offs)
+
+
+@pytest.mark.skipif(not hasattr(F, "grouped_mm"), reason="F.grouped_mm is torch 2.10's")
+@pytest.mark.parametrize(("name", "want"), [("amp-fp32", "float32"), ("amp-half", "bfloat16"),
+                                            ("half", "bfloat16")])  # fmt: skip
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_grouped_experts_run_in_their_weights_dtype(device_type: str, name: str, want: str) -> None:
+    """No autocast kernel on either device: under ``amp-fp32`` the experts' matmuls run in fp32
+    (autocast makes none of them 16-bit), in ``amp-half`` and ``half`` in the weights' bf16;
+    the dispatcher (CUDA) or the real CPU kernels agree."""
+    from ampgraph import analyze
+    from ampgraph.verify import verify
+
+    key = "AutocastCUDA" if device_type == "cuda" else "AutocastCPU"
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_grouped_mm", key)
+    setting = Setting.parse(name, device_type=device_type, amp_dtype="bfloat16")
+    model = ModelInputs("grouped", Grouped().eval(), (torch.randn(8, 16),))
+    report = analyze(model, setting)
+    (node,) = [r for r in report.nodes if r.op == "aten._grouped_mm.default"]
+    assert (node.policy, node.outputs) == (None, [want])
+    if device_type == "cuda":
+        assert report.check is not None and report.check["disagreements"] == 0
+    else:
+        assert verify(model, setting, device="cpu").ok
+
+
 def test_the_virtual_gpu_is_a_bf16_capable_one_only_while_tracing() -> None:
     with simulated_cuda_amp("cuda"):
         assert torch.cuda.get_device_capability() == VIRTUAL_GPU_CAPABILITY >= (8, 0)

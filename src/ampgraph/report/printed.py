@@ -61,6 +61,26 @@ def _not_run(report: Report, call: ModuleCall) -> bool:
     return all(report.node(name).skipped for name in call.nodes)
 
 
+def _raised_outside_calls(report: Report) -> int | None:
+    """The position in the graph of the first node outside every leaf call that raises (an
+    ``index_add_`` of 16-bit expert outputs into an fp32 buffer, in the forward's own loop), or
+    None."""
+    in_calls = {name for call in report.modules for name in call.nodes}
+    return next(
+        (i for i, rec in enumerate(report.nodes) if rec.name not in in_calls and rec.error), None
+    )
+
+
+def _after(order: dict[str, int], call: ModuleCall, raised: int | None) -> bool:
+    """Whether ``call`` comes after the forward raised outside every call (``order``: each
+    node's position in the graph): a real run stops at the raise, also before a call that does
+    not depend on the raising op's output (the next expert of a loop), which the graph's
+    downstream skipping does not reach."""
+    if raised is None or not call.nodes:
+        return False
+    return order[call.nodes[0]] > raised
+
+
 def printed_calls(
     report: Report, only: Sequence[str] | None = None
 ) -> list[tuple[ModuleCall, str | None]]:
@@ -70,9 +90,11 @@ def printed_calls(
     later call fires.
     """
     out: list[tuple[ModuleCall, str | None]] = []
+    raised = _raised_outside_calls(report)
+    order = {rec.name: i for i, rec in enumerate(report.nodes)} if raised is not None else {}
     for call in select_calls(report, only):
         error = call_error(report, call)
-        if error is None and _not_run(report, call):
+        if error is None and (_not_run(report, call) or _after(order, call, raised)):
             break
         out.append((call, error))
         if error is not None:
