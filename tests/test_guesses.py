@@ -99,7 +99,9 @@ def test_the_analysis_leaves_torch_as_it_found_it() -> None:
 
     from ampgraph.capture.environment import analysis_environment
 
-    before = symbolic_shapes._guard_or
+    before = getattr(symbolic_shapes, "_guard_or", None)
+    if before is None:
+        pytest.skip("this torch makes its guesses elsewhere: nothing is installed")
     with analysis_environment():
         assert symbolic_shapes._guard_or is not before
     assert symbolic_shapes._guard_or is before
