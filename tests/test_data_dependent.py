@@ -239,13 +239,16 @@ def test_a_size_no_run_decides_ends_the_graph_there_not_the_whole_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Where even the trace on real values cannot decide a size (draft export's own check of a
-    data-dependent offset, without the leniency ampgraph gives it), the model is analysed up to
-    there and the node says why it is not analysed: never a lost model."""
+    data-dependent offset, without the leniency ampgraph gives it, and with torch's guess that
+    the data's index may be negative, which the real index decides where ampgraph follows it:
+    capture/guesses.py), the model is analysed up to there and the node says why it is not
+    analysed: never a lost model."""
     import contextlib
 
-    from ampgraph.capture import draft_export
+    from ampgraph.capture import draft_export, guesses
 
     monkeypatch.setattr(draft_export, "_real_checks_without_guards", contextlib.nullcontext)
+    monkeypatch.setattr(guesses, "decided_by_real_values", lambda *args: False)
     torch.manual_seed(0)
     model = ModelInputs("delays", DelayWeights(), (torch.randn(2, 8, 8),))
     report = analyze(model, "amp-fp32")

@@ -266,6 +266,28 @@ def unbacked_value_setter() -> str:
     return new if hasattr(ShapeEnv, new) else "set_unbacked_var_to_val"
 
 
+def real_symbol_values(shape_env: Any) -> dict[Any, Any]:
+    """The value each of ``shape_env``'s symbols took in a real run, where it knows one: the
+    data-dependent ones' (``real_tensor_prop_unbacked_vals`` from torch 2.11 on,
+    ``unbacked_var_to_val`` in 2.9 and 2.10: what :func:`unbacked_value_setter`'s method sets),
+    then the backed ones' (``backed_var_to_val`` from 2.11 on, ``var_to_val`` before). Empty
+    where no real value is known (a trace on fake tensors alone).
+
+    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    >>> real_symbol_values(ShapeEnv())
+    {}
+    """
+    unbacked = getattr(shape_env, "real_tensor_prop_unbacked_vals", None)
+    if unbacked is None:
+        unbacked = getattr(shape_env, "unbacked_var_to_val", None)
+    if not unbacked:
+        return {}
+    backed = getattr(shape_env, "backed_var_to_val", None)
+    if backed is None:
+        backed = getattr(shape_env, "var_to_val", {})
+    return {**unbacked, **backed}
+
+
 def soft_pending_unbacked() -> contextlib.AbstractContextManager[Any]:
     """Let a draft export that fixed a data-dependent size to its real value go on without that
     size in its output (``soft_pending_unbacked_not_found_error``, from torch 2.11 on). torch

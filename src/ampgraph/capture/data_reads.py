@@ -59,7 +59,7 @@ _NOT_THE_MODELS = (
 )
 
 
-def _at_the_models_line() -> contextlib.AbstractContextManager[Any]:
+def at_the_models_line() -> contextlib.AbstractContextManager[Any]:
     """While a read runs, the tracing context names the model's line that made it (the nearest
     frame outside torch and ampgraph). torch reports where a forward decided on data from the
     innermost frames outside torch (``torch._logging.structured.get_user_stack``), and those
@@ -171,23 +171,23 @@ class DataReads(TorchFunctionMode):
             if args[0].is_meta:  # torch formats a meta tensor's repr: it has no value at all
                 return func(*args, **kwargs)
             spec = args[1] if len(args) > 1 else kwargs.get("format_spec", "")
-            with _at_the_models_line():
+            with at_the_models_line():
                 return format(_number(args[0].item()), spec)
         if func in _INDEXING and _as_tuple(args[1]):
             device = args[0].device
-            with _at_the_models_line():
+            with at_the_models_line():
                 index = tuple(_as_index(item, device) for item in args[1])
                 return func(args[0], index, *args[2:], **kwargs)
         if func in _FROM_DATA and args and _elements(args[0]) is not None:
-            with _at_the_models_line():
+            with at_the_models_line():
                 return self._from_data(args[0], kwargs)
         if func is torch.Tensor.new_tensor and args[1:] and _elements(args[1]) is not None:
             # ``x.new_tensor(data)``: the same conversion, in ``x``'s dtype and on its device
             # unless given (a fake CUDA ``x``'s elements read for real: "Found no NVIDIA driver").
             like = {"dtype": args[0].dtype, "device": args[0].device}
-            with _at_the_models_line():
+            with at_the_models_line():
                 return self._from_data(args[1], {**like, **{k: v for k, v in kwargs.items() if v}})
-        with _at_the_models_line():  # a guard inside any op: the model's line, not this frame
+        with at_the_models_line():  # a guard inside any op: the model's line, not this frame
             return func(*args, **kwargs)
 
     @staticmethod
@@ -202,4 +202,4 @@ class DataReads(TorchFunctionMode):
         return out.requires_grad_() if kwargs.get("requires_grad") else out
 
 
-__all__ = ["DataReads", "without_data"]
+__all__ = ["DataReads", "at_the_models_line", "without_data"]

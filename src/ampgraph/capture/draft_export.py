@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ampgraph.capture.data_reads import DataReads
+from ampgraph.capture.data_reads import DataReads, at_the_models_line
 from ampgraph.capture.engines import (
     Traced,
     _lift_scalar_constants,
@@ -300,7 +300,8 @@ def _real_checks_without_guards() -> Iterator[None]:
 
     def lenient(*args: Any, **kwargs: Any) -> None:
         try:
-            check(*args, **kwargs)
+            with at_the_models_line():  # a guard decided in the check: the model's line
+                check(*args, **kwargs)
         except GuardOnDataDependentSymNode:
             pass  # a data-dependent size or offset: its real value is the one propagated
 

@@ -15,6 +15,9 @@ What an analysis needs changed in torch is entered here and restored here, on ev
 * **driverless kernels** for CUDA ops that have no meta kernel (``capture/driverless.py``);
 * torch's warning ``propagate_real_tensors evaluate_expr(...)``, logged for each guard decided
   on a data-dependent size the analysis gave its real value: a filter on that logger, removed;
+* the tests torch guesses on a data-dependent size (``guard_or_false``, ``guard_or_true``),
+  decided on the size's real value where the analysis knows it and the guess is wrong for it
+  (``capture/guesses.py``): ``symbolic_shapes._guard_or`` gets its previous value back;
 * on torch 2.9 without a GPU driver, **the CUDA device guard**, the SDPA stand-in and
   ``torch._C._select_conv_backend`` (``capture/driverless_29.py``): the registry slot and the
   attribute get their previous values back.
@@ -215,7 +218,7 @@ def _enter() -> list[Callable[[], None]]:
     """Apply every change; the undo steps, in the order they must run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ampgraph.capture import driverless, driverless_29, meta_kernels
+    from ampgraph.capture import driverless, driverless_29, guesses, meta_kernels
     from ampgraph.torchutil import dropping_notice
 
     undo: list[Callable[[], None]] = []
@@ -228,6 +231,9 @@ def _enter() -> list[Callable[[], None]]:
             "torch.fx.experimental.symbolic_shapes", "propagate_real_tensors evaluate_expr"
         ))  # fmt: skip
         undo.append(meta_kernels.install())
+        # The tests torch guesses on a data-dependent size, decided on its real value where the
+        # capture knows it (a wrong guess's assertion lost LightGlue in draft export).
+        undo.append(guesses.install())
         undo.append(driverless.install())
         undo.append(driverless_29.install())
     except BaseException:
