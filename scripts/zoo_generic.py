@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the zoo's modules beside this file
+import zoo_args  # noqa: E402
+
 SOURCE = "generic tester (config defaults shrunk, inputs from the forward signature)"
 BATCH, SEQ, VOCAB, SMALL_HEADS = 2, 7, 99, 4
 #: Scalar keys and the value a tester gives them (the shapes of ``BertModelTester`` and kin).
@@ -77,6 +80,8 @@ NOT_DIM = re.compile(r"vocab|position|image|patch|kernel|stride|window|chunk|len
 
 #: Code that takes a multimodal rotary section absent from the config at a full-size default.
 MROPE_DEFAULT = 'get("mrope_section", ['
+#: Code that takes its heads as 64-channel slices of the width (BridgeTower's link tower).
+WIDE_HEADS = "config.hidden_size // 64"
 #: Code that takes a head size absent from the config as hidden // heads, and None as it is.
 HEAD_DIM_DEFAULT = 'getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)'
 
@@ -193,13 +198,19 @@ def shrink(
         elif isinstance(value, list):
             out[key] = _list(key, value, widths)
         elif isinstance(value, dict) and "layer" in key and all(str(k).isdigit() for k in value):
-            out[key] = {k: v for k, v in value.items() if int(k) < 2}  # per layer index
+            # per layer index, each layer's overrides shrunk as the config (DOTS-3's heads)
+            out[key] = {k: shrink(v, ids, widths) if isinstance(v, dict) else v
+                        for k, v in value.items() if int(k) < 2}  # fmt: skip
         elif isinstance(value, dict):
             out[key] = {k: _list(k, v) if isinstance(v, list) else v for k, v in value.items()}
         else:
             out[key] = value
     _image(out)
     _rope(out)
+    zoo_args.image_token(out)
+    zoo_args.invariants(d, out)
+    if _reads(out.get("model_type"), WIDE_HEADS):  # heads of 64 channels: a width of 64, 1 head
+        out.update({k: 64 for k in WIDTH if out.get(k) == 32})
     if "prediction_length" in out and out["prediction_length"] is None:
         out["prediction_length"] = 4  # a forecaster's horizon, which it has no default of
         context = out.get("context_length") or 4
@@ -367,11 +378,14 @@ def _past(config: Any) -> Any:
     return torch.rand(BATCH, length, *([size] if size > 1 else []))
 
 
-def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> dict[str, Any]:
+def _required(
+    params: Any, config: Any, inputs: dict[str, Any], main: str, ids: Any = None
+) -> dict[str, Any]:
     """The arguments the forward requires beyond ``inputs``, built from the config and the main
     input's shape: a mask of the main input (``input_features_mask``...), layout boxes
     (``bbox``: ``(batch, seq, 4)`` corners, ordered), learned queries (``query_embeds``), the
-    encoder output a cross-attention reads, a forecaster's time features and future values."""
+    encoder output a cross-attention reads, a forecaster's time features and future values;
+    any other required argument from its name (:func:`zoo_args.required`)."""
     import torch
 
     shape = inputs[main].shape
@@ -397,6 +411,9 @@ def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> di
         elif name == "query_embeds" and p.default is p.empty:
             queries = _find(config, "num_query_tokens") or 4
             out[name] = torch.rand(shape[0], queries, _find(config, "hidden_size") or 32)
+        elif p.default is p.empty:
+            value = zoo_args.required(name, {**inputs, **out}, main, ids)
+            out.update({} if value is None else {name: value})
     return out
 
 
@@ -406,6 +423,21 @@ def _first_linear(model: Any) -> int | None:
 
     first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
     return None if first is None else first.in_features
+
+
+def _layouts(
+    floats: dict[str, list[Any]], params: Any, config: Any, inputs: dict[str, Any], main: str,
+    ids: Any
+) -> list[dict[str, Any]]:
+    """``inputs`` with its float inputs in each other layout (:func:`zoo_args.layouts`), the
+    arguments required beside them built again for each."""
+    import itertools
+
+    out = []
+    for combo in list(itertools.product(*floats.values()))[1:]:
+        tried = {**inputs, **dict(zip(floats, combo))}
+        out.append({**tried, **_required(params, config, tried, main, ids)})
+    return out
 
 
 def inputs_for(model: Any) -> list[dict[str, Any]]:
@@ -428,6 +460,7 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         "input_values": lambda: torch.rand(BATCH, 4000),
         "input_features": lambda: _features(config),
         "past_values": lambda: _past(config),
+        "pixel_values_videos": lambda: zoo_args.video(config, _find, _pixels(config)),
     }
     grid_name = next((k for k in params if k.endswith("grid_thw")), None)
     first = next(iter(params))
@@ -438,20 +471,29 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         side = _find(config, "patch_size") or 14
         square = flat.reshape(len(flat), channels, -1, side, side).squeeze(2)
         return [{first: flat, grid_name: grid}, {first: square, grid_name: grid}]
-    main = getattr(model, "main_input_name", "input_ids")
-    main = main if main in params else next((k for k in makers if k in params), main)
-    if main not in makers:
+    main = zoo_args.main_of(params, getattr(model, "main_input_name", "input_ids"), makers)
+    floats = zoo_args.layouts(model, params, main, makers)
+    if main not in makers and not floats.get(main):
         raise LookupError(f"no generic input for main_input_name {main!r}")
-    inputs = {main: makers[main]()}
+    inputs = {main: makers[main]()} if main in makers else {}
+    inputs.update({k: v[0] for k, v in floats.items()})
+    inputs.update({k: make() for k, make in makers.items() if k not in inputs and k in params
+                   and params[k].default is params[k].empty})  # fmt: skip - Xcodec2's features
     if "attention_mask" in params and main in ("input_ids", "input_values"):
         inputs["attention_mask"] = torch.ones(inputs[main].shape[:2], dtype=torch.long)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids[:, :5]
-    inputs.update(_required(params, config, inputs, main))
-    tries = [inputs]
+    if main == "pixel_values" and "pixel_position_ids" in params and _first_linear(model):
+        # patches placed by the positions given beside them: flat, a 4 x 4 grid (Gemma 4)
+        inputs[main] = torch.rand(BATCH, 16, _first_linear(model))
+    inputs.update(_required(params, config, inputs, main, ids))
+    tries = [inputs, *_layouts(floats, params, config, inputs, main, ids)]
     other = {"input_ids": "pixel_values", "pixel_values": "input_ids"}.get(main)
     if other in params:
         tries.append({**inputs, other: makers[other]()})
+    if _find(config, "num_frames") or "Video" in type(model).__name__:  # images as a video
+        tries += [{**t, k: zoo_args.video(config, _find, t[k])} for t in list(tries)
+                  for k in ("pixel_values", "pixel_values_videos") if k in t]  # fmt: skip
     if main == "input_values":  # one channel; a length of whole frames of 96 samples and more
         tries += [{main: inputs[main][:, None]}, {**inputs, main: torch.rand(BATCH, 3840)}]
     if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
@@ -463,6 +505,7 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
             masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
                      if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
             tries.append({**inputs, main: stacked, **masks})
+    tries = [zoo_args.with_image_tokens(config, t, _find) for t in tries]
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
     return tries

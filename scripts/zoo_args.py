@@ -1,0 +1,222 @@
+"""The zoo's generic tester's arguments beyond the main input (issue 42, docs/zoo.md): the values a
+base model's forward requires, built from the argument's name, the config and the model's first
+layer, as :mod:`zoo_generic` builds the main input from ``main_input_name``.
+
+A required argument that names token ids (``qformer_input_ids``, ``classes_input_ids``) gets ids;
+one that names a padding of the main input (``past_values_padding``) gets none padded; a float
+input whose layout only the model knows (``hidden_states``, ``latents``, ``action_embeds``,
+``inputs_embeds``) is offered as the model's first layer reads it, ``(batch, seq, width of the
+first linear)`` or ``(batch, channels of the first convolution, length)``, and the generic
+tester keeps the first call that runs. A video is ``(batch, frames, channels, height, width)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BATCH, SEQ = 2, 7
+#: Float inputs a forward may require whose layout is the model's own.
+FLOAT_INPUTS = ("hidden_states", "latents", "inputs_embeds", "encoder_inputs_embeds")
+#: Lengths a convolution's input is offered at: a few latent frames, or a stretch of audio in
+#: whole frames of up to 3840 samples (a codec's hop).
+CONV_LENGTHS = (8, 3840)
+
+
+def first_layers(model: Any) -> tuple[int | None, int | None]:
+    """The input width of ``model``'s first ``nn.Linear`` and the input channels of its first
+    1-d convolution (in module order), each None where there is none.
+
+    >>> from torch import nn
+    >>> first_layers(nn.Sequential(nn.Conv1d(3, 4, 1), nn.Linear(5, 6)))
+    (5, 3)
+    """
+    from torch import nn
+
+    linear = next((m.in_features for m in model.modules() if isinstance(m, nn.Linear)), None)
+    conv = next((m.in_channels for m in model.modules() if isinstance(m, nn.Conv1d)), None)
+    return linear, conv
+
+
+def float_inputs(model: Any) -> list[Any]:
+    """A float input of a layout only the model knows, in each layout its first layers read.
+
+    >>> from torch import nn
+    >>> [tuple(t.shape) for t in float_inputs(nn.Sequential(nn.Conv1d(3, 4, 1)))]
+    [(2, 3, 8), (2, 3, 3840)]
+    """
+    import torch
+
+    linear, conv = first_layers(model)
+    out = [torch.rand(BATCH, SEQ, linear)] if linear else []
+    out += [torch.rand(BATCH, conv, n) for n in CONV_LENGTHS] if conv else []
+    return out
+
+
+def video(config: Any, find: Any, pixels: Any) -> Any:
+    """A video of ``config``'s frame count (``num_frames``, else 2) of images like ``pixels``.
+
+    >>> import torch
+    >>> video(None, lambda c, k: {"num_frames": 3}.get(k), torch.rand(2, 3, 4, 4)).shape
+    torch.Size([2, 3, 3, 4, 4])
+    """
+    frames = find(config, "num_frames") or 2
+    return pixels[:, None].expand(-1, frames, *pixels.shape[1:]).contiguous()
+
+
+def positions(patches: int) -> Any:
+    """Patch positions ``(batch, patches, 2)`` as (x, y) on a square grid of ``patches``.
+
+    >>> positions(4)[0].tolist()
+    [[0, 0], [1, 0], [0, 1], [1, 1]]
+    """
+    import torch
+
+    side = int(patches**0.5)
+    y, x = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    grid = torch.stack([x.flatten(), y.flatten()], dim=-1)
+    return grid[None].expand(BATCH, -1, -1).contiguous()
+
+
+def required(name: str, inputs: dict[str, Any], main: str, ids: Any) -> Any:
+    """A value for the required argument ``name`` of a forward given ``inputs`` (its main input
+    ``main``), or None where the name says nothing of it.
+
+    >>> import torch
+    >>> v = {"past_values": torch.rand(2, 5)}
+    >>> required("past_values_padding", v, "past_values", None).shape
+    torch.Size([2, 5])
+    >>> required("qformer_input_ids", v, "past_values", torch.ones(2, 7)).shape
+    torch.Size([2, 7])
+    """
+    import torch
+
+    shape = inputs[main].shape
+    if name.endswith("input_ids"):  # a second text (InstructBLIP's Q-Former prompt, OmDet's classes)
+        return ids
+    if name == f"{main}_padding":  # none of the main input padded (TimesFM's past values)
+        return torch.zeros(shape[:2], dtype=torch.long)
+    if name == "freq":  # a forecaster's frequency class, the first (TimesFM)
+        return torch.zeros(shape[0], 1, dtype=torch.long)
+    if name.endswith("_structure"):  # one class of the batch's texts per image (OmDet-Turbo)
+        return torch.ones(shape[0], dtype=torch.long)
+    if name.endswith("position_ids") and len(shape) == 3:  # flat patches' (x, y) on a grid
+        return positions(shape[1])
+    return None
+
+
+def is_float_input(name: str) -> bool:
+    """Whether ``name`` is a float input whose layout only the model knows.
+
+    >>> is_float_input("action_embeds"), is_float_input("query_embeds"), is_float_input("input_ids")
+    (True, False, False)
+    """
+    # learned queries are built from the config (zoo_generic._required)
+    return name in FLOAT_INPUTS or (name.endswith("_embeds") and name != "query_embeds")
+
+
+def main_of(params: Any, main: str, known: Any) -> str:
+    """The forward's main input: ``main_input_name`` where the forward takes it, else the first
+    input the generic tester makes (``known``) that it takes, else its first required float input
+    (VibeVoice's tokenizers name ``input_values`` and take ``hidden_states``), else
+    ``main_input_name`` still (a forward that takes it through ``**kwargs``).
+
+    >>> import inspect
+    >>> main_of(inspect.signature(lambda hidden_states, x=1: 0).parameters, "input_values", ())
+    'hidden_states'
+    """
+    if main in params:
+        return main
+    given = next((k for k in known if k in params), None)
+    if given is not None:
+        return given
+    floats = (k for k, p in params.items() if p.default is p.empty and is_float_input(k))
+    return next(floats, main)
+
+
+def layouts(model: Any, params: Any, main: str, known: Any) -> dict[str, list[Any]]:
+    """Each float input the forward requires (the main one, where no maker ``known`` makes it)
+    in every layout the model's first layers read (:func:`float_inputs`)."""
+    names = [k for k, p in params.items() if is_float_input(k)
+             and (p.default is p.empty or k == main) and k not in known]  # fmt: skip
+    return {k: float_inputs(model) for k in names} if names else {}
+
+
+#: The image placeholder token a query-token config that has none gets (BLIP-2's tester's
+#: choice is its own; any id clear of the drawn ids and of the remapped special ones serves).
+IMAGE_TOKEN = 89
+#: The number of placeholder tokens an image takes, under its names.
+IMAGE_TOKENS = ("num_query_tokens", "image_seq_length", "mm_tokens_per_image")
+
+
+def image_token(d: dict[str, Any]) -> None:
+    """A query-token config (BLIP-2, InstructBLIP) without an image placeholder token given one:
+    its forward places the image's query outputs at that token in ``input_ids``.
+
+    >>> d = {"num_query_tokens": 32, "image_token_index": None}
+    >>> image_token(d); d["image_token_index"]
+    89
+    """
+    if "num_query_tokens" in d and d.get("image_token_index", 0) is None:
+        d["image_token_index"] = IMAGE_TOKEN
+
+
+def with_image_tokens(config: Any, inputs: dict[str, Any], find: Any) -> dict[str, Any]:
+    """``inputs`` whose ``input_ids`` start with as many image placeholder tokens as an image
+    takes, where the config has a placeholder and the call gives both ids and an image.
+
+    >>> import torch
+    >>> class C: image_token_id, num_query_tokens = 5, 2
+    >>> out = with_image_tokens(C(), {"input_ids": torch.ones(1, 3, dtype=torch.long),
+    ...                               "pixel_values": 0}, lambda c, k: getattr(c, k, None))
+    >>> out["input_ids"].tolist()
+    [[5, 5, 1, 1, 1]]
+    """
+    import torch
+
+    token = find(config, "image_token_id")
+    count = next((find(config, k) for k in IMAGE_TOKENS if find(config, k)), None)
+    pixels = any(k.startswith("pixel_values") for k in inputs)
+    if token is None or not count or "input_ids" not in inputs or not pixels:
+        return inputs
+    ids = inputs["input_ids"]
+    tokens = torch.full((ids.shape[0], count), token, dtype=ids.dtype)
+    out = {**inputs, "input_ids": torch.cat([tokens, ids], dim=1)}
+    if "attention_mask" in inputs:  # the text's mask, as long as the text
+        out["attention_mask"] = torch.ones(out["input_ids"].shape, dtype=torch.long)
+    return out
+
+
+def invariants(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Relations between sizes that held in the config's defaults ``d``, made to hold again in
+    the shrunk ``out`` (a config validates them, or its layers assume them): a head as wide as
+    its two rotary parts (``head_dim == qk_nope_head_dim + qk_rope_head_dim``, DOTS-3's sliding
+    layers); a state-space model's heads spanning its expanded width (``hidden_size * expand ==
+    num_heads * head_dim``, Mamba-2); grouped convolutions' widths divisible by their groups
+    (SqueezeBERT's 4 groups of a 37-wide feed-forward); layer indices past the new depth
+    (``vision_feature_layer`` [24, 18]) counted from the top, their order kept.
+
+    >>> d = {"hidden_size": 4096, "expand": 2, "num_heads": 128, "head_dim": 64}
+    >>> out = {"hidden_size": 32, "expand": 2, "num_heads": 4, "head_dim": 8}
+    >>> invariants(d, out); out["num_heads"]
+    8
+    >>> out = {"vision_feature_layer": [24, 18], "intermediate_size": 37}
+    >>> invariants({"intermediate_groups": 4}, out); out["vision_feature_layer"], out["intermediate_size"]
+    ([-1, -2], 48)
+    """
+    parts = ("qk_nope_head_dim", "qk_rope_head_dim")
+    if all(isinstance(d.get(k), int) for k in ("head_dim", *parts)):
+        if d["head_dim"] == d[parts[0]] + d[parts[1]]:
+            out["head_dim"] = out[parts[0]] + out[parts[1]]
+    keys = ("hidden_size", "expand", "num_heads", "head_dim")
+    if all(isinstance(d.get(k), int) and d[k] > 0 for k in keys):
+        if d["hidden_size"] * d["expand"] == d["num_heads"] * d["head_dim"]:
+            out["num_heads"] = max(1, out["hidden_size"] * out["expand"] // out["head_dim"])
+    if isinstance(d.get("intermediate_groups"), int) and d["intermediate_groups"] > 1:
+        if out.get("intermediate_size") == 37:  # 48: divisible by 2, 4, 8 or 16 groups
+            out["intermediate_size"] = 48
+    for key, value in out.items():
+        if "feature_layer" in key and isinstance(value, list) and value and all(
+            isinstance(v, int) and v >= 2 for v in value
+        ):
+            order = sorted(value, reverse=True)
+            out[key] = [-1 - order.index(v) for v in value]
