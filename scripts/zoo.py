@@ -413,7 +413,6 @@ def copies(config: Any, inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 def build(model_type: str, config: Any, inputs: dict[str, Any]) -> Any:
     """The base model of ``model_type`` from ``config``, in eval mode, as a ``ModelInputs``."""
     import torch
-    from transformers import AutoModel
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     from ampgraph.model.build import ModelInputs
@@ -426,7 +425,7 @@ def build(model_type: str, config: Any, inputs: dict[str, Any]) -> Any:
         names = MODEL_MAPPING_NAMES.get(model_type)
         if isinstance(names, tuple):
             config.architectures = [names[0]]
-    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    model = importlib.import_module("zoo_args").base_model(model_type, config).eval()
     return ModelInputs(model_type, model, (), dict(inputs))
 
 

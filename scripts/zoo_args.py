@@ -186,6 +186,14 @@ def with_image_tokens(config: Any, inputs: dict[str, Any], find: Any) -> dict[st
     return out
 
 
+#: Lists of stage widths (zoo_generic.LIST_WIDTH's, whose first value a stem's width may share).
+LIST_WIDTHS = ("hidden_sizes", "embed_dims", "dims", "channels", "hidden_dims")
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
+
+
 def invariants(d: dict[str, Any], out: dict[str, Any]) -> None:
     """Relations between sizes that held in the config's defaults ``d``, made to hold again in
     the shrunk ``out`` (a config validates them, or its layers assume them): a head as wide as
@@ -214,9 +222,63 @@ def invariants(d: dict[str, Any], out: dict[str, Any]) -> None:
     if isinstance(d.get("intermediate_groups"), int) and d["intermediate_groups"] > 1:
         if out.get("intermediate_size") == 37:  # 48: divisible by 2, 4, 8 or 16 groups
             out["intermediate_size"] = 48
+    for key in LIST_WIDTHS:  # a stem's channels, tied to the first stage's (TextNet)
+        if _ints(d.get(key)) and _ints(out.get(key)):
+            first, shrunk = d[key][0], out[key][0]
+            for k, v in d.items():
+                if k.endswith("_channels") and v == first and out.get(k) == v:
+                    out[k] = shrunk
     for key, value in out.items():
         if "feature_layer" in key and isinstance(value, list) and value and all(
             isinstance(v, int) and v >= 2 for v in value
         ):
             order = sorted(value, reverse=True)
             out[key] = [-1 - order.index(v) for v in value]
+
+
+def base_class(model_type: str, config: Any) -> Any:
+    """The base model class of ``model_type`` (of a type with two, the config's architecture).
+
+    >>> from transformers import BertConfig
+    >>> base_class("bert", BertConfig()).__name__
+    'BertModel'
+    """
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    names = MODEL_MAPPING_NAMES[model_type]
+    names = (names,) if isinstance(names, str) else names
+    chosen = [n for n in names if n in (getattr(config, "architectures", None) or ())]
+    return getattr(transformers, (chosen or names)[0])
+
+
+def own_config(model_type: str, config: Any) -> Any:
+    """The config the base model class of ``model_type`` is built from: ``config``, or its
+    sub-config of the class's config class where the type's config is a wrapper around it
+    (``MusicgenModel`` is the decoder of a ``MusicgenConfig``, built from its ``decoder``).
+
+    >>> from transformers import MusicgenConfig
+    >>> type(own_config("musicgen", MusicgenConfig())).__name__
+    'MusicgenDecoderConfig'
+    """
+    want = getattr(base_class(model_type, config), "config_class", None)
+    if not isinstance(want, type) or isinstance(config, want):
+        return config
+    subs = (v for v in vars(config).values() if isinstance(v, want))
+    return next(subs, config)
+
+
+def base_model(model_type: str, config: Any) -> Any:
+    """``model_type``'s base model built from ``config`` with eager attention: through
+    ``AutoModel``, or, where its mapping does not know the config's class (a sub-config, see
+    :func:`own_config`; EvOlla's config, which its mapping lists but does not resolve), from the
+    type's base class itself."""
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_config(config, attn_implementation="eager")
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+    klass = base_class(model_type, config)
+    return klass._from_config(config, attn_implementation="eager")

@@ -22,6 +22,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the zoo's modules beside this file
 import zoo_args  # noqa: E402
 
+#: The mel bins of speech models' features beside the 80 a feature extractor defaults to.
+MEL_BINS = 128
 SOURCE = "generic tester (config defaults shrunk, inputs from the forward signature)"
 BATCH, SEQ, VOCAB, SMALL_HEADS = 2, 7, 99, 4
 #: Scalar keys and the value a tester gives them (the shapes of ``BertModelTester`` and kin).
@@ -120,6 +122,10 @@ def _list(key: str, value: list[Any], widths: set[int] = frozenset()) -> list[An
         return [1] * len(value)
     if key in ("num_heads", "num_attention_heads", "attention_heads"):  # per stage
         return [max(1, v // min(value)) for v in value]
+    if value[0] in widths and value[0] >= 32 and value[-1] not in widths and DIM_LIKE.search(key):
+        # stage widths starting at the model's width (SAM 2's Hiera embed_dim_per_stage): the
+        # first one is tied to the shrunk width, the others keep their ratios to it
+        return [max(1, v * 32 // value[0]) for v in value]
     if value[-1] in widths and value[-1] >= 32 and DIM_LIKE.search(key):
         # stage widths ending at the model's width (EfficientLoFTR's out_features): the last
         # one is tied to the shrunk width, the others keep their ratios to it
@@ -494,17 +500,33 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
     if _find(config, "num_frames") or "Video" in type(model).__name__:  # images as a video
         tries += [{**t, k: zoo_args.video(config, _find, t[k])} for t in list(tries)
                   for k in ("pixel_values", "pixel_values_videos") if k in t]  # fmt: skip
+    books = _find(config, "num_codebooks")
+    if main == "input_ids" and isinstance(books, int) and books > 1:  # a row per codebook
+        tries.append({k: v.repeat(books, 1) if v.shape == ids.shape else v  # (MusicGen)
+                      for k, v in inputs.items()})  # fmt: skip
+    if main == "past_values":  # a series of channels (PatchTST), as long as the context
+        series = torch.rand(BATCH, _find(config, "context_length") or 4,
+                            _find(config, "num_input_channels") or 1)  # fmt: skip
+        tries.append({**inputs, main: series})
+    window = _find(config, "n_window")
+    if main == "input_features" and isinstance(window, int):  # whole windows of 2 x n_window
+        frames = torch.rand(*inputs[main].shape[:2], 4 * window)  # its mask over the frames
+        masks = {k: torch.ones(BATCH, 4 * window, dtype=torch.long) for k in inputs
+                 if k.endswith("_mask")}  # fmt: skip
+        tries.append({**inputs, main: frames, **masks})
     if main == "input_values":  # one channel; a length of whole frames of 96 samples and more
         tries += [{main: inputs[main][:, None]}, {**inputs, main: torch.rand(BATCH, 3840)}]
     if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
         tries.append({**inputs, main: inputs[main].transpose(1, 2)})
     if main == "input_features":  # frames stacked as the first linear reads them (Granite
-        width = _first_linear(model)  # Speech 5's 4 frames of mel bins, Fun-ASR's 7)
-        if width and width != inputs[main].shape[-1]:
-            stacked = torch.rand(BATCH, 40, width)
-            masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
-                     if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
-            tries.append({**inputs, main: stacked, **masks})
+        # Speech 5's 4 frames of mel bins, Fun-ASR's 7), or of 128 mel bins, the other common
+        # count beside 80 (Gemma 4's audio tower sizes its projection for 128)
+        for width in dict.fromkeys((_first_linear(model), MEL_BINS)):
+            if width and width != inputs[main].shape[-1]:
+                stacked = torch.rand(BATCH, 40, width)
+                masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
+                         if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
+                tries.append({**inputs, main: stacked, **masks})
     tries = [zoo_args.with_image_tokens(config, t, _find) for t in tries]
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
@@ -519,11 +541,10 @@ def generic(model_type: str) -> tuple[Any, dict[str, Any]]:
     (32, ['attention_mask', 'input_ids'])
     """
     import torch
-    from transformers import AutoModel
 
     torch.manual_seed(0)
-    config = tiny_config(model_type)
-    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    config = zoo_args.own_config(model_type, tiny_config(model_type))
+    model = zoo_args.base_model(model_type, config).eval()
     torch.manual_seed(0)
     last: Exception | None = None
     for inputs in inputs_for(model):
