@@ -204,9 +204,7 @@ def shrink(
         elif isinstance(value, list):
             out[key] = _list(key, value, widths)
         elif isinstance(value, dict) and "layer" in key and all(str(k).isdigit() for k in value):
-            # per layer index, each layer's overrides shrunk as the config (DOTS-3's heads)
-            out[key] = {k: shrink(v, ids, widths) if isinstance(v, dict) else v
-                        for k, v in value.items() if int(k) < 2}  # fmt: skip
+            out[key] = {k: v for k, v in value.items() if int(k) < 2}  # per layer index
         elif isinstance(value, dict):
             out[key] = {k: _list(k, v) if isinstance(v, list) else v for k, v in value.items()}
         else:
@@ -446,14 +444,53 @@ def _layouts(
     return out
 
 
+def _reshaped(model: Any, inputs: dict[str, Any], main: str, ids: Any) -> list[dict[str, Any]]:
+    """``inputs`` with the main input in the other shapes a model of its kind may take: a row
+    of ids per codebook, a series of channels, whole windows of features, audio as one channel
+    or whole frames, features transposed, stacked or of 128 mel bins."""
+    import torch
+
+    config = model.config
+    tries: list[dict[str, Any]] = []
+    books = _find(config, "num_codebooks")
+    if main == "input_ids" and isinstance(books, int) and books > 1:  # a row per codebook
+        tries.append({k: v.repeat(books, 1) if v.shape == ids.shape else v  # (MusicGen)
+                      for k, v in inputs.items()})  # fmt: skip
+    if main == "past_values":  # a series of channels (PatchTST), as long as the context
+        series = torch.rand(BATCH, _find(config, "context_length") or 4,
+                            _find(config, "num_input_channels") or 1)  # fmt: skip
+        tries.append({**inputs, main: series})
+    window = _find(config, "n_window")
+    if main == "input_features" and isinstance(window, int):  # whole windows of 2 x n_window
+        frames = torch.rand(*inputs[main].shape[:2], 4 * window)  # its mask over the frames
+        masks = {k: torch.ones(BATCH, 4 * window, dtype=torch.long) for k in inputs
+                 if k.endswith("_mask")}  # fmt: skip
+        tries.append({**inputs, main: frames, **masks})
+    if main == "input_values":  # one channel; a length of whole frames of 96 samples and more
+        tries += [{main: inputs[main][:, None]}, {**inputs, main: torch.rand(BATCH, 3840)}]
+    if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
+        tries.append({**inputs, main: inputs[main].transpose(1, 2)})
+    if main == "input_features":  # frames stacked as the first linear reads them (Granite
+        # Speech 5's 4 frames of mel bins, Fun-ASR's 7), or of 128 mel bins, the other common
+        # count beside 80 (Gemma 4's audio tower sizes its projection for 128)
+        for width in dict.fromkeys((_first_linear(model), MEL_BINS)):
+            if width and width != inputs[main].shape[-1]:
+                stacked = torch.rand(BATCH, 40, width)
+                masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
+                         if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
+                tries.append({**inputs, main: stacked, **masks})
+    return tries
+
+
 def inputs_for(model: Any) -> list[dict[str, Any]]:
     """Forward calls' inputs for ``model``, from its signature and ``main_input_name``, in the
     order tried: the main input alone (with what the forward requires beside it:
-    :func:`_required`); with the other modality beside it (a dual encoder such as CLIP wants
-    both); audio as one channel ``(batch, 1, samples)`` (a codec's convolutions) or in whole
-    frames of 96 samples and more; features as wide as the first linear reads them (frames
-    stacked); packed patches flat or each an image; with ``use_cache=False`` (a hybrid cache
-    that raises on a first call)."""
+    :func:`_required`; a float input of the model's own layout in each layout its first layers
+    read, :func:`zoo_args.layouts`); with the other modality beside it (a dual encoder such as
+    CLIP wants both); images as a video of the config's frames; the main input reshaped
+    (:func:`_reshaped`); packed patches flat or each an image; ids starting with an image's
+    placeholder tokens where the call has an image (:func:`zoo_args.with_image_tokens`); with
+    ``use_cache=False`` (a hybrid cache that raises on a first call)."""
     import torch
 
     config = model.config
@@ -500,33 +537,7 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
     if _find(config, "num_frames") or "Video" in type(model).__name__:  # images as a video
         tries += [{**t, k: zoo_args.video(config, _find, t[k])} for t in list(tries)
                   for k in ("pixel_values", "pixel_values_videos") if k in t]  # fmt: skip
-    books = _find(config, "num_codebooks")
-    if main == "input_ids" and isinstance(books, int) and books > 1:  # a row per codebook
-        tries.append({k: v.repeat(books, 1) if v.shape == ids.shape else v  # (MusicGen)
-                      for k, v in inputs.items()})  # fmt: skip
-    if main == "past_values":  # a series of channels (PatchTST), as long as the context
-        series = torch.rand(BATCH, _find(config, "context_length") or 4,
-                            _find(config, "num_input_channels") or 1)  # fmt: skip
-        tries.append({**inputs, main: series})
-    window = _find(config, "n_window")
-    if main == "input_features" and isinstance(window, int):  # whole windows of 2 x n_window
-        frames = torch.rand(*inputs[main].shape[:2], 4 * window)  # its mask over the frames
-        masks = {k: torch.ones(BATCH, 4 * window, dtype=torch.long) for k in inputs
-                 if k.endswith("_mask")}  # fmt: skip
-        tries.append({**inputs, main: frames, **masks})
-    if main == "input_values":  # one channel; a length of whole frames of 96 samples and more
-        tries += [{main: inputs[main][:, None]}, {**inputs, main: torch.rand(BATCH, 3840)}]
-    if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
-        tries.append({**inputs, main: inputs[main].transpose(1, 2)})
-    if main == "input_features":  # frames stacked as the first linear reads them (Granite
-        # Speech 5's 4 frames of mel bins, Fun-ASR's 7), or of 128 mel bins, the other common
-        # count beside 80 (Gemma 4's audio tower sizes its projection for 128)
-        for width in dict.fromkeys((_first_linear(model), MEL_BINS)):
-            if width and width != inputs[main].shape[-1]:
-                stacked = torch.rand(BATCH, 40, width)
-                masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
-                         if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
-                tries.append({**inputs, main: stacked, **masks})
+    tries += _reshaped(model, inputs, main, ids)
     tries = [zoo_args.with_image_tokens(config, t, _find) for t in tries]
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
