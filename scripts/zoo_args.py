@@ -237,7 +237,8 @@ def invariants(d: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def base_class(model_type: str, config: Any) -> Any:
-    """The base model class of ``model_type`` (of a type with two, the config's architecture).
+    """The base model class of ``model_type`` (of a type with two, the config's architecture),
+    None where transformers lacks the class its mapping names.
 
     >>> from transformers import BertConfig
     >>> base_class("bert", BertConfig()).__name__
@@ -249,7 +250,7 @@ def base_class(model_type: str, config: Any) -> Any:
     names = MODEL_MAPPING_NAMES[model_type]
     names = (names,) if isinstance(names, str) else names
     chosen = [n for n in names if n in (getattr(config, "architectures", None) or ())]
-    return getattr(transformers, (chosen or names)[0])
+    return getattr(transformers, (chosen or names)[0], None)
 
 
 def own_config(model_type: str, config: Any) -> Any:
@@ -281,4 +282,55 @@ def base_model(model_type: str, config: Any) -> Any:
         if "Unrecognized configuration class" not in str(exc):
             raise
     klass = base_class(model_type, config)
+    if klass is None:  # a mapping that names a class its module lacks (voxtral_realtime_text)
+        raise LookupError(f"transformers has no base class of {model_type}")
     return klass._from_config(config, attn_implementation="eager")
+
+
+#: Patches a flat-patch encoder takes beside their layout: a 4 x 4 grid.
+PATCHES = 16
+
+
+def flat_patches(model: Any, params: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Images as flat patches ``(batch, 16, width of the first linear)``, a 4 x 4 grid, with the
+    layout the forward takes beside them: their (x, y) positions (Gemma 4's
+    ``pixel_position_ids``), or the grid's shape and a mask of the patches (SigLIP 2's
+    ``spatial_shapes`` and ``pixel_attention_mask``); nothing where it takes no layout.
+
+    >>> import inspect, torch
+    >>> from torch import nn
+    >>> m = nn.Linear(12, 4)
+    >>> m.config = type("C", (), {"num_channels": 3, "patch_size": 2})()
+    >>> params = inspect.signature(lambda pixel_values, spatial_shapes: 0).parameters
+    >>> out = flat_patches(m, params, {"pixel_values": torch.rand(2, 3, 8, 8)})
+    >>> tuple(out["pixel_values"].shape), out["spatial_shapes"].tolist()
+    ((2, 16, 12), [[4, 4], [4, 4]])
+    """
+    import torch
+
+    width = patch_width(model.config)
+    if "pixel_values" not in inputs or not width:
+        return {}
+    flat = {"pixel_values": torch.rand(BATCH, PATCHES, width)}
+    if "pixel_position_ids" in params:
+        return {**flat, "pixel_position_ids": positions(PATCHES)}
+    if "spatial_shapes" in params:
+        side = int(PATCHES**0.5)
+        shapes = torch.tensor([[side, side]] * BATCH)
+        return {**flat, "spatial_shapes": shapes,
+                "pixel_attention_mask": torch.ones(BATCH, PATCHES, dtype=torch.long)}  # fmt: skip
+    return {}
+
+
+def patch_width(config: Any) -> int | None:
+    """A flat patch's width, ``channels x patch x patch``, from ``config`` or its vision
+    sub-config; None where neither has a patch size.
+
+    >>> patch_width(type("C", (), {"vision_config": type("V", (), {"patch_size": 16})()})())
+    768
+    """
+    for c in (config, getattr(config, "vision_config", None)):
+        patch = getattr(c, "patch_size", None)
+        if isinstance(patch, int):
+            return (getattr(c, "num_channels", None) or 3) * patch * patch
+    return None

@@ -526,9 +526,7 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         inputs["attention_mask"] = torch.ones(inputs[main].shape[:2], dtype=torch.long)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids[:, :5]
-    if main == "pixel_values" and "pixel_position_ids" in params and _first_linear(model):
-        # patches placed by the positions given beside them: flat, a 4 x 4 grid (Gemma 4)
-        inputs[main] = torch.rand(BATCH, 16, _first_linear(model))
+    inputs.update(zoo_args.flat_patches(model, params, inputs))
     inputs.update(_required(params, config, inputs, main, ids))
     tries = [inputs, *_layouts(floats, params, config, inputs, main, ids)]
     other = {"input_ids": "pixel_values", "pixel_values": "input_ids"}.get(main)
@@ -541,7 +539,11 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
     tries = [zoo_args.with_image_tokens(config, t, _find) for t in tries]
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
-    return tries
+    # each other modality the forward takes beside the main one (CLAP's audio beside its text;
+    # PE's video beside its text), flat patches where their layout is an argument (SigLIP 2)
+    others = [{**inputs, k: make()} for k, make in makers.items() if k in params and k != main]
+    others = [{**t, **zoo_args.flat_patches(model, params, t)} for t in others]
+    return tries + [zoo_args.with_image_tokens(config, t, _find) for t in others]
 
 
 def generic(model_type: str) -> tuple[Any, dict[str, Any]]:
