@@ -156,8 +156,9 @@ def image_token(d: dict[str, Any]) -> None:
     >>> image_token(d); d["image_token_index"]
     89
     """
-    if "num_query_tokens" in d and d.get("image_token_index", 0) is None:
-        d["image_token_index"] = IMAGE_TOKEN
+    for key in ("image_token_index", "video_token_index"):  # InstructBLIP-Video's is a video's
+        if "num_query_tokens" in d and d.get(key, 0) is None:
+            d[key] = IMAGE_TOKEN
 
 
 def with_image_tokens(config: Any, inputs: dict[str, Any], find: Any) -> dict[str, Any]:
@@ -173,11 +174,14 @@ def with_image_tokens(config: Any, inputs: dict[str, Any], find: Any) -> dict[st
     """
     import torch
 
-    token = find(config, "image_token_id")
+    pixels = next((v for k, v in inputs.items() if k.startswith("pixel_values")), None)
+    video = getattr(pixels, "ndim", 0) == 5  # a video's frames each take the image's tokens
+    token = find(config, "video_token_id") if video else None
+    token = find(config, "image_token_id") if token is None else token
     count = next((find(config, k) for k in IMAGE_TOKENS if find(config, k)), None)
-    pixels = any(k.startswith("pixel_values") for k in inputs)
-    if token is None or not count or "input_ids" not in inputs or not pixels:
+    if token is None or not count or "input_ids" not in inputs or pixels is None:
         return inputs
+    count *= pixels.shape[1] if video else 1
     ids = inputs["input_ids"]
     tokens = torch.full((ids.shape[0], count), token, dtype=ids.dtype)
     out = {**inputs, "input_ids": torch.cat([tokens, ids], dim=1)}
@@ -200,7 +204,8 @@ def invariants(d: dict[str, Any], out: dict[str, Any]) -> None:
     its two rotary parts (``head_dim == qk_nope_head_dim + qk_rope_head_dim``, DOTS-3's sliding
     layers); a state-space model's heads spanning its expanded width (``hidden_size * expand ==
     num_heads * head_dim``, Mamba-2); grouped convolutions' widths divisible by their groups
-    (SqueezeBERT's 4 groups of a 37-wide feed-forward); layer indices past the new depth
+    (SqueezeBERT's 4 groups of a 37-wide feed-forward); rotary parameters for each layer kind
+    (none in Cohere Compass's defaults); layer indices past the new depth
     (``vision_feature_layer`` [24, 18]) counted from the top, their order kept.
 
     >>> d = {"hidden_size": 4096, "expand": 2, "num_heads": 128, "head_dim": 64}
@@ -222,6 +227,12 @@ def invariants(d: dict[str, Any], out: dict[str, Any]) -> None:
     if isinstance(d.get("intermediate_groups"), int) and d["intermediate_groups"] > 1:
         if out.get("intermediate_size") == 37:  # 48: divisible by 2, 4, 8 or 16 groups
             out["intermediate_size"] = 48
+    kinds = out.get("layer_types")
+    if out.get("rope_parameters") == {} and isinstance(kinds, list) and kinds:
+        # rotary parameters per layer kind, none given (Cohere Compass's defaults): the default
+        # rotary embedding for each kind, as a tester gives
+        out["rope_parameters"] = {k: {"rope_type": "default", "rope_theta": 10000.0}
+                                  for k in dict.fromkeys(kinds)}  # fmt: skip
     for key in LIST_WIDTHS:  # a stem's channels, tied to the first stage's (TextNet)
         if _ints(d.get(key)) and _ints(out.get(key)):
             first, shrunk = d[key][0], out[key][0]

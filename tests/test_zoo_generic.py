@@ -246,3 +246,24 @@ def test_series_and_feature_windows_a_config_fixes() -> None:
     assert inputs["input_features_mask"].shape[-1] == inputs["input_features"].shape[-1]
     _, inputs = GENERIC.generic("gemma4_audio")
     assert inputs["input_features"].shape[-1] == 128
+
+
+def test_flat_patches_with_their_layout_and_a_videos_placeholders() -> None:
+    """An encoder of flat patches gets ``channels x patch x patch``-wide patches with the layout
+    its forward takes beside them (SigLIP 2's grid shape and patch mask); a video's frames each
+    take an image's placeholder tokens (InstructBLIP-Video's video token, given one)."""
+    config, inputs = GENERIC.generic("siglip2")
+    patch = config.vision_config.patch_size
+    assert inputs["pixel_values"].shape == (2, 16, config.vision_config.num_channels * patch**2)
+    assert inputs["spatial_shapes"].tolist() == [[4, 4], [4, 4]]
+    config, inputs = GENERIC.generic("instructblipvideo")
+    frames = inputs["pixel_values"].shape[1]
+    tokens = (inputs["input_ids"] == config.video_token_id).sum(1)
+    assert inputs["pixel_values"].ndim == 5 and (tokens == frames * config.num_query_tokens).all()
+
+
+def test_rotary_parameters_for_each_layer_kind() -> None:
+    """A config whose defaults give no rotary parameters for its layer kinds (Cohere Compass)
+    gets the default rotary embedding for each kind: its rotary module reads one per kind."""
+    config, _ = GENERIC.generic("cohere_compass_text")
+    assert set(config.rope_parameters) == set(config.layer_types)
