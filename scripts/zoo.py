@@ -144,21 +144,47 @@ def _available() -> bool:
     return True  # SDPA, which every torch this project supports has
 
 
+def _from_parts(*keys: str) -> Any:
+    """transformers 4.x's factory of a composite config from its parts' configs, given as
+    ``keys`` (``from_text_vision_configs(text, vision, **kwargs)``).
+
+    >>> from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig
+    >>> config = _from_parts("text_config", "vision_config")(
+    ...     CLIPConfig, CLIPTextConfig(hidden_size=32), CLIPVisionConfig(), projection_dim=8)
+    >>> config.text_config.hidden_size, config.projection_dim
+    (32, 8)
+    """
+
+    def from_parts(cls: Any, *parts: Any, **kwargs: Any) -> Any:
+        return cls(**{k: p.to_dict() for k, p in zip(keys, parts)}, **kwargs)
+
+    return from_parts
+
+
 def _suite_helpers() -> None:
     """Give back the test-suite helpers an older test file imports beside its tester and the
-    installed transformers no longer has: decorators of its test cases and
-    ``transformers.utils.cached_property`` (now ``functools``'). None is a model class or
-    config: a tester whose config the installed models reject still fails, and is recorded so.
-    Each job is its own process; no analysis reads these names."""
+    installed transformers no longer has: decorators of its test cases,
+    ``transformers.utils.cached_property`` (now ``functools``'), torch version flags, and the
+    4.x factories of a composite config from its parts' configs (``from_text_vision_configs``:
+    the config built from the parts' dicts, as the installed config's own ``__init__`` takes
+    them). None is a model class or config: a tester whose config the installed models reject
+    still fails, and is recorded so. Each job is its own process; no analysis reads these."""
     import functools
 
+    import transformers
     import transformers.file_utils as file_utils
+    import transformers.pytorch_utils as pytorch_utils
     import transformers.testing_utils as testing_utils
     import transformers.utils as utils
 
     given = {
         utils: {"cached_property": functools.cached_property, "is_torch_sdpa_available": _available},
         file_utils: {"cached_property": functools.cached_property},
+        pytorch_utils: {"is_torch_greater_or_equal_than_1_10": True},
+        transformers.PreTrainedConfig: {
+            "from_text_vision_configs": classmethod(_from_parts("text_config", "vision_config")),
+            "from_text_audio_configs": classmethod(_from_parts("text_config", "audio_config")),
+        },
         testing_utils: dict.fromkeys(
             ("require_read_token", "require_torch_sdpa", "is_pt_tf_cross_test"), _unchanged
         ),
