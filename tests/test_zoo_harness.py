@@ -22,6 +22,7 @@ from .conftest import ROOT, load_file
 pytest.importorskip("transformers", reason="needs transformers")
 
 ZOO = load_file(ROOT / "scripts" / "zoo.py")
+TESTS_IMPORT = load_file(ROOT / "scripts" / "zoo_tests_import.py")
 
 #: A tiny Llama config; ``{act}`` is its activation: a name transformers lacks makes a config
 #: that is accepted and a model that does not build (``ACT2FN`` raises KeyError).
@@ -157,9 +158,9 @@ def test_an_older_test_files_checkpoint_lists_are_given_back(tmp_path: Path) -> 
     (tmp_path / "zoo_bad_test.py").write_text("from zoo_fake_modeling import FakeModel\n")
     sys.path.insert(0, str(tmp_path))
     try:
-        assert ZOO._import_tests("zoo_old_test").NAMES == []
+        assert TESTS_IMPORT.import_tests("zoo_old_test").NAMES == []
         with pytest.raises(ImportError, match="FakeModel"):
-            ZOO._import_tests("zoo_bad_test")
+            TESTS_IMPORT.import_tests("zoo_bad_test")
     finally:
         sys.path.remove(str(tmp_path))
         for name in ("zoo_fake_modeling", "zoo_old_test", "zoo_bad_test"):
