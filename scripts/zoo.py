@@ -39,135 +39,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import subprocess
 import sys
 import time
-import types
 import unittest
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness beside this file
 from matrix_harness import AMP_DTYPES, SETTINGS, compare, one_line, verify_cpu  # noqa: E402
+from zoo_tests_import import import_tests, on_disk, use_tests  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_COMBOS = ("amp-fp32 bf16",)
 CAUSAL_LM_SOURCE = "tests/causal_lm_tester.py (CausalLMModelTester)"
 #: Input keys a tester returns that are targets, not a forward call's inputs of the base model.
 LABEL_KEYS = ("labels", "start_positions", "end_positions", "next_sentence_label", "mc_labels")
-
-
-class _Lenient(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """A ``tests.*`` module that is not on disk (the generation and export mixins a test file
-    imports beside its tester) as an empty module whose every name is an empty class: a tester
-    needs none of them, and the suite's own helpers (``ids_tensor``...) stay the real ones.
-
-    The suite's shared modules that are on disk (``tests/*.py``, not a model's test file) load
-    as they are, tolerantly: a name they lack is an empty class too (a test file imports
-    ``CausalLMModelTest`` beside ``CausalLMModelTester``, and a copy may hold the tester only),
-    and one that fails to load (``test_pipeline_mixin`` reads files of a whole checkout, such as
-    ``tests/utils/tiny_model_summary.json``) is an empty module. A model's own test file loads
-    strictly: what fails there is the record's finding."""
-
-    def __init__(self, tests_dir: Path) -> None:
-        self.tests_dir = tests_dir
-        self.inner: dict[str, Any] = {}
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if not name.startswith("tests.") or name.startswith("tests.models."):
-            return None
-        if _on_disk(self.tests_dir, name):
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None:
-                return None
-            self.inner[name] = spec.loader
-            spec.loader = self
-            return spec
-        return importlib.machinery.ModuleSpec(name, self, is_package=True)
-
-    def create_module(self, spec: Any) -> types.ModuleType | None:
-        if spec.name in self.inner:
-            return None  # the default module, as the file's own loader makes it
-        module = types.ModuleType(spec.name)
-        module.__path__ = []  # type: ignore[attr-defined]
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        module.__getattr__ = _empty_class  # type: ignore[attr-defined]
-        inner = self.inner.get(module.__name__)
-        if inner is None:
-            return
-        try:
-            inner.exec_module(module)
-        except Exception:  # noqa: BLE001 - a mixin that needs the whole checkout: no tester's
-            for key in [k for k in vars(module) if not k.startswith("__")]:
-                delattr(module, key)
-
-
-def _empty_class(attr: str) -> type:
-    """An empty module's name ``attr``: an empty class, except a dunder, which such a module
-    lacks. ``inspect.getmodule`` reads every loaded module's ``__file__`` and calls
-    ``.endswith`` on it (torch's data-dependent guard log does, in a draft export of blt's
-    entropy patcher): a class there failed the capture of the model under analysis.
-
-    >>> _empty_class("GenerationTesterMixin").__name__
-    'GenerationTesterMixin'
-    >>> _empty_class("__file__")
-    Traceback (most recent call last):
-    AttributeError: __file__
-    """
-    if attr.startswith("__") and attr.endswith("__"):
-        raise AttributeError(attr)
-    return type(attr, (), {})
-
-
-def _on_disk(tests_dir: Path, name: str) -> bool:
-    rel = Path(*name.split(".")[1:])
-    return (tests_dir / rel).is_dir() or (tests_dir / rel).with_suffix(".py").is_file()
-
-
-def use_tests(tests_dir: Path) -> None:
-    """Make ``tests_dir`` (a transformers checkout's ``tests/``) importable as ``tests``, with
-    the suite helpers test files of other releases import (:func:`_suite_helpers`)."""
-    tests_dir = tests_dir.resolve()
-    sys.path.insert(0, str(tests_dir.parent))
-    sys.meta_path.insert(0, _Lenient(tests_dir))
-    _suite_helpers()
-
-
-def _unchanged(test: Any) -> Any:
-    return test
-
-
-def _available() -> bool:
-    return True  # SDPA, which every torch this project supports has
-
-
-def _suite_helpers() -> None:
-    """Give back the test-suite helpers an older test file imports beside its tester and the
-    installed transformers no longer has: decorators of its test cases and
-    ``transformers.utils.cached_property`` (now ``functools``'). None is a model class or
-    config: a tester whose config the installed models reject still fails, and is recorded so.
-    Each job is its own process; no analysis reads these names."""
-    import functools
-
-    import transformers.testing_utils as testing_utils
-    import transformers.utils as utils
-
-    given = {
-        utils: {"cached_property": functools.cached_property, "is_torch_sdpa_available": _available},
-        testing_utils: dict.fromkeys(
-            ("require_read_token", "require_torch_sdpa", "is_pt_tf_cross_test"), _unchanged
-        ),
-    }
-    for module, names in given.items():
-        for name, value in names.items():
-            if name not in dir(module):
-                setattr(module, name, value)
 
 
 class _Parent(unittest.TestCase):
@@ -195,7 +84,7 @@ def source_of(model_type: str, tests_dir: Path) -> str:
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if _on_disk(tests_dir, module_of_tests(model_type)):
+    if on_disk(tests_dir, module_of_tests(model_type)):
         return module_of_tests(model_type).replace(".", "/") + ".py"
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return CAUSAL_LM_SOURCE
@@ -261,7 +150,7 @@ def model_tester(model_type: str, tests_dir: Path, source: str) -> Any:
 
     if source != CAUSAL_LM_SOURCE:
         module_name = module_of_tests(model_type)
-        module = importlib.import_module(module_name)
+        module = import_tests(module_name)
         # Most are ``...ModelTester``; some files name theirs otherwise (``MusicgenTester``,
         # ``PeVideoEncoderTester``, ``Qwen3OmniMoeThinkerForConditionalGenerationTester``).
         testers = [
@@ -302,7 +191,7 @@ def model_from_testers(model_type: str, tests_dir: Path) -> tuple[Any, dict[str,
 
     generic = importlib.import_module("zoo_generic")
     tried = []
-    if _on_disk(tests_dir, module_of_tests(model_type)):
+    if on_disk(tests_dir, module_of_tests(model_type)):
         tried.append(("its own tester", module_of_tests(model_type).replace(".", "/") + ".py"))
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         tried.append(("the causal LM tester", CAUSAL_LM_SOURCE))
@@ -417,7 +306,6 @@ def copies(config: Any, inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 def build(model_type: str, config: Any, inputs: dict[str, Any]) -> Any:
     """The base model of ``model_type`` from ``config``, in eval mode, as a ``ModelInputs``."""
     import torch
-    from transformers import AutoModel
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     from ampgraph.model.build import ModelInputs
@@ -430,7 +318,7 @@ def build(model_type: str, config: Any, inputs: dict[str, Any]) -> Any:
         names = MODEL_MAPPING_NAMES.get(model_type)
         if isinstance(names, tuple):
             config.architectures = [names[0]]
-    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    model = importlib.import_module("zoo_args").base_model(model_type, config).eval()
     return ModelInputs(model_type, model, (), dict(inputs))
 
 

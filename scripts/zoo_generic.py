@@ -19,6 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the zoo's modules beside this file
+import zoo_args  # noqa: E402
+
+#: The mel bins of speech models' features beside the 80 a feature extractor defaults to.
+MEL_BINS = 128
 SOURCE = "generic tester (config defaults shrunk, inputs from the forward signature)"
 BATCH, SEQ, VOCAB, SMALL_HEADS = 2, 7, 99, 4
 #: Scalar keys and the value a tester gives them (the shapes of ``BertModelTester`` and kin).
@@ -77,6 +82,8 @@ NOT_DIM = re.compile(r"vocab|position|image|patch|kernel|stride|window|chunk|len
 
 #: Code that takes a multimodal rotary section absent from the config at a full-size default.
 MROPE_DEFAULT = 'get("mrope_section", ['
+#: Code that takes its heads as 64-channel slices of the width (BridgeTower's link tower).
+WIDE_HEADS = "config.hidden_size // 64"
 #: Code that takes a head size absent from the config as hidden // heads, and None as it is.
 HEAD_DIM_DEFAULT = 'getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)'
 
@@ -115,6 +122,10 @@ def _list(key: str, value: list[Any], widths: set[int] = frozenset()) -> list[An
         return [1] * len(value)
     if key in ("num_heads", "num_attention_heads", "attention_heads"):  # per stage
         return [max(1, v // min(value)) for v in value]
+    if value[0] in widths and value[0] >= 32 and value[-1] not in widths and DIM_LIKE.search(key):
+        # stage widths starting at the model's width (SAM 2's Hiera embed_dim_per_stage): the
+        # first one is tied to the shrunk width, the others keep their ratios to it
+        return [max(1, v * 32 // value[0]) for v in value]
     if value[-1] in widths and value[-1] >= 32 and DIM_LIKE.search(key):
         # stage widths ending at the model's width (EfficientLoFTR's out_features): the last
         # one is tied to the shrunk width, the others keep their ratios to it
@@ -200,6 +211,10 @@ def shrink(
             out[key] = value
     _image(out)
     _rope(out)
+    zoo_args.image_token(out)
+    zoo_args.invariants(d, out)
+    if _reads(out.get("model_type"), WIDE_HEADS):  # heads of 64 channels: a width of 64, 1 head
+        out.update({k: 64 for k in WIDTH if out.get(k) == 32})
     if "prediction_length" in out and out["prediction_length"] is None:
         out["prediction_length"] = 4  # a forecaster's horizon, which it has no default of
         context = out.get("context_length") or 4
@@ -367,11 +382,14 @@ def _past(config: Any) -> Any:
     return torch.rand(BATCH, length, *([size] if size > 1 else []))
 
 
-def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> dict[str, Any]:
+def _required(
+    params: Any, config: Any, inputs: dict[str, Any], main: str, ids: Any = None
+) -> dict[str, Any]:
     """The arguments the forward requires beyond ``inputs``, built from the config and the main
     input's shape: a mask of the main input (``input_features_mask``...), layout boxes
     (``bbox``: ``(batch, seq, 4)`` corners, ordered), learned queries (``query_embeds``), the
-    encoder output a cross-attention reads, a forecaster's time features and future values."""
+    encoder output a cross-attention reads, a forecaster's time features and future values;
+    any other required argument from its name (:func:`zoo_args.required`)."""
     import torch
 
     shape = inputs[main].shape
@@ -397,6 +415,9 @@ def _required(params: Any, config: Any, inputs: dict[str, Any], main: str) -> di
         elif name == "query_embeds" and p.default is p.empty:
             queries = _find(config, "num_query_tokens") or 4
             out[name] = torch.rand(shape[0], queries, _find(config, "hidden_size") or 32)
+        elif p.default is p.empty:
+            value = zoo_args.required(name, {**inputs, **out}, main, ids)
+            out.update({} if value is None else {name: value})
     return out
 
 
@@ -408,14 +429,68 @@ def _first_linear(model: Any) -> int | None:
     return None if first is None else first.in_features
 
 
+def _layouts(
+    floats: dict[str, list[Any]], params: Any, config: Any, inputs: dict[str, Any], main: str,
+    ids: Any
+) -> list[dict[str, Any]]:
+    """``inputs`` with its float inputs in each other layout (:func:`zoo_args.layouts`), the
+    arguments required beside them built again for each."""
+    import itertools
+
+    out = []
+    for combo in list(itertools.product(*floats.values()))[1:]:
+        tried = {**inputs, **dict(zip(floats, combo))}
+        out.append({**tried, **_required(params, config, tried, main, ids)})
+    return out
+
+
+def _reshaped(model: Any, inputs: dict[str, Any], main: str, ids: Any) -> list[dict[str, Any]]:
+    """``inputs`` with the main input in the other shapes a model of its kind may take: a row
+    of ids per codebook, a series of channels, whole windows of features, audio as one channel
+    or whole frames, features transposed, stacked or of 128 mel bins."""
+    import torch
+
+    config = model.config
+    tries: list[dict[str, Any]] = []
+    books = _find(config, "num_codebooks")
+    if main == "input_ids" and isinstance(books, int) and books > 1:  # a row per codebook
+        tries.append({k: v.repeat(books, 1) if v.shape == ids.shape else v  # (MusicGen)
+                      for k, v in inputs.items()})  # fmt: skip
+    if main == "past_values":  # a series of channels (PatchTST), as long as the context
+        series = torch.rand(BATCH, _find(config, "context_length") or 4,
+                            _find(config, "num_input_channels") or 1)  # fmt: skip
+        tries.append({**inputs, main: series})
+    window = _find(config, "n_window")
+    if main == "input_features" and isinstance(window, int):  # whole windows of 2 x n_window
+        frames = torch.rand(*inputs[main].shape[:2], 4 * window)  # its mask over the frames
+        masks = {k: torch.ones(BATCH, 4 * window, dtype=torch.long) for k in inputs
+                 if k.endswith("_mask")}  # fmt: skip
+        tries.append({**inputs, main: frames, **masks})
+    if main == "input_values":  # one channel; a length of whole frames of 96 samples and more
+        tries += [{main: inputs[main][:, None]}, {**inputs, main: torch.rand(BATCH, 3840)}]
+    if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
+        tries.append({**inputs, main: inputs[main].transpose(1, 2)})
+    if main == "input_features":  # frames stacked as the first linear reads them (Granite
+        # Speech 5's 4 frames of mel bins, Fun-ASR's 7), or of 128 mel bins, the other common
+        # count beside 80 (Gemma 4's audio tower sizes its projection for 128)
+        for width in dict.fromkeys((_first_linear(model), MEL_BINS)):
+            if width and width != inputs[main].shape[-1]:
+                stacked = torch.rand(BATCH, 40, width)
+                masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
+                         if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
+                tries.append({**inputs, main: stacked, **masks})
+    return tries
+
+
 def inputs_for(model: Any) -> list[dict[str, Any]]:
     """Forward calls' inputs for ``model``, from its signature and ``main_input_name``, in the
     order tried: the main input alone (with what the forward requires beside it:
-    :func:`_required`); with the other modality beside it (a dual encoder such as CLIP wants
-    both); audio as one channel ``(batch, 1, samples)`` (a codec's convolutions) or in whole
-    frames of 96 samples and more; features as wide as the first linear reads them (frames
-    stacked); packed patches flat or each an image; with ``use_cache=False`` (a hybrid cache
-    that raises on a first call)."""
+    :func:`_required`; a float input of the model's own layout in each layout its first layers
+    read, :func:`zoo_args.layouts`); with the other modality beside it (a dual encoder such as
+    CLIP wants both); images as a video of the config's frames; the main input reshaped
+    (:func:`_reshaped`); packed patches flat or each an image; ids starting with an image's
+    placeholder tokens where the call has an image (:func:`zoo_args.with_image_tokens`); with
+    ``use_cache=False`` (a hybrid cache that raises on a first call)."""
     import torch
 
     config = model.config
@@ -428,6 +503,7 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         "input_values": lambda: torch.rand(BATCH, 4000),
         "input_features": lambda: _features(config),
         "past_values": lambda: _past(config),
+        "pixel_values_videos": lambda: zoo_args.video(config, _find, _pixels(config)),
     }
     grid_name = next((k for k in params if k.endswith("grid_thw")), None)
     first = next(iter(params))
@@ -438,34 +514,36 @@ def inputs_for(model: Any) -> list[dict[str, Any]]:
         side = _find(config, "patch_size") or 14
         square = flat.reshape(len(flat), channels, -1, side, side).squeeze(2)
         return [{first: flat, grid_name: grid}, {first: square, grid_name: grid}]
-    main = getattr(model, "main_input_name", "input_ids")
-    main = main if main in params else next((k for k in makers if k in params), main)
-    if main not in makers:
+    main = zoo_args.main_of(params, getattr(model, "main_input_name", "input_ids"), makers)
+    floats = zoo_args.layouts(model, params, main, makers)
+    if main not in makers and not floats.get(main):
         raise LookupError(f"no generic input for main_input_name {main!r}")
-    inputs = {main: makers[main]()}
+    inputs = {main: makers[main]()} if main in makers else {}
+    inputs.update({k: v[0] for k, v in floats.items()})
+    inputs.update({k: make() for k, make in makers.items() if k not in inputs and k in params
+                   and params[k].default is params[k].empty})  # fmt: skip - Xcodec2's features
     if "attention_mask" in params and main in ("input_ids", "input_values"):
         inputs["attention_mask"] = torch.ones(inputs[main].shape[:2], dtype=torch.long)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids[:, :5]
-    inputs.update(_required(params, config, inputs, main))
-    tries = [inputs]
+    inputs.update(zoo_args.flat_patches(model, params, inputs))
+    inputs.update(_required(params, config, inputs, main, ids))
+    tries = [inputs, *_layouts(floats, params, config, inputs, main, ids)]
     other = {"input_ids": "pixel_values", "pixel_values": "input_ids"}.get(main)
     if other in params:
         tries.append({**inputs, other: makers[other]()})
-    if main == "input_values":  # one channel; a length of whole frames of 96 samples and more
-        tries += [{main: inputs[main][:, None]}, {**inputs, main: torch.rand(BATCH, 3840)}]
-    if main == "input_features" and _find(config, "num_mel_bins"):  # (batch, frames, mel bins)
-        tries.append({**inputs, main: inputs[main].transpose(1, 2)})
-    if main == "input_features":  # frames stacked as the first linear reads them (Granite
-        width = _first_linear(model)  # Speech 5's 4 frames of mel bins, Fun-ASR's 7)
-        if width and width != inputs[main].shape[-1]:
-            stacked = torch.rand(BATCH, 40, width)
-            masks = {k: torch.ones(stacked.shape[:2], dtype=v.dtype) for k, v in inputs.items()
-                     if k.endswith("_mask") and v.shape[:2] == inputs[main].shape[:2]}  # fmt: skip
-            tries.append({**inputs, main: stacked, **masks})
+    if _find(config, "num_frames") or "Video" in type(model).__name__:  # images as a video
+        tries += [{**t, k: zoo_args.video(config, _find, t[k])} for t in list(tries)
+                  for k in ("pixel_values", "pixel_values_videos") if k in t]  # fmt: skip
+    tries += _reshaped(model, inputs, main, ids)
+    tries = [zoo_args.with_image_tokens(config, t, _find) for t in tries]
     if "use_cache" in params:
         tries += [{**t, "use_cache": False} for t in list(tries)]
-    return tries
+    # each other modality the forward takes beside the main one (CLAP's audio beside its text;
+    # PE's video beside its text), flat patches where their layout is an argument (SigLIP 2)
+    others = [{**inputs, k: make()} for k, make in makers.items() if k in params and k != main]
+    others = [{**t, **zoo_args.flat_patches(model, params, t)} for t in others]
+    return tries + [zoo_args.with_image_tokens(config, t, _find) for t in others]
 
 
 def generic(model_type: str) -> tuple[Any, dict[str, Any]]:
@@ -476,11 +554,10 @@ def generic(model_type: str) -> tuple[Any, dict[str, Any]]:
     (32, ['attention_mask', 'input_ids'])
     """
     import torch
-    from transformers import AutoModel
 
     torch.manual_seed(0)
-    config = tiny_config(model_type)
-    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    config = zoo_args.own_config(model_type, tiny_config(model_type))
+    model = zoo_args.base_model(model_type, config).eval()
     torch.manual_seed(0)
     last: Exception | None = None
     for inputs in inputs_for(model):

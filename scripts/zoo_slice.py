@@ -66,12 +66,12 @@ def model(name: str) -> Any:
     import torch
 
     from ampgraph.model.build import ModelInputs
-    from transformers import AutoModel
+    from zoo_args import base_model
     from zoo_generic import generic
 
     config, inputs = generic(name)
     torch.manual_seed(0)
-    module = AutoModel.from_config(config, attn_implementation="eager").eval()
+    module = base_model(name, config).eval()
     return ModelInputs(name, module, (), inputs)
 
 

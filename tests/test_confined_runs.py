@@ -188,19 +188,23 @@ def test_an_overlay_folder_under_a_read_only_parent_is_refused(tmp_path: Path) -
 # -- a forward that changes from call to call -------------------------------------------------
 
 
+#: Calls of :class:`SecondCallRaises`, counted outside the module.
+_CALLS = [0]
+
+
 class SecondCallRaises(torch.nn.Module):
-    """Runs once (ampgraph's capture), then raises: not deterministic. It counts its calls in a
-    list changed in place, state the capture cannot put back (it restores a module's attributes,
-    not what they hold)."""
+    """Runs once (ampgraph's capture), then raises: not deterministic. It counts its calls
+    outside itself, state the capture cannot put back (it restores a module's attributes and
+    what their containers hold, not the rest of the process)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(4, 4)
-        self.calls = [0]
+        _CALLS[0] = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls[0] += 1
-        if self.calls[0] >= 2:
+        _CALLS[0] += 1
+        if _CALLS[0] >= 2:
             raise RuntimeError("raised on the second call")
         return self.linear(x)
 
@@ -226,6 +230,27 @@ def test_the_capture_leaves_a_forwards_own_attributes_as_they_were() -> None:
     module = CountsInAnAttribute()
     result = verify(ModelInputs("count", module, (torch.randn(2, 4),)), "fp32,device=cpu")
     assert result.ok and module.count == 1  # the real run's call only
+
+
+class CountsInAList(SecondCallRaises):
+    """The same forward counting in a list among its fields, changed in place: the capture puts
+    the list's content back too, and the real run is again the model's first call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = [0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls[0] += 1
+        if self.calls[0] >= 2:
+            raise RuntimeError("raised on the second call")
+        return self.linear(x)
+
+
+def test_the_capture_leaves_what_a_forwards_containers_hold_as_it_was() -> None:
+    module = CountsInAList()
+    result = verify(ModelInputs("list", module, (torch.randn(2, 4),)), "fp32,device=cpu")
+    assert result.ok and module.calls == [1]  # the real run's call only
 
 
 # -- progress, as the other commands show it -------------------------------------------------

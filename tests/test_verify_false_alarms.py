@@ -252,3 +252,31 @@ def test_hooks_a_forward_registers_on_its_first_call_are_registered_once() -> No
         assert report.nodes[-1].outputs == ["float32" if name == "fp32" else "bfloat16"]
         assert not hasattr(fresh.module, "_hooks_installed")
         assert [len(layer._forward_hooks) for layer in fresh.module.layers] == [0, 0]
+
+
+class _Memo(nn.Module):
+    """Embeds each distinct ids once and keeps the embedding (OmDet-Turbo's cache of class
+    embeddings, keyed by the ids' values): a second call skips the embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.proj = nn.Linear(8, 8)
+        self.cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        key = tuple(ids.flatten().tolist())
+        if key not in self.cache:
+            self.cache[key] = self.emb(ids)
+        return self.proj(self.cache[key])
+
+
+def test_a_module_that_keeps_state_across_calls_is_run_as_on_its_first_call() -> None:
+    """The eager run sees the module as no call has left it: the capture traced a first call
+    (the embedding runs), and so does the real run, whose hooks then list the embedding too,
+    where a run after the capture's call took the cached branch and missed it."""
+    model = ModelInputs("memo", _Memo(), (torch.tensor([[1, 2, 3]]),))
+    setting = Setting.parse("amp-fp32", device_type="cpu", amp_dtype="bf16")
+    result = verify(model, setting, device="cpu")
+    assert disagreement_lines(result) == []
+    assert any(line.startswith("[emb]") for line in result.eager_hooks)

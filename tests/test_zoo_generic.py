@@ -163,3 +163,107 @@ def test_a_hashed_ngram_vocabulary_is_shrunk() -> None:
 
     model = AutoModel.from_config(config)
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
+
+
+def test_required_arguments_are_built_from_their_names() -> None:
+    """A forward's required arguments beyond the main input, from their names: a padding of the
+    main input and a frequency class (TimesFM), a second text's ids beside an image whose
+    query outputs take placeholder tokens at the start of the text (InstructBLIP, whose config
+    has no placeholder until given one), flat patches placed by (x, y) positions (Gemma 4)."""
+    _, inputs = GENERIC.generic("timesfm")
+    assert inputs["past_values_padding"].shape == inputs["past_values"].shape[:2]
+    assert inputs["freq"].shape == (2, 1)
+    config, inputs = GENERIC.generic("instructblip")
+    queries = config.num_query_tokens
+    assert inputs["qformer_input_ids"].shape == (2, 7)
+    assert (inputs["input_ids"][:, :queries] == config.image_token_id).all()
+    assert not (inputs["input_ids"][:, queries:] == config.image_token_id).any()
+    _, inputs = GENERIC.generic("gemma4_vision")
+    assert inputs["pixel_position_ids"].shape == (2, 16, 2)
+    assert inputs["pixel_values"].shape[:2] == (2, 16)
+
+
+def test_float_inputs_as_the_first_layers_read_them() -> None:
+    """A float input whose layout only the model knows is given as its first layer reads it:
+    audio as one channel for a codec's encoder, latents as wide as its decoder's first
+    convolution, embeddings as wide as the first linear."""
+    _, inputs = GENERIC.generic("vibevoice_acoustic_tokenizer_encoder")
+    assert inputs["hidden_states"].shape[:2] == (2, 1)
+    config, inputs = GENERIC.generic("mimi_decoder")
+    assert inputs["latents"].ndim == 3 and inputs["latents"].shape[0] == 2
+    _, inputs = GENERIC.generic("nemotron3_5_transcribe_word_timestamp")
+    assert inputs["inputs_embeds"].shape[:2] == (2, 7)
+
+
+def test_a_video_model_gets_frames() -> None:
+    """A video model's pixels are ``(batch, frames, channels, height, width)``, as many frames
+    as its config's ``num_frames``."""
+    config, inputs = GENERIC.generic("vivit")
+    assert inputs["pixel_values"].shape[:3] == (2, config.num_frames, config.num_channels)
+    config, inputs = GENERIC.generic("videoprism_vision_model")
+    assert inputs["pixel_values_videos"].ndim == 5
+
+
+def test_size_relations_the_defaults_held_are_kept() -> None:
+    """Sizes a config's defaults tie together stay tied once shrunk: Mamba-2's heads span its
+    expanded width, SqueezeBERT's grouped feed-forward divides into its groups, Molmo 2's
+    feature layers index the shrunk vision tower, BridgeTower's link heads are 64 wide, SAM 2's
+    Hiera stages start at its width, TextNet's stem feeds its first stage."""
+    config, _ = GENERIC.generic("mamba2")
+    assert config.num_heads * config.head_dim == config.hidden_size * config.expand
+    config, _ = GENERIC.generic("squeezebert")
+    assert config.intermediate_size % config.intermediate_groups == 0
+    config, _ = GENERIC.generic("molmo2")
+    layers = config.adapter_config.vision_feature_layer
+    assert all(-config.vision_config.num_hidden_layers <= i < 0 for i in layers)
+    config, _ = GENERIC.generic("bridgetower")
+    assert config.hidden_size // 64 >= 1
+    config, _ = GENERIC.generic("sam2_hiera_det_model")
+    assert config.embed_dim_per_stage[0] == config.hidden_size == 32
+    config, _ = GENERIC.generic("textnet")
+    assert config.stem_out_channels == config.hidden_sizes[0]
+
+
+def test_a_base_model_of_a_sub_config_or_unresolved_by_auto_model() -> None:
+    """MusicGen's base model is its decoder, built from the decoder's sub-config, with a row of
+    ids per codebook; Evolla's mapping lists a config it does not resolve: the base class is
+    built directly."""
+    config, inputs = GENERIC.generic("musicgen")
+    assert type(config).__name__ == "MusicgenDecoderConfig"
+    assert inputs["input_ids"].shape[0] == 2 * config.num_codebooks
+    config, _ = GENERIC.generic("evolla")
+    assert type(config).__name__ == "EvollaConfig"
+
+
+def test_series_and_feature_windows_a_config_fixes() -> None:
+    """A forecaster of several channels takes its context as ``(batch, context, channels)``
+    (PatchTST); a windowed speech encoder whole windows of ``2 x n_window`` frames, its mask over
+    them (Qwen3-ASR); a tower sized for 128 mel bins gets them (Gemma 4's audio)."""
+    config, inputs = GENERIC.generic("patchtst")
+    assert inputs["past_values"].shape[1:] == (config.context_length, config.num_input_channels)
+    config, inputs = GENERIC.generic("qwen3_asr_encoder")
+    assert inputs["input_features"].shape[-1] % (2 * config.n_window) == 0
+    assert inputs["input_features_mask"].shape[-1] == inputs["input_features"].shape[-1]
+    _, inputs = GENERIC.generic("gemma4_audio")
+    assert inputs["input_features"].shape[-1] == 128
+
+
+def test_flat_patches_with_their_layout_and_a_videos_placeholders() -> None:
+    """An encoder of flat patches gets ``channels x patch x patch``-wide patches with the layout
+    its forward takes beside them (SigLIP 2's grid shape and patch mask); a video's frames each
+    take an image's placeholder tokens (InstructBLIP-Video's video token, given one)."""
+    config, inputs = GENERIC.generic("siglip2")
+    patch = config.vision_config.patch_size
+    assert inputs["pixel_values"].shape == (2, 16, config.vision_config.num_channels * patch**2)
+    assert inputs["spatial_shapes"].tolist() == [[4, 4], [4, 4]]
+    config, inputs = GENERIC.generic("instructblipvideo")
+    frames = inputs["pixel_values"].shape[1]
+    tokens = (inputs["input_ids"] == config.video_token_id).sum(1)
+    assert inputs["pixel_values"].ndim == 5 and (tokens == frames * config.num_query_tokens).all()
+
+
+def test_rotary_parameters_for_each_layer_kind() -> None:
+    """A config whose defaults give no rotary parameters for its layer kinds (Cohere Compass)
+    gets the default rotary embedding for each kind: its rotary module reads one per kind."""
+    config, _ = GENERIC.generic("cohere_compass_text")
+    assert set(config.rope_parameters) == set(config.layer_types)

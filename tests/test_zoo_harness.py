@@ -22,6 +22,7 @@ from .conftest import ROOT, load_file
 pytest.importorskip("transformers", reason="needs transformers")
 
 ZOO = load_file(ROOT / "scripts" / "zoo.py")
+TESTS_IMPORT = load_file(ROOT / "scripts" / "zoo_tests_import.py")
 
 #: A tiny Llama config; ``{act}`` is its activation: a name transformers lacks makes a config
 #: that is accepted and a model that does not build (``ACT2FN`` raises KeyError).
@@ -141,3 +142,26 @@ def test_a_timed_out_job_names_the_tester_it_was_on(tmp_path: Path) -> None:
     where = ZOO._where("llama", str(tmp_path / "tests"), stopped.value.stderr)
     assert where == {"tester": "generic tester, x"}
     assert ZOO._where("llama", str(tmp_path / "tests"), None)["tester"] == ZOO.CAUSAL_LM_SOURCE
+
+
+def test_an_older_test_files_checkpoint_lists_are_given_back(tmp_path: Path) -> None:
+    """A test file of transformers 4.x imports its model's checkpoint list beside the model
+    (``BROS_PRETRAINED_MODEL_ARCHIVE_LIST``), which 5.x removed: the list is given back empty and
+    the file loads; any other name it cannot import still fails."""
+    import types
+
+    owner = types.ModuleType("zoo_fake_modeling")
+    sys.modules[owner.__name__] = owner
+    (tmp_path / "zoo_old_test.py").write_text(
+        "from zoo_fake_modeling import FAKE_PRETRAINED_MODEL_ARCHIVE_LIST as NAMES\n"
+    )
+    (tmp_path / "zoo_bad_test.py").write_text("from zoo_fake_modeling import FakeModel\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert TESTS_IMPORT.import_tests("zoo_old_test").NAMES == []
+        with pytest.raises(ImportError, match="FakeModel"):
+            TESTS_IMPORT.import_tests("zoo_bad_test")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("zoo_fake_modeling", "zoo_old_test", "zoo_bad_test"):
+            sys.modules.pop(name, None)

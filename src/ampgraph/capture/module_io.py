@@ -253,17 +253,24 @@ def modules_kept(root: nn.Module) -> Iterator[None]:
     back one level deep. A forward that swaps a submodule for a new one and sets a field saying
     so (BigBird's ``set_attention_type``) is undone; so is one that registers hooks on its first
     call and sets a field saying so (transformers' output capturing): undoing the field alone
-    left the hooks, and the next call registered them a second time. What a forward changed
-    inside a tensor, or in a container of its own, is not undone.
+    left the hooks, and the next call registered them a second time. So is what a forward
+    adds to a container among a module's plain fields, or among those of a plain object there
+    (OmDet-Turbo's cache of text embeddings, keyed by the ids' values: filled by the capture's
+    call, it made the real run take the cached branch and skip the text encoder). What a
+    forward changed inside a tensor, or deeper, is not undone.
 
     >>> lin = nn.Linear(2, 2)
+    >>> lin.seen = {}
     >>> with modules_kept(lin):
     ...     lin.extra = nn.ReLU()
     ...     _ = lin.register_forward_hook(lambda mod, args, out: None)
-    >>> hasattr(lin, "extra"), len(lin._forward_hooks)
-    (False, 0)
+    ...     lin.seen["ids"] = 1
+    >>> hasattr(lin, "extra"), len(lin._forward_hooks), lin.seen
+    (False, 0, {})
     """
     saved = [(mod, dict(vars(mod)), _tables(mod)) for mod in root.modules()]
+    found = {id(c): c for _, attributes, _ in saved for c in _containers(attributes)}
+    contents = [_contents(c) for c in found.values()]  # each once: modules share a config
     try:
         yield
     finally:
@@ -273,6 +280,45 @@ def modules_kept(root: nn.Module) -> Iterator[None]:
             for name, table in tables.items():  # in place: hooks and views hold these dicts
                 attributes[name].clear()
                 attributes[name].update(table)
+        for container, content in contents:  # in place: the module and others hold them
+            _put_back(container, content)
+
+
+#: Containers a forward may fill in place.
+CONTAINERS = (dict, list, set)
+
+
+def _containers(attributes: dict[str, Any]) -> Iterator[Any]:
+    """The containers among a module's plain fields ``attributes`` and among the fields of a
+    plain object there (an LRU cache object holding its dict), not torch's own tables."""
+    for name, value in attributes.items():
+        if name in TABLES or isinstance(value, (nn.Module, torch.Tensor, type)):
+            continue
+        if isinstance(value, CONTAINERS):
+            yield value
+        elif type(value).__module__ != "builtins" and isinstance(_vars_of(value), dict):
+            yield from (v for v in vars(value).values() if isinstance(v, CONTAINERS))
+
+
+def _vars_of(value: Any) -> dict[str, Any] | None:
+    """``value``'s attributes where it has a ``__dict__``, else None.
+
+    >>> _vars_of(1) is None, _vars_of(nn.Module()) is not None
+    (True, True)
+    """
+    return getattr(value, "__dict__", None)
+
+
+def _contents(container: Any) -> tuple[Any, Any]:
+    return container, (list(container.items()) if isinstance(container, dict) else list(container))
+
+
+def _put_back(container: Any, content: Any) -> None:
+    if isinstance(container, list):
+        container[:] = content
+        return
+    container.clear()
+    container.update(content)  # a dict's items, a set's members
 
 
 #: A module's tables, which torch changes in place: what ``setattr`` assigns (``self.attn =
