@@ -59,7 +59,13 @@ def mechanism(rec: dict[str, Any]) -> str:
 
 
 def _cell(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
+    """A table cell of ``text``: one line, at most ``limit`` characters, a path into the run's
+    Python installation from its package on (the page is read on other machines).
+
+    >>> _cell("in <module 'm' from '/home/u/.venv/lib/python3.11/site-packages/m/x.py'>")
+    "in <module 'm' from 'm/x.py'>"
+    """
+    text = re.sub(r"/\S*?/(?:site|dist)-packages/", "", " ".join(text.split()))
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return text.replace("|", "\\|")
 

@@ -3,7 +3,6 @@ converted model, the survival counts against torchao's real conversion of the sa
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -21,15 +20,11 @@ from ampgraph.fp8.recipes import operand_formats, parse_fp8_recipe, plan_model  
 from ampgraph.model.build import ModelInputs  # noqa: E402
 from ampgraph.ranges import fp8 as fp8_ranges  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import ROOT, load_file  # noqa: E402
 
 
 def _outlier_model() -> ModelInputs:
-    spec = importlib.util.spec_from_file_location("fp8_outlier", ROOT / "examples/fp8_outlier.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model, x = module.build()
+    model, x = load_file(ROOT / "examples/fp8_outlier.py").build()
     return ModelInputs("outlier", model, (x,))
 
 

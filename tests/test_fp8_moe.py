@@ -4,7 +4,6 @@ and the fixed-seed loss of --pass train."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -21,15 +20,11 @@ from ampgraph.fp8.proof import real_gemms, prove_gemms  # noqa: E402
 from ampgraph.fp8.recipes import parse_fp8_recipe, plan_model  # noqa: E402
 from ampgraph.model.build import ModelInputs  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import ROOT, load_file  # noqa: E402
 
 
 def _example(name: str) -> ModelInputs:
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"examples/{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model, x = module.build()
+    model, x = load_file(ROOT / f"examples/{name}.py").build()
     return ModelInputs(name, model, (x,))
 
 
