@@ -1,4 +1,5 @@
-"""Beyond transformers, by the zoo's rules (issue 42): diffusers, peft and timm families.
+"""Beyond transformers, by the zoo's rules (issue 42): diffusers, peft and timm families, and
+torch's attention and checkpoint corners (``zoo_corners``).
 
 Each entry builds one model small, with random weights from seed 0, and one forward call's
 inputs; ``scripts/zoo.py --beyond`` runs each as a Ray job exactly as it runs a transformers
