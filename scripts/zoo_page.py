@@ -231,10 +231,14 @@ def page(records: dict[str, dict[str, Any]]) -> str:
         f"{'; '.join(m for _, m, _ in REPAIRS)}.",
         "",
         *_repairs(hf),
-        "## Beyond transformers: diffusers, peft, timm",
+        "## Beyond transformers: diffusers, peft, timm, torch's attention corners",
         "",
         "The same rules (`scripts/zoo_beyond.py`, run by `scripts/zoo.py --beyond`): each model "
-        "built small, random weights, both oracles in the same combinations.",
+        "built small, random weights, both oracles in the same combinations. The `corners/` "
+        "entries (`scripts/zoo_corners.py`) are small modules calling torch's attention and "
+        "checkpoint entry points as models do: `scaled_dot_product_attention` with a float or "
+        "boolean mask, `is_causal`, `enable_gqa`; `nn.MultiheadAttention`, "
+        "`nn.TransformerEncoder`; `checkpoint(use_reentrant=False)` inside the forward.",
         "",
         *_counts(beyond, testers=False),
         "",

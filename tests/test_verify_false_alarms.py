@@ -280,3 +280,34 @@ def test_a_module_that_keeps_state_across_calls_is_run_as_on_its_first_call() ->
     result = verify(model, setting, device="cpu")
     assert disagreement_lines(result) == []
     assert any(line.startswith("[emb]") for line in result.eager_hooks)
+
+
+class _FrozenConfig(dict):
+    """A config that refuses writes once built, as diffusers' ``FrozenDict`` (every diffusers
+    model keeps its config in one): ``update``, ``pop``, ``setdefault`` and item writes raise."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise Exception(f"You cannot use ``update`` on a {type(self).__name__} instance.")
+
+    update = pop = setdefault = __setitem__ = __delitem__ = _refuse  # type: ignore[assignment]
+
+
+class _Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self._internal_dict = _FrozenConfig(width=8, scale=2.0)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * self._internal_dict["scale"]
+
+
+def test_a_module_whose_config_refuses_writes_is_analysed() -> None:
+    """The capture puts back what a forward changed in a module's containers, and no forward
+    changed a frozen config: it is left alone, where writing it back raised and made every
+    diffusers model not analysable."""
+    model = ModelInputs("frozen", _Configured(), (torch.randn(2, 8),))
+    setting = Setting.parse("amp-fp32", device_type="cpu", amp_dtype="bf16")
+    result = verify(model, setting, device="cpu")
+    assert result.ok and disagreement_lines(result) == []
+    assert any(line.startswith("[proj]") for line in result.eager_hooks)

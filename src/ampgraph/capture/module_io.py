@@ -314,11 +314,40 @@ def _contents(container: Any) -> tuple[Any, Any]:
 
 
 def _put_back(container: Any, content: Any) -> None:
+    """``container`` holding ``content`` again, written only where the forward changed it: a
+    container that refuses writes (diffusers' ``FrozenDict`` config, whose ``update`` raises)
+    is one no forward changed, and writing it back would fail every capture of its model.
+
+    >>> class Frozen(dict):
+    ...     def update(self, *args, **kwargs):
+    ...         raise TypeError("frozen")
+    >>> frozen = Frozen(a=1)
+    >>> _put_back(frozen, list(frozen.items()))
+    >>> kept = {"a": 1}
+    >>> saved = _contents(kept)[1]
+    >>> kept["b"] = 2
+    >>> _put_back(kept, saved)
+    >>> kept
+    {'a': 1}
+    """
+    if _unchanged(container, content):
+        return
     if isinstance(container, list):
         container[:] = content
         return
     container.clear()
     container.update(content)  # a dict's items, a set's members
+
+
+def _unchanged(container: Any, content: list[Any]) -> bool:
+    """Whether ``container`` holds the very objects of ``content``, in order (by identity: a
+    tensor's ``==`` is not a bool)."""
+    now = _contents(container)[1]
+    if len(now) != len(content):
+        return False
+    if isinstance(container, dict):
+        return all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(now, content))
+    return all(a is b for a, b in zip(now, content))
 
 
 #: A module's tables, which torch changes in place: what ``setattr`` assigns (``self.attn =
