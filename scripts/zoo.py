@@ -43,6 +43,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 from pathlib import Path
@@ -635,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
 
         write_page(args.results, args.out, args.note)
         return 0
+    if args.tests_dir is None and args.beyond:
+        args.tests_dir = Path(tempfile.mkdtemp(prefix="zoo-beyond-"))  # no tester read: empty
     if args.tests_dir is None:
         parser.error("--tests-dir is required (a transformers checkout's tests/)")
     use_tests(args.tests_dir)
